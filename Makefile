@@ -1,0 +1,28 @@
+# Two commands on a fresh machine with Python 3.10+ and make: `make demo` and `make test`.
+# Both create (or reuse) .venv and install what they need into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test soak bench clean install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[demo,test,fast]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mcc demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+soak: $(STAMP)
+	$(BIN)/python -m pytest -q -m soak
+
+clean:
+	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,37 @@
+"""Pure stream parsing and the durable appender (DESIGN §1, §3, §6).
+
+No aiohttp and no sockets here: the parsers and reassemblers take bytes and return values, in the
+manner of h11; the appender is the one function that touches the disk.
+"""
+
+from ._appender import append_capture_line, create_incomplete_marker
+from ._categories import ERROR_CATEGORIES, categorize_status, is_context_length_error
+from ._chat import ChatReassembler
+from ._decoding import UnsupportedContentEncoding, make_decoder
+from ._messages import MessagesReassembler
+from ._reassembler import Reassembler
+from ._responses import ResponsesReassembler
+from ._sse import DEFAULT_MAX_EVENT_BYTES, ServerSentEvent, SSEParser
+from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object
+
+__all__ = [
+    "BodyTap",
+    "ChatReassembler",
+    "DEFAULT_MAX_EVENT_BYTES",
+    "ERROR_CATEGORIES",
+    "MessagesReassembler",
+    "REASSEMBLERS",
+    "Reassembler",
+    "ResponsesReassembler",
+    "SSEParser",
+    "ServerSentEvent",
+    "StreamTap",
+    "TapOutcome",
+    "UnsupportedContentEncoding",
+    "append_capture_line",
+    "categorize_status",
+    "create_incomplete_marker",
+    "is_context_length_error",
+    "make_decoder",
+    "parse_json_object",
+]

@@ -1,0 +1,64 @@
+"""Error categories of an upstream reply (DESIGN §4). First match wins."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: The closed set of categories a capture line may carry (DESIGN §4); ``None`` means success.
+ERROR_CATEGORIES = frozenset(
+    {
+        "context_length_exceeded",
+        "timeout",
+        "rate_limit",
+        "auth",
+        "not_found",
+        "client_error",
+        "upstream_error",
+        "connection",
+        "cancelled",
+        "incomplete",
+        "stream_truncated",
+        "capture_parse_error",
+    }
+)
+
+# vLLM: "This model's maximum context length is N tokens. However, you requested ..." and
+# "'max_tokens' ... is too large ... maximum context length is N tokens"; Anthropic:
+# "prompt is too long: N tokens > M maximum".
+_CONTEXT_LENGTH_MESSAGES = re.compile(
+    r"maximum context length is \d+ tokens|prompt is too long: \d+ tokens > \d+ maximum",
+    re.IGNORECASE,
+)
+
+
+def categorize_status(status: int, body: Any = None) -> str | None:
+    """The category of an upstream reply with ``status`` and its parsed JSON ``body``."""
+    if 200 <= status < 400:
+        return None
+    if status == 400 and is_context_length_error(body):
+        return "context_length_exceeded"
+    if status in (408, 504):
+        return "timeout"
+    if status == 429:
+        return "rate_limit"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    if status < 500:
+        return "client_error"
+    return "upstream_error"
+
+
+def is_context_length_error(body: Any) -> bool:
+    """True for an error body saying the prompt does not fit the model's context window."""
+    if not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    # Older vLLM releases put the error fields at the top level with "object": "error".
+    fields = error if isinstance(error, dict) else body
+    if fields.get("code") == "context_length_exceeded":
+        return True
+    message = fields.get("message")
+    return isinstance(message, str) and _CONTEXT_LENGTH_MESSAGES.search(message) is not None

@@ -1,0 +1,116 @@
+"""Reassembly of an Anthropic Messages stream (DESIGN §6).
+
+Follows the anthropic SDK's ``accumulate_event``: the ``message_start`` envelope, content blocks
+by index (text, thinking + signature, redacted_thinking, tool_use / server_tool_use whose
+``partial_json`` is parsed at block stop, citations), ``message_delta`` stop reason and usage
+(cumulative: the latest value wins, never summed), ``message_stop`` as the terminal and
+``event: error`` as an error terminal. https://docs.anthropic.com/en/api/messages-streaming
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+
+from ._reassembler import Reassembler, grow_list
+
+_DELTA_TEXT_FIELDS = {"text_delta": "text", "thinking_delta": "thinking"}
+
+
+class MessagesReassembler(Reassembler):
+    dialect = "messages"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._message: dict[str, Any] | None = None
+        self._blocks: list[dict[str, Any] | None] = []
+        self._partial_json: dict[int, str] = {}
+        self._error: Any = None
+
+    def result(self) -> dict[str, Any] | None:
+        if self._message is None and self._error is None:
+            return None
+        message = dict(self._message or {"type": "message"})
+        message["content"] = [block for block in self._blocks if block is not None]
+        for index, text in self._partial_json.items():  # A cut stream: blocks never stopped.
+            block = self._blocks[index] if index < len(self._blocks) else None
+            if block is not None:
+                block["input"] = _parse_input(text)
+        if self._error is not None:
+            message["error"] = self._error
+        return message
+
+    def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
+        handler = getattr(self, "_on_" + event_type, None)
+        if handler is not None:
+            handler(payload)
+
+    def _on_message_start(self, payload: dict[str, Any]) -> None:
+        if isinstance(payload.get("message"), dict):
+            self._message = copy.deepcopy(payload["message"])
+            self._blocks = list(self._message.get("content") or [])
+
+    def _on_content_block_start(self, payload: dict[str, Any]) -> None:
+        index, block = payload.get("index"), payload.get("content_block")
+        if isinstance(block, dict) and grow_list(self._blocks, index):
+            self._blocks[index] = copy.deepcopy(block)
+            if "input" in block and block.get("type") != "mcp_tool_result":
+                self._partial_json[index] = ""
+
+    def _on_content_block_delta(self, payload: dict[str, Any]) -> None:
+        block, delta = self._block_at(payload.get("index")), payload.get("delta")
+        if block is None or not isinstance(delta, dict):
+            return
+        kind = delta.get("type")
+        if kind in _DELTA_TEXT_FIELDS:
+            field = _DELTA_TEXT_FIELDS[kind]
+            block[field] = (block.get(field) or "") + str(delta.get(field, ""))
+        elif kind == "input_json_delta" and payload["index"] in self._partial_json:
+            self._partial_json[payload["index"]] += str(delta.get("partial_json", ""))
+        elif kind == "signature_delta":
+            block["signature"] = delta.get("signature")
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+
+    def _on_content_block_stop(self, payload: dict[str, Any]) -> None:
+        index = payload.get("index")
+        block = self._block_at(index)
+        if block is not None and index in self._partial_json:
+            block["input"] = _parse_input(self._partial_json.pop(index))
+
+    def _on_message_delta(self, payload: dict[str, Any]) -> None:
+        if self._message is None:
+            self._message = {"type": "message"}
+        if isinstance(payload.get("delta"), dict):
+            self._message.update(payload["delta"])
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            # Cumulative counts: the latest non-null value replaces the earlier one.
+            merged = dict(self._message.get("usage") or {})
+            merged.update({key: value for key, value in usage.items() if value is not None})
+            self._message["usage"] = merged
+
+    def _on_message_stop(self, payload: dict[str, Any]) -> None:
+        self.terminal = True
+
+    def _on_error(self, payload: dict[str, Any]) -> None:
+        self.terminal = True
+        self.error_category = "upstream_error"
+        self._error = payload.get("error", payload)
+
+    def _block_at(self, index: Any) -> dict[str, Any] | None:
+        if isinstance(index, int) and 0 <= index < len(self._blocks):
+            return self._blocks[index]
+        return None
+
+
+def _parse_input(text: str) -> Any:
+    """A tool's streamed input; an empty stream means ``{}``, unparseable text is kept raw."""
+    if not text:
+        return {}
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {"_raw": text}

@@ -1,0 +1,141 @@
+"""Reassembly of an OpenAI Responses API stream (DESIGN §6).
+
+Event reference: https://platform.openai.com/docs/api-reference/responses-streaming. The terminal
+event (`response.completed` / `response.incomplete` / `response.failed`) carries the whole
+response, which is the result; a cut stream yields the last response snapshot with the output
+items rebuilt from `output_item.*`, content parts and the text / argument / reasoning deltas.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ._reassembler import Reassembler, grow_list
+
+_TERMINAL_EVENTS = {
+    "response.completed": None,
+    "response.incomplete": "incomplete",
+    "response.failed": "upstream_error",
+}
+_SNAPSHOT_EVENTS = ("response.created", "response.in_progress", "response.queued")
+
+# delta / done event -> (container key inside the item, field in the part, is the part the item)
+_TEXT_FIELDS = {
+    "response.output_text": ("content", "content_index", "text"),
+    "response.refusal": ("content", "content_index", "refusal"),
+    "response.reasoning_text": ("content", "content_index", "text"),
+    "response.reasoning_summary_text": ("summary", "summary_index", "text"),
+}
+_ITEM_FIELDS = {
+    "response.function_call_arguments": "arguments",
+    "response.custom_tool_call_input": "input",
+    "response.code_interpreter_call_code": "code",
+}
+
+
+class ResponsesReassembler(Reassembler):
+    dialect = "responses"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._snapshot: dict[str, Any] | None = None
+        self._final: dict[str, Any] | None = None
+        self._items: list[dict[str, Any] | None] = []
+
+    def result(self) -> dict[str, Any] | None:
+        if self._final is not None:
+            return self._final
+        if self._snapshot is None and not self._items:
+            return None
+        partial = dict(self._snapshot or {"object": "response"})
+        partial["output"] = [item for item in self._items if item is not None]
+        return partial
+
+    def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
+        if event_type in _TERMINAL_EVENTS:
+            self._on_terminal(event_type, payload)
+        elif event_type in _SNAPSHOT_EVENTS:
+            if isinstance(payload.get("response"), dict):
+                self._snapshot = payload["response"]
+        elif event_type == "error":
+            self.error_category = "upstream_error"
+        elif event_type.startswith("response.output_item."):
+            self._on_item(payload)
+        elif event_type.startswith(("response.content_part.", "response.reasoning_summary_part.")):
+            self._on_part(event_type, payload)
+        else:
+            self._on_delta_or_done(event_type, payload)
+
+    def _on_terminal(self, event_type: str, payload: dict[str, Any]) -> None:
+        self.terminal = True
+        if self.error_category is None:
+            self.error_category = _TERMINAL_EVENTS[event_type]
+        response = payload.get("response")
+        if isinstance(response, dict):
+            self._final = response
+
+    def _on_item(self, payload: dict[str, Any]) -> None:
+        item, index = payload.get("item"), payload.get("output_index")
+        if isinstance(item, dict) and grow_list(self._items, index):
+            self._items[index] = copy.deepcopy(item)
+
+    def _on_part(self, event_type: str, payload: dict[str, Any]) -> None:
+        is_summary = event_type.startswith("response.reasoning_summary_part.")
+        key, index_key = ("summary", "summary_index") if is_summary else ("content", "content_index")
+        item, part = self._item_at(payload), payload.get("part")
+        if item is None or not isinstance(part, dict):
+            return
+        parts = item.setdefault(key, [])
+        if isinstance(parts, list) and grow_list(parts, payload.get(index_key)):
+            parts[payload[index_key]] = dict(part)
+
+    def _on_delta_or_done(self, event_type: str, payload: dict[str, Any]) -> None:
+        stem, _, phase = event_type.rpartition(".")
+        if phase not in ("delta", "done"):
+            return
+        item = self._item_at(payload)
+        if item is None:
+            return
+        if stem in _ITEM_FIELDS:
+            done_key = _ITEM_FIELDS[stem]
+            _apply_text(item, done_key, payload, phase, done_key)
+        elif stem in _TEXT_FIELDS:
+            key, index_key, field = _TEXT_FIELDS[stem]
+            part = _part_at(item, key, payload.get(index_key), stem)
+            if part is not None:
+                _apply_text(part, field, payload, phase, field)
+
+    def _item_at(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        index = payload.get("output_index")
+        if isinstance(index, int) and 0 <= index < len(self._items):
+            return self._items[index]
+        return None
+
+
+def _part_at(item: dict[str, Any], key: str, index: Any, stem: str) -> dict[str, Any] | None:
+    """The content / summary part at ``index``, created when a delta arrives before its part."""
+    parts = item.setdefault(key, [])
+    if not isinstance(parts, list) or not grow_list(parts, index):
+        return None
+    if parts[index] is None:
+        part_type = {
+            "response.output_text": "output_text",
+            "response.refusal": "refusal",
+            "response.reasoning_text": "reasoning_text",
+            "response.reasoning_summary_text": "summary_text",
+        }[stem]
+        parts[index] = {"type": part_type}
+    return parts[index]
+
+
+def _apply_text(target: dict[str, Any], field: str, payload: dict[str, Any], phase: str, done_key: str) -> None:
+    if phase == "delta":
+        delta = payload.get("delta")
+        if isinstance(delta, str):
+            current = target.get(field)
+            target[field] = (current if isinstance(current, str) else "") + delta
+    else:
+        value = payload.get(done_key)
+        if isinstance(value, str):
+            target[field] = value

@@ -1,0 +1,155 @@
+"""The tap: a sans-io observer of one reply's body, fed a copy of each chunk as it passes.
+
+`StreamTap` parses an SSE reply as it streams and reports the chunk that completes the terminal
+event, so the proxy can hold exactly that chunk until the capture line is durable (DESIGN §2).
+`BodyTap` collects a non-streaming body. Both end with `finish`, which says what goes on the
+capture line. Neither ever raises into the proxy's pump: a bug becomes ``capture_parse_error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ._categories import categorize_status
+from ._chat import ChatReassembler
+from ._decoding import make_decoder
+from ._messages import MessagesReassembler
+from ._reassembler import Reassembler
+from ._responses import ResponsesReassembler
+from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
+
+REASSEMBLERS: dict[str, type[Reassembler]] = {
+    "responses": ResponsesReassembler,
+    "chat": ChatReassembler,
+    "messages": MessagesReassembler,
+}
+
+
+@dataclass(frozen=True)
+class TapOutcome:
+    """What the tap contributes to a capture line."""
+
+    response: dict[str, Any] | None
+    response_raw: str | None
+    error_category: str | None
+    stream_truncated: bool | None = None
+    #: Why capture could not parse the body, for the line's ``failure`` (stage ``capture``).
+    parse_failure: str | None = None
+
+
+class StreamTap:
+    """Observe an SSE reply of ``dialect``; `feed` returns True for the chunk with the terminal."""
+
+    def __init__(
+        self,
+        dialect: str,
+        content_encoding: str | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
+        self._parser = SSEParser(max_event_bytes)
+        self._reassembler = REASSEMBLERS[dialect]()
+        self._raw = bytearray()
+        self._failure: str | None = None
+        self._saw_bytes = False
+        self.terminal = False
+        try:
+            self._decode = make_decoder(content_encoding)
+        except ValueError as exc:
+            self._failure = str(exc)
+
+    @property
+    def has_content(self) -> bool:
+        """True once a non-comment line arrived (the moment that defines TTFT, DESIGN §3)."""
+        return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
+
+    def feed(self, chunk: bytes) -> bool:
+        """Observe one chunk; True when it completed the stream's terminal event."""
+        if self.terminal:
+            return False
+        self._saw_bytes = self._saw_bytes or bool(chunk)
+        if self._failure is not None:
+            return False
+        try:
+            data = self._decode(chunk)
+            self._raw += data
+            for event in self._parser.feed(data):
+                self._reassembler.feed_event(event)
+        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+            self._failure = f"{type(exc).__name__}: {exc}"
+            return False
+        self.terminal = self._reassembler.terminal
+        return self.terminal
+
+    def finish(self, status: int) -> TapOutcome:
+        """The outcome for a reply with ``status`` whose body has ended (or was cut)."""
+        raw = bytes(self._raw).decode("utf-8", "replace") if self._raw else ""
+        if self._failure is not None:
+            category = categorize_status(status) or "capture_parse_error"
+            return TapOutcome(None, raw, category, not self.terminal, self._failure)
+        try:
+            response = self._reassembler.result()
+        except Exception as exc:
+            category = categorize_status(status) or "capture_parse_error"
+            return TapOutcome(None, raw, category, not self.terminal, f"{type(exc).__name__}: {exc}")
+        return TapOutcome(response, raw, self._category(status, response), not self.terminal)
+
+    def _category(self, status: int, response: dict[str, Any] | None) -> str | None:
+        if not 200 <= status < 300:
+            return categorize_status(status, response)
+        if self._reassembler.error_category is not None:
+            return self._reassembler.error_category
+        if not self.terminal:
+            return "stream_truncated"
+        if self._reassembler.undecodable_events or self._parser.oversized_events:
+            return "capture_parse_error"
+        return None
+
+
+class BodyTap:
+    """Collect a non-streaming body; `finish` parses the decoded copy as JSON."""
+
+    terminal = False
+
+    def __init__(self, dialect: str, content_encoding: str | None = None) -> None:
+        self._dialect = dialect
+        self._content_encoding = content_encoding
+        self._chunks: list[bytes] = []
+
+    @property
+    def has_content(self) -> bool:
+        return bool(self._chunks)
+
+    def feed(self, chunk: bytes) -> bool:
+        self._chunks.append(chunk)
+        return False
+
+    def finish(self, status: int) -> TapOutcome:
+        try:
+            body = make_decoder(self._content_encoding)(b"".join(self._chunks))
+        except Exception as exc:
+            return TapOutcome(None, None, categorize_status(status) or "capture_parse_error", None, str(exc))
+        parsed = parse_json_object(body)
+        if parsed is None:
+            text = body.decode("utf-8", "replace")
+            return TapOutcome(None, text, categorize_status(status) or "capture_parse_error", None,
+                              "the body is not a JSON object" if 200 <= status < 300 else None)
+        return TapOutcome(parsed, None, self._category(status, parsed))
+
+    def _category(self, status: int, body: dict[str, Any]) -> str | None:
+        category = categorize_status(status, body)
+        if category is None and self._dialect == "responses":
+            # A non-streaming Responses body says the same as the stream's terminal event would.
+            category = {"incomplete": "incomplete", "failed": "upstream_error"}.get(body.get("status"))
+        return category
+
+
+def parse_json_object(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object, or None when it is not exactly one."""
+    try:
+        parsed = orjson.loads(body)
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, dict) else None

@@ -1,0 +1,20 @@
+"""The aiohttp sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9)."""
+
+from ._app import create_app
+from ._cli import main
+from ._server import RunningServer, start_app, start_sidecar, start_stand_in
+from ._settings import ConfigError, Settings, load_settings
+from ._standin import create_stand_in_app
+
+__all__ = [
+    "ConfigError",
+    "RunningServer",
+    "Settings",
+    "create_app",
+    "create_stand_in_app",
+    "load_settings",
+    "main",
+    "start_app",
+    "start_sidecar",
+    "start_stand_in",
+]

@@ -1,0 +1,70 @@
+"""The ``mcc`` command line: ``serve`` and ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+import click
+
+from ._settings import ConfigError, Settings, load_settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
+
+
+@main.command()
+@click.option("--upstream", metavar="URL", help="Model server to forward to, e.g. http://127.0.0.1:8000. [MCC_UPSTREAM]")
+@click.option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 in a container). [MCC_HOST]")
+@click.option("--port", type=int, help="Port to bind (default 8080; 0 picks a free port). [MCC_PORT]")
+@click.option("--capture-dir", metavar="DIR", help="Absolute directory for <rollout_id>.capture.jsonl; capture is off without it. [MCC_CAPTURE_DIR]")
+@click.option("--capture/--no-capture", "capture_enabled", default=None, help="Turn capture on or off (NeMo Gym's observability_enabled). [MCC_CAPTURE_ENABLED]")
+@click.option("--model-name", metavar="NAME", help="model_ref.name of every record (default: the upstream's host:port). [MCC_MODEL_NAME]")
+@click.option("--config", "config", metavar="FILE", help="YAML config; a NeMo Gym global config works. [MCC_CONFIG]")
+@click.option("--max-body-bytes", type=int, help="Largest request body accepted (default 256 MiB). [MCC_MAX_BODY_BYTES]")
+@click.option("--connect-timeout", type=float, help="Seconds to connect to the upstream (default 10). [MCC_CONNECT_TIMEOUT]")
+@click.option("--read-timeout", type=float, help="Seconds allowed between upstream reads (default 600). [MCC_READ_TIMEOUT]")
+@click.option("--log-level", help="debug, info, warning or error (default info). [MCC_LOG_LEVEL]")
+@click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
+def serve(**options: Any) -> None:
+    """Run the sidecar until SIGINT or SIGTERM."""
+    settings = _settings_or_exit(options)
+    _configure_logging(settings.log_level)
+    from ._server import serve_forever
+
+    _run(serve_forever(settings))
+
+
+@main.command()
+@click.option("--capture-dir", metavar="DIR", default="demo-captures", show_default=True,
+              help="Where the demo's capture files go (made absolute).")
+def demo(capture_dir: str) -> None:
+    """Start the stand-in model server and the sidecar, drive them with the official SDKs, print the captures."""
+    _configure_logging("warning")
+    from ._demo import run_demo
+
+    sys.exit(_run(run_demo(capture_dir)))
+
+
+def _settings_or_exit(options: dict[str, Any]) -> Settings:
+    try:
+        return load_settings(options)
+    except ConfigError as exc:
+        click.echo(f"mcc: {exc}", err=True)
+        sys.exit(2)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _run(coroutine: Any) -> Any:
+    try:
+        import uvloop  # Optional: faster event loop where installed (extra "fast").
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)

@@ -1,0 +1,139 @@
+"""`mcc demo`: the stand-in model server, the sidecar in front of it, the official SDKs driving it.
+
+Every dialect is called streaming and not, plus one tool-call round trip; then every captured
+line is read back with `records` and printed, one line per call.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from records import CaptureStore, extract_token_stats
+
+from ._server import start_sidecar, start_stand_in
+from ._settings import Settings
+
+ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools")
+MODEL = "stand-in-1"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+async def run_demo(capture_dir: str) -> int:
+    try:
+        import anthropic  # noqa: F401
+        import openai  # noqa: F401
+    except ImportError:
+        print("mcc demo needs the official SDKs: pip install 'model-call-capture[demo]'")
+        return 2
+    capture_dir = os.path.abspath(capture_dir)
+    store = CaptureStore(capture_dir)
+    store.clear(ROLLOUTS)
+    stand_in = await start_stand_in()
+    settings = Settings(upstream=stand_in.url, port=0, capture_dir=capture_dir, model_name="stand-in")
+    sidecar = await start_sidecar(settings)
+    print(f"stand-in model server: {stand_in.url}\nsidecar:               {sidecar.url}  (capture dir {capture_dir})\n")
+    try:
+        await _drive(sidecar.url)
+    finally:
+        await sidecar.close()
+        await stand_in.close()
+    return _print_captures(store)
+
+
+async def _drive(sidecar_url: str) -> None:
+    from anthropic import AsyncAnthropic
+    from openai import AsyncOpenAI
+
+    def openai_client(rollout: str) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{sidecar_url}/ng-rollout/{rollout}/v1", api_key="demo-key", max_retries=0)
+
+    responses = openai_client("demo-responses")
+    reply = await responses.responses.create(model=MODEL, input="Say hello to the sidecar.")
+    _said("responses", False, reply.output_text)
+    text = ""
+    async for event in await responses.responses.create(model=MODEL, input="Stream a hello.", stream=True):
+        if event.type == "response.output_text.delta":
+            text += event.delta
+    _said("responses", True, text)
+
+    chat = openai_client("demo-chat")
+    completion = await chat.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi there!"}])
+    _said("chat", False, completion.choices[0].message.content)
+    text = ""
+    stream = await chat.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Stream please."}],
+                                                stream=True, stream_options={"include_usage": True})
+    async for chunk in stream:
+        text += "".join(choice.delta.content or "" for choice in chunk.choices)
+    _said("chat", True, text)
+
+    messages = AsyncAnthropic(base_url=f"{sidecar_url}/ng-rollout/demo-messages", api_key="demo-key", max_retries=0)
+    message = await messages.messages.create(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "Hello, Claude-shaped stand-in."}])
+    _said("messages", False, "".join(block.text for block in message.content if block.type == "text"))
+    async with messages.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "Stream it."}]) as stream:
+        final = await stream.get_final_message()
+    _said("messages", True, "".join(block.text for block in final.content if block.type == "text"))
+
+    await _tool_round_trip(openai_client("demo-tools"))
+
+
+async def _tool_round_trip(client: Any) -> None:
+    """The model asks for a tool, the agent runs it, the model answers with the result."""
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = await client.chat.completions.create(model=MODEL, messages=conversation, tools=[WEATHER_TOOL])
+    call = first.choices[0].message.tool_calls[0]
+    _said("chat", False, f"tool call {call.function.name}({call.function.arguments})")
+    conversation.append(first.choices[0].message.model_dump(exclude_none=True))
+    conversation.append({"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 22}'})
+    second = await client.chat.completions.create(model=MODEL, messages=conversation, tools=[WEATHER_TOOL])
+    _said("chat", False, second.choices[0].message.content)
+
+
+def _said(dialect: str, streamed: bool, text: Any) -> None:
+    print(f"  agent <- {dialect:9} {'stream' if streamed else 'json':6} {text!r}")
+
+
+def _print_captures(store: CaptureStore) -> int:
+    header = f"{'rollout':15} {'#':>2} {'dialect':9} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} {'ttft_ms':>8} {'total_ms':>8}  {'tools':14} error"
+    print("\ncaptured calls (read back with records.CaptureStore):")
+    print(header)
+    print("-" * len(header))
+    count = 0
+    for rollout in ROLLOUTS:
+        for index, line in enumerate(store.read(rollout)):
+            count += 1
+            print(_format_line(rollout, index, line))
+    print(f"\n{count} calls captured in {len(ROLLOUTS)} rollouts; files: {store.capture_dir}/<rollout_id>.capture.jsonl")
+    return 0 if count >= 8 else 1
+
+
+def _format_line(rollout: str, index: int, line: dict[str, Any]) -> str:
+    response = line.get("response") or {}
+    stats = extract_token_stats(response.get("usage"))
+    ttft = line.get("latency_ttft_ms")
+    return (f"{rollout:15} {index:>2} {line['dialect']:9} {line['status_code']!s:>6} {_n(stats['tokens_in']):>5} "
+            f"{_n(stats['tokens_out']):>5} {_n(stats['cached_tokens']):>6} {_ms(ttft):>8} {_ms(line.get('latency_ms')):>8}  "
+            f"{','.join(_tool_names(response)) or '-':14} {line.get('error_category') or '-'}")
+
+
+def _tool_names(response: dict[str, Any]) -> list[str]:
+    names = [item.get("name") for item in response.get("output") or () if item.get("type") == "function_call"]
+    for choice in response.get("choices") or ():
+        names += [call["function"]["name"] for call in (choice.get("message") or {}).get("tool_calls") or ()]
+    names += [block.get("name") for block in response.get("content") or () if block.get("type") == "tool_use"]
+    return [str(name) for name in names]
+
+
+def _n(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"

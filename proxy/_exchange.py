@@ -1,0 +1,141 @@
+"""One observed model call as the proxy sees it, and the capture line it becomes (DESIGN §3, §4)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from capture import BodyTap, StreamTap, make_decoder, parse_json_object
+
+MODEL_REF_TYPE = "responses_api_models"
+
+
+@dataclass
+class Failure:
+    """DESIGN §4 ``failure``: what went wrong, in one object."""
+
+    stage: str
+    category: str
+    message: str
+    exception_type: str | None = None
+    retryable: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "category": self.category,
+            "message": self.message,
+            "exception_type": self.exception_type,
+            "retryable": self.retryable,
+        }
+
+
+@dataclass
+class CallExchange:
+    """Timings, transport facts and the tap of one call; `capture_fields` makes its line."""
+
+    rollout_id: str
+    dialect: str
+    model_name: str
+    request_body: bytes
+    request_encoding: str | None = None
+    client_session_id: str | None = None
+    client_assistant_message_id: str | None = None
+    tap: StreamTap | BodyTap | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    latency_ms: float | None = None
+    latency_ttft_ms: float | None = None
+    status_code: int | None = None
+    upstream_attempted: bool = False
+    upstream_status_code: int | None = None
+    response_source: str = "upstream"
+    local_response_reason: str | None = None
+    #: A category the proxy knows better than the reply does (cancelled, timeout, connection).
+    category_override: str | None = None
+    failure: Failure | None = None
+    #: The error body of a reply the sidecar wrote itself.
+    local_body: dict[str, Any] | None = None
+    model_call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _started_monotonic: float = 0.0
+
+    def start(self) -> None:
+        """Taken immediately before the request goes upstream (DESIGN §3)."""
+        self.started_at = time.time()
+        self._started_monotonic = time.monotonic()
+        self.upstream_attempted = True
+
+    def mark_first_content(self) -> None:
+        if self.latency_ttft_ms is None and self.started_at is not None:
+            self.latency_ttft_ms = (time.monotonic() - self._started_monotonic) * 1000.0
+
+    def complete(self) -> None:
+        """The upstream exchange ended (last byte, error or cancel), before parsing and persistence."""
+        if self.completed_at is not None:
+            return
+        if self.started_at is None:  # Refused before anything went upstream (body too large).
+            self.started_at = time.time()
+            self._started_monotonic = time.monotonic()
+        self.completed_at = time.time()
+        self.latency_ms = (time.monotonic() - self._started_monotonic) * 1000.0
+
+    def answer_locally(self, status: int, reason: str, category: str, failure: Failure, body: dict[str, Any]) -> None:
+        self.local_body = body
+        self.status_code = status
+        self.response_source = "local"
+        self.local_response_reason = reason
+        self.category_override = category
+        self.failure = failure
+
+    def capture_fields(self) -> dict[str, Any]:
+        """The line's fields. Parses the request and finishes the tap: run it off the event loop."""
+        fields: dict[str, Any] = {
+            "model_call_id": self.model_call_id,
+            "dialect": self.dialect,
+            "model_ref": {"type": MODEL_REF_TYPE, "name": self.model_name},
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+            "latency_ms": _round(self.latency_ms),
+            "latency_ttft_ms": _round(self.latency_ttft_ms),
+            "status_code": self.status_code,
+            "client_session_id": self.client_session_id,
+            "client_assistant_message_id": self.client_assistant_message_id,
+            "upstream_attempted": self.upstream_attempted,
+            "response_source": self.response_source,
+            "upstream_status_code": self.upstream_status_code,
+            "local_response_reason": self.local_response_reason,
+        }
+        fields.update(self._request_fields())
+        fields.update(self._response_fields())
+        return fields
+
+    def _request_fields(self) -> dict[str, Any]:
+        try:
+            body = make_decoder(self.request_encoding)(self.request_body)
+        except Exception:
+            body = self.request_body
+        parsed = parse_json_object(body)
+        if parsed is not None:
+            return {"request": parsed}
+        return {"request": None, "request_raw": body.decode("utf-8", "replace")}
+
+    def _response_fields(self) -> dict[str, Any]:
+        failure = self.failure
+        fields: dict[str, Any] = {"response": self.local_body, "error_category": self.category_override}
+        if self.tap is not None and self.status_code is not None and self.response_source == "upstream":
+            outcome = self.tap.finish(self.status_code)
+            fields["response"] = outcome.response
+            fields["response_raw"] = outcome.response_raw
+            fields["stream_truncated"] = outcome.stream_truncated
+            fields["error_category"] = self.category_override or outcome.error_category
+            if failure is None and outcome.parse_failure is not None:
+                failure = Failure("capture", "capture_parse_error", outcome.parse_failure)
+        if failure is not None:
+            fields["failure"] = failure.as_dict()
+        return fields
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

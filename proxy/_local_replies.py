@@ -1,0 +1,45 @@
+"""Replies the sidecar writes itself, in the error shape of the dialect the path implies (DESIGN §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+#: Header that tells a client (and a human with curl) that the sidecar, not the model, answered.
+LOCAL_REPLY_HEADER = "x-mcc-local-response"
+
+
+@dataclass(frozen=True)
+class LocalReply:
+    """One kind of local reply: its status, the error type per dialect, and why it happened."""
+
+    status: int
+    reason: str
+    openai_type: str
+    anthropic_type: str
+    category: str
+
+
+INVALID_ROLLOUT_ID = LocalReply(400, "invalid_rollout_id", "invalid_request_error", "invalid_request_error", "client_error")
+BODY_TOO_LARGE = LocalReply(413, "body_too_large", "invalid_request_error", "request_too_large", "client_error")
+UPSTREAM_UNREACHABLE = LocalReply(502, "upstream_unreachable", "upstream_error", "api_error", "connection")
+UPSTREAM_TIMEOUT = LocalReply(504, "upstream_timeout", "timeout", "timeout_error", "timeout")
+
+
+def error_body(reply: LocalReply, error_dialect: str, message: str) -> dict[str, object]:
+    """OpenAI ``{"error": {...}}`` or Anthropic ``{"type": "error", "error": {...}}``."""
+    if error_dialect == "messages":
+        return {"type": "error", "error": {"type": reply.anthropic_type, "message": message}}
+    return {"error": {"message": message, "type": reply.openai_type, "param": None, "code": reply.reason}}
+
+
+def local_response(reply: LocalReply, error_dialect: str, message: str) -> web.Response:
+    body = orjson.dumps(error_body(reply, error_dialect, message))
+    return web.Response(
+        status=reply.status,
+        body=body,
+        content_type="application/json",
+        headers={LOCAL_REPLY_HEADER: reply.reason},
+    )

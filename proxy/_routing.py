@@ -1,0 +1,63 @@
+"""Prefix routing (DESIGN §2): which rollout a request belongs to and what goes upstream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from records import is_valid_rollout_id
+
+ROLLOUT_PREFIX = "/ng-rollout/"
+
+#: Observed paths (captured when prefixed and capture is on) and their dialect names.
+OBSERVED_PATHS = {
+    "/v1/responses": "responses",
+    "/v1/chat/completions": "chat",
+    "/v1/messages": "messages",
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes. ``upstream_target`` is the raw path and query, never re-encoded."""
+
+    upstream_target: str
+    rollout_id: str | None = None
+    #: The dialect of an observed path (POST only), else None.
+    dialect: str | None = None
+    #: Set when the prefix is present but its rollout id is not valid.
+    invalid_rollout_id: str | None = None
+
+    @property
+    def error_dialect(self) -> str:
+        """The dialect whose error shape a local reply on this path uses."""
+        return "messages" if self.dialect == "messages" or _path_of(self.upstream_target) == "/v1/messages" else "openai"
+
+
+def route_request(method: str, raw_target: str) -> Route:
+    """Split ``/ng-rollout/<id>/<rest>`` into rollout id and ``/<rest>``; others pass through.
+
+    The id is percent-decoded before it is validated, so ``%2e%2e`` is refused as ``..``.
+    """
+    if not raw_target.startswith(ROLLOUT_PREFIX):
+        return Route(upstream_target=raw_target)
+    path, question, query = raw_target.partition("?")
+    encoded_id, slash, rest = path[len(ROLLOUT_PREFIX):].partition("/")
+    upstream_target = "/" + rest + question + query
+    rollout_id = unquote(encoded_id, errors="strict") if _decodes(encoded_id) else None
+    if rollout_id is None or not is_valid_rollout_id(rollout_id):
+        return Route(upstream_target=upstream_target, invalid_rollout_id=encoded_id)
+    dialect = OBSERVED_PATHS.get(_path_of(upstream_target)) if method == "POST" else None
+    return Route(upstream_target=upstream_target, rollout_id=rollout_id, dialect=dialect)
+
+
+def _path_of(target: str) -> str:
+    return target.partition("?")[0]
+
+
+def _decodes(encoded: str) -> bool:
+    try:
+        unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1,0 +1,91 @@
+"""Running servers on a real socket: the sidecar, and the stand-in model server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ._app import create_app
+from ._settings import Settings
+
+log = logging.getLogger("mcc")
+
+#: Time in-flight calls get to finish on SIGTERM; Kubernetes' terminationGracePeriodSeconds must exceed it.
+DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RunningServer:
+    """A started aiohttp runner and the URL it listens on."""
+
+    runner: web.AppRunner
+    url: str
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_app(app: web.Application, host: str, port: int) -> RunningServer:
+    """Serve ``app`` on ``host:port`` (0 picks a free port) the way the sidecar needs it served."""
+    runner = web.AppRunner(
+        app,
+        # A client that goes away cancels its handler, so the upstream request is cancelled too
+        # and the GPU stops generating (issue 2); capture then finishes in a tracked task.
+        handler_cancellation=True,
+        # Request bodies are forwarded as sent: a gzip request body stays gzip (DESIGN §2).
+        auto_decompress=False,
+        access_log=None,
+        shutdown_timeout=DRAIN_TIMEOUT_S,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound = _bound_port(runner)
+    shown_host = f"[{host}]" if ":" in host else host
+    return RunningServer(runner, f"http://{shown_host}:{bound}")
+
+
+async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> RunningServer:
+    return await start_app(create_app(settings, upstream_url), settings.host, settings.port)
+
+
+async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+    from ._standin import create_stand_in_app
+
+    return await start_app(create_stand_in_app(), host, port)
+
+
+async def serve_forever(settings: Settings) -> None:
+    """`mcc serve`: start, print the ready line, run until SIGINT / SIGTERM, then drain."""
+    stand_in = await start_stand_in() if settings.stand_in else None
+    sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
+    if stand_in is not None:
+        log.info("stand-in model server at %s", stand_in.url)
+    print(f"listening on {sidecar.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls")
+    await sidecar.close()
+    if stand_in is not None:
+        await stand_in.close()
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise RuntimeError("the server did not bind a TCP port")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

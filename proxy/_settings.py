@@ -1,0 +1,175 @@
+"""One frozen settings object, built once at start-up (DESIGN §9).
+
+Sources, lowest to highest: defaults, a YAML file, ``MCC_*`` environment variables, CLI flags.
+The YAML file may be a NeMo Gym global config: its top-level ``observability_enabled`` and
+``model_call_capture_dir`` are honoured, the sidecar's own keys live under ``mcc:``, everything
+else is ignored. The environment is read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "MCC_"
+#: The key of the sidecar's own section in a (NeMo Gym) YAML config.
+CONFIG_SECTION = "mcc"
+#: vLLM and SGLang bodies are JSON; 256 MiB leaves room for long multimodal prompts (issue 2).
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+#: Long enough for a TCP connect across a cluster network, short enough to fail fast.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+#: Time allowed between two reads from the upstream: a non-streaming reasoning reply may take minutes.
+DEFAULT_READ_TIMEOUT_S = 600.0
+
+
+class ConfigError(Exception):
+    """Bad configuration, described in one sentence; raised before serving."""
+
+
+class Settings(BaseModel):
+    """Everything the sidecar needs to know, validated before the first request."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    upstream: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    capture_dir: str | None = None
+    #: NeMo Gym's ``observability_enabled``: capture is on only when this and a directory are set.
+    capture_enabled: bool = True
+    model_name: str | None = None
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
+    connect_timeout: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    read_timeout: float = Field(DEFAULT_READ_TIMEOUT_S, gt=0)
+    session_id_header: str = "x-session-id"
+    assistant_message_id_header: str = "x-assistant-message-id"
+    log_level: str = "info"
+    stand_in: bool = False
+
+    @field_validator("capture_dir")
+    @classmethod
+    def _absolute_capture_dir(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"must be an absolute path, got {value!r}")
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _http_upstream(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"must not have a query or fragment, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"must be one of debug, info, warning, error, got {value!r}")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _has_upstream(self) -> "Settings":
+        if self.upstream is None and not self.stand_in:
+            raise ValueError("an upstream is required: pass --upstream URL or set MCC_UPSTREAM")
+        return self
+
+    @property
+    def capture_on(self) -> bool:
+        return self.capture_enabled and self.capture_dir is not None
+
+    @property
+    def model_ref_name(self) -> str:
+        """``model_ref.name`` of every line: the configured name, else the upstream's host:port."""
+        if self.model_name:
+            return self.model_name
+        parts = urlsplit(self.upstream or "")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return f"{parts.hostname}:{port}" if parts.hostname else "stand-in"
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Merge the sources and validate; raise `ConfigError` with one sentence on any problem."""
+    cli = {key: value for key, value in (cli or {}).items() if value is not None}
+    environ = os.environ if environ is None else environ
+    from_env = _from_environment(environ)
+    config_file = cli.pop("config", None) or from_env.pop("config", None)
+    merged: dict[str, Any] = {}
+    if config_file:
+        merged.update(_from_yaml(config_file))
+    merged.update(from_env)
+    merged.update(cli)
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        raise ConfigError(_one_sentence(exc)) from None
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    names = set(Settings.model_fields) | {"config"}
+    found = {}
+    for name in names:
+        value = environ.get(ENV_PREFIX + name.upper())
+        if value is not None and value != "":
+            found[name] = value
+    return found
+
+
+def _from_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror or exc}.") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {_first_line(exc)}.") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"config file {path!r} must be a YAML mapping at the top level.")
+    return _from_config_document(document, path)
+
+
+def _from_config_document(document: dict[str, Any], path: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if "observability_enabled" in document:
+        settings["capture_enabled"] = document["observability_enabled"]
+    if document.get("model_call_capture_dir") is not None:
+        settings["capture_dir"] = document["model_call_capture_dir"]
+    if document.get("observability_enabled") is True and "capture_dir" not in settings:
+        raise ConfigError(f"config file {path!r} sets observability_enabled but no model_call_capture_dir.")
+    own = document.get(CONFIG_SECTION) or {}
+    if not isinstance(own, dict):
+        raise ConfigError(f"config file {path!r}: the {CONFIG_SECTION!r} section must be a mapping.")
+    for key, value in own.items():
+        name = str(key).replace("-", "_")
+        if name not in Settings.model_fields:
+            raise ConfigError(f"config file {path!r}: unknown key {CONFIG_SECTION}.{key}.")
+        settings[name] = value
+    return settings
+
+
+def _one_sentence(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if not field:
+        return message[:1].upper() + message[1:] + "."
+    if error["type"] == "extra_forbidden":
+        return f"unknown setting {field!r}."
+    return f"invalid setting {field!r}: {message}."
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,144 @@
+"""The built-in stand-in model server: speaks Responses, Chat Completions and Anthropic Messages.
+
+It is what `mcc demo` and `mcc serve --stand-in` put behind the sidecar, so the product can be
+tried with the real SDK clients on any machine, without a GPU. Replies are deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Iterable
+
+import orjson
+from aiohttp import web
+
+from ._standin_replies import (
+    STAND_IN_MODEL,
+    Plan,
+    chat_events,
+    chat_reply,
+    make_plan,
+    messages_events,
+    messages_reply,
+    responses_events,
+    responses_reply,
+)
+
+_SERIALS = web.AppKey("serials", itertools.count)
+
+
+def create_stand_in_app() -> web.Application:
+    app = web.Application()
+    app[_SERIALS] = itertools.count(1)
+    app.router.add_post("/v1/responses", _responses)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/messages", _messages)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    return app
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    body, size = await _json_body(request)
+    items = body.get("input")
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else (items or [])
+    plan = _plan(request, size, _last_user_text(items),
+                 _first_tool_name(body, lambda tool: tool.get("name")),
+                 any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items))
+    reply = responses_reply(plan, _serial(request), int(time.time()))
+    if body.get("stream"):
+        return await _stream(request, responses_events(reply))
+    return web.json_response(reply, dumps=_dumps)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    body, size = await _json_body(request)
+    messages = body.get("messages") or []
+    plan = _plan(request, size, _last_user_text(messages),
+                 _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
+                 any(isinstance(m, dict) and m.get("role") == "tool" for m in messages))
+    reply = chat_reply(plan, _serial(request), int(time.time()))
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await _stream(request, chat_events(reply, include_usage))
+    return web.json_response(reply, dumps=_dumps)
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    body, size = await _json_body(request)
+    messages = body.get("messages") or []
+    has_result = any(isinstance(block, dict) and block.get("type") == "tool_result"
+                     for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+                     for block in m["content"])
+    plan = _plan(request, size, _last_user_text(messages), _first_tool_name(body, lambda tool: tool.get("name")), has_result)
+    reply = messages_reply(plan, _serial(request))
+    if body.get("stream"):
+        return await _stream(request, messages_events(reply))
+    return web.json_response(reply, dumps=_dumps)
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": STAND_IN_MODEL, "object": "model", "owned_by": "mcc"}]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+    await response.write_eof()
+    return response
+
+
+async def _json_body(request: web.Request) -> tuple[dict[str, Any], int]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise web.HTTPBadRequest(text='{"error": {"message": "body is not JSON", "type": "invalid_request_error"}}',
+                                 content_type="application/json") from None
+    return (body if isinstance(body, dict) else {}), len(raw)
+
+
+def _plan(request: web.Request, size: int, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:
+    return make_plan(size, user_text, tool_name, has_tool_result, _serial(request))
+
+
+def _serial(request: web.Request) -> int:
+    """A number unique to this request (ids of the reply), the same however often it is asked."""
+    counter = request.app[_SERIALS]
+    key = "mcc_stand_in_serial"
+    if key not in request:
+        request[key] = next(counter)
+    return int(request[key])
+
+
+def _first_tool_name(body: dict[str, Any], name_of: Callable[[dict[str, Any]], Any]) -> str | None:
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and isinstance(name_of(tool), str):
+            return name_of(tool)
+    return None
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+    return ""
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()

@@ -1,0 +1,220 @@
+"""Deterministic replies of the stand-in model server, in the three dialects, whole or streamed.
+
+Each dialect has a ``*_reply`` that builds the object the non-streaming endpoint returns and a
+``*_events`` that yields the SSE events a real server would send for the same reply. The reply
+is a pure function of the request: a tool call when tools are offered and no tool result came
+back yet, otherwise text; always a little reasoning, and usage with cached tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import orjson
+
+STAND_IN_MODEL = "stand-in-1"
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the stand-in model says: reasoning, then text or one tool call."""
+
+    reasoning: str
+    text: str | None
+    tool_name: str | None
+    tool_arguments: str
+    call_id: str
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def output_tokens(self) -> int:
+        said = self.text if self.text is not None else self.tool_arguments
+        return len(_pieces(self.reasoning)) + len(_pieces(said))
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return len(_pieces(self.reasoning))
+
+
+def make_plan(request_bytes: int, user_text: str, tool_name: str | None, has_tool_result: bool, serial: int) -> Plan:
+    # A 64-token chat template precedes every prompt; its first three 16-token blocks are always
+    # in the prefix cache, so every reply reports cached tokens the way vLLM does.
+    prompt_tokens = 64 + request_bytes // 4
+    cached = 48
+    if tool_name and not has_tool_result:
+        return Plan("The user wants the weather, so I will call the tool.", None, tool_name,
+                    '{"city": "Paris", "unit": "celsius"}', f"call_standin_{serial}", prompt_tokens, cached)
+    if has_tool_result:
+        text = "It is sunny and 22 degrees Celsius in Paris."
+    else:
+        text = f"Hello from the stand-in model. You said: {user_text[:80]}"
+    return Plan("A short answer is enough here.", text, None, "", f"call_standin_{serial}", prompt_tokens, cached)
+
+
+def _pieces(text: str) -> list[str]:
+    return _WORDS.findall(text) or [text]
+
+
+def sse(event: str | None, payload: Any) -> bytes:
+    data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
+    return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
+
+
+# -- Responses ---------------------------------------------------------------------------------
+
+def responses_reply(plan: Plan, serial: int, created: int) -> dict[str, Any]:
+    output: list[dict[str, Any]] = [
+        {"id": f"rs_{serial}", "type": "reasoning", "summary": [{"type": "summary_text", "text": plan.reasoning}]}
+    ]
+    if plan.text is not None:
+        output.append({"id": f"msg_{serial}", "type": "message", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": plan.text, "annotations": []}]})
+    else:
+        output.append({"id": f"fc_{serial}", "type": "function_call", "status": "completed", "call_id": plan.call_id,
+                       "name": plan.tool_name, "arguments": plan.tool_arguments})
+    return {
+        "id": f"resp_standin_{serial}", "object": "response", "created_at": created, "status": "completed",
+        "model": STAND_IN_MODEL, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+        "tools": [], "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+        "temperature": 1.0, "top_p": 1.0,
+        "usage": {"input_tokens": plan.prompt_tokens, "input_tokens_details": {"cached_tokens": plan.cached_tokens},
+                  "output_tokens": plan.output_tokens,
+                  "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
+                  "total_tokens": plan.prompt_tokens + plan.output_tokens},
+    }
+
+
+def responses_events(reply: dict[str, Any]) -> Iterator[bytes]:
+    sequence = iter(range(1_000_000))
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return sse(kind, {"type": kind, "sequence_number": next(sequence), **fields})
+
+    started = {**reply, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    for index, item in enumerate(reply["output"]):
+        yield from _responses_item_events(event, index, item)
+    yield event("response.completed", response=reply)
+
+
+def _responses_item_events(event: Any, index: int, item: dict[str, Any]) -> Iterator[bytes]:
+    base = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "reasoning":
+        yield event("response.output_item.added", output_index=index, item={**item, "summary": []})
+        text = item["summary"][0]["text"]
+        yield event("response.reasoning_summary_part.added", **base, summary_index=0, part={"type": "summary_text", "text": ""})
+        for piece in _pieces(text):
+            yield event("response.reasoning_summary_text.delta", **base, summary_index=0, delta=piece)
+        yield event("response.reasoning_summary_text.done", **base, summary_index=0, text=text)
+        yield event("response.reasoning_summary_part.done", **base, summary_index=0, part={"type": "summary_text", "text": text})
+    elif item["type"] == "message":
+        yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+        part = item["content"][0]
+        yield event("response.content_part.added", **base, content_index=0, part={**part, "text": ""})
+        for piece in _pieces(part["text"]):
+            yield event("response.output_text.delta", **base, content_index=0, delta=piece, logprobs=[])
+        yield event("response.output_text.done", **base, content_index=0, text=part["text"], logprobs=[])
+        yield event("response.content_part.done", **base, content_index=0, part=part)
+    else:
+        yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""})
+        for piece in _pieces(item["arguments"]):
+            yield event("response.function_call_arguments.delta", **base, delta=piece)
+        yield event("response.function_call_arguments.done", **base, arguments=item["arguments"])
+    yield event("response.output_item.done", output_index=index, item=item)
+
+
+# -- Chat Completions --------------------------------------------------------------------------
+
+def chat_reply(plan: Plan, serial: int, created: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": plan.text, "reasoning_content": plan.reasoning}
+    if plan.tool_name:
+        message["tool_calls"] = [{"id": plan.call_id, "type": "function",
+                                  "function": {"name": plan.tool_name, "arguments": plan.tool_arguments}}]
+    return {
+        "id": f"chatcmpl-standin-{serial}", "object": "chat.completion", "created": created, "model": STAND_IN_MODEL,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": "tool_calls" if plan.tool_name else "stop"}],
+        "usage": {"prompt_tokens": plan.prompt_tokens, "completion_tokens": plan.output_tokens,
+                  "total_tokens": plan.prompt_tokens + plan.output_tokens,
+                  "prompt_tokens_details": {"cached_tokens": plan.cached_tokens},
+                  "completion_tokens_details": {"reasoning_tokens": plan.reasoning_tokens}},
+    }
+
+
+def chat_events(reply: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
+    envelope = {key: reply[key] for key in ("id", "created", "model")}
+    message = reply["choices"][0]["message"]
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [choice]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in _pieces(message["reasoning_content"]):
+        yield chunk({"reasoning_content": piece})
+    for piece in _pieces(message["content"]) if message["content"] else ():
+        yield chunk({"content": piece})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        for piece in _pieces(call["function"]["arguments"]):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, reply["choices"][0]["finish_reason"])
+    if include_usage:
+        yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [], "usage": reply["usage"]})
+    yield sse(None, "[DONE]")
+
+
+# -- Anthropic Messages ------------------------------------------------------------------------
+
+def messages_reply(plan: Plan, serial: int) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "thinking", "thinking": plan.reasoning, "signature": f"sig-standin-{serial}"}]
+    if plan.text is not None:
+        content.append({"type": "text", "text": plan.text})
+    else:
+        content.append({"type": "tool_use", "id": f"toolu_standin_{serial}", "name": plan.tool_name,
+                        "input": orjson.loads(plan.tool_arguments)})
+    return {
+        "id": f"msg_standin_{serial}", "type": "message", "role": "assistant", "model": STAND_IN_MODEL,
+        "content": content, "stop_reason": "end_turn" if plan.text is not None else "tool_use", "stop_sequence": None,
+        "usage": {"input_tokens": plan.prompt_tokens - plan.cached_tokens, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": plan.cached_tokens, "output_tokens": plan.output_tokens},
+    }
+
+
+def messages_events(reply: dict[str, Any]) -> Iterator[bytes]:
+    start_usage = {**reply["usage"], "output_tokens": 1}
+    yield sse("message_start", {"type": "message_start",
+                                "message": {**reply, "content": [], "stop_reason": None, "usage": start_usage}})
+    yield sse("ping", {"type": "ping"})
+    for index, block in enumerate(reply["content"]):
+        yield from _messages_block_events(index, block)
+    yield sse("message_delta", {"type": "message_delta",
+                                "delta": {"stop_reason": reply["stop_reason"], "stop_sequence": None},
+                                "usage": {"output_tokens": reply["usage"]["output_tokens"]}})
+    yield sse("message_stop", {"type": "message_stop"})
+
+
+def _messages_block_events(index: int, block: dict[str, Any]) -> Iterator[bytes]:
+    def delta(payload: dict[str, Any]) -> bytes:
+        return sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": payload})
+
+    empty = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""},
+             "tool_use": {**block, "input": {}}}[block["type"]]
+    yield sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty})
+    if block["type"] == "thinking":
+        for piece in _pieces(block["thinking"]):
+            yield delta({"type": "thinking_delta", "thinking": piece})
+        yield delta({"type": "signature_delta", "signature": block["signature"]})
+    elif block["type"] == "text":
+        for piece in _pieces(block["text"]):
+            yield delta({"type": "text_delta", "text": piece})
+    else:
+        for piece in _pieces(orjson.dumps(block["input"]).decode()):
+            yield delta({"type": "input_json_delta", "partial_json": piece})
+    yield sse("content_block_stop", {"type": "content_block_stop", "index": index})

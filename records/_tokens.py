@@ -1,0 +1,86 @@
+"""Token and cache counts across Responses, Chat Completions and Anthropic Messages usage (DESIGN §7).
+
+A count the provider did not report stays ``None``, never 0; counts are ints >= 0, never bools or
+floats. ``tokens_in`` is the whole prompt with cached tokens counted exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+_CACHED_DETAIL_GROUPS = ("prompt_tokens_details", "input_tokens_details")
+_REASONING_DETAIL_GROUPS = ("output_tokens_details", "completion_tokens_details")
+
+
+def _token_count(value: Any) -> int | None:
+    """``value`` when it is a real token count (an int >= 0 that is not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _usage_detail_token(usage: Mapping[str, Any], detail_groups: tuple[str, ...],
+                        field_names: tuple[str, ...]) -> int | None:
+    """Return the first valid token count across equivalent provider detail shapes."""
+    for group in detail_groups:
+        details = usage.get(group)
+        if isinstance(details, Mapping):
+            for name in field_names:
+                count = _token_count(details.get(name))
+                if count is not None:
+                    return count
+    return None
+
+
+def _prompt_size(usage: Mapping[str, Any]) -> int | None:
+    """Return the whole prompt size, with cached tokens counted exactly once.
+
+    ``prompt_tokens`` (Chat) includes the cache and wins whenever present; ``input_tokens`` with
+    top-level ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` (Anthropic) excludes it,
+    so those are added; ``input_tokens`` alone (Responses) includes it. ``*_tokens_details`` cache
+    counts are subsets and never added.
+    """
+    prompt = _token_count(usage.get("prompt_tokens"))
+    if prompt is not None:
+        return prompt
+    input_tokens = _token_count(usage.get("input_tokens"))
+    if input_tokens is None:
+        return None
+    cache_read = _token_count(usage.get("cache_read_input_tokens"))
+    cache_creation = _token_count(usage.get("cache_creation_input_tokens"))
+    return input_tokens + (cache_read or 0) + (cache_creation or 0)
+
+
+def _cache_signal(usage: Any) -> tuple[bool | None, int | None]:
+    """Cache hit/miss + cached-token count, from usage cache fields (OpenAI / Anthropic)."""
+    if not isinstance(usage, Mapping):
+        return None, None
+    cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, ("cached_tokens",))
+    if cached is None:
+        cached = _token_count(usage.get("cache_read_input_tokens"))
+    if cached is None:
+        return None, None
+    return cached > 0, cached
+
+
+def extract_token_stats(usage: Any) -> dict[str, Any]:
+    """Normalize token totals across Responses, Chat Completions, and Anthropic Messages usage."""
+    if not isinstance(usage, Mapping):
+        usage = {}
+    tokens_in = _prompt_size(usage)
+    tokens_out = _token_count(usage.get("completion_tokens"))
+    if tokens_out is None:
+        tokens_out = _token_count(usage.get("output_tokens"))
+    tokens_total = _token_count(usage.get("total_tokens"))
+    if tokens_total is None and tokens_in is not None and tokens_out is not None:
+        tokens_total = tokens_in + tokens_out
+    cache_hit, cached_tokens = _cache_signal(usage)
+    return {
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "tokens_total": tokens_total,
+        "tokens_reasoning": _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, ("reasoning_tokens",)),
+        "cached_tokens": cached_tokens,
+        "cache_hit": cache_hit,
+        "cache_creation_tokens": _token_count(usage.get("cache_creation_input_tokens")),
+    }
