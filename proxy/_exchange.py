@@ -10,6 +10,9 @@ from typing import Any
 from capture import BodyTap, StreamTap, make_decoder, parse_json_object
 
 MODEL_REF_TYPE = "responses_api_models"
+_OMITTED_WHEN_NONE = frozenset(
+    {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure"}
+)
 
 
 @dataclass
@@ -109,7 +112,8 @@ class CallExchange:
         }
         fields.update(self._request_fields())
         fields.update(self._response_fields())
-        return fields
+        # Evidence keys appear only when there is something to say; the execution outcome always.
+        return {key: value for key, value in fields.items() if value is not None or key not in _OMITTED_WHEN_NONE}
 
     def _request_fields(self) -> dict[str, Any]:
         try:

@@ -153,6 +153,8 @@ class _Call:
         response = PassThroughResponse(upstream.status, upstream.reason, client_response_headers(upstream.raw_headers))
         tap = self._attach_tap(upstream)
         try:
+            if isinstance(tap, BodyTap) and upstream.content_length == 0:
+                await self._persist_now()  # The headers alone are the whole reply.
             await response.prepare(self.request)
             await self._pump(upstream, response, tap)
         except asyncio.CancelledError:

@@ -56,14 +56,13 @@ def incomplete_marker_path(capture_dir: str, rollout_id: str) -> str:
 def encode_capture_line(fields: Mapping[str, Any]) -> bytes:
     """Serialise one call as a ``\\n``-terminated UTF-8 JSON line with the contract's key order.
 
-    Core keys are always written (``None`` when unknown); optional keys only when present and not
-    ``None``; any other key is appended after them, so new fields stay additive.
+    Core keys are always written (``None`` when unknown); optional keys only when ``fields`` has
+    them; any other key is appended after them, so new fields stay additive.
     """
     ordered: dict[str, Any] = {key: fields.get(key) for key in CORE_KEYS}
     for key in OPTIONAL_KEYS:
-        value = fields.get(key)
-        if value is not None:
-            ordered[key] = value
+        if key in fields:
+            ordered[key] = fields[key]
     for key, value in fields.items():
         if key not in ordered and key not in OPTIONAL_KEYS:
             ordered[key] = value

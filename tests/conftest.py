@@ -1,0 +1,73 @@
+"""Shared fixtures: real servers on loopback (the sidecar, scripted and stand-in upstreams)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from proxy import RunningServer, Settings, start_sidecar, start_stand_in
+from records import CaptureStore
+
+from .scripted_upstream import ScriptedUpstream
+
+SHARED_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
+
+StartSidecar = Callable[..., Awaitable[RunningServer]]
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[ScriptedUpstream]:
+    server = await ScriptedUpstream().start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def stand_in() -> AsyncIterator[RunningServer]:
+    server = await start_stand_in()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def capture_dir(tmp_path: Any) -> str:
+    path = tmp_path / "captures"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture
+def store(capture_dir: str) -> CaptureStore:
+    return CaptureStore(capture_dir)
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[StartSidecar]:
+    """Start sidecars with the given settings; all are stopped at the end of the test."""
+    running: list[RunningServer] = []
+
+    async def _start(upstream_url: str, **overrides: Any) -> RunningServer:
+        settings = Settings(**{"upstream": upstream_url, "port": 0, **overrides})
+        server = await start_sidecar(settings)
+        running.append(server)
+        return server
+
+    yield _start
+    for server in running:
+        await server.close()
+
+
+@pytest.fixture
+async def sidecar(start: StartSidecar, upstream: ScriptedUpstream, capture_dir: str) -> RunningServer:
+    """A sidecar with capture on, in front of the scripted upstream."""
+    return await start(upstream.url, capture_dir=capture_dir, model_name="test-model")
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client that sees the bytes as sent: no decompression, no added headers beyond the minimum."""
+    async with aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
