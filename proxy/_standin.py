@@ -6,8 +6,7 @@ tried with the real SDK clients on any machine, without a GPU. Replies are deter
 
 from __future__ import annotations
 
-import itertools
-import time
+import zlib
 from typing import Any, Callable, Iterable
 
 import orjson
@@ -25,12 +24,12 @@ from ._standin_replies import (
     responses_reply,
 )
 
-_SERIALS = web.AppKey("serials", itertools.count)
+#: Replies carry this fixed creation time (2026-01-01T00:00:00Z) so equal requests get equal bytes.
+STAND_IN_CREATED = 1767225600
 
 
 def create_stand_in_app() -> web.Application:
     app = web.Application()
-    app[_SERIALS] = itertools.count(1)
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
@@ -40,25 +39,25 @@ def create_stand_in_app() -> web.Application:
 
 
 async def _responses(request: web.Request) -> web.StreamResponse:
-    body, size = await _json_body(request)
+    body, raw = await _json_body(request)
     items = body.get("input")
     items = [{"role": "user", "content": items}] if isinstance(items, str) else (items or [])
-    plan = _plan(request, size, _last_user_text(items),
+    plan = _plan(raw, _last_user_text(items),
                  _first_tool_name(body, lambda tool: tool.get("name")),
                  any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items))
-    reply = responses_reply(plan, _serial(request), int(time.time()))
+    reply = responses_reply(plan, _serial(raw), STAND_IN_CREATED)
     if body.get("stream"):
         return await _stream(request, responses_events(reply))
     return web.json_response(reply, dumps=_dumps)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
-    body, size = await _json_body(request)
+    body, raw = await _json_body(request)
     messages = body.get("messages") or []
-    plan = _plan(request, size, _last_user_text(messages),
+    plan = _plan(raw, _last_user_text(messages),
                  _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
                  any(isinstance(m, dict) and m.get("role") == "tool" for m in messages))
-    reply = chat_reply(plan, _serial(request), int(time.time()))
+    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, chat_events(reply, include_usage))
@@ -66,13 +65,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
-    body, size = await _json_body(request)
+    body, raw = await _json_body(request)
     messages = body.get("messages") or []
     has_result = any(isinstance(block, dict) and block.get("type") == "tool_result"
                      for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
                      for block in m["content"])
-    plan = _plan(request, size, _last_user_text(messages), _first_tool_name(body, lambda tool: tool.get("name")), has_result)
-    reply = messages_reply(plan, _serial(request))
+    plan = _plan(raw, _last_user_text(messages), _first_tool_name(body, lambda tool: tool.get("name")), has_result)
+    reply = messages_reply(plan, _serial(raw))
     if body.get("stream"):
         return await _stream(request, messages_events(reply))
     return web.json_response(reply, dumps=_dumps)
@@ -95,27 +94,23 @@ async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamRe
     return response
 
 
-async def _json_body(request: web.Request) -> tuple[dict[str, Any], int]:
+async def _json_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
     raw = await request.read()
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise web.HTTPBadRequest(text='{"error": {"message": "body is not JSON", "type": "invalid_request_error"}}',
                                  content_type="application/json") from None
-    return (body if isinstance(body, dict) else {}), len(raw)
+    return (body if isinstance(body, dict) else {}), raw
 
 
-def _plan(request: web.Request, size: int, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:
-    return make_plan(size, user_text, tool_name, has_tool_result, _serial(request))
+def _plan(raw: bytes, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:
+    return make_plan(len(raw), user_text, tool_name, has_tool_result, _serial(raw))
 
 
-def _serial(request: web.Request) -> int:
-    """A number unique to this request (ids of the reply), the same however often it is asked."""
-    counter = request.app[_SERIALS]
-    key = "mcc_stand_in_serial"
-    if key not in request:
-        request[key] = next(counter)
-    return int(request[key])
+def _serial(raw: bytes) -> int:
+    """A number derived from the request body: the same request gets the same ids back."""
+    return zlib.crc32(raw) % 1_000_000
 
 
 def _first_tool_name(body: dict[str, Any], name_of: Callable[[dict[str, Any]], Any]) -> str | None:
