@@ -42,8 +42,7 @@ class ChatReassembler(Reassembler):
     def _on_undecodable(self, event: ServerSentEvent) -> None:
         if event.data.strip() == "[DONE]":
             self.terminal = True
-        else:
-            super()._on_undecodable(event)
+        super()._on_undecodable(event)
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         if payload.get("error") is not None:

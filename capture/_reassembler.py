@@ -26,7 +26,9 @@ class Reassembler:
         self.undecodable_events = 0
 
     def feed_event(self, event: ServerSentEvent) -> None:
-        """Fold one event into the state."""
+        """Fold one event into the state; events after the terminal are not part of the reply."""
+        if self.terminal:
+            return
         payload = self._decode(event.data)
         if payload is None:
             self._on_undecodable(event)
@@ -42,7 +44,9 @@ class Reassembler:
         raise NotImplementedError
 
     def _on_undecodable(self, event: ServerSentEvent) -> None:
-        self.undecodable_events += 1
+        # OpenAI-compatible servers (OpenRouter) end Responses streams with Chat's `[DONE]` too.
+        if event.data.strip() != "[DONE]":
+            self.undecodable_events += 1
 
     @staticmethod
     def _decode(data: str) -> dict[str, Any] | None:

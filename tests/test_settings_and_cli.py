@@ -1,0 +1,110 @@
+"""Configuration (DESIGN §9) and the `mcc serve` command as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from proxy import ConfigError, load_settings
+
+MCC = [sys.executable, "-m", "proxy"]
+
+
+def test_defaults_leave_capture_off():
+    settings = load_settings({"upstream": "http://127.0.0.1:8000"}, environ={})
+    assert (settings.host, settings.port, settings.capture_on) == ("127.0.0.1", 8080, False)
+    assert settings.max_body_bytes == 256 * 1024 * 1024
+    assert settings.model_ref_name == "127.0.0.1:8000"
+
+
+def test_precedence_is_defaults_yaml_env_cli(tmp_path):
+    """A CLI flag beats MCC_* which beats the YAML file which beats the default."""
+    config = tmp_path / "c.yaml"
+    config.write_text("mcc:\n  port: 1111\n  host: 0.0.0.0\n  model-name: from-yaml\n")
+    environ = {"MCC_PORT": "2222", "MCC_MODEL_NAME": "from-env", "MCC_UPSTREAM": "http://up:9"}
+    settings = load_settings({"config": str(config), "port": 3333}, environ=environ)
+    assert (settings.port, settings.host, settings.model_name, settings.upstream) == (3333, "0.0.0.0", "from-env", "http://up:9")
+
+
+def test_nemo_gym_global_config_is_honoured(tmp_path):
+    """observability_enabled + model_call_capture_dir turn capture on; other Gym keys are ignored."""
+    config = tmp_path / "gym.yaml"
+    config.write_text("observability_enabled: true\nmodel_call_capture_dir: /data/model-calls\n"
+                      "policy_model:\n  responses_api_models:\n    vllm_model:\n      entrypoint: app.py\n")
+    settings = load_settings({"config": str(config), "upstream": "http://vllm:8000"}, environ={})
+    assert settings.capture_on and settings.capture_dir == "/data/model-calls"
+
+
+def test_env_can_point_at_the_config_file(tmp_path):
+    config = tmp_path / "gym.yaml"
+    config.write_text("observability_enabled: false\nmodel_call_capture_dir: /data/x\n")
+    settings = load_settings({"upstream": "http://u:1"}, environ={"MCC_CONFIG": str(config)})
+    assert settings.capture_dir == "/data/x" and not settings.capture_on
+
+
+@pytest.mark.parametrize("cli,yaml_text,expected", [
+    ({"capture_dir": "relative/dir"}, None, "invalid setting 'capture_dir': must be an absolute path"),
+    ({}, "mcc:\n  colour: blue\n", "unknown key mcc.colour"),
+    ({}, "observability_enabled: true\n", "sets observability_enabled but no model_call_capture_dir"),
+    ({"port": 70000}, None, "invalid setting 'port'"),
+    ({"upstream": "ftp://x"}, None, "must be an http:// or https:// URL"),
+    ({}, "- a list\n", "must be a YAML mapping"),
+    ({}, "mcc: [unclosed\n", "is not valid YAML"),
+])
+def test_bad_configuration_is_one_clear_sentence(tmp_path, cli, yaml_text, expected):
+    options = {"upstream": "http://u:1", **cli}
+    if yaml_text is not None:
+        (tmp_path / "c.yaml").write_text(yaml_text)
+        options["config"] = str(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(options, environ={})
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_missing_upstream_is_refused():
+    with pytest.raises(ConfigError, match="An upstream is required"):
+        load_settings({}, environ={})
+
+
+def test_unreadable_config_file_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings({"config": str(tmp_path / "missing.yaml"), "upstream": "http://u:1"}, environ={})
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--upstream", "http://127.0.0.1:9", "--capture-dir", "rel"], "must be an absolute path"),
+    (["--upstream", "http://127.0.0.1:9", "--config", "/nonexistent/c.yaml"], "cannot read config file"),
+])
+def test_serve_exits_non_zero_before_serving_on_bad_config(args, message):
+    done = subprocess.run([*MCC, "serve", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "listening on" not in done.stdout
+
+
+def test_serve_prints_the_ready_line_and_serves_with_env_settings(tmp_path):
+    """`mcc serve --stand-in --port 0` with MCC_CAPTURE_DIR prints `listening on ...` and captures a call."""
+    env = {**os.environ, "MCC_CAPTURE_DIR": str(tmp_path), "MCC_MODEL_NAME": "env-model"}
+    process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("listening on http://127.0.0.1:")
+        url = line.split()[-1]
+        request = urllib.request.Request(url + "/ng-rollout/cli-1/v1/chat/completions", method="POST",
+                                         data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.status == 200
+        with urllib.request.urlopen(url + "/-/ready", timeout=30) as reply:
+            assert reply.status == 200
+        with open(tmp_path / "cli-1.capture.jsonl", encoding="utf-8") as handle:
+            assert '"name":"env-model"' in handle.read()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
