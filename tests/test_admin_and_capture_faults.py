@@ -1,0 +1,64 @@
+"""Admin endpoints (DESIGN §2) and capture failures that must never hurt a call (DESIGN §5)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import orjson
+
+from proxy._server import free_port
+
+from .scripted_upstream import json_script, sse_script
+from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
+from .wire import assert_same_reply, fetch, rollout_url
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_healthy_and_ready_when_all_is_well(http, sidecar):
+    assert (await fetch(http, "GET", sidecar.url + "/-/healthy")).status == 200
+    ready = await fetch(http, "GET", sidecar.url + "/-/ready")
+    assert ready.status == 200 and orjson.loads(ready.body)["capture_dir_writable"] is True
+
+
+async def test_not_ready_when_the_upstream_is_down(http, start):
+    sidecar = await start(f"http://127.0.0.1:{free_port()}")
+    ready = await fetch(http, "GET", sidecar.url + "/-/ready")
+    assert ready.status == 503 and orjson.loads(ready.body)["upstream_reachable"] is False
+
+
+async def test_not_ready_when_the_capture_dir_is_gone(http, upstream, sidecar, capture_dir):
+    shutil.rmtree(capture_dir)
+    assert (await fetch(http, "GET", sidecar.url + "/-/ready")).status == 503
+
+
+async def test_admin_paths_under_the_rollout_prefix_are_forwarded(http, upstream, sidecar):
+    """`/-/` belongs to the sidecar only at the root; vLLM's own /health stays reachable."""
+    upstream.scripts["/health"] = json_script(b"{}")
+    reply = await fetch(http, "GET", rollout_url(sidecar.url, "r1", "/health"))
+    assert reply.status == 200 and upstream.received[-1].target == "/health"
+
+
+async def test_removed_capture_dir_never_changes_the_reply_and_capture_resumes(http, upstream, sidecar, capture_dir, store, caplog):
+    """With the directory gone calls still get the upstream's bytes; one log line; capture resumes when it is back."""
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    shutil.rmtree(capture_dir)
+    with caplog.at_level(logging.ERROR, logger="mcc.capture"):
+        for _ in range(3):
+            assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST))
+    assert len([r for r in caplog.records if "capture failed for rollout r1" in r.getMessage()]) == 1
+    os.mkdir(capture_dir)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST))
+    assert len(store.read("r1")) == 1
+
+
+async def test_unwritable_capture_file_marks_the_rollout_incomplete(http, upstream, sidecar, capture_dir, store):
+    """When the line cannot be appended the reply is unchanged and `.capture.incomplete` appears."""
+    os.mkdir(os.path.join(capture_dir, "r1.capture.jsonl"))  # Appending to a directory fails (EISDIR).
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_JSON_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST))
+    assert store.is_incomplete("r1")
