@@ -100,7 +100,7 @@ def test_serve_prints_the_ready_line_and_serves_with_env_settings(tmp_path):
                                          data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as reply:
-            assert reply.status == 200
+            assert reply.status == 200 and b"stand-in" in reply.read()
         with urllib.request.urlopen(url + "/-/ready", timeout=30) as reply:
             assert reply.status == 200
         with open(tmp_path / "cli-1.capture.jsonl", encoding="utf-8") as handle:
