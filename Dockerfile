@@ -1,0 +1,27 @@
+# model-call-capture sidecar image: `docker build -t model-call-capture .`
+# Runs next to vLLM; every setting is an MCC_* environment variable (see README).
+
+FROM python:3.12-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+COPY capture ./capture
+COPY records ./records
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[fast]"
+
+FROM python:3.12-slim
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels "model-call-capture[fast]" \
+    && rm -rf /wheels \
+    && useradd --system --uid 10001 --create-home mcc \
+    && mkdir -p /data/model-calls && chown mcc /data/model-calls
+USER mcc
+ENV MCC_HOST=0.0.0.0 \
+    MCC_PORT=8080 \
+    MCC_CAPTURE_DIR=/data/model-calls \
+    PYTHONUNBUFFERED=1
+EXPOSE 8080
+VOLUME ["/data/model-calls"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import urllib.request, os; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('MCC_PORT', '8080')}/-/healthy\", timeout=2)"]
+ENTRYPOINT ["mcc", "serve"]
