@@ -43,8 +43,16 @@ class MessagesReassembler(Reassembler):
         return message
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
-        handler = getattr(self, "_on_" + event_type, None)
-        if handler is not None:
+        handler = {
+            "message_start": self._on_message_start,
+            "content_block_start": self._on_content_block_start,
+            "content_block_delta": self._on_content_block_delta,
+            "content_block_stop": self._on_content_block_stop,
+            "message_delta": self._on_message_delta,
+            "message_stop": self._on_message_stop,
+            "error": self._on_error,
+        }.get(event_type)
+        if handler is not None:  # `ping` and unknown future events carry nothing to keep.
             handler(payload)
 
     def _on_message_start(self, payload: dict[str, Any]) -> None:

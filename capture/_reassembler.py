@@ -33,7 +33,11 @@ class Reassembler:
         if payload is None:
             self._on_undecodable(event)
             return
-        event_type = event.event if event.event != "message" else payload.get("type", "message")
+        # The event name decides; a stream without names (or a proxy that drops them) falls back
+        # to the payload's `type`, which every dialect sets to the same value (DESIGN §6).
+        event_type = event.event
+        if event_type == "message" and isinstance(payload.get("type"), str):
+            event_type = payload["type"]
         self._on_payload(event_type, payload)
 
     def result(self) -> dict[str, Any] | None:

@@ -76,3 +76,106 @@ CONTEXT_LENGTH_ERROR = orjson.dumps({"error": {
                "(4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
     "type": "BadRequestError", "param": None, "code": 400}})
 SERVER_ERROR = orjson.dumps({"error": {"message": "CUDA out of memory", "type": "InternalServerError", "param": None, "code": 500}})
+
+
+# -- Shapes the recordings lack (issue 3) --------------------------------------------------------
+
+def chat_chunk(choices: list[dict], usage: dict | None = None, **extra: object) -> bytes:
+    payload = {**_CHUNK, "choices": choices, **extra}
+    if usage is not None:
+        payload["usage"] = usage
+    return _event(None, payload)
+
+
+# vLLM's chat stream: `delta.reasoning` (newer releases), vLLM-only fields, usage on every chunk
+# (--enable-force-include-usage), keep-alive comments.
+_VLLM_USAGE = lambda completion: {"prompt_tokens": 20, "completion_tokens": completion, "total_tokens": 20 + completion,
+                                  "prompt_tokens_details": {"cached_tokens": 16}}
+VLLM_CHAT_REASONING_USAGE_EVERY_CHUNK = b"".join([
+    b": ping - 2026-01-01 00:00:00\n\n",
+    chat_chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}], _VLLM_USAGE(0),
+               prompt_token_ids=None),
+    chat_chunk([{"index": 0, "delta": {"reasoning": "Let me "}, "logprobs": None, "finish_reason": None, "token_ids": [1]}], _VLLM_USAGE(1)),
+    chat_chunk([{"index": 0, "delta": {"reasoning": "think."}, "logprobs": None, "finish_reason": None, "token_ids": [2]}], _VLLM_USAGE(2)),
+    b": keep-alive\n\n",
+    chat_chunk([{"index": 0, "delta": {"content": "42"}, "logprobs": None, "finish_reason": None, "token_ids": [3]}], _VLLM_USAGE(3)),
+    chat_chunk([{"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop", "stop_reason": None}], _VLLM_USAGE(3)),
+    _event(None, "[DONE]"),
+])
+
+# n = 2 with interleaved choices, one of them calling two tools in parallel; CRLF line ends.
+CHAT_N2_PARALLEL_TOOLS_CRLF = b"".join([
+    chat_chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                {"index": 1, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]),
+    chat_chunk([{"index": 1, "delta": {"content": "Choice one."}, "finish_reason": None}]),
+    chat_chunk([{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                                       "function": {"name": "get_weather", "arguments": ""}}]}, "finish_reason": None}]),
+    chat_chunk([{"index": 0, "delta": {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                                       "function": {"name": "get_time", "arguments": "{\"tz\": "}}]}, "finish_reason": None}]),
+    chat_chunk([{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\": \"Oslo\"}"}}]}, "finish_reason": None}]),
+    chat_chunk([{"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": "\"CET\"}"}}]}, "finish_reason": None}]),
+    chat_chunk([{"index": 1, "delta": {}, "finish_reason": "stop"}]),
+    chat_chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]),
+    chat_chunk([], {"prompt_tokens": 30, "completion_tokens": 25, "total_tokens": 55}),
+    _event(None, "[DONE]"),
+]).replace(b"\n", b"\r\n")
+
+# A chat stream cut inside a tool call's arguments (the upstream died mid-generation).
+CHAT_CUT_IN_TOOL_ARGUMENTS = b"".join([
+    chat_chunk([{"index": 0, "delta": {"role": "assistant", "content": None,
+                                       "tool_calls": [{"index": 0, "id": "call_x", "type": "function",
+                                                       "function": {"name": "search", "arguments": ""}}]}, "finish_reason": None}]),
+    chat_chunk([{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"query\": \"long"}}]}, "finish_reason": None}]),
+])
+
+# An unterminated last event: the stream ends inside `data: [DONE]` (no blank line after it).
+CHAT_UNTERMINATED_LAST_EVENT = CHAT_STREAM[: -len(b"\n")]
+
+# vLLM's Responses API stream: reasoning as `reasoning_text` content, then a message.
+_VLLM_RESPONSE = {"id": "resp_vllm", "object": "response", "created_at": 1767225600, "model": "Qwen/Qwen3-8B",
+                  "status": "in_progress", "output": [], "usage": None, "tools": [], "parallel_tool_calls": True,
+                  "tool_choice": "auto"}
+_VLLM_REASONING = {"id": "rs_1", "type": "reasoning", "summary": [],
+                   "content": [{"type": "reasoning_text", "text": "User greets; reply."}], "status": "completed"}
+_VLLM_MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Hi!", "annotations": [], "logprobs": []}]}
+
+
+def _r(kind: str, number: int, **fields: object) -> bytes:
+    return _event(kind, {"type": kind, "sequence_number": number, **fields})
+
+
+VLLM_RESPONSES_STREAM = b"".join([
+    _r("response.created", 0, response=_VLLM_RESPONSE),
+    _r("response.in_progress", 1, response=_VLLM_RESPONSE),
+    _r("response.output_item.added", 2, output_index=0, item={**_VLLM_REASONING, "content": [], "status": "in_progress"}),
+    _r("response.reasoning_part.added", 3, output_index=0, item_id="rs_1", content_index=0, part={"type": "reasoning_text", "text": ""}),
+    _r("response.reasoning_text.delta", 4, output_index=0, item_id="rs_1", content_index=0, delta="User greets; "),
+    _r("response.reasoning_text.delta", 5, output_index=0, item_id="rs_1", content_index=0, delta="reply."),
+    _r("response.reasoning_text.done", 6, output_index=0, item_id="rs_1", content_index=0, text="User greets; reply."),
+    _r("response.output_item.done", 7, output_index=0, item=_VLLM_REASONING),
+    _r("response.output_item.added", 8, output_index=1, item={**_VLLM_MESSAGE, "content": [], "status": "in_progress"}),
+    _r("response.content_part.added", 9, output_index=1, item_id="msg_1", content_index=0,
+       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}),
+    _r("response.output_text.delta", 10, output_index=1, item_id="msg_1", content_index=0, delta="Hi!", logprobs=[]),
+    _r("response.output_text.done", 11, output_index=1, item_id="msg_1", content_index=0, text="Hi!", logprobs=[]),
+    _r("response.content_part.done", 12, output_index=1, item_id="msg_1", content_index=0, part=_VLLM_MESSAGE["content"][0]),
+    _r("response.output_item.done", 13, output_index=1, item=_VLLM_MESSAGE),
+    _r("response.completed", 14, response={**_VLLM_RESPONSE, "status": "completed", "output": [_VLLM_REASONING, _VLLM_MESSAGE],
+                                           "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+                                                     "output_tokens": 9, "output_tokens_details": {"reasoning_tokens": 0},
+                                                     "total_tokens": 21}}),
+])
+
+# A Responses stream cut inside a function call's arguments: the partial response is rebuilt.
+RESPONSES_CUT_IN_FUNCTION_ARGUMENTS = b"".join([
+    _r("response.created", 0, response=_VLLM_RESPONSE),
+    _r("response.output_item.added", 1, output_index=0,
+       item={"id": "fc_1", "type": "function_call", "status": "in_progress", "call_id": "call_1", "name": "search", "arguments": ""}),
+    _r("response.function_call_arguments.delta", 2, output_index=0, item_id="fc_1", delta="{\"query\": "),
+    _r("response.function_call_arguments.delta", 3, output_index=0, item_id="fc_1", delta="\"weath"),
+])
+
+# Anthropic's mid-stream failure: `event: error` with an overloaded_error after some text.
+MESSAGES_OVERLOADED_MID_STREAM = MESSAGES_STREAM.split(b"event: content_block_stop")[0] + _event(
+    "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
