@@ -24,5 +24,9 @@ test: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak
 
+# Speed is measured here, never asserted in `make test` (shared machines are noisy).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_reassembly.py
+
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

@@ -15,7 +15,7 @@ from ._sse import ServerSentEvent
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
 # Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
-_TEXT_KEYS = ("content", "refusal", "reasoning_content", "reasoning")
+_TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 
 
 class ChatReassembler(Reassembler):
@@ -24,6 +24,7 @@ class ChatReassembler(Reassembler):
     def __init__(self) -> None:
         super().__init__()
         self._envelope: dict[str, Any] = {}
+        self._envelope_missing = _ENVELOPE_KEYS
         self._choices: list[dict[str, Any] | None] = []
         self._usage: Any = None
         self._error: Any = None
@@ -49,45 +50,58 @@ class ChatReassembler(Reassembler):
             self.error_category = "upstream_error"
             self._error = payload["error"]
             return
-        for key in _ENVELOPE_KEYS:
-            if key not in self._envelope and payload.get(key) is not None:
-                self._envelope[key] = payload[key]
-        if payload.get("usage") is not None:
-            self._usage = payload["usage"]
+        if self._envelope_missing:
+            self._fill_envelope(payload)
+        usage = payload.get("usage")
+        if usage is not None:
+            self._usage = usage
         choices = payload.get("choices")
-        for chunk_choice in choices if isinstance(choices, list) else ():
-            if isinstance(chunk_choice, dict):
-                self._on_choice(chunk_choice)
+        if type(choices) is list:
+            for chunk_choice in choices:
+                if type(chunk_choice) is dict:
+                    self._on_choice(chunk_choice)
+
+    def _fill_envelope(self, payload: dict[str, Any]) -> None:
+        """id, created, model, ... from the first chunk with an id (the SDK snapshots the first chunk)."""
+        for key in _ENVELOPE_KEYS:
+            if payload.get(key) is not None:
+                self._envelope[key] = payload[key]
+        if "id" in self._envelope:
+            self._envelope_missing = ()
 
     def _on_choice(self, chunk_choice: dict[str, Any]) -> None:
         index = chunk_choice.get("index", 0)
-        if not grow_list(self._choices, index):
-            return
-        choice = self._choices[index]
+        choices = self._choices
+        choice = choices[index] if type(index) is int and 0 <= index < len(choices) else None
         if choice is None:
-            choice = {"index": index, "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None}
-            self._choices[index] = choice
+            if not grow_list(choices, index):
+                return
+            choice = choices[index] = {"index": index, "message": {"role": "assistant", "content": None},
+                                       "finish_reason": None, "logprobs": None}
         delta = chunk_choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict and delta:
             _merge_delta(choice["message"], delta)
-        if chunk_choice.get("finish_reason") is not None:
-            choice["finish_reason"] = chunk_choice["finish_reason"]
-        if isinstance(chunk_choice.get("logprobs"), dict):
-            choice["logprobs"] = _merge_logprobs(choice["logprobs"], chunk_choice["logprobs"])
+        finish_reason = chunk_choice.get("finish_reason")
+        if finish_reason is not None:
+            choice["finish_reason"] = finish_reason
+        logprobs = chunk_choice.get("logprobs")
+        if type(logprobs) is dict:
+            choice["logprobs"] = _merge_logprobs(choice["logprobs"], logprobs)
 
 
 def _merge_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
-    if isinstance(delta.get("role"), str):
-        message["role"] = delta["role"]
-    for key in _TEXT_KEYS:
-        piece = delta.get(key)
-        if isinstance(piece, str):
-            current = message.get(key)
-            message[key] = (current if isinstance(current, str) else "") + piece
-    tool_calls = delta.get("tool_calls")
-    for fragment in tool_calls if isinstance(tool_calls, list) else ():
-        if isinstance(fragment, dict):
-            _merge_tool_call(message.setdefault("tool_calls", []), fragment)
+    for key, piece in delta.items():
+        if key in _TEXT_KEYS:
+            if type(piece) is str:
+                current = message.get(key)
+                message[key] = current + piece if type(current) is str else piece
+        elif key == "role":
+            if type(piece) is str:
+                message["role"] = piece
+        elif key == "tool_calls" and type(piece) is list:
+            for fragment in piece:
+                if type(fragment) is dict:
+                    _merge_tool_call(message.setdefault("tool_calls", []), fragment)
 
 
 def _merge_tool_call(calls: list[Any], fragment: dict[str, Any]) -> None:

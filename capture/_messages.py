@@ -28,6 +28,15 @@ class MessagesReassembler(Reassembler):
         self._blocks: list[dict[str, Any] | None] = []
         self._partial_json: dict[int, str] = {}
         self._error: Any = None
+        self._handlers = {
+            "message_start": self._on_message_start,
+            "content_block_start": self._on_content_block_start,
+            "content_block_delta": self._on_content_block_delta,
+            "content_block_stop": self._on_content_block_stop,
+            "message_delta": self._on_message_delta,
+            "message_stop": self._on_message_stop,
+            "error": self._on_error,
+        }
 
     def result(self) -> dict[str, Any] | None:
         if self._message is None and self._error is None:
@@ -43,15 +52,7 @@ class MessagesReassembler(Reassembler):
         return message
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
-        handler = {
-            "message_start": self._on_message_start,
-            "content_block_start": self._on_content_block_start,
-            "content_block_delta": self._on_content_block_delta,
-            "content_block_stop": self._on_content_block_stop,
-            "message_delta": self._on_message_delta,
-            "message_stop": self._on_message_stop,
-            "error": self._on_error,
-        }.get(event_type)
+        handler = self._handlers.get(event_type)
         if handler is not None:  # `ping` and unknown future events carry nothing to keep.
             handler(payload)
 
@@ -68,13 +69,18 @@ class MessagesReassembler(Reassembler):
                 self._partial_json[index] = ""
 
     def _on_content_block_delta(self, payload: dict[str, Any]) -> None:
-        block, delta = self._block_at(payload.get("index")), payload.get("delta")
-        if block is None or not isinstance(delta, dict):
+        index, delta = payload.get("index"), payload.get("delta")
+        blocks = self._blocks
+        block = blocks[index] if type(index) is int and 0 <= index < len(blocks) else None
+        if block is None or type(delta) is not dict:
             return
         kind = delta.get("type")
-        if kind in _DELTA_TEXT_FIELDS:
-            field = _DELTA_TEXT_FIELDS[kind]
-            block[field] = (block.get(field) or "") + str(delta.get(field, ""))
+        field = _DELTA_TEXT_FIELDS.get(kind)  # type: ignore[arg-type]
+        if field is not None:
+            piece = delta.get(field)
+            if type(piece) is str:
+                current = block.get(field)
+                block[field] = current + piece if type(current) is str else piece
         elif kind == "input_json_delta" and payload["index"] in self._partial_json:
             self._partial_json[payload["index"]] += str(delta.get("partial_json", ""))
         elif kind == "signature_delta":

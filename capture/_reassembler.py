@@ -29,8 +29,11 @@ class Reassembler:
         """Fold one event into the state; events after the terminal are not part of the reply."""
         if self.terminal:
             return
-        payload = self._decode(event.data)
-        if payload is None:
+        try:
+            payload = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if type(payload) is not dict:
             self._on_undecodable(event)
             return
         # The event name decides; a stream without names (or a proxy that drops them) falls back
@@ -51,14 +54,6 @@ class Reassembler:
         # OpenAI-compatible servers (OpenRouter) end Responses streams with Chat's `[DONE]` too.
         if event.data.strip() != "[DONE]":
             self.undecodable_events += 1
-
-    @staticmethod
-    def _decode(data: str) -> dict[str, Any] | None:
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None
-        return payload if isinstance(payload, dict) else None
 
 
 def grow_list(items: list[Any], index: Any, filler: Any = None) -> bool:

@@ -13,20 +13,23 @@ Follows the WHATWG HTML "event stream interpretation" rules
 
 One event's size is bounded: an event larger than ``max_event_bytes`` is dropped and counted in
 `SSEParser.oversized_events` instead of being held in memory forever.
+
+The parser sits on the proxy's per-chunk path, so `feed` is written for speed: data lines stay
+bytes until their event is dispatched and are decoded once, and the common ``data: ...`` line
+takes a short path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Large enough for a whole Responses `response.completed` payload with a long output.
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024 * 1024
 
-_LINE_ENDS = (b"\n", b"\r")
+_BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class ServerSentEvent:
+class ServerSentEvent(NamedTuple):
     """One dispatched event. ``event`` is ``"message"`` when the stream named none."""
 
     event: str = "message"
@@ -45,12 +48,15 @@ class SSEParser:
         self._skip_leading_lf = False
         self._at_stream_start = True
         self._event_type = ""
-        self._data_lines: list[str] = []
+        self._data_lines: list[bytes] = []
         self._event_size = 0
         self._last_event_id = ""
         self._retry: int | None = None
         self._discarding = False
         self._dropping_line = False
+        #: True while a line needs the slow path: the stream's first line (BOM), a line whose
+        #: start arrived in an earlier chunk, or the rest of a line dropped as oversized.
+        self._irregular = True
         #: Number of field lines (not comments, not blank lines) seen so far.
         self.field_lines = 0
         #: Events dropped because they grew past ``max_event_bytes``.
@@ -58,31 +64,48 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Parse ``chunk`` and return the events it completed, in order."""
-        if self._skip_leading_lf and chunk[:1] == b"\n":
-            chunk = chunk[1:]
-        self._skip_leading_lf = False
+        if self._skip_leading_lf:
+            self._skip_leading_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
         if not chunk:
             return []
-        if b"\n" not in chunk and b"\r" not in chunk:
-            self._extend_partial_line(chunk)
-            return []
         pieces = chunk.splitlines(keepends=True)
-        tail = pieces.pop() if not pieces[-1].endswith(_LINE_ENDS) else None
+        tail = None
+        if pieces[-1][-1] not in (10, 13):  # 10 is LF, 13 is CR: the last line is not yet whole.
+            tail = pieces.pop()
+        elif chunk[-1] == 13:  # An LF starting the next chunk ends the same line (CRLF split).
+            self._skip_leading_lf = True
         events: list[ServerSentEvent] = []
+        data_lines = self._data_lines
         for piece in pieces:
-            if self._dropping_line:  # The end of a line whose start was dropped as oversized.
-                self._dropping_line = False
+            if self._irregular:
+                piece = self._complete_line(piece)
+                if piece is None:
+                    continue
+            line = piece.rstrip(b"\r\n")
+            if not line:
+                if data_lines and not self._discarding:
+                    events.append(ServerSentEvent(self._event_type or "message", b"\n".join(data_lines).decode("utf-8", "replace"),
+                                                  self._last_event_id, self._retry))
+                    data_lines.clear()
+                    self._event_size = 0
+                    self._event_type = ""
+                else:
+                    self._dispatch_nothing()
+            elif self._discarding or line[0] == 58:  # 58 is ":": a comment.
                 continue
-            if self._partial_line:
-                self._partial_line.append(piece)
-                piece = b"".join(self._partial_line)
-                self._partial_line.clear()
-                self._partial_size = 0
-            self._process_line(piece.rstrip(b"\r\n"), events)
+            elif line[:6] == b"data: ":
+                self.field_lines += 1
+                self._event_size += len(line)
+                if self._event_size > self._max_event_bytes:
+                    self._start_discarding()
+                else:
+                    data_lines.append(line[6:])
+            else:
+                self._other_field(line)
         if tail is not None:
             self._extend_partial_line(tail)
-        elif chunk.endswith(b"\r"):
-            self._skip_leading_lf = True
         return events
 
     def close(self) -> list[ServerSentEvent]:
@@ -100,38 +123,37 @@ class SSEParser:
     def retry(self) -> int | None:
         return self._retry
 
-    def _extend_partial_line(self, piece: bytes) -> None:
-        self._partial_size += len(piece)
-        if self._discarding or self._event_size + self._partial_size > self._max_event_bytes:
-            self._start_discarding()
-            self._dropping_line = True
-            return
-        self._partial_line.append(piece)
-
-    def _process_line(self, raw: bytes, events: list[ServerSentEvent]) -> None:
+    def _complete_line(self, piece: bytes) -> bytes | None:
+        """Join a line's earlier pieces, drop the rest of an oversized line, strip a first BOM."""
+        self._irregular = False
+        if self._dropping_line:  # The end of a line whose start was dropped as oversized.
+            self._dropping_line = False
+            return None
+        if self._partial_line:
+            self._partial_line.append(piece)
+            piece = b"".join(self._partial_line)
+            self._partial_line.clear()
+            self._partial_size = 0
         if self._at_stream_start:
             self._at_stream_start = False
-            if raw.startswith(b"\xef\xbb\xbf"):  # One leading BOM is ignored (WHATWG).
-                raw = raw[3:]
-        if not raw:
-            self._dispatch(events)
-            return
-        if self._discarding or raw[:1] == b":":
-            return
+            if piece.startswith(_BOM):  # One leading BOM is ignored (WHATWG).
+                piece = piece[3:]
+        return piece
+
+    def _add_data(self, value: bytes) -> None:
+        self._event_size += len(value) + 1
+        if self._event_size > self._max_event_bytes:
+            self._start_discarding()
+        else:
+            self._data_lines.append(value)
+
+    def _other_field(self, line: bytes) -> None:
         self.field_lines += 1
-        line = raw.decode("utf-8", "replace")
-        name, colon, value = line.partition(":")
+        name, colon, value = line.decode("utf-8", "replace").partition(":")
         if colon and value[:1] == " ":
             value = value[1:]
-        self._apply_field(name, value, len(raw))
-
-    def _apply_field(self, name: str, value: str, size: int) -> None:
-        if name == "data":
-            self._event_size += size
-            if self._event_size > self._max_event_bytes:
-                self._start_discarding()
-                return
-            self._data_lines.append(value)
+        if name == "data":  # `data:` without a space, or `data` alone.
+            self._add_data(value.encode())
         elif name == "event":
             self._event_type = value
         elif name == "id":
@@ -141,18 +163,18 @@ class SSEParser:
             if value.isascii() and value.isdigit():
                 self._retry = int(value)
 
-    def _dispatch(self, events: list[ServerSentEvent]) -> None:
-        if self._discarding:
-            self._discarding = False
-        elif self._data_lines:
-            events.append(
-                ServerSentEvent(
-                    event=self._event_type or "message",
-                    data="\n".join(self._data_lines),
-                    id=self._last_event_id,
-                    retry=self._retry,
-                )
-            )
+    def _extend_partial_line(self, piece: bytes) -> None:
+        self._irregular = True
+        self._partial_size += len(piece)
+        if self._discarding or self._event_size + self._partial_size > self._max_event_bytes:
+            self._start_discarding()
+            self._dropping_line = True
+            return
+        self._partial_line.append(piece)
+
+    def _dispatch_nothing(self) -> None:
+        """A blank line with no data (or ending a dropped event) dispatches nothing (WHATWG)."""
+        self._discarding = False
         self._reset_event()
 
     def _start_discarding(self) -> None:

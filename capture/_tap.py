@@ -15,7 +15,7 @@ import orjson
 
 from ._categories import categorize_status
 from ._chat import ChatReassembler
-from ._decoding import make_decoder
+from ._decoding import Decoder, make_decoder
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -55,8 +55,10 @@ class StreamTap:
         self._failure: str | None = None
         self._saw_bytes = False
         self.terminal = False
+        self._decode: Decoder | None = None
         try:
-            self._decode = make_decoder(content_encoding)
+            if content_encoding and content_encoding.strip().lower() != "identity":
+                self._decode = make_decoder(content_encoding)
         except ValueError as exc:
             self._failure = str(exc)
 
@@ -73,10 +75,11 @@ class StreamTap:
         if self._failure is not None:
             return False
         try:
-            data = self._decode(chunk)
+            data = chunk if self._decode is None else self._decode(chunk)
             self._raw += data
+            feed_event = self._reassembler.feed_event
             for event in self._parser.feed(data):
-                self._reassembler.feed_event(event)
+                feed_event(event)
         except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
             self._failure = f"{type(exc).__name__}: {exc}"
             return False
