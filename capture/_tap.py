@@ -56,10 +56,12 @@ class StreamTap:
         self._saw_bytes = False
         self.terminal = False
         self._decode: Decoder | None = None
+        self._undecodable = False
         try:
             if content_encoding and content_encoding.strip().lower() != "identity":
                 self._decode = make_decoder(content_encoding)
         except ValueError as exc:
+            self._undecodable = True
             self._failure = str(exc)
 
     @property
@@ -71,20 +73,31 @@ class StreamTap:
         """Observe one chunk; True when it completed the stream's terminal event."""
         if self.terminal:
             return False
-        self._saw_bytes = self._saw_bytes or bool(chunk)
-        if self._failure is not None:
+        self._saw_bytes = True
+        data = chunk if self._decode is None else self._decoded(chunk)
+        if data is None:
             return False
-        try:
-            data = chunk if self._decode is None else self._decode(chunk)
-            self._raw += data
-            feed_event = self._reassembler.feed_event
-            for event in self._parser.feed(data):
-                feed_event(event)
-        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
-            self._failure = f"{type(exc).__name__}: {exc}"
-            return False
-        self.terminal = self._reassembler.terminal
+        self._raw += data  # Kept even after a parse failure: the raw text is the evidence.
+        if self._failure is None:
+            try:
+                feed_event = self._reassembler.feed_event
+                for event in self._parser.feed(data):
+                    feed_event(event)
+            except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+                self._failure = f"{type(exc).__name__}: {exc}"
+                return False
+            self.terminal = self._reassembler.terminal
         return self.terminal
+
+    def _decoded(self, chunk: bytes) -> bytes | None:
+        if self._undecodable or self._decode is None:
+            return None
+        try:
+            return self._decode(chunk)
+        except Exception as exc:  # A corrupt gzip stream: the client still gets its bytes.
+            self._undecodable = True
+            self._failure = f"cannot decode the body: {type(exc).__name__}: {exc}"
+            return None
 
     def finish(self, status: int) -> TapOutcome:
         """The outcome for a reply with ``status`` whose body has ended (or was cut)."""

@@ -8,9 +8,10 @@ import shutil
 
 import orjson
 
+from capture import REASSEMBLERS, ChatReassembler
 from proxy._server import free_port
 
-from .scripted_upstream import json_script, sse_script
+from .scripted_upstream import json_script, split_every, sse_script
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
 from .wire import assert_same_reply, fetch, rollout_url
 
@@ -62,3 +63,25 @@ async def test_unwritable_capture_file_marks_the_rollout_incomplete(http, upstre
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_JSON_REQUEST)
     assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST))
     assert store.is_incomplete("r1")
+
+
+class _BuggyChatReassembler(ChatReassembler):
+    """A stand-in for a reassembler bug: it raises on the third event."""
+
+    def _on_payload(self, event_type, payload):
+        self.seen = getattr(self, "seen", 0) + 1
+        if self.seen == 3:
+            raise RuntimeError("reassembler bug")
+        super()._on_payload(event_type, payload)
+
+
+async def test_reassembler_bug_never_reaches_the_client(http, upstream, sidecar, store, monkeypatch):
+    """A bug in a reassembler: identical bytes for the client; line `capture_parse_error` with all raw text."""
+    monkeypatch.setitem(REASSEMBLERS, "chat", _BuggyChatReassembler)
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, split_every(CHAT_STREAM, 30))
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST))
+    (line,) = store.read("r1")
+    assert line["error_category"] == "capture_parse_error" and line["response"] is None
+    assert line["response_raw"] == CHAT_STREAM.decode()
+    assert line["failure"]["stage"] == "capture" and "reassembler bug" in line["failure"]["message"]
