@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from records import CaptureStore, extract_token_stats
+from records import CaptureStore, ModelCallRecord, read_model_call_records
 
 from ._server import start_sidecar, start_stand_in
 from ._settings import Settings
@@ -101,34 +101,26 @@ def _said(dialect: str, streamed: bool, text: Any) -> None:
 
 
 def _print_captures(store: CaptureStore) -> int:
-    header = f"{'rollout':15} {'#':>2} {'dialect':9} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} {'ttft_ms':>8} {'total_ms':>8}  {'tools':14} error"
-    print("\ncaptured calls (read back with records.CaptureStore):")
+    header = (f"{'rollout':15} {'#':>2} {'dialect':9} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
+              f"{'ttft_ms':>8} {'total_ms':>8}  {'finish':10} {'tool calls':22} error")
+    print("\ncaptured calls (read back with records.read_model_call_records):")
     print(header)
     print("-" * len(header))
     count = 0
     for rollout in ROLLOUTS:
-        for index, line in enumerate(store.read(rollout)):
+        for record in read_model_call_records(store, rollout, strict=True):
             count += 1
-            print(_format_line(rollout, index, line))
+            print(_format_record(rollout, record))
     print(f"\n{count} calls captured in {len(ROLLOUTS)} rollouts; files: {store.capture_dir}/<rollout_id>.capture.jsonl")
     return 0 if count >= 8 else 1
 
 
-def _format_line(rollout: str, index: int, line: dict[str, Any]) -> str:
-    response = line.get("response") or {}
-    stats = extract_token_stats(response.get("usage"))
-    ttft = line.get("latency_ttft_ms")
-    return (f"{rollout:15} {index:>2} {line['dialect']:9} {line['status_code']!s:>6} {_n(stats['tokens_in']):>5} "
-            f"{_n(stats['tokens_out']):>5} {_n(stats['cached_tokens']):>6} {_ms(ttft):>8} {_ms(line.get('latency_ms')):>8}  "
-            f"{','.join(_tool_names(response)) or '-':14} {line.get('error_category') or '-'}")
-
-
-def _tool_names(response: dict[str, Any]) -> list[str]:
-    names = [item.get("name") for item in response.get("output") or () if item.get("type") == "function_call"]
-    for choice in response.get("choices") or ():
-        names += [call["function"]["name"] for call in (choice.get("message") or {}).get("tool_calls") or ()]
-    names += [block.get("name") for block in response.get("content") or () if block.get("type") == "tool_use"]
-    return [str(name) for name in names]
+def _format_record(rollout: str, record: ModelCallRecord) -> str:
+    tools = ",".join(f"{call['name']}({','.join(call['arguments'])})" for call in record.tool_calls) or "-"
+    return (f"{rollout:15} {record.call_index:>2} {record.dialect or '-':9} {record.status_code!s:>6} "
+            f"{_n(record.tokens_in):>5} {_n(record.tokens_out):>5} {_n(record.cached_tokens):>6} "
+            f"{_ms(record.latency_ttft_ms):>8} {_ms(record.latency_total_ms):>8}  {record.finish_reason or record.response_status or '-':10} "
+            f"{tools:22} {record.error_category or '-'}")
 
 
 def _n(value: Any) -> str:

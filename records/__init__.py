@@ -1,9 +1,16 @@
-"""Read-back API for model-call capture files.
+"""Read-back API for model-call capture files: records, totals, rollout helpers.
 
 Collectors import this package without the proxy: it depends on pydantic and orjson only
 (DESIGN §1). The file contract lives here so the writer (`capture`) and readers share one truth.
 """
 
+from ._collect import (
+    ATTACHMENT_KEY,
+    aggregate_model_call_metrics,
+    attach_model_call_capture,
+    clear_model_call_captures,
+    read_model_call_records,
+)
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
 from ._file_contract import (
     CAPTURE_SUFFIX,
@@ -14,25 +21,68 @@ from ._file_contract import (
     encode_capture_line,
     incomplete_marker_path,
 )
+from ._models import (
+    FailureReport,
+    ModelCallRecord,
+    ModelOperationObservation,
+    ModelServerRef,
+    ToolRequestEvidence,
+)
+from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
+from ._rollouts import (
+    base_url_for_run,
+    resolve_model_base_url,
+    rollout_id_from_path,
+    rollout_id_from_run,
+    url_path_for_request,
+    url_path_for_run,
+)
+from ._shapes import _as_arguments, _tool_calls_and_reasoning
 from ._store import CaptureStore, ReadResult
-from ._tokens import extract_token_stats
+from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "ATTACHMENT_KEY",
     "CAPTURE_SUFFIX",
     "CORE_KEYS",
     "CaptureStore",
+    "FailureReport",
     "INCOMPLETE_SUFFIX",
     "InvalidRolloutId",
     "MalformedCaptureLine",
+    "ModelCallRecord",
+    "ModelOperationObservation",
+    "ModelServerRef",
     "OPTIONAL_KEYS",
     "ROLLOUT_ID_PATTERN",
     "ReadResult",
     "RecordsError",
+    "ToolRequestEvidence",
+    # The seed documents these underscore helpers as part of the module's API.
+    "_as_arguments",
+    "_cache_signal",
+    "_prompt_size",
+    "_token_count",
+    "_tool_calls_and_reasoning",
+    "_usage_detail_token",
+    "aggregate_model_call_metrics",
+    "aggregate_model_call_records",
+    "attach_model_call_capture",
+    "base_url_for_run",
+    "build_model_call_record",
     "capture_path",
+    "clear_model_call_captures",
     "encode_capture_line",
     "extract_token_stats",
     "incomplete_marker_path",
     "is_valid_rollout_id",
+    "read_model_call_records",
+    "resolve_model_base_url",
+    "rollout_id_from_path",
+    "rollout_id_from_run",
+    "tool_request_evidence",
+    "url_path_for_request",
+    "url_path_for_run",
     "validate_rollout_id",
 ]

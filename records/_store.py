@@ -1,7 +1,10 @@
 """`CaptureStore`: the read side of the capture file contract (DESIGN §3).
 
 Reads take a shared ``flock`` so they never see a half-appended line from a live writer on the
-same host; a torn last line left by a crash is skipped by the tolerant reader and counted.
+same host; a torn last line left by a crash is skipped by the tolerant reader and reported.
+
+``call_index`` is a line's position in its file (0-based, blank lines not counted): durable
+append order. A malformed line keeps its position, so indexes never shift between readers.
 """
 
 from __future__ import annotations
@@ -9,16 +12,12 @@ from __future__ import annotations
 import fcntl
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import orjson
 
 from ._errors import MalformedCaptureLine
-from ._file_contract import (
-    CAPTURE_SUFFIX,
-    capture_path,
-    incomplete_marker_path,
-)
+from ._file_contract import CAPTURE_SUFFIX, capture_path, incomplete_marker_path
 from ._rollout_ids import is_valid_rollout_id
 
 
@@ -27,14 +26,16 @@ class ReadResult:
     """What the tolerant reader found in one capture file."""
 
     lines: list[dict[str, Any]] = field(default_factory=list)
-    #: 1-based line numbers of lines that were not one JSON object (including a torn last line).
-    malformed_line_numbers: list[int] = field(default_factory=list)
+    #: ``call_index`` of each entry of ``lines``.
+    call_indexes: list[int] = field(default_factory=list)
+    #: ``call_index`` of every line that was not one JSON object (a torn last line included).
+    malformed_indexes: list[int] = field(default_factory=list)
     #: True when the file did not end with a newline: a crash interrupted the last append.
     torn_last_line: bool = False
 
     @property
     def malformed(self) -> int:
-        return len(self.malformed_line_numbers)
+        return len(self.malformed_indexes)
 
 
 class CaptureStore:
@@ -44,7 +45,7 @@ class CaptureStore:
         self.capture_dir = os.fspath(capture_dir)
 
     def path_for(self, rollout_id: str) -> str:
-        """The capture file of ``rollout_id`` (which must be a valid id)."""
+        """The capture file of ``rollout_id``; raises `InvalidRolloutId` for an invalid id."""
         return capture_path(self.capture_dir, rollout_id)
 
     def incomplete_marker_for(self, rollout_id: str) -> str:
@@ -54,24 +55,24 @@ class CaptureStore:
         """Every line of the rollout's file, in append order; raises on any malformed line."""
         path = self.path_for(rollout_id)
         lines = []
-        for number, raw in enumerate(_read_locked(path).splitlines(keepends=True), start=1):
+        for call_index, raw in _numbered_lines(_read_locked(path)):
             parsed = _parse_line(raw)
             if parsed is None:
-                raise MalformedCaptureLine(path, number, "not one JSON object ending in a newline")
+                raise MalformedCaptureLine(path, call_index + 1, "not one JSON object ending in a newline")
             lines.append(parsed)
         return lines
 
     def read_available(self, rollout_id: str) -> ReadResult:
         """Every intact line; malformed lines and a torn last line are skipped and reported."""
-        result = ReadResult()
         data = _read_locked(self.path_for(rollout_id))
-        result.torn_last_line = bool(data) and not data.endswith(b"\n")
-        for number, raw in enumerate(data.splitlines(keepends=True), start=1):
+        result = ReadResult(torn_last_line=bool(data) and not data.endswith(b"\n"))
+        for call_index, raw in _numbered_lines(data):
             parsed = _parse_line(raw)
             if parsed is None:
-                result.malformed_line_numbers.append(number)
+                result.malformed_indexes.append(call_index)
             else:
                 result.lines.append(parsed)
+                result.call_indexes.append(call_index)
         return result
 
     def rollout_ids(self) -> list[str]:
@@ -82,6 +83,9 @@ class CaptureStore:
             return []
         ids = (name[: -len(CAPTURE_SUFFIX)] for name in names if name.endswith(CAPTURE_SUFFIX))
         return sorted(rid for rid in ids if is_valid_rollout_id(rid))
+
+    def exists(self, rollout_id: str) -> bool:
+        return os.path.exists(self.path_for(rollout_id))
 
     def clear(self, rollout_ids: Iterable[str]) -> None:
         """Remove the capture file and incomplete marker of exactly these rollout ids."""
@@ -113,6 +117,17 @@ def _read_locked(path: str) -> bytes:
             return handle.read()
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _numbered_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(call_index, line with its newline) for every non-blank line."""
+    index = 0
+    pieces = data.split(b"\n")  # The contract ends lines with LF only (DESIGN §3).
+    last = len(pieces) - 1
+    for number, piece in enumerate(pieces):
+        if piece.strip():
+            yield index, piece if number == last else piece + b"\n"
+            index += 1
 
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
 
 from proxy import RunningServer, Settings, start_sidecar, start_stand_in
-from records import CaptureStore
+from records import CaptureStore, ModelCallRecord, build_model_call_record
 
 from .scripted_upstream import ScriptedUpstream
 
@@ -33,10 +33,24 @@ async def stand_in() -> AsyncIterator[RunningServer]:
 
 
 @pytest.fixture
-def capture_dir(tmp_path: Any) -> str:
+def capture_dir(tmp_path: Any) -> Iterator[str]:
+    """A capture directory; afterwards, every line the sidecar wrote there must be a valid record."""
     path = tmp_path / "captures"
     path.mkdir()
-    return str(path)
+    yield str(path)
+    assert_every_line_is_a_record(str(path))
+
+
+def assert_every_line_is_a_record(capture_dir: str) -> None:
+    store = CaptureStore(capture_dir)
+    for rollout_id in store.rollout_ids():
+        if not os.path.isfile(store.path_for(rollout_id)):
+            continue
+        result = store.read_available(rollout_id)
+        assert result.malformed == 0, f"{rollout_id}: the sidecar wrote a malformed line"
+        for index, line in zip(result.call_indexes, result.lines):
+            record = build_model_call_record(line, index)
+            assert ModelCallRecord.model_validate(record.model_dump()) == record
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_tolerant_reader_skips_a_torn_last_line_and_strict_reader_raises(tmp_pat
     store = CaptureStore(str(tmp_path))
     result = store.read_available("r")
     assert result.lines == [{"a": 1}, {"b": 2}]
-    assert result.torn_last_line and result.malformed_line_numbers == [3]
+    assert result.torn_last_line and result.malformed_indexes == [2]
     with pytest.raises(MalformedCaptureLine, match=":3:"):
         store.read("r")
 

@@ -1,0 +1,98 @@
+"""The record types (DESIGN §7; field list from the seed's ``model_call_record`` API)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelServerRef(BaseModel):
+    """Which model server answered: ``{"type": "responses_api_models", "name": ...}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "responses_api_models"
+    name: Optional[str] = None
+
+
+class FailureReport(BaseModel):
+    """What went wrong in one call, in one object (DESIGN §4 ``failure``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: request, upstream_connect, upstream_response, stream, client or capture (other writers may add more).
+    stage: Optional[str] = None
+    category: Optional[str] = None
+    message: Optional[str] = None
+    exception_type: Optional[str] = None
+    retryable: Optional[bool] = None
+
+
+class ModelOperationObservation(BaseModel):
+    """One output item the model produced, in order; unlike ``tool_calls`` it shows server tools too."""
+
+    index: int
+    kind: Literal["text", "reasoning", "tool_call", "server_tool_call", "refusal"]
+    call_id: Optional[str] = None
+    name: Optional[str] = None
+    status: Optional[str] = None
+
+
+class ToolRequestEvidence(NamedTuple):
+    """Whether captured response evidence can establish a tool request."""
+
+    kind: Literal["available", "omitted", "malformed", "unsuccessful"]
+    call_ids: frozenset[str] = frozenset()
+
+    def permits_link(self, native_call_id: str) -> bool:
+        """May a tool result with ``native_call_id`` be linked to this call?
+
+        available: only ids the response requested; omitted: yes, linked independently with a
+        verification gap; malformed or unsuccessful: never.
+        """
+        if self.kind == "available":
+            return native_call_id in self.call_ids
+        return self.kind == "omitted"
+
+
+class ModelCallRecord(BaseModel):
+    """Observability record derived from one captured model-server exchange."""
+
+    cache_creation_tokens: Optional[int] = None
+    cache_hit: Optional[bool] = None
+    cached_tokens: Optional[int] = None
+    call_index: int
+    client_assistant_message_id: Optional[str]
+    client_session_id: Optional[str]
+    completed_at: Optional[float] = None
+    dialect: Optional[str] = None
+    error_category: Optional[str] = None
+    failure_report: FailureReport | None = None
+    finish_reason: Optional[str] = None
+    latency_total_ms: Optional[float] = None
+    latency_ttft_ms: Optional[float] = None
+    local_response_reason: Optional[str] = None
+    model: Optional[str] = None
+    model_call_id: Optional[str] = None
+    model_operations: list[ModelOperationObservation] | None = None
+    model_ref: Optional[ModelServerRef] = None
+    reasoning_content: Optional[str] = None
+    request: Optional[dict[str, Any]] = None
+    request_raw: Optional[str] = None
+    response: Optional[dict[str, Any]] = None
+    response_id: Optional[str] = None
+    response_raw: Optional[str] = None
+    response_source: Optional[Literal["upstream", "local"]] = None
+    response_status: Optional[str] = None
+    started_at: Optional[float] = None
+    status_code: Optional[int] = None
+    #: Not in the seed's list: a 2xx stream that ended without its terminal event (DESIGN §3).
+    stream_truncated: Optional[bool] = None
+    tokens_in: Optional[int] = None
+    tokens_out: Optional[int] = None
+    tokens_reasoning: Optional[int] = None
+    tokens_total: Optional[int] = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    upstream_attempted: Optional[bool] = None
+    upstream_status_code: Optional[int] = None

@@ -1,0 +1,97 @@
+"""Rollout ids and the URLs that carry them (DESIGN §8; the seed's agent and harness helpers).
+
+Every helper is a pure function gated by an explicit ``observability_enabled`` argument: when it
+is off, URLs stay unprefixed and no rollout id is produced, exactly as NeMo Gym behaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from ._errors import InvalidRolloutId
+from ._rollout_ids import validate_rollout_id
+
+ROLLOUT_PREFIX = "/ng-rollout/"
+
+
+def rollout_id_from_run(body: Mapping[str, Any], *, observability_enabled: bool) -> Optional[str]:
+    """The rollout id of a run request body, or None when off or the body carries none.
+
+    ``_ng_rollout_id`` when given (validated, never sanitised), else
+    ``"{_ng_task_index}-{_ng_rollout_index}"``; ``-a{n}`` is appended when
+    ``_ng_attempt_index`` is above 0, so a resumed attempt never mixes with an earlier one.
+    """
+    if not observability_enabled or not isinstance(body, Mapping):
+        return None
+    explicit = body.get("_ng_rollout_id")
+    if explicit is not None:
+        base = validate_rollout_id(explicit)
+    else:
+        task, rollout = _index(body, "_ng_task_index"), _index(body, "_ng_rollout_index")
+        if task is None or rollout is None:
+            return None
+        base = f"{task}-{rollout}"
+    attempt = _index(body, "_ng_attempt_index")
+    return validate_rollout_id(f"{base}-a{attempt}" if attempt else base)
+
+
+def url_path_for_run(url_path: str, body: Mapping[str, Any], *, observability_enabled: bool) -> str:
+    """``/ng-rollout/<id>`` + ``url_path`` for a downstream call of this run; unchanged when off."""
+    rollout_id = rollout_id_from_run(body, observability_enabled=observability_enabled)
+    return _prefixed(url_path, rollout_id)
+
+
+def url_path_for_request(url_path: str, request_path: str, *, observability_enabled: bool) -> str:
+    """Carry an inbound prefixed self-call's rollout id through to the model call it makes."""
+    if not observability_enabled:
+        return url_path
+    return _prefixed(url_path, rollout_id_from_path(request_path))
+
+
+def base_url_for_run(base_url: str, body: Mapping[str, Any], *, observability_enabled: bool) -> str:
+    """The SDK ``base_url`` for this run: ``http://host/v1`` -> ``http://host/ng-rollout/<id>/v1``."""
+    rollout_id = rollout_id_from_run(body, observability_enabled=observability_enabled)
+    return _prefixed_base_url(base_url, rollout_id)
+
+
+def resolve_model_base_url(name: str, rollout_id: Optional[str], servers: Mapping[str, str], *,
+                           observability_enabled: bool) -> str:
+    """The base URL of model server ``name`` from ``servers``, prefixed for ``rollout_id`` when on."""
+    try:
+        base_url = servers[name]
+    except KeyError:
+        known = ", ".join(sorted(servers)) or "none"
+        raise KeyError(f"unknown model server {name!r} (known: {known})") from None
+    if not observability_enabled or rollout_id is None:
+        return base_url
+    return _prefixed_base_url(base_url, validate_rollout_id(rollout_id))
+
+
+def rollout_id_from_path(path: str) -> Optional[str]:
+    """The rollout id of a ``/ng-rollout/<id>/...`` path, or None (also for an invalid id)."""
+    if not path.startswith(ROLLOUT_PREFIX):
+        return None
+    candidate = path[len(ROLLOUT_PREFIX):].partition("/")[0]
+    try:
+        return validate_rollout_id(candidate)
+    except InvalidRolloutId:
+        return None
+
+
+def _prefixed(url_path: str, rollout_id: Optional[str]) -> str:
+    if rollout_id is None:
+        return url_path
+    return f"{ROLLOUT_PREFIX}{rollout_id}/{url_path.lstrip('/')}"
+
+
+def _prefixed_base_url(base_url: str, rollout_id: Optional[str]) -> str:
+    if rollout_id is None:
+        return base_url
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=_prefixed(parts.path or "/", rollout_id).rstrip("/")))
+
+
+def _index(body: Mapping[str, Any], key: str) -> Optional[int]:
+    value = body.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

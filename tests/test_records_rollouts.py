@@ -1,0 +1,96 @@
+"""Rollout ids, prefixed URLs and attaching captures to rollout records (DESIGN §8)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from records import (
+    InvalidRolloutId,
+    attach_model_call_capture,
+    base_url_for_run,
+    clear_model_call_captures,
+    encode_capture_line,
+    resolve_model_base_url,
+    rollout_id_from_run,
+    url_path_for_request,
+    url_path_for_run,
+)
+
+RUN = {"_ng_task_index": 17, "_ng_rollout_index": 3, "responses_create_params": {"input": "hi"}}
+
+
+@pytest.mark.parametrize("body,expected", [
+    (RUN, "17-3"),
+    ({**RUN, "_ng_attempt_index": 0}, "17-3"),
+    ({**RUN, "_ng_attempt_index": 2}, "17-3-a2"),
+    ({"_ng_rollout_id": "custom.id_1"}, "custom.id_1"),
+    ({"_ng_rollout_id": "custom", "_ng_attempt_index": 1}, "custom-a1"),
+    ({"_ng_task_index": 1}, None),
+    ({"_ng_task_index": True, "_ng_rollout_index": 0}, None),
+    ({}, None),
+])
+def test_rollout_id_from_run(body, expected):
+    assert rollout_id_from_run(body, observability_enabled=True) == expected
+
+
+def test_explicit_rollout_id_is_validated_never_sanitised():
+    with pytest.raises(InvalidRolloutId):
+        rollout_id_from_run({"_ng_rollout_id": "../x"}, observability_enabled=True)
+
+
+def test_everything_stays_unprefixed_when_observability_is_off():
+    assert rollout_id_from_run(RUN, observability_enabled=False) is None
+    assert url_path_for_run("/v1/responses", RUN, observability_enabled=False) == "/v1/responses"
+    assert base_url_for_run("http://m:8000/v1", RUN, observability_enabled=False) == "http://m:8000/v1"
+    assert url_path_for_request("/v1/responses", "/ng-rollout/17-3/v1/responses", observability_enabled=False) == "/v1/responses"
+    assert resolve_model_base_url("policy", "17-3", {"policy": "http://m/v1"}, observability_enabled=False) == "http://m/v1"
+
+
+def test_urls_are_prefixed_when_on():
+    assert url_path_for_run("/v1/responses", RUN, observability_enabled=True) == "/ng-rollout/17-3/v1/responses"
+    assert base_url_for_run("http://m:8000/v1", RUN, observability_enabled=True) == "http://m:8000/ng-rollout/17-3/v1"
+    assert base_url_for_run("http://m:8000", RUN, observability_enabled=True) == "http://m:8000/ng-rollout/17-3"
+    assert url_path_for_request("/v1/chat/completions", "/ng-rollout/17-3/v1/responses",
+                                observability_enabled=True) == "/ng-rollout/17-3/v1/chat/completions"
+    assert url_path_for_request("/v1/responses", "/v1/responses", observability_enabled=True) == "/v1/responses"
+    assert resolve_model_base_url("policy", "17-3-a1", {"policy": "http://m/v1"},
+                                  observability_enabled=True) == "http://m/ng-rollout/17-3-a1/v1"
+    with pytest.raises(KeyError, match="unknown model server"):
+        resolve_model_base_url("judge", "1-1", {"policy": "http://m/v1"}, observability_enabled=True)
+
+
+def test_attach_adds_only_its_key_and_omits_raw_payloads(tmp_path):
+    response = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+    line = encode_capture_line({"model_call_id": "a", "dialect": "chat", "status_code": 200, "request": {"m": 1},
+                                "response": response, "response_raw": "data: ..."})
+    (tmp_path / "17-3.capture.jsonl").write_bytes(line + line.replace(b'"a"', b'"b"'))
+    record = {**RUN, "reward": 1.0, "response": {"output": []}}
+    before = copy.deepcopy(record)
+    attached = attach_model_call_capture(record, str(tmp_path))
+    assert record == before, "the input record is not changed"
+    assert {k: v for k, v in attached.items() if k != "ng_model_call_capture"} == before
+    capture = attached["ng_model_call_capture"]
+    assert capture["rollout_id"] == "17-3" and capture["metrics"]["num_calls"] == 2 and "gaps" not in capture
+    assert capture["metrics"]["tokens_in"] == 10
+    for call in capture["calls"]:
+        assert not {"request", "response", "request_raw", "response_raw"} & set(call)
+        assert call["tokens_out"] == 1
+
+
+def test_attach_reports_gaps(tmp_path):
+    (tmp_path / "17-3.capture.jsonl").write_bytes(encode_capture_line({"model_call_id": "a"}) + b"garbage\n")
+    (tmp_path / "17-3.capture.incomplete").write_bytes(b"")
+    capture = attach_model_call_capture(RUN, str(tmp_path))["ng_model_call_capture"]
+    assert capture["gaps"] == [{"kind": "records_unreadable", "count": 1}, {"kind": "incomplete"}]
+    empty = attach_model_call_capture({**RUN, "_ng_rollout_index": 4}, str(tmp_path))["ng_model_call_capture"]
+    assert empty["gaps"] == [{"kind": "no_records"}] and empty["calls"] == []
+
+
+def test_clear_before_dispatch_removes_exactly_those_attempts(tmp_path):
+    for name in ("17-3.capture.jsonl", "17-3.capture.incomplete", "17-3-a1.capture.jsonl"):
+        (tmp_path / name).write_bytes(b"")
+    clear_model_call_captures(["17-3"], str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["17-3-a1.capture.jsonl"]

@@ -1,0 +1,136 @@
+"""Tool calls, reasoning, model operations and tool-request evidence across the three shapes (DESIGN §7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from records import (
+    ModelCallRecord,
+    ToolRequestEvidence,
+    _as_arguments,
+    _tool_calls_and_reasoning,
+    build_model_call_record,
+    tool_request_evidence,
+)
+
+RESPONSES = {
+    "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-x",
+    "output": [
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan A."}],
+         "content": [{"type": "reasoning_text", "text": "Raw thought."}]},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "custom_tool_call", "id": "ct_1", "call_id": "call_2", "name": "run_python", "input": "print(1)"},
+        {"type": "message", "id": "msg_1", "status": "completed", "content": [{"type": "output_text", "text": "Done."}]},
+        "not an item",
+    ],
+    "usage": {"input_tokens": 10, "output_tokens": 5},
+}
+CHAT = {
+    "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "Let me check.", "reasoning": "Think first.",
+        "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{not json"}}, 7]}}],
+}
+MESSAGES = {
+    "id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "stop_reason": "tool_use",
+    "content": [{"type": "thinking", "thinking": "Hmm.", "signature": "s"},
+                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+                {"type": "text", "text": "Found it."},
+                {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"k": 1}}, None],
+}
+
+
+def test_responses_tool_calls_include_custom_tools_and_reasoning_text():
+    calls, reasoning = _tool_calls_and_reasoning(RESPONSES)
+    assert calls == [{"call_id": "call_1", "name": "get_weather", "arguments": {"city": "Oslo"}},
+                     {"call_id": "call_2", "name": "run_python", "arguments": {"_raw": "print(1)"}}]
+    assert reasoning == "Plan A.\nRaw thought."
+
+
+def test_chat_tool_calls_keep_unparseable_arguments_raw_and_read_the_reasoning_alias():
+    calls, reasoning = _tool_calls_and_reasoning(CHAT)
+    assert calls == [{"call_id": "call_a", "name": "f", "arguments": {"_raw": "{not json"}}]
+    assert reasoning == "Think first."
+
+
+def test_messages_tool_use_and_thinking():
+    calls, reasoning = _tool_calls_and_reasoning(MESSAGES)
+    assert calls == [{"call_id": "toolu_1", "name": "lookup", "arguments": {"k": 1}}]
+    assert reasoning == "Hmm."
+
+
+@pytest.mark.parametrize("value,expected", [
+    ('{"a": 1}', {"a": 1}), ({"a": 1}, {"a": 1}), ("", {}), (None, {}), ("[1, 2]", {"_raw": "[1, 2]"}),
+    ("nope", {"_raw": "nope"}), (42, {"_raw": 42}),
+])
+def test_as_arguments(value, expected):
+    assert _as_arguments(value) == expected
+
+
+@pytest.mark.parametrize("response", [
+    {"object": "response", "output": "not a list"}, {"object": "response", "output": [{"type": "reasoning", "summary": "x"}]},
+    {"choices": [None]}, {"choices": [{"message": "x"}]}, {"choices": [{"message": {"tool_calls": [{"function": 3}]}}]},
+    {"type": "message", "content": [{"type": "tool_use", "input": "[["}]}, {"type": "message", "content": "text"},
+    {}, {"choices": []},
+])
+def test_malformed_nested_shapes_never_raise(response):
+    _tool_calls_and_reasoning(response)
+    record = build_model_call_record({"response": response, "status_code": 200}, 0)
+    assert isinstance(record, ModelCallRecord)
+
+
+def test_model_operations_show_every_output_item_including_server_tools():
+    record = build_model_call_record({"response": RESPONSES, "status_code": 200}, 0)
+    assert [(op.kind, op.call_id, op.name) for op in record.model_operations] == [
+        ("reasoning", None, None), ("server_tool_call", "ws_1", "web_search"), ("tool_call", "call_1", "get_weather"),
+        ("tool_call", "call_2", "run_python"), ("text", None, None)]
+    messages = build_model_call_record({"response": MESSAGES}, 0)
+    assert [op.kind for op in messages.model_operations] == ["reasoning", "server_tool_call", "text", "tool_call"]
+    chat = build_model_call_record({"response": CHAT}, 0)
+    assert [op.kind for op in chat.model_operations] == ["reasoning", "text", "tool_call"]
+
+
+def test_finish_reason_and_status_per_shape():
+    assert build_model_call_record({"response": MESSAGES}, 0).finish_reason == "tool_use"
+    assert build_model_call_record({"response": CHAT}, 0).finish_reason == "tool_calls"
+    incomplete = {**RESPONSES, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    record = build_model_call_record({"response": incomplete}, 0)
+    assert (record.finish_reason, record.response_status) == ("max_output_tokens", "incomplete")
+
+
+@pytest.mark.parametrize("response,status_code,response_status,kind,ids", [
+    (RESPONSES, 200, None, "available", {"call_1", "call_2"}),
+    (CHAT, 200, None, "available", {"call_a"}),
+    (MESSAGES, None, None, "available", {"toolu_1"}),
+    (None, 200, None, "omitted", set()),
+    ("not a dict", 200, None, "malformed", set()),
+    ({"unknown": "shape"}, 200, None, "malformed", set()),
+    ({"choices": [{"message": {"tool_calls": [{"function": {"name": "f"}}]}}]}, 200, None, "malformed", set()),
+    (CHAT, 500, None, "unsuccessful", set()),
+    (RESPONSES, 200, "failed", "unsuccessful", set()),
+    ({**RESPONSES, "status": "cancelled"}, 200, None, "unsuccessful", set()),
+])
+def test_tool_request_evidence_kinds(response, status_code, response_status, kind, ids):
+    evidence = tool_request_evidence(response, status_code, response_status)
+    assert (evidence.kind, set(evidence.call_ids)) == (kind, ids)
+
+
+def test_permits_link_answers():
+    assert ToolRequestEvidence("available", frozenset({"a"})).permits_link("a") is True
+    assert ToolRequestEvidence("available", frozenset({"a"})).permits_link("b") is False
+    assert ToolRequestEvidence("omitted").permits_link("anything") is True
+    assert ToolRequestEvidence("malformed").permits_link("a") is False
+    assert ToolRequestEvidence("unsuccessful").permits_link("a") is False
+
+
+def test_record_from_a_nemo_gym_core_keys_only_line():
+    """A line with only the core keys builds a record; what it lacks is None, never 0."""
+    line = {"model_call_id": "abc", "dialect": "chat", "model_ref": {"type": "responses_api_models", "name": "policy"},
+            "started_at": 1.0, "completed_at": 2.0, "latency_ms": 1000.0, "latency_ttft_ms": None, "status_code": 200,
+            "error_category": None, "request": {"model": "m", "messages": []}, "response": {**CHAT, "usage": None}}
+    record = build_model_call_record(line, 3)
+    assert (record.call_index, record.model_ref.name, record.latency_total_ms, record.model) == (3, "policy", 1000.0, "m")
+    assert (record.tokens_in, record.tokens_out, record.cached_tokens, record.response_source) == (None, None, None, None)
+    assert record.client_session_id is None and record.failure_report is None
