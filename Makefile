@@ -27,6 +27,7 @@ soak: $(STAMP)
 # Speed is measured here, never asserted in `make test` (shared machines are noisy).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_reassembly.py
+	$(BIN)/python benchmarks/bench_records.py
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping, Optional
 from ._record import RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
 from ._models import ModelCallRecord
 from ._rollouts import rollout_id_from_run
-from ._store import CaptureStore
+from ._store import CaptureStore, gc_paused
 
 #: The key `attach_model_call_capture` adds to a rollout record.
 ATTACHMENT_KEY = "ng_model_call_capture"
@@ -20,9 +20,13 @@ def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: boo
     it); ``strict=True`` raises on one instead.
     """
     if strict:
-        return [build_model_call_record(line, index) for index, line in enumerate(store.read(rollout_id))]
-    result = store.read_available(rollout_id)
-    return [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
+        lines = store.read(rollout_id)
+        indexes: Iterable[int] = range(len(lines))
+    else:
+        result = store.read_available(rollout_id)
+        lines, indexes = result.lines, result.call_indexes
+    with gc_paused():
+        return [build_model_call_record(line, index) for index, line in zip(indexes, lines)]
 
 
 def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str,
@@ -55,7 +59,8 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
         return attached
     store = CaptureStore(capture_dir)
     result = store.read_available(rollout_id)
-    records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
+    with gc_paused():
+        records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
     attachment: dict[str, Any] = {
         "rollout_id": rollout_id,
         "metrics": aggregate_model_call_records(records),

@@ -6,14 +6,16 @@ import math
 from collections import Counter
 from typing import Any, Iterable, Optional
 
-from ._models import ModelCallRecord, ToolRequestEvidence
-from ._shapes import (
-    _tool_calls_and_reasoning,
-    finish_reason_of,
-    model_operations,
-    response_shape,
-    tool_call_ids_if_well_formed,
+from pydantic import ValidationError
+
+from ._models import (
+    FailureReport,
+    ModelCallRecord,
+    ModelServerRef,
+    ToolRequestEvidence,
+    construct_checked,
 )
+from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
 from ._tokens import extract_token_stats
 
 #: Fields summed by `aggregate_model_call_records`; a sum over no reported value stays None.
@@ -28,46 +30,90 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
     """Map one captured exchange and its transport metadata into an observability record.
 
     Works on this sidecar's lines and on lines with only NeMo Gym's core keys; unknown keys are
-    ignored, missing ones are None.
+    ignored, missing or mistyped ones are None. Collectors build hundreds of thousands of these,
+    so every value is type-checked inline (``type(v) is str``) rather than through helpers.
     """
-    request = exchange.get("request") if isinstance(exchange.get("request"), dict) else None
-    response = exchange.get("response") if isinstance(exchange.get("response"), dict) else None
-    usage = response.get("usage") if response is not None else None
-    tool_calls, reasoning = _tool_calls_and_reasoning(response) if response is not None else ([], None)
-    status = response.get("status") if response is not None and response_shape(response) == "responses" else None
-    fields: dict[str, Any] = {
-        **extract_token_stats(usage),
+    get = exchange.get
+    request = get("request")
+    request = request if type(request) is dict else None
+    response = get("response")
+    response = response if type(response) is dict else None
+    facts = describe_response(response)
+    fields = extract_token_stats(response.get("usage") if response is not None else None)
+    model = response.get("model") if response is not None else None
+    if type(model) is not str:
+        model = request.get("model") if request is not None else None
+    response_id = response.get("id") if response is not None else None
+    source = get("response_source")
+    fields.update({
         "call_index": call_index,
-        "client_assistant_message_id": _text(exchange.get("client_assistant_message_id")),
-        "client_session_id": _text(exchange.get("client_session_id")),
-        "completed_at": _number(exchange.get("completed_at")),
-        "dialect": _text(exchange.get("dialect")) or response_shape(response),
-        "error_category": _text(exchange.get("error_category")),
-        "failure_report": exchange.get("failure") if isinstance(exchange.get("failure"), dict) else None,
-        "finish_reason": finish_reason_of(response),
-        "latency_total_ms": _number(exchange.get("latency_ms")),
-        "latency_ttft_ms": _number(exchange.get("latency_ttft_ms")),
-        "local_response_reason": _text(exchange.get("local_response_reason")),
-        "model": _text((response or {}).get("model")) or _text((request or {}).get("model")),
-        "model_call_id": _text(exchange.get("model_call_id")),
-        "model_operations": model_operations(response),
-        "model_ref": exchange.get("model_ref") if isinstance(exchange.get("model_ref"), dict) else None,
-        "reasoning_content": reasoning,
+        "client_assistant_message_id": v if type(v := get("client_assistant_message_id")) is str else None,
+        "client_session_id": v if type(v := get("client_session_id")) is str else None,
+        "completed_at": _seconds(get("completed_at")),
+        "dialect": v if type(v := get("dialect")) is str else facts.shape,
+        "error_category": v if type(v := get("error_category")) is str else None,
+        "failure_report": _nested(FailureReport, get("failure")),
+        "finish_reason": facts.finish_reason,
+        "latency_total_ms": _seconds(get("latency_ms")),
+        "latency_ttft_ms": _seconds(get("latency_ttft_ms")),
+        "local_response_reason": v if type(v := get("local_response_reason")) is str else None,
+        "model": model if type(model) is str else None,
+        "model_call_id": v if type(v := get("model_call_id")) is str else None,
+        "model_operations": facts.operations,
+        "model_ref": _model_ref(get("model_ref")),
+        "reasoning_content": facts.reasoning,
         "request": request,
-        "request_raw": _text(exchange.get("request_raw")),
+        "request_raw": v if type(v := get("request_raw")) is str else None,
         "response": response,
-        "response_id": _text((response or {}).get("id")),
-        "response_raw": _text(exchange.get("response_raw")),
-        "response_source": exchange.get("response_source") if exchange.get("response_source") in ("upstream", "local") else None,
-        "response_status": _text(status),
-        "started_at": _number(exchange.get("started_at")),
-        "status_code": _integer(exchange.get("status_code")),
-        "stream_truncated": exchange.get("stream_truncated") if isinstance(exchange.get("stream_truncated"), bool) else None,
-        "tool_calls": tool_calls,
-        "upstream_attempted": exchange.get("upstream_attempted") if isinstance(exchange.get("upstream_attempted"), bool) else None,
-        "upstream_status_code": _integer(exchange.get("upstream_status_code")),
-    }
-    return ModelCallRecord.model_validate(fields)
+        "response_id": response_id if type(response_id) is str else None,
+        "response_raw": v if type(v := get("response_raw")) is str else None,
+        "response_source": source if source == "upstream" or source == "local" else None,
+        "response_status": facts.status,
+        "started_at": _seconds(get("started_at")),
+        "status_code": v if type(v := get("status_code")) is int else None,
+        "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
+        "tool_calls": facts.tool_calls,
+        "upstream_attempted": v if type(v := get("upstream_attempted")) is bool else None,
+        "upstream_status_code": v if type(v := get("upstream_status_code")) is int else None,
+    })
+    # Every value above went through a type check of its own (see `construct_checked`).
+    return construct_checked(ModelCallRecord, fields, _RECORD_FIELDS)
+
+
+_RECORD_FIELDS = frozenset(ModelCallRecord.model_fields)
+_MODEL_REFS: dict[tuple[Any, Any], ModelServerRef] = {}
+
+
+def _seconds(value: Any) -> Optional[float]:
+    """A time or duration: JSON numbers only (not bools), as floats."""
+    kind = type(value)
+    return float(value) if kind is float or kind is int else None
+
+
+def _model_ref(value: Any) -> Optional[ModelServerRef]:
+    """The line's ``model_ref``; the few distinct ones of a run are validated once and shared
+    (`ModelServerRef` is frozen, so sharing is safe)."""
+    if type(value) is not dict:
+        return None
+    if len(value) == 2 and "type" in value and "name" in value:
+        key = (value["type"], value["name"])
+        if type(key[0]) is str and (key[1] is None or type(key[1]) is str):
+            cached = _MODEL_REFS.get(key)
+            if cached is None and len(_MODEL_REFS) < 1024:
+                cached = _MODEL_REFS[key] = ModelServerRef(type=key[0], name=key[1])
+            if cached is not None:
+                return cached
+    return _nested(ModelServerRef, value)
+
+
+def _nested(model: type[Any], value: Any) -> Any:
+    """A small nested object validated the ordinary way; None when absent or not of its shape."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
 
 
 def tool_request_evidence(response: Any, status_code: int | None = None,
@@ -123,13 +169,3 @@ def _percentile(values: list[Optional[float]], p: float) -> Optional[float]:
     return present[min(rank, len(present)) - 1]
 
 
-def _text(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _integer(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

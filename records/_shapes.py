@@ -7,9 +7,13 @@ it does not recognise yields nothing rather than an exception.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import orjson
+
+from ._models import ModelOperationObservation, construct_checked
+
+_OPERATION_FIELDS = frozenset(ModelOperationObservation.model_fields)
 
 # Responses output item types the model produces for server-side (built-in) tools.
 _RESPONSES_CLIENT_TOOL_ITEMS = ("function_call", "custom_tool_call")
@@ -26,6 +30,42 @@ def response_shape(response: Any) -> Optional[str]:
     if response.get("type") == "message" or isinstance(response.get("content"), list):
         return "messages"
     return None
+
+
+class ResponseFacts(NamedTuple):
+    """Everything a record derives from a response object, computed in one pass over it."""
+
+    shape: Optional[str] = None
+    tool_calls: list[dict[str, Any]] = []
+    reasoning: Optional[str] = None
+    finish_reason: Optional[str] = None
+    operations: Optional[list[ModelOperationObservation]] = None
+    #: Responses ``status`` (completed, incomplete, failed, ...).
+    status: Optional[str] = None
+
+
+def describe_response(response: Any) -> ResponseFacts:
+    """Tool calls, reasoning, finish reason, output operations and status of any response shape."""
+    shape = response_shape(response)
+    if shape == "responses":
+        calls = _responses_tool_calls(response)
+        operations = [_responses_operation(item) for item in _items(response)]
+        status = response.get("status") if isinstance(response.get("status"), str) else None
+        return ResponseFacts(shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
+                             _numbered(operations), status)
+    if shape == "chat":
+        message = _first_choice_message(response)
+        calls = _chat_tool_calls(message)
+        return ResponseFacts(shape, calls, _chat_reasoning(message), finish_reason_of(response, shape),
+                             _numbered(_chat_operations(message, calls)))
+    if shape == "messages":
+        operations = [_messages_operation(block) for block in _blocks(response)]
+        return ResponseFacts(shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
+                             finish_reason_of(response, shape), _numbered(operations))
+    return _NO_FACTS
+
+
+_NO_FACTS = ResponseFacts()
 
 
 def _as_arguments(arguments: Any) -> dict[str, Any]:
@@ -45,20 +85,12 @@ def _as_arguments(arguments: Any) -> dict[str, Any]:
 
 def _tool_calls_and_reasoning(response: dict[str, Any]) -> tuple[list[dict[str, Any]], Optional[str]]:
     """Structured tool calls (name, arguments, call_id) and reasoning text, across all three shapes."""
-    shape = response_shape(response)
-    if shape == "responses":
-        return _responses_tool_calls(response), _joined(_responses_reasoning(response))
-    if shape == "chat":
-        message = _first_choice_message(response)
-        return _chat_tool_calls(message), _chat_reasoning(message)
-    if shape == "messages":
-        return _messages_tool_calls(response), _joined(_messages_reasoning(response))
-    return [], None
+    facts = describe_response(response)
+    return facts.tool_calls, facts.reasoning
 
 
-def finish_reason_of(response: Any) -> Optional[str]:
+def finish_reason_of(response: Any, shape: Optional[str]) -> Optional[str]:
     """Anthropic ``stop_reason``, Chat ``choices[0].finish_reason``, Responses ``incomplete_details.reason``."""
-    shape = response_shape(response)
     if shape == "messages":
         value = response.get("stop_reason")
     elif shape == "chat":
@@ -74,14 +106,11 @@ def finish_reason_of(response: Any) -> Optional[str]:
 
 def tool_call_ids_if_well_formed(response: dict[str, Any]) -> Optional[frozenset[str]]:
     """The ids of every tool call the response requested, or None when its shape is malformed."""
-    shape = response_shape(response)
-    if shape is None:
+    facts = describe_response(response)
+    if facts.shape is None or (facts.shape == "chat" and _first_choice_message(response) is None):
         return None
-    calls, _ = _tool_calls_and_reasoning(response)
-    ids = [call.get("call_id") for call in calls]
+    ids = [call.get("call_id") for call in facts.tool_calls]
     if any(not isinstance(call_id, str) or not call_id for call_id in ids):
-        return None
-    if shape == "chat" and _first_choice_message(response) is None:
         return None
     return frozenset(ids)  # type: ignore[arg-type]
 
@@ -172,60 +201,61 @@ def _joined(texts: list[str]) -> Optional[str]:
 
 # -- Output items as operations ---------------------------------------------------------------
 
-def model_operations(response: Any) -> Optional[list[dict[str, Any]]]:
-    """One ``{index, kind, call_id, name, status}`` per output item the model produced, in order."""
-    shape = response_shape(response)
-    if shape == "responses":
-        operations = [_responses_operation(item) for item in _items(response)]
-    elif shape == "chat":
-        operations = _chat_operations(_first_choice_message(response))
-    elif shape == "messages":
-        operations = [_messages_operation(block) for block in _blocks(response)]
-    else:
-        return None
-    kept = [operation for operation in operations if operation is not None]
-    return [{"index": index, **operation} for index, operation in enumerate(kept)]
+def _numbered(operations: list[Optional[dict[str, Any]]]) -> list[ModelOperationObservation]:
+    """Number the operations in order (None entries, items that are no operation, are dropped)."""
+    numbered = []
+    for operation in operations:
+        if operation is not None:
+            operation["index"] = len(numbered)
+            numbered.append(construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS))
+    return numbered
+
+
+def _operation(kind: str, call_id: Any = None, name: Any = None, status: Any = None) -> dict[str, Any]:
+    """The fields of one `ModelOperationObservation`, every value type-checked."""
+    return {"index": 0, "kind": kind, "call_id": call_id if type(call_id) is str else None,
+            "name": name if type(name) is str else None, "status": status if type(status) is str else None}
 
 
 def _responses_operation(item: dict[str, Any]) -> Optional[dict[str, Any]]:
     kind = item.get("type")
-    status = item.get("status") if isinstance(item.get("status"), str) else None
+    status = item.get("status")
     if kind == "message":
         parts = item.get("content") if isinstance(item.get("content"), list) else []
         refused = any(isinstance(p, dict) and p.get("type") == "refusal" for p in parts)
-        return {"kind": "refusal" if refused else "text", "call_id": None, "name": None, "status": status}
+        return _operation("refusal" if refused else "text", status=status)
     if kind == "reasoning":
-        return {"kind": "reasoning", "call_id": None, "name": None, "status": status}
+        return _operation("reasoning", status=status)
     if kind in _RESPONSES_CLIENT_TOOL_ITEMS:
-        return {"kind": "tool_call", "call_id": _str(item.get("call_id")), "name": _str(item.get("name")), "status": status}
+        return _operation("tool_call", item.get("call_id"), item.get("name"), status)
     if isinstance(kind, str) and kind.endswith("_call"):  # web_search_call, code_interpreter_call, ...
-        return {"kind": "server_tool_call", "call_id": _str(item.get("id")), "name": kind[: -len("_call")], "status": status}
+        return _operation("server_tool_call", item.get("id"), kind[: -len("_call")], status)
     return None
 
 
-def _chat_operations(message: Optional[dict[str, Any]]) -> list[Optional[dict[str, Any]]]:
+def _chat_operations(message: Optional[dict[str, Any]], calls: list[dict[str, Any]]) -> list[Optional[dict[str, Any]]]:
     if message is None:
         return []
     operations: list[Optional[dict[str, Any]]] = []
     if _chat_reasoning(message):
-        operations.append({"kind": "reasoning", "call_id": None, "name": None, "status": None})
-    for kind, key in (("text", "content"), ("refusal", "refusal")):
-        if isinstance(message.get(key), str) and message[key]:
-            operations.append({"kind": kind, "call_id": None, "name": None, "status": None})
-    for call in _chat_tool_calls(message):
-        operations.append({"kind": "tool_call", "call_id": _str(call["call_id"]), "name": _str(call["name"]), "status": None})
+        operations.append(_operation("reasoning"))
+    if isinstance(message.get("content"), str) and message["content"]:
+        operations.append(_operation("text"))
+    if isinstance(message.get("refusal"), str) and message["refusal"]:
+        operations.append(_operation("refusal"))
+    for call in calls:
+        operations.append(_operation("tool_call", call["call_id"], call["name"]))
     return operations
 
 
 def _messages_operation(block: dict[str, Any]) -> Optional[dict[str, Any]]:
     kind = block.get("type")
     if kind in ("thinking", "redacted_thinking"):
-        return {"kind": "reasoning", "call_id": None, "name": None, "status": None}
+        return _operation("reasoning")
     if kind == "text":
-        return {"kind": "text", "call_id": None, "name": None, "status": None}
+        return _operation("text")
     if kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
-        operation_kind = "tool_call" if kind == "tool_use" else "server_tool_call"
-        return {"kind": operation_kind, "call_id": _str(block.get("id")), "name": _str(block.get("name")), "status": None}
+        return _operation("tool_call" if kind == "tool_use" else "server_tool_call", block.get("id"), block.get("name"))
     return None  # Tool results are produced by the server, not the model.
 
 

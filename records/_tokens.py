@@ -10,11 +10,13 @@ from typing import Any, Mapping
 
 _CACHED_DETAIL_GROUPS = ("prompt_tokens_details", "input_tokens_details")
 _REASONING_DETAIL_GROUPS = ("output_tokens_details", "completion_tokens_details")
+_CACHED_FIELDS = ("cached_tokens",)
+_REASONING_FIELDS = ("reasoning_tokens",)
 
 
 def _token_count(value: Any) -> int | None:
     """``value`` when it is a real token count (an int >= 0 that is not a bool), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if type(value) is int and value >= 0:  # type() rejects bools, which are ints too.
         return value
     return None
 
@@ -24,7 +26,7 @@ def _usage_detail_token(usage: Mapping[str, Any], detail_groups: tuple[str, ...]
     """Return the first valid token count across equivalent provider detail shapes."""
     for group in detail_groups:
         details = usage.get(group)
-        if isinstance(details, Mapping):
+        if details is not None and (type(details) is dict or isinstance(details, Mapping)):
             for name in field_names:
                 count = _token_count(details.get(name))
                 if count is not None:
@@ -53,9 +55,9 @@ def _prompt_size(usage: Mapping[str, Any]) -> int | None:
 
 def _cache_signal(usage: Any) -> tuple[bool | None, int | None]:
     """Cache hit/miss + cached-token count, from usage cache fields (OpenAI / Anthropic)."""
-    if not isinstance(usage, Mapping):
+    if not (isinstance(usage, dict) or isinstance(usage, Mapping)):
         return None, None
-    cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, ("cached_tokens",))
+    cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, _CACHED_FIELDS)
     if cached is None:
         cached = _token_count(usage.get("cache_read_input_tokens"))
     if cached is None:
@@ -64,14 +66,21 @@ def _cache_signal(usage: Any) -> tuple[bool | None, int | None]:
 
 
 def extract_token_stats(usage: Any) -> dict[str, Any]:
-    """Normalize token totals across Responses, Chat Completions, and Anthropic Messages usage."""
-    if not isinstance(usage, Mapping):
-        usage = {}
+    """Normalize token totals across Responses, Chat Completions, and Anthropic Messages usage.
+
+    ``tokens_in`` is the whole prompt size (see `_prompt_size`); cache creation is also reported
+    separately as ``cache_creation_tokens``. A count the provider did not report stays None, never 0.
+    """
+    if type(usage) is not dict:
+        usage = dict(usage) if isinstance(usage, Mapping) else {}
+    if not usage:
+        return dict(_NOTHING_REPORTED)
+    get = usage.get
     tokens_in = _prompt_size(usage)
-    tokens_out = _token_count(usage.get("completion_tokens"))
+    tokens_out = _token_count(get("completion_tokens"))
     if tokens_out is None:
-        tokens_out = _token_count(usage.get("output_tokens"))
-    tokens_total = _token_count(usage.get("total_tokens"))
+        tokens_out = _token_count(get("output_tokens"))
+    tokens_total = _token_count(get("total_tokens"))
     if tokens_total is None and tokens_in is not None and tokens_out is not None:
         tokens_total = tokens_in + tokens_out
     cache_hit, cached_tokens = _cache_signal(usage)
@@ -79,8 +88,12 @@ def extract_token_stats(usage: Any) -> dict[str, Any]:
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
         "tokens_total": tokens_total,
-        "tokens_reasoning": _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, ("reasoning_tokens",)),
+        "tokens_reasoning": _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, _REASONING_FIELDS),
         "cached_tokens": cached_tokens,
         "cache_hit": cache_hit,
-        "cache_creation_tokens": _token_count(usage.get("cache_creation_input_tokens")),
+        "cache_creation_tokens": _token_count(get("cache_creation_input_tokens")),
     }
+
+
+_NOTHING_REPORTED = {key: None for key in ("tokens_in", "tokens_out", "tokens_total", "tokens_reasoning",
+                                           "cached_tokens", "cache_hit", "cache_creation_tokens")}

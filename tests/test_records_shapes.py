@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from records import (
     ModelCallRecord,
@@ -134,3 +136,27 @@ def test_record_from_a_nemo_gym_core_keys_only_line():
     assert (record.call_index, record.model_ref.name, record.latency_total_ms, record.model) == (3, "policy", 1000.0, "m")
     assert (record.tokens_in, record.tokens_out, record.cached_tokens, record.response_source) == (None, None, None, None)
     assert record.client_session_id is None and record.failure_report is None
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=6),
+                     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+                     max_leaves=10)
+_LINE_KEYS = ["model_call_id", "dialect", "model_ref", "started_at", "completed_at", "latency_ms", "latency_ttft_ms",
+              "status_code", "error_category", "request", "response", "client_session_id", "upstream_attempted",
+              "response_source", "upstream_status_code", "local_response_reason", "request_raw", "response_raw",
+              "stream_truncated", "failure"]
+_RESPONSE_KEYS = ["object", "output", "choices", "type", "content", "usage", "model", "id", "status",
+                  "incomplete_details", "stop_reason"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_LINE_KEYS), _JSON, max_size=12),
+       st.one_of(st.none(), st.dictionaries(st.sampled_from(_RESPONSE_KEYS), _JSON, max_size=6),
+                 st.sampled_from([RESPONSES, CHAT, MESSAGES])))
+def test_any_line_builds_a_record_that_validates_as_declared(line, response):
+    """Records are built without re-validation (speed); this proves every value has its declared type."""
+    if response is not None:
+        line = {**line, "response": response}
+    record = build_model_call_record(line, 0)
+    assert ModelCallRecord.model_validate(record.model_dump()) == record
