@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _FILE_MODE = 0o644
 
 
-def append_capture_line(path: str, line: bytes) -> None:
+def append_capture_line(path: str, line: bytes) -> float:
     """Append ``line`` (one ``\\n``-terminated JSON line) to ``path`` durably, or raise OSError.
 
-    A short write (full disk, file size limit) is rolled back with ``ftruncate`` while the lock is
+    Returns the seconds the ``fsync`` took (for the sidecar's metrics). A short write (full disk, file size limit) is rolled back with ``ftruncate`` while the lock is
     still held, so a failed append never leaves a torn line for readers to skip.
     """
     fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
@@ -26,7 +27,9 @@ def append_capture_line(path: str, line: bytes) -> None:
         try:
             size_before = os.fstat(fd).st_size
             _write_whole(fd, line, size_before)
+            fsync_started = time.perf_counter()
             os.fsync(fd)
+            fsync_seconds = time.perf_counter() - fsync_started
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -34,6 +37,7 @@ def append_capture_line(path: str, line: bytes) -> None:
     if size_before == 0:
         # A new file's directory entry must be durable too, or a crash can lose the whole file.
         _fsync_directory(os.path.dirname(path) or ".")
+    return fsync_seconds
 
 
 def create_incomplete_marker(path: str) -> None:

@@ -13,8 +13,9 @@ from aiohttp import web
 
 from ._capture_writer import CaptureWriter
 from ._forwarder import forward
+from ._metrics import CONTENT_TYPE, SidecarMetrics
 from ._settings import Settings
-from ._state import BACKGROUND_TASKS, CAPTURE_WRITER, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL
+from ._state import BACKGROUND_TASKS, CAPTURE_WRITER, METRICS, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL
 
 log = logging.getLogger("mcc")
 
@@ -28,12 +29,14 @@ def create_app(settings: Settings, upstream_url: str | None = None) -> web.Appli
     """The sidecar application. ``upstream_url`` overrides ``settings.upstream`` (stand-in mode)."""
     app = web.Application()
     app[SETTINGS] = settings
+    app[METRICS] = SidecarMetrics()
     app[UPSTREAM_URL] = (upstream_url or settings.upstream or "").rstrip("/")
     app[BACKGROUND_TASKS] = set()
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_capture_writer)
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
+    app.router.add_get("/-/metrics", _metrics)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
 
@@ -64,7 +67,7 @@ async def _capture_writer(app: web.Application) -> AsyncIterator[None]:
         except OSError as exc:
             log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
                       settings.capture_dir, exc)
-        writer = CaptureWriter(settings.capture_dir)
+        writer = CaptureWriter(settings.capture_dir, app[METRICS])
     app[CAPTURE_WRITER] = writer  # type: ignore[assignment]
     yield
     tasks = app[BACKGROUND_TASKS]
@@ -77,6 +80,11 @@ async def _capture_writer(app: web.Application) -> AsyncIterator[None]:
 async def _healthy(request: web.Request) -> web.Response:
     """Liveness: the process is up and serving."""
     return web.json_response({"status": "ok"})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of `SidecarMetrics`."""
+    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _ready(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from capture import append_capture_line, create_incomplete_marker
 from records import capture_path, encode_capture_line, incomplete_marker_path
 
 from ._exchange import CallExchange
+from ._metrics import SidecarMetrics
 
 log = logging.getLogger("mcc.capture")
 
@@ -27,8 +28,9 @@ CAPTURE_THREADS = 8
 class CaptureWriter:
     """Appends one line per call to ``<capture_dir>/<rollout_id>.capture.jsonl``."""
 
-    def __init__(self, capture_dir: str, threads: int = CAPTURE_THREADS) -> None:
+    def __init__(self, capture_dir: str, metrics: SidecarMetrics, threads: int = CAPTURE_THREADS) -> None:
         self.capture_dir = capture_dir
+        self._metrics = metrics
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mcc-capture")
         self._logged: set[tuple[str, str]] = set()
         self.lines_written = 0
@@ -38,23 +40,27 @@ class CaptureWriter:
         """Build, serialise and durably append the call's line; False (never raise) on failure."""
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._write, exchange)
+            size, fsync_seconds = await loop.run_in_executor(self._executor, self._write, exchange)
         except Exception as exc:
             await self._on_failure(exchange.rollout_id, exc)
             return False
         self.lines_written += 1
+        self._metrics.capture_lines.inc()
+        self._metrics.capture_bytes.inc(size)
+        self._metrics.fsync_duration.observe(fsync_seconds)
         return True
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def _write(self, exchange: CallExchange) -> None:
+    def _write(self, exchange: CallExchange) -> tuple[int, float]:
         line = encode_capture_line(exchange.capture_fields())
-        append_capture_line(capture_path(self.capture_dir, exchange.rollout_id), line)
+        return len(line), append_capture_line(capture_path(self.capture_dir, exchange.rollout_id), line)
 
     async def _on_failure(self, rollout_id: str, exc: Exception) -> None:
         kind = failure_kind(exc)
         self.failures[kind] += 1
+        self._metrics.capture_failures.labels(kind).inc()
         if (rollout_id, kind) not in self._logged:
             self._logged.add((rollout_id, kind))
             log.error("capture failed for rollout %s (%s): %s; the call was forwarded unchanged, "

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from typing import Any
 
 import click
 
+from ._logging import configure_logging
 from ._settings import ConfigError, Settings, load_settings
 
 
@@ -29,11 +29,13 @@ def main() -> None:
 @click.option("--connect-timeout", type=float, help="Seconds to connect to the upstream (default 10). [MCC_CONNECT_TIMEOUT]")
 @click.option("--read-timeout", type=float, help="Seconds allowed between upstream reads (default 600). [MCC_READ_TIMEOUT]")
 @click.option("--log-level", help="debug, info, warning or error (default info). [MCC_LOG_LEVEL]")
+@click.option("--log-format", help="text or json (default text). [MCC_LOG_FORMAT]")
+@click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
 def serve(**options: Any) -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
     settings = _settings_or_exit(options)
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     from ._server import serve_forever
 
     _run(serve_forever(settings))
@@ -44,7 +46,7 @@ def serve(**options: Any) -> None:
               help="Where the demo's capture files go (made absolute).")
 def demo(capture_dir: str) -> None:
     """Start the stand-in model server and the sidecar, drive them with the official SDKs, print the captures."""
-    _configure_logging("warning")
+    configure_logging("warning")
     from ._demo import run_demo
 
     sys.exit(_run(run_demo(capture_dir)))
@@ -56,10 +58,6 @@ def _settings_or_exit(options: dict[str, Any]) -> Settings:
     except ConfigError as exc:
         click.echo(f"mcc: {exc}", err=True)
         sys.exit(2)
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
 def _run(coroutine: Any) -> Any:

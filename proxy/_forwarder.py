@@ -9,6 +9,8 @@ seen the end of a reply, its record is on disk.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -28,8 +30,11 @@ from ._local_replies import (
     error_body,
     local_response,
 )
+from ._metrics import status_class
 from ._routing import Route, route_request
-from ._state import BACKGROUND_TASKS, CAPTURE_WRITER, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL, spawn_background
+from ._state import CAPTURE_WRITER, METRICS, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL, spawn_background
+
+log = logging.getLogger("mcc.proxy")
 
 # Errors of the upstream connection after its reply started (reset, short body, bad framing).
 _UPSTREAM_BODY_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError)
@@ -59,15 +64,29 @@ class PassThroughResponse(web.StreamResponse):
 
 async def forward(request: web.Request) -> web.StreamResponse:
     """Handle any request that is not an admin endpoint."""
-    if not request.raw_path.startswith("/"):
-        # Absolute-form targets never choose the host: only the configured upstream is reached.
-        return local_response(INVALID_ROLLOUT_ID, "openai", "the request target must be a path")
-    route = route_request(request.method, request.raw_path)
-    if route.invalid_rollout_id is not None:
-        message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
-                   "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
-        return local_response(INVALID_ROLLOUT_ID, route.error_dialect, message)
-    return await _Call(request, route).run()
+    metrics = request.app[METRICS]
+    metrics.requests_in_flight.inc()
+    route, call, status = None, None, None
+    try:
+        if not request.raw_path.startswith("/"):
+            # Absolute-form targets never choose the host: only the configured upstream is reached.
+            response = local_response(INVALID_ROLLOUT_ID, "openai", "the request target must be a path")
+        else:
+            route = route_request(request.method, request.raw_path)
+            if route.invalid_rollout_id is not None:
+                message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
+                           "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
+                response = local_response(INVALID_ROLLOUT_ID, route.error_dialect, message)
+            else:
+                call = _Call(request, route)
+                response = await call.run()
+        status = response.status
+        return response
+    finally:
+        metrics.requests_in_flight.dec()
+        captured = "true" if call is not None and call.exchange is not None else "false"
+        dialect = (route.dialect if route is not None else None) or "none"
+        metrics.requests.labels(dialect, status_class(status), captured).inc()
 
 
 class _Call:
@@ -79,6 +98,7 @@ class _Call:
         self.app = request.app
         self.settings = request.app[SETTINGS]
         self.writer = request.app[CAPTURE_WRITER]
+        self.metrics = request.app[METRICS]
         self.exchange: CallExchange | None = None
         self.persisted = False
 
@@ -96,11 +116,11 @@ class _Call:
             self._client_gone_before_reply()
             raise
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
-            return await self._answer_locally(UPSTREAM_UNREACHABLE, "upstream_connect", exc, retryable=True)
+            return await self._upstream_failed("connect", UPSTREAM_UNREACHABLE, "upstream_connect", exc)
         except asyncio.TimeoutError as exc:
-            return await self._answer_locally(UPSTREAM_TIMEOUT, "upstream_response", exc, retryable=True)
+            return await self._upstream_failed("timeout", UPSTREAM_TIMEOUT, "upstream_response", exc)
         except (aiohttp.ClientError, ConnectionError) as exc:
-            return await self._answer_locally(UPSTREAM_UNREACHABLE, "upstream_response", exc, retryable=True)
+            return await self._upstream_failed("protocol", UPSTREAM_UNREACHABLE, "upstream_response", exc)
         try:
             return await self._relay(upstream)
         finally:
@@ -150,6 +170,16 @@ class _Call:
     # -- reply side ------------------------------------------------------------------------
 
     async def _relay(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        is_stream = upstream.content_type == "text/event-stream"
+        if is_stream:
+            self.metrics.streams_in_flight.inc()
+        try:
+            return await self._relay_body(upstream)
+        finally:
+            if is_stream:
+                self.metrics.streams_in_flight.dec()
+
+    async def _relay_body(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
         response = PassThroughResponse(upstream.status, upstream.reason, client_response_headers(upstream.raw_headers))
         tap = self._attach_tap(upstream)
         try:
@@ -163,11 +193,13 @@ class _Call:
         except _CLIENT_GONE:
             self._client_gone(upstream)
             return response
-        except _UpstreamBroke:
+        except _UpstreamBroke as broke:
+            self.metrics.upstream_errors.labels(broke.kind).inc()
+            log.warning("upstream %s failed mid-reply (%s) for %s", self.app[UPSTREAM_URL], broke.kind, self.route.upstream_target)
             await self._persist_now()
             _abort(self.request)  # The client sees the failure as it would have directly.
             return response
-        await self._persist_now()
+        await self._persist_holding_back()
         await response.write_eof()
         return response
 
@@ -200,37 +232,61 @@ class _Call:
                 remaining -= len(chunk)
                 ends_reply = remaining <= 0
             if ends_reply:
-                await self._persist_now()
+                await self._persist_holding_back()
             if isinstance(tap, BodyTap) and remaining is None:
                 held, chunk = chunk, held
             if chunk:
                 await response.write(chunk)
         if held:
-            await self._persist_now()
+            await self._persist_holding_back()
             await response.write(held)
 
     # -- outcomes --------------------------------------------------------------------------
+
+    async def _persist_holding_back(self) -> None:
+        """Persist while the chunk (or the end of stream) that ends the reply waits (DESIGN §2)."""
+        if self.exchange is None or self.persisted:
+            return
+        started = time.perf_counter()
+        await self._persist_now()
+        self.metrics.terminal_holdback.observe(time.perf_counter() - started)
 
     async def _persist_now(self) -> None:
         """Complete the exchange and make its line durable; once per call."""
         if self.exchange is None or self.persisted:
             return
         self.persisted = True
-        self.exchange.complete()
+        self._complete(self.exchange)
         await self.writer.persist(self.exchange)  # type: ignore[union-attr]
+
+    def _complete(self, exchange: CallExchange) -> None:
+        exchange.complete()
+        self.metrics.request_duration.labels(exchange.dialect).observe((exchange.latency_ms or 0) / 1000)
+        if exchange.latency_ttft_ms is not None:
+            self.metrics.ttft.labels(exchange.dialect).observe(exchange.latency_ttft_ms / 1000)
+        tap = exchange.tap
+        if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
+                and 200 <= (exchange.status_code or 0) < 300):
+            self.metrics.streams_truncated.inc()
 
     def _client_gone(self, upstream: aiohttp.ClientResponse) -> None:
         upstream.close()
         self._client_gone_before_reply()
 
     def _client_gone_before_reply(self) -> None:
+        self.metrics.client_disconnects.inc()
         if self.exchange is None or self.persisted:
             return
         self.persisted = True
-        self.exchange.complete()
         self.exchange.category_override = "cancelled"
         self.exchange.failure = Failure("client", "cancelled", "the client disconnected before the reply ended")
+        self._complete(self.exchange)
         spawn_background(self.app, self.writer.persist(self.exchange))  # type: ignore[union-attr]
+
+    async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> web.StreamResponse:
+        self.metrics.upstream_errors.labels(kind).inc()
+        log.warning("upstream %s failed before replying (%s): %s: %s", self.app[UPSTREAM_URL], kind, type(exc).__name__, exc)
+        return await self._answer_locally(reply, stage, exc, retryable=True)
 
     async def _answer_locally(self, reply: LocalReply, stage: str, exc: BaseException | None,
                               retryable: bool, message: str | None = None) -> web.StreamResponse:
@@ -247,6 +303,10 @@ class _Call:
 class _UpstreamBroke(Exception):
     """The upstream failed after its reply started; the exchange already says how."""
 
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
 
 async def _chunks(upstream: aiohttp.ClientResponse, exchange: CallExchange | None):  # type: ignore[no-untyped-def]
     """The reply body chunk by chunk as it arrives; upstream failures become `_UpstreamBroke`."""
@@ -256,10 +316,10 @@ async def _chunks(upstream: aiohttp.ClientResponse, exchange: CallExchange | Non
             chunk, end_of_http_chunk = await content.readchunk()
         except asyncio.TimeoutError as exc:
             _note_broken(exchange, "timeout", exc, "the upstream stopped sending within the read timeout")
-            raise _UpstreamBroke from exc
+            raise _UpstreamBroke("timeout_mid_reply") from exc
         except _UPSTREAM_BODY_ERRORS as exc:
             _note_broken(exchange, None, exc, f"the upstream connection failed mid-reply: {exc}")
-            raise _UpstreamBroke from exc
+            raise _UpstreamBroke("reset_mid_reply") from exc
         if chunk:
             yield chunk
         elif not end_of_http_chunk:

@@ -15,8 +15,6 @@ from ._settings import Settings
 
 log = logging.getLogger("mcc")
 
-#: Time in-flight calls get to finish on SIGTERM; Kubernetes' terminationGracePeriodSeconds must exceed it.
-DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -30,7 +28,7 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_app(app: web.Application, host: str, port: int) -> RunningServer:
+async def start_app(app: web.Application, host: str, port: int, drain_timeout: float = 25.0) -> RunningServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) the way the sidecar needs it served."""
     runner = web.AppRunner(
         app,
@@ -40,7 +38,8 @@ async def start_app(app: web.Application, host: str, port: int) -> RunningServer
         # Request bodies are forwarded as sent: a gzip request body stays gzip (DESIGN §2).
         auto_decompress=False,
         access_log=None,
-        shutdown_timeout=DRAIN_TIMEOUT_S,
+        # On SIGTERM: stop accepting, let in-flight calls finish up to this long (issue 6).
+        shutdown_timeout=drain_timeout,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
@@ -51,7 +50,7 @@ async def start_app(app: web.Application, host: str, port: int) -> RunningServer
 
 
 async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> RunningServer:
-    return await start_app(create_app(settings, upstream_url), settings.host, settings.port)
+    return await start_app(create_app(settings, upstream_url), settings.host, settings.port, settings.drain_timeout)
 
 
 async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> RunningServer:

@@ -24,6 +24,8 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 #: Time allowed between two reads from the upstream: a non-streaming reasoning reply may take minutes.
 DEFAULT_READ_TIMEOUT_S = 600.0
+#: Kubernetes' default terminationGracePeriodSeconds is 30; the drain must end before it.
+DEFAULT_DRAIN_TIMEOUT_S = 25.0
 
 
 class ConfigError(Exception):
@@ -48,6 +50,9 @@ class Settings(BaseModel):
     session_id_header: str = "x-session-id"
     assistant_message_id_header: str = "x-assistant-message-id"
     log_level: str = "info"
+    log_format: str = "text"
+    #: Seconds in-flight calls get to finish after SIGTERM before the sidecar exits.
+    drain_timeout: float = Field(DEFAULT_DRAIN_TIMEOUT_S, ge=0)
     stand_in: bool = False
 
     @field_validator("capture_dir")
@@ -74,6 +79,13 @@ class Settings(BaseModel):
     def _known_level(cls, value: str) -> str:
         if value.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"must be one of debug, info, warning, error, got {value!r}")
+        return value.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value.lower() not in ("text", "json"):
+            raise ValueError(f"must be text or json, got {value!r}")
         return value.lower()
 
     @model_validator(mode="after")

@@ -8,9 +8,11 @@ import aiohttp
 from aiohttp import web
 
 from ._capture_writer import CaptureWriter
+from ._metrics import SidecarMetrics
 from ._settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", SidecarMetrics)
 UPSTREAM_SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
 CAPTURE_WRITER = web.AppKey("capture_writer", CaptureWriter)
 #: Capture work that must finish after its client left (a tracked task, never ``shield``).
