@@ -1,0 +1,176 @@
+"""Deployment files a user copies: Kubernetes, compose, NeMo Gym, and the Docker image (issue 7).
+
+No Docker engine runs here, so the image is tested as far as it can be without one: the
+Dockerfile's instructions, and its entrypoint run from the built wheel in a clean virtualenv
+with the environment the Dockerfile sets.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy import load_settings
+from records import CaptureStore
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+KUBERNETES = os.path.join(ROOT, "deploy", "kubernetes")
+COMPOSE = os.path.join(ROOT, "deploy", "compose")
+GYM = os.path.join(ROOT, "deploy", "gym")
+
+
+def _yaml(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _manifests() -> dict[str, dict]:
+    return {name: _yaml(os.path.join(KUBERNETES, name)) for name in sorted(os.listdir(KUBERNETES))
+            if name.endswith(".yaml") and name != "kustomization.yaml"}
+
+
+@pytest.mark.parametrize("name", sorted(_manifests()))
+def test_manifest_validates_against_the_kubernetes_schema(name):
+    kubernetes_validate.validate(_manifests()[name], kubernetes_validate.latest_version(), strict=True)
+
+
+def test_kustomization_lists_every_manifest():
+    assert sorted(_yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]) == sorted(_manifests())
+
+
+def _sidecar_container(deployment: dict) -> dict:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "model-call-capture")
+
+
+def test_sidecar_probes_volume_and_grace_period_fit_together():
+    manifests = _manifests()
+    pod = manifests["deployment.yaml"]["spec"]["template"]["spec"]
+    sidecar = _sidecar_container(manifests["deployment.yaml"])
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/-/ready"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
+    env = {item["name"]: item["value"] for item in sidecar["env"]}
+    settings = load_settings(environ=env)
+    assert settings.capture_on and pod["terminationGracePeriodSeconds"] > settings.drain_timeout
+    assert pod["enableServiceLinks"] is False
+    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {settings.capture_dir}
+    claim = manifests["pvc.yaml"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    job = manifests["collector-job.yaml"]["spec"]["template"]["spec"]
+    assert job["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert job["containers"][0]["volumeMounts"][0]["mountPath"] == settings.capture_dir
+    service = manifests["service.yaml"]["spec"]
+    assert service["ports"][0]["targetPort"] in {p["name"] for p in sidecar["ports"]}, "the Service points at the sidecar"
+
+
+def test_collector_job_command_runs(tmp_path):
+    """The Job's command (`python -m records DIR`) summarises a capture dir."""
+    command = _manifests()["collector-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    (tmp_path / "r1.capture.jsonl").write_text('{"model_call_id": "a", "status_code": 200}\n')
+    done = subprocess.run([sys.executable, *command[1:-1], str(tmp_path)], capture_output=True, text=True, check=True)
+    assert '"rollout_id":"r1"' in done.stdout and '"num_calls":1' in done.stdout
+
+
+@pytest.mark.parametrize("name", ["compose.yaml", "compose.cpu.yaml"])
+def test_compose_files_configure_a_valid_sidecar(name):
+    compose = _yaml(os.path.join(COMPOSE, name))
+    sidecar = compose["services"]["mcc"]
+    settings = load_settings(environ={k: str(v) for k, v in sidecar["environment"].items()})
+    assert settings.capture_on and sidecar["volumes"] == [f"model-calls:{settings.capture_dir}"]
+    assert "model-calls" in compose["volumes"]
+
+
+def test_gym_config_turns_capture_on_for_the_sidecar():
+    settings = load_settings({"config": os.path.join(GYM, "gym_config.yaml")}, environ={})
+    assert settings.capture_on and settings.capture_dir == "/data/model-calls" and settings.upstream == "http://127.0.0.1:8000"
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+async def test_gym_harness_and_collector_examples_work_together(start, stand_in, capture_dir):
+    """The examples as written: the harness's calls are captured, the collector attaches them."""
+    harness, collector = _load(os.path.join(GYM, "agent_harness.py")), _load(os.path.join(GYM, "collector.py"))
+    sidecar = await start(stand_in.url, capture_dir=capture_dir)
+
+    async def run(request):
+        answer = await harness.run_agent(request, sidecar.url + "/v1", observability_enabled=True)
+        return {**request, "response": answer, "reward": 1.0}
+
+    requests = [{"_ng_task_index": 0, "_ng_rollout_index": index, "prompt": f"hello {index}"} for index in range(3)]
+    records = await collector.collect(requests, run, capture_dir)
+    assert [r["ng_model_call_capture"]["metrics"]["num_calls"] for r in records] == [1, 1, 1]
+    assert CaptureStore(capture_dir).rollout_ids() == ["0-0", "0-1", "0-2"]
+
+
+# -- Docker image -----------------------------------------------------------------------------
+
+def _dockerfile() -> list[tuple[str, str]]:
+    with open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8") as handle:
+        text = re.sub(r"\\\n\s*", " ", handle.read())
+    return [tuple(line.split(None, 1)) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _docker_env() -> dict[str, str]:
+    env = {}
+    for instruction, arguments in _dockerfile():
+        if instruction == "ENV":
+            env.update(part.split("=", 1) for part in shlex.split(arguments))
+    return env
+
+
+def test_dockerfile_has_what_a_production_image_needs():
+    instructions = _dockerfile()
+    names = [name for name, _ in instructions]
+    final_stage = instructions[max(i for i, (name, _) in enumerate(instructions) if name == "FROM"):]
+    assert all("slim" in args for name, args in instructions if name == "FROM")
+    assert ("USER", "mcc") in final_stage and ("EXPOSE", "8080") in final_stage
+    assert any(name == "HEALTHCHECK" and "/-/healthy" in args for name, args in final_stage)
+    assert ("VOLUME", '["/data/model-calls"]') in final_stage
+    assert ("ENTRYPOINT", '["mcc", "serve"]') in final_stage
+    assert not any(name == "RUN" and ("pytest" in args or "[test" in args) for name, args in final_stage)
+    assert names.count("FROM") == 2
+    assert _docker_env()["MCC_HOST"] == "0.0.0.0"
+    with open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8") as handle:
+        assert {".git", ".venv", "tests"} <= set(handle.read().split())
+
+
+def test_wheel_entrypoint_runs_in_a_clean_venv_with_the_dockerfile_environment(tmp_path):
+    """Build the wheel, install it alone in a fresh venv, run `mcc serve` with the image's ENV."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "-w", str(tmp_path / "dist"), ROOT], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").iterdir()
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    subprocess.run([str(tmp_path / "venv" / "bin" / "pip"), "install", "--quiet", str(wheel)], check=True,
+                   capture_output=True)
+    env = {**_docker_env(), "PATH": f"{tmp_path / 'venv' / 'bin'}:/usr/bin:/bin",
+           "MCC_PORT": "0", "MCC_CAPTURE_DIR": str(tmp_path / "captures"), "MCC_STAND_IN": "true"}
+    entrypoint = ["mcc", "serve"]
+    process = subprocess.Popen(entrypoint, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("listening on http://0.0.0.0:"), line + process.stderr.read()  # type: ignore[union-attr]
+        port = line.rsplit(":", 1)[1].strip()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/ng-rollout/img-1/v1/chat/completions", method="POST",
+                                         data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            reply.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=30) as reply:
+            assert reply.status == 200
+        assert CaptureStore(str(tmp_path / "captures")).read("img-1")[0]["status_code"] == 200
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
