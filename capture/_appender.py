@@ -11,7 +11,8 @@ import fcntl
 import os
 import time
 
-_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+# Read access too: the last byte is checked before appending (see `_terminate_torn_line`).
+_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _FILE_MODE = 0o644
 
 
@@ -26,7 +27,7 @@ def append_capture_line(path: str, line: bytes) -> float:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             size_before = os.fstat(fd).st_size
-            _write_whole(fd, line, size_before)
+            _write_whole(fd, _terminate_torn_line(fd, size_before) + line, size_before)
             fsync_started = time.perf_counter()
             os.fsync(fd)
             fsync_seconds = time.perf_counter() - fsync_started
@@ -46,15 +47,31 @@ def create_incomplete_marker(path: str) -> None:
     os.close(fd)
 
 
+def _terminate_torn_line(fd: int, size: int) -> bytes:
+    """A newline when the file ends mid-line (an earlier writer crashed mid-write), else nothing.
+
+    The torn fragment then stays a line of its own, which the tolerant reader skips and reports,
+    instead of swallowing the line appended after it.
+    """
+    if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+        return b"\n"
+    return b""
+
+
 def _write_whole(fd: int, line: bytes, size_before: int) -> None:
+    """One ``write`` of the whole line; if the kernel takes only part of it (a file-size limit or
+    a nearly full disk), the rest is written under the same lock, and a failure rolls it all back
+    and raises the real error (EFBIG, ENOSPC, ...)."""
+    view = memoryview(line)
     try:
-        written = os.write(fd, line)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(f"write made no progress after {len(line) - len(view)} of {len(line)} bytes")
+            view = view[written:]
     except OSError:
         _roll_back(fd, size_before)
         raise
-    if written != len(line):
-        _roll_back(fd, size_before)
-        raise OSError(f"short write: {written} of {len(line)} bytes")
 
 
 def _roll_back(fd: int, size_before: int) -> None:

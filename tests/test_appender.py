@@ -54,3 +54,13 @@ def test_incomplete_marker_is_idempotent(tmp_path):
 def test_append_to_a_missing_directory_raises_oserror(tmp_path):
     with pytest.raises(OSError):
         append_capture_line(str(tmp_path / "gone" / "r.capture.jsonl"), b"{}\n")
+
+
+def test_append_after_a_torn_line_keeps_the_new_line_intact(tmp_path):
+    """A crash left a torn last line: the next append terminates it first, so both are readable apart."""
+    path = tmp_path / "r.capture.jsonl"
+    path.write_bytes(b'{"model_call_id": "ok"}\n{"model_call_id": "to')
+    append_capture_line(str(path), encode_capture_line({"model_call_id": "after"}))
+    result = CaptureStore(str(tmp_path)).read_available("r")
+    assert [line["model_call_id"] for line in result.lines] == ["ok", "after"]
+    assert result.malformed_indexes == [1] and not result.torn_last_line

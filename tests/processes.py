@@ -1,0 +1,61 @@
+"""The sidecar as a real subprocess (`python -m proxy serve`), for crash, multi-writer and soak tests."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SidecarProcess:
+    process: subprocess.Popen
+    url: str
+    stderr_lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, *args: str, env: dict[str, str] | None = None, file_size_limit: int | None = None) -> "SidecarProcess":
+        """Start ``mcc serve --port 0 ARGS`` and wait for its ready line."""
+        def limit_file_size() -> None:
+            # A full filesystem as the sidecar sees it: writes past the limit fail with EFBIG
+            # (SIGXFSZ ignored, so the process is not killed by it).
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))  # type: ignore[arg-type]
+
+        process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", "0", *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, **(env or {})},
+                                   preexec_fn=limit_file_size if file_size_limit is not None else None)
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line.startswith("listening on "):
+            process.kill()
+            raise RuntimeError(f"the sidecar did not start: {line!r} {process.stderr.read()}")  # type: ignore[union-attr]
+        sidecar = cls(process, line.split()[-1])
+        threading.Thread(target=sidecar._drain_stderr, daemon=True).start()
+        return sidecar
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:  # type: ignore[union-attr]
+            self.stderr_lines.append(line)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
