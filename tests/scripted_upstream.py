@@ -82,6 +82,8 @@ class ScriptedUpstream:
         self.received: list[ReceivedRequest] = []
         #: Paths whose reply could not be written to the end because the peer went away.
         self.peer_gone: list[str] = []
+        #: Body bytes written so far, per path (backpressure tests compare it with what was offered).
+        self.bytes_sent: dict[str, int] = {}
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.url = ""
@@ -118,12 +120,12 @@ class ScriptedUpstream:
         path = request.target.partition("?")[0]
         script = self.scripts.get(path, Script(status=404, reason="Not Found", headers=[("Content-Length", "0")]))
         try:
-            return await self._send(script, reader, writer)
+            return await self._send(script, reader, writer, path)
         except ConnectionError:
             self.peer_gone.append(path)
             return False
 
-    async def _send(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _send(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> bool:
         if script.delay_head:
             await asyncio.sleep(script.delay_head)
         if script.garbage is not None:
@@ -140,6 +142,7 @@ class ScriptedUpstream:
             await asyncio.sleep(script.pause)
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if script.chunked else piece)
             await writer.drain()
+            self.bytes_sent[path] = self.bytes_sent.get(path, 0) + len(piece)
             if writer.transport.is_closing():
                 raise ConnectionResetError
         if script.ending == "reset":
