@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 soak: $(STAMP)
-	$(BIN)/python -m pytest -q -m soak
+	$(BIN)/python -m pytest -q -m soak -s tests/soak
 
 # Speed is measured here, never asserted in `make test` (shared machines are noisy).
 bench: $(STAMP)

@@ -37,7 +37,8 @@ def create_app(settings: Settings, upstream_url: str | None = None) -> web.Appli
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
     app.router.add_get("/-/metrics", _metrics)
-    app.router.add_route("*", "/{tail:.*}", forward)
+    # [\s\S], not ".": a percent-encoded newline in the path must reach `forward` (and its 400).
+    app.router.add_route("*", r"/{tail:[\s\S]*}", forward)
     return app
 
 

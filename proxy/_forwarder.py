@@ -22,6 +22,7 @@ from capture import BodyTap, StreamTap
 from ._exchange import CallExchange, Failure
 from ._headers import client_response_headers, single_value, upstream_request_headers
 from ._local_replies import (
+    BAD_REQUEST_TARGET,
     BODY_TOO_LARGE,
     INVALID_ROLLOUT_ID,
     UPSTREAM_TIMEOUT,
@@ -69,8 +70,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
     route, call, status = None, None, None
     try:
         if not request.raw_path.startswith("/"):
-            # Absolute-form targets never choose the host: only the configured upstream is reached.
-            response = local_response(INVALID_ROLLOUT_ID, "openai", "the request target must be a path")
+            # An absolute-form target (`GET http://elsewhere/`) would name another host: refused,
+            # so only the configured upstream is ever reached.
+            response = local_response(BAD_REQUEST_TARGET, "openai",
+                                      "the request target must be a path; this sidecar only forwards to its configured upstream")
         else:
             route = route_request(request.method, request.raw_path)
             if route.invalid_rollout_id is not None:

@@ -22,6 +22,7 @@ class LocalReply:
     category: str
 
 
+BAD_REQUEST_TARGET = LocalReply(400, "bad_request_target", "invalid_request_error", "invalid_request_error", "client_error")
 INVALID_ROLLOUT_ID = LocalReply(400, "invalid_rollout_id", "invalid_request_error", "invalid_request_error", "client_error")
 BODY_TOO_LARGE = LocalReply(413, "body_too_large", "invalid_request_error", "request_too_large", "client_error")
 UPSTREAM_UNREACHABLE = LocalReply(502, "upstream_unreachable", "upstream_error", "api_error", "connection")

@@ -41,7 +41,16 @@ def capture_dir(tmp_path: Any) -> Iterator[str]:
     assert_every_line_is_a_record(str(path))
 
 
+#: Tests that send credentials use this marker; no file any test leaves in a capture dir may hold it.
+SECRET_MARKER = "mcc-test-secret"
+
+
 def assert_every_line_is_a_record(capture_dir: str) -> None:
+    for name in os.listdir(capture_dir):
+        path = os.path.join(capture_dir, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                assert SECRET_MARKER.encode() not in handle.read(), f"a secret reached the disk in {name}"
     store = CaptureStore(capture_dir)
     for rollout_id in store.rollout_ids():
         if not os.path.isfile(store.path_for(rollout_id)):

@@ -1,0 +1,72 @@
+"""Promise 7 — no secret on disk; promise 10 — graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import aiohttp
+
+from proxy._server import free_port
+
+from .conftest import SECRET_MARKER
+from .processes import SidecarProcess
+from .scripted_upstream import json_script, split_every, sse_script
+from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
+
+CHAT = "/v1/chat/completions"
+SECRET_HEADERS = {
+    "Authorization": f"Bearer {SECRET_MARKER}-1",
+    "x-api-key": f"{SECRET_MARKER}-2",
+    "api-key": f"{SECRET_MARKER}-3",
+    "Cookie": f"session={SECRET_MARKER}-4",
+    "Proxy-Authorization": f"Basic {SECRET_MARKER}-5",
+}
+SECRET_QUERY = f"?api_key={SECRET_MARKER}-6&key={SECRET_MARKER}-7"
+
+
+async def test_no_credential_reaches_the_disk(http, upstream, start, capture_dir):
+    """Credentials in headers and query parameters, on every kind of call: none is ever written."""
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    upstream.scripts["/v1/messages"] = json_script(CHAT_JSON)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, max_body_bytes=10_000)
+    refused = await start(f"http://127.0.0.1:{free_port()}", capture_dir=capture_dir)
+    calls = [(sidecar, CHAT, CHAT_REQUEST), (sidecar, "/v1/messages", CHAT_JSON_REQUEST),
+             (sidecar, CHAT, b"x" * 20_000), (refused, CHAT, CHAT_JSON_REQUEST)]
+    for server, path, body in calls:
+        async with http.post(f"{server.url}/ng-rollout/secret{path}{SECRET_QUERY}", data=body, headers=SECRET_HEADERS) as reply:
+            await reply.read()
+    written = b"".join(open(os.path.join(capture_dir, name), "rb").read() for name in os.listdir(capture_dir))
+    assert written.count(b"\n") == 4, "every call was captured"
+    assert SECRET_MARKER.encode() not in written
+    assert upstream.received[0].header("Authorization") == SECRET_HEADERS["Authorization"], "still forwarded"
+
+
+async def test_sigterm_drains_in_flight_streams_then_exits_zero(upstream, tmp_path):
+    """SIGTERM: new connections are refused, in-flight streams finish, their lines are on disk, exit 0."""
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, split_every(CHAT_STREAM, 200), pause=0.3)
+    sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path), "--drain-timeout", "20")
+
+    async def stream(http: aiohttp.ClientSession, number: int) -> bytes:
+        async with http.post(f"{sidecar.url}/ng-rollout/drain-{number}{CHAT}", data=CHAT_REQUEST) as response:
+            return await response.read()
+
+    async with aiohttp.ClientSession() as http:
+        streams = [asyncio.create_task(stream(http, n)) for n in range(5)]
+        await asyncio.sleep(0.4)
+        sidecar.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        host, port = sidecar.url.removeprefix("http://").split(":")
+        try:
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.close()
+            accepted = True
+        except ConnectionError:
+            accepted = False
+        bodies = await asyncio.gather(*streams)
+    assert not accepted, "no new connection is accepted once draining"
+    assert bodies == [CHAT_STREAM] * 5, "in-flight streams finish with every byte"
+    assert await asyncio.to_thread(sidecar.process.wait, 30) == 0
+    for number in range(5):
+        assert (tmp_path / f"drain-{number}.capture.jsonl").read_bytes().count(b"\n") == 1
