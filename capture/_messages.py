@@ -59,7 +59,8 @@ class MessagesReassembler(Reassembler):
     def _on_message_start(self, payload: dict[str, Any]) -> None:
         if isinstance(payload.get("message"), dict):
             self._message = copy.deepcopy(payload["message"])
-            self._blocks = list(self._message.get("content") or [])
+            content = self._message.get("content")
+            self._blocks = [b if isinstance(b, dict) else None for b in content] if isinstance(content, list) else []
 
     def _on_content_block_start(self, payload: dict[str, Any]) -> None:
         index, block = payload.get("index"), payload.get("content_block")
@@ -86,7 +87,8 @@ class MessagesReassembler(Reassembler):
         elif kind == "signature_delta":
             block["signature"] = delta.get("signature")
         elif kind == "citations_delta":
-            block.setdefault("citations", []).append(delta.get("citation"))
+            citations = block.get("citations")
+            block["citations"] = (citations if isinstance(citations, list) else []) + [delta.get("citation")]
 
     def _on_content_block_stop(self, payload: dict[str, Any]) -> None:
         index = payload.get("index")
@@ -102,7 +104,8 @@ class MessagesReassembler(Reassembler):
         usage = payload.get("usage")
         if isinstance(usage, dict):
             # Cumulative counts: the latest non-null value replaces the earlier one.
-            merged = dict(self._message.get("usage") or {})
+            earlier = self._message.get("usage")
+            merged = dict(earlier) if isinstance(earlier, dict) else {}
             merged.update({key: value for key, value in usage.items() if value is not None})
             self._message["usage"] = merged
 

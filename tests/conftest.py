@@ -46,6 +46,8 @@ SECRET_MARKER = "mcc-test-secret"
 
 
 def assert_every_line_is_a_record(capture_dir: str) -> None:
+    if not os.path.isdir(capture_dir):  # The test removed it on purpose.
+        return
     for name in os.listdir(capture_dir):
         path = os.path.join(capture_dir, name)
         if os.path.isfile(path):
