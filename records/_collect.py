@@ -19,13 +19,13 @@ def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: boo
     Tolerant by default: a torn or malformed line is skipped (``store.read_available`` reports
     it); ``strict=True`` raises on one instead.
     """
-    if strict:
-        lines = store.read(rollout_id)
-        indexes: Iterable[int] = range(len(lines))
-    else:
-        result = store.read_available(rollout_id)
-        lines, indexes = result.lines, result.call_indexes
-    with gc_paused():
+    with gc_paused():  # One pause around parsing and building: see `gc_paused`.
+        if strict:
+            lines = store.read(rollout_id)
+            indexes: Iterable[int] = range(len(lines))
+        else:
+            result = store.read_available(rollout_id)
+            lines, indexes = result.lines, result.call_indexes
         return [build_model_call_record(line, index) for index, line in zip(indexes, lines)]
 
 
@@ -58,8 +58,8 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
                                     "gaps": [{"kind": "no_records"}]}
         return attached
     store = CaptureStore(capture_dir)
-    result = store.read_available(rollout_id)
     with gc_paused():
+        result = store.read_available(rollout_id)
         records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
     attachment: dict[str, Any] = {
         "rollout_id": rollout_id,
