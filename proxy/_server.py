@@ -15,8 +15,6 @@ from ._settings import Settings
 
 log = logging.getLogger("mcc")
 
-
-
 @dataclass
 class RunningServer:
     """A started aiohttp runner and the URL it listens on."""
@@ -28,7 +26,8 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_app(app: web.Application, host: str, port: int, drain_timeout: float = 25.0) -> RunningServer:
+async def start_app(app: web.Application, host: str, port: int, drain_timeout: float = 25.0,
+                    reuse_port: bool = False) -> RunningServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) the way the sidecar needs it served."""
     runner = web.AppRunner(
         app,
@@ -42,7 +41,7 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
         shutdown_timeout=drain_timeout,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     bound = _bound_port(runner)
     shown_host = f"[{host}]" if ":" in host else host
@@ -50,7 +49,8 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
 
 
 async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> RunningServer:
-    return await start_app(create_app(settings, upstream_url), settings.host, settings.port, settings.drain_timeout)
+    return await start_app(create_app(settings, upstream_url), settings.host, settings.port, settings.drain_timeout,
+                           settings.reuse_port)
 
 
 async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> RunningServer:

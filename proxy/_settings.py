@@ -54,6 +54,10 @@ class Settings(BaseModel):
     #: Seconds in-flight calls get to finish after SIGTERM before the sidecar exits.
     drain_timeout: float = Field(DEFAULT_DRAIN_TIMEOUT_S, ge=0)
     stand_in: bool = False
+    #: Processes serving the port (``SO_REUSEPORT``); each has its own event loop.
+    workers: int = Field(1, ge=1, le=256)
+    #: Bind with ``SO_REUSEPORT`` (set for the processes of ``--workers``).
+    reuse_port: bool = False
 
     @field_validator("capture_dir")
     @classmethod

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from proxy import ConfigError, load_settings
+from records import CaptureStore
 
 MCC = [sys.executable, "-m", "proxy"]
 
@@ -108,3 +109,29 @@ def test_serve_prints_the_ready_line_and_serves_with_env_settings(tmp_path):
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
+
+
+def test_workers_share_one_port_and_one_capture_dir(tmp_path):
+    """`--workers 2`: one ready line, calls spread over both processes, all captured, SIGTERM stops all."""
+    process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        for number in range(40):
+            request = urllib.request.Request(url + f"/ng-rollout/w-{number % 4}/v1/chat/completions", method="POST",
+                                             data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+                                             headers={"Connection": "close"})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                reply.read()
+        per_worker = set()
+        for _ in range(30):  # Each scrape reaches one worker; each worker counts only its own calls.
+            with urllib.request.urlopen(url + "/-/metrics", timeout=30) as reply:
+                for line in reply.read().decode().splitlines():
+                    if line.startswith('mcc_requests_total{captured="true",dialect="chat",status_class="2xx"}'):
+                        per_worker.add(float(line.split()[-1]))
+        assert len(per_worker) == 2 and sum(per_worker) == 40, per_worker
+        store = CaptureStore(str(tmp_path))
+        assert sum(len(store.read(rid)) for rid in store.rollout_ids()) == 40
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
