@@ -58,6 +58,14 @@ def demo(capture_dir: str) -> None:
     sys.exit(_run(run_demo(capture_dir)))
 
 
+def _register_inspection_commands() -> None:
+    from ._cli_export import export_command, report_command
+    from ._cli_inspect import ls_command, show_command, stats_command, tail_command
+
+    for command in (ls_command, show_command, stats_command, tail_command, report_command, export_command):
+        main.add_command(command)
+
+
 def _settings_or_exit(options: dict[str, Any]) -> Settings:
     try:
         return load_settings(options)
@@ -72,3 +80,6 @@ def _run(coroutine: Any) -> Any:
     except ImportError:
         return asyncio.run(coroutine)
     return uvloop.run(coroutine)
+
+
+_register_inspection_commands()

@@ -1,0 +1,210 @@
+"""`mcc ls`, `mcc show`, `mcc stats`, `mcc tail`, `mcc report`, `mcc export`: look at captures.
+
+These commands read capture files through `records`; they never start the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import click
+import orjson
+
+from records import CaptureStore
+
+from ._inspect import (
+    CallRow,
+    RolloutRow,
+    call_row,
+    directory_stats,
+    iter_call_rows,
+    pretty_json,
+    read_call,
+    rollout_row,
+    select_rollouts,
+)
+
+_SORT_KEYS = {"rollout": "rollout_id", "calls": "calls", "tokens": "tokens_in", "errors": "errors",
+              "first": "first_call_at", "last": "last_call_at"}
+
+
+def _store(directory: str) -> CaptureStore:
+    if not os.path.isdir(directory):
+        raise click.BadParameter(f"{directory!r} is not a directory", param_hint="DIR")
+    return CaptureStore(directory)
+
+
+def _time(value: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value)) if value is not None else "-"
+
+
+def _n(value: Any) -> str:
+    return "-" if value is None else (f"{value:.1f}" if isinstance(value, float) else str(value))
+
+
+def _print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@click.command("ls")
+@click.argument("directory", metavar="DIR")
+@click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
+@click.option("--error", "category", metavar="CATEGORY", help="Only rollouts with calls of this error category ('any' for any).")
+@click.option("--sort", "sort_key", type=click.Choice(sorted(_SORT_KEYS)), default="rollout", show_default=True)
+@click.option("--reverse", is_flag=True, help="Largest first.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
+def ls_command(directory: str, pattern: Optional[str], category: Optional[str], sort_key: str, reverse: bool, as_json: bool) -> None:
+    """One row per rollout: calls, tokens in / out / cached, errors, first and last call, incomplete."""
+    store = _store(directory)
+    rows = [rollout_row(store, rid) for rid in select_rollouts(store, pattern)]
+    if category:
+        rows = [r for r in rows if (r.errors if category == "any" else r.error_categories.get(category))]
+    key = _SORT_KEYS[sort_key]
+    rows.sort(key=lambda r: (getattr(r, key) is None, getattr(r, key) or 0) if key != "rollout_id" else r.rollout_id, reverse=reverse)
+    if as_json:
+        for row in rows:
+            click.echo(orjson.dumps(row.as_dict()).decode())
+        return
+    _print_table(["rollout", "calls", "in", "out", "cached", "errors", "first call (UTC)", "last call (UTC)", "incomplete"],
+                 [[r.rollout_id, str(r.calls), str(r.tokens_in), str(r.tokens_out), str(r.cached_tokens),
+                   _errors(r), _time(r.first_call_at), _time(r.last_call_at), "yes" if r.incomplete else ""] for r in rows])
+
+
+def _errors(row: RolloutRow) -> str:
+    return str(row.errors) + (f" ({', '.join(f'{k}:{v}' for k, v in row.error_categories.items())})" if row.errors else "")
+
+
+@click.command("show")
+@click.argument("directory", metavar="DIR")
+@click.argument("rollout_id", metavar="ROLLOUT")
+@click.option("--call", "call_index", type=int, help="Print this call's request and response.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_json: bool) -> None:
+    """The calls of one rollout in order, or one call in full with --call N."""
+    store = _store(directory)
+    if not os.path.exists(store.path_for(rollout_id)):
+        raise click.ClickException(f"no capture file for rollout {rollout_id!r} in {directory}")
+    if call_index is not None:
+        try:
+            line = read_call(store, rollout_id, call_index)
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0])) from None
+        if as_json:
+            click.echo(orjson.dumps(line).decode())
+            return
+        row = call_row(rollout_id, call_index, line)
+        click.echo(f"call {call_index} of {rollout_id}: {row.dialect} {row.model or ''} status {row.status_code} "
+                   f"{row.error_category or 'ok'}, latency {_n(row.latency_ms)} ms, ttft {_n(row.ttft_ms)} ms")
+        for title, key in (("request", "request"), ("request (raw)", "request_raw"), ("response", "response"),
+                           ("failure", "failure")):
+            if line.get(key) is not None:
+                click.echo(f"\n--- {title} ---")
+                click.echo(line[key] if isinstance(line[key], str) else pretty_json(line[key]))
+        if line.get("response") is None and line.get("response_raw"):
+            click.echo("\n--- response (raw) ---")
+            click.echo(line["response_raw"])
+        return
+    rows = list(iter_call_rows(store, rollout_id))
+    if as_json:
+        for row in rows:
+            click.echo(orjson.dumps(row.as_dict()).decode())
+        return
+    _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "tool calls", "error"],
+                 [_call_cells(r) for r in rows])
+
+
+def _call_cells(row: CallRow) -> list[str]:
+    return [str(row.call_index), row.dialect or "-", row.model or "-", _n(row.status_code), _n(row.ttft_ms), _n(row.latency_ms),
+            _n(row.tokens_in), _n(row.tokens_out), _n(row.cached_tokens), row.finish_reason or "-",
+            ",".join(row.tool_calls) or "-", row.error_category or "-"]
+
+
+@click.command("stats")
+@click.argument("directory", metavar="DIR")
+@click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None:
+    """Totals across rollouts: tokens, latency and TTFT percentiles, errors, finish reasons, cache, tools."""
+    store = _store(directory)
+    rollout_ids = select_rollouts(store, pattern)
+    started = time.perf_counter()
+    show_progress = len(rollout_ids) > 200 and not as_json
+    if show_progress:
+        with click.progressbar(length=len(rollout_ids), label="scanning", file=sys.stderr) as bar:
+            stats = directory_stats(store, rollout_ids, bar)
+    else:
+        stats = directory_stats(store, rollout_ids)
+    elapsed = time.perf_counter() - started
+    if as_json:
+        click.echo(orjson.dumps({**stats.as_dict(), "scan_seconds": round(elapsed, 3)}).decode())
+        return
+    length = stats.finish_reasons.get("length", 0)
+    lines = [
+        f"rollouts            {stats.rollouts} ({stats.incomplete_rollouts} incomplete, {stats.unreadable_lines} unreadable lines)",
+        f"calls               {stats.calls}  ({stats.calls / elapsed:,.0f} lines/s scanned)" if elapsed > 0 else "",
+        f"tokens              in {stats.tokens_in}, out {stats.tokens_out}, cached {stats.cached_tokens}, reasoning {stats.tokens_reasoning}",
+        f"latency ms          " + _pcts(stats.latency_ms),
+        f"ttft ms             " + _pcts(stats.ttft_ms),
+        f"errors              " + (", ".join(f"{k} {v}" for k, v in stats.error_categories.items()) or "none"),
+        f"finish reasons      " + (", ".join(f"{k} {v}" for k, v in stats.finish_reasons.items()) or "-"),
+        f"cut by length       {length} of {stats.calls} calls" + (f" ({length / stats.calls:.1%})" if stats.calls else ""),
+        f"cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of calls, {stats.cached_token_ratio:.1%} of prompt tokens"
+                                   if stats.cache_hit_ratio is not None and stats.cached_token_ratio is not None else "not reported"),
+        f"tool calls          {stats.tool_calls} ({stats.tool_calls_with_invalid_arguments} with arguments that are not valid JSON)",
+        f"turns per rollout   " + _pcts(stats.turns_per_rollout),
+    ]
+    click.echo("\n".join(line for line in lines if line))
+
+
+def _pcts(values: dict[str, Optional[float]]) -> str:
+    return ", ".join(f"{k} {_n(v)}" for k, v in values.items())
+
+
+@click.command("tail")
+@click.argument("directory", metavar="DIR")
+@click.argument("rollout_id", metavar="ROLLOUT", required=False)
+@click.option("--interval", type=float, default=0.5, show_default=True, help="Seconds between looks at the files.")
+@click.option("--from-start", is_flag=True, help="Print the calls already there first.")
+def tail_command(directory: str, rollout_id: Optional[str], interval: float, from_start: bool) -> None:
+    """Follow new calls as the sidecar writes them (all rollouts, or one). Ctrl-C stops."""
+    store = _store(directory)
+    offsets: dict[str, tuple[int, int]] = {}  # rollout -> (bytes consumed, next call index)
+    first_pass = True
+    try:
+        while True:
+            for rid in [rollout_id] if rollout_id else store.rollout_ids():
+                _tail_one(store, rid, offsets, emit=from_start or not first_pass)
+            first_pass = False
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+def _tail_one(store: CaptureStore, rollout_id: str, offsets: dict[str, tuple[int, int]], emit: bool) -> None:
+    path = store.path_for(rollout_id)
+    consumed, index = offsets.get(rollout_id, (0, 0))
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(consumed)
+            data = handle.read()
+    except FileNotFoundError:
+        return
+    complete = data[: data.rfind(b"\n") + 1]  # A line still being written waits for the next look.
+    for raw in complete.splitlines():
+        if not raw.strip():
+            continue
+        if emit:
+            try:
+                row = call_row(rollout_id, index, orjson.loads(raw))
+                click.echo(f"{rollout_id} #{index} " + " ".join(_call_cells(row)[1:]), nl=True)
+            except orjson.JSONDecodeError:
+                click.echo(f"{rollout_id} #{index} (unreadable line)")
+            sys.stdout.flush()
+        index += 1
+    offsets[rollout_id] = (consumed + len(complete), index)

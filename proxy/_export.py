@@ -1,0 +1,92 @@
+"""`mcc export`: captures as Parquet (one row per call) or OpenTelemetry GenAI spans (OTLP JSON).
+
+Parquet needs pyarrow (``pip install 'model-call-capture[export]'``); DuckDB, Spark and Ray Data
+read the file directly. The spans follow the OpenTelemetry GenAI semantic conventions
+(``gen_ai.*`` attributes), one trace per rollout, one CLIENT span per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable
+
+from ._inspect import CallRow
+
+_PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+
+
+def write_parquet(rows: Iterable[CallRow], path: str) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise RuntimeError("Parquet export needs pyarrow: pip install 'model-call-capture[export]'") from None
+    records = [row.as_dict() for row in rows]
+    schema = pa.schema([
+        ("rollout_id", pa.string()), ("call_index", pa.int64()), ("model_call_id", pa.string()), ("dialect", pa.string()),
+        ("model", pa.string()), ("status_code", pa.int64()), ("error_category", pa.string()), ("started_at", pa.float64()),
+        ("completed_at", pa.float64()), ("latency_ms", pa.float64()), ("ttft_ms", pa.float64()), ("tokens_in", pa.int64()),
+        ("tokens_out", pa.int64()), ("cached_tokens", pa.int64()), ("tokens_reasoning", pa.int64()),
+        ("finish_reason", pa.string()), ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
+        ("stream_truncated", pa.bool_()),
+    ])
+    pq.write_table(pa.Table.from_pylist(records, schema=schema), path)
+    return len(records)
+
+
+def otel_spans(rows: Iterable[CallRow]) -> dict[str, Any]:
+    spans = [_span(row) for row in rows]
+    return {"resourceSpans": [{
+        "resource": {"attributes": [_attribute("service.name", "model-call-capture")]},
+        "scopeSpans": [{"scope": {"name": "model-call-capture"}, "spans": spans}],
+    }]}
+
+
+def _span(row: CallRow) -> dict[str, Any]:
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": _PROVIDERS.get(row.dialect or "", row.dialect),
+        "gen_ai.request.model": row.model,
+        "gen_ai.response.model": row.model,
+        "gen_ai.response.id": None,
+        "gen_ai.usage.input_tokens": row.tokens_in,
+        "gen_ai.usage.output_tokens": row.tokens_out,
+        "gen_ai.usage.cache_read.input_tokens": row.cached_tokens,
+        "gen_ai.usage.reasoning.output_tokens": row.tokens_reasoning,
+        "gen_ai.response.finish_reasons": [row.finish_reason] if row.finish_reason else None,
+        "http.response.status_code": row.status_code,
+        "error.type": row.error_category,
+        "mcc.rollout_id": row.rollout_id,
+        "mcc.call_index": row.call_index,
+        "mcc.dialect": row.dialect,
+        "mcc.ttft_ms": row.ttft_ms,
+        "mcc.tool_calls": row.tool_calls or None,
+    }
+    start = int((row.started_at or 0) * 1e9)
+    end = int((row.completed_at or row.started_at or 0) * 1e9)
+    return {
+        "traceId": hashlib.md5(row.rollout_id.encode()).hexdigest(),  # One trace per rollout.
+        "spanId": (row.model_call_id or hashlib.md5(f"{row.rollout_id}/{row.call_index}".encode()).hexdigest())[:16],
+        "name": f"chat {row.model}" if row.model else "chat",
+        "kind": 3,  # SPAN_KIND_CLIENT
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [_attribute(key, value) for key, value in attributes.items() if value is not None],
+        "status": {"code": 2, "message": row.error_category} if row.error_category else {"code": 1},
+    }
+
+
+def _attribute(key: str, value: Any) -> dict[str, Any]:
+    return {"key": key, "value": _any_value(value)}
+
+
+def _any_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}  # OTLP JSON encodes 64-bit ints as strings.
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
+    return {"stringValue": str(value)}

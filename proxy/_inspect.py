@@ -1,0 +1,234 @@
+"""What `mcc ls`, `mcc show`, `mcc stats` and `mcc tail` compute from a capture directory.
+
+Pure functions over `records`: no aiohttp, no printing. A call is summarised into a flat
+`CallRow`; a rollout into a `RolloutRow`; a whole directory into `DirectoryStats`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Optional
+
+import orjson
+
+from records import CaptureStore, extract_token_stats
+from records._shapes import describe_response
+from records._store import gc_paused
+
+
+@dataclass
+class CallRow:
+    """One call, flattened for tables, reports and exports."""
+
+    rollout_id: str
+    call_index: int
+    model_call_id: Optional[str]
+    dialect: Optional[str]
+    model: Optional[str]
+    status_code: Optional[int]
+    error_category: Optional[str]
+    started_at: Optional[float]
+    completed_at: Optional[float]
+    latency_ms: Optional[float]
+    ttft_ms: Optional[float]
+    tokens_in: Optional[int]
+    tokens_out: Optional[int]
+    cached_tokens: Optional[int]
+    tokens_reasoning: Optional[int]
+    finish_reason: Optional[str]
+    tool_calls: list[str] = field(default_factory=list)
+    #: Tool calls whose arguments were not valid JSON (kept as ``{"_raw": ...}``).
+    invalid_tool_arguments: int = 0
+    stream_truncated: Optional[bool] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
+    response = line.get("response") if isinstance(line.get("response"), dict) else None
+    request = line.get("request") if isinstance(line.get("request"), dict) else None
+    facts = describe_response(response)
+    stats = extract_token_stats(response.get("usage") if response else None)
+    model = (response or {}).get("model") or (request or {}).get("model")
+    return CallRow(
+        rollout_id=rollout_id, call_index=call_index, model_call_id=_str(line.get("model_call_id")),
+        dialect=_str(line.get("dialect")) or facts.shape, model=_str(model), status_code=_int(line.get("status_code")),
+        error_category=_str(line.get("error_category")), started_at=_num(line.get("started_at")),
+        completed_at=_num(line.get("completed_at")), latency_ms=_num(line.get("latency_ms")),
+        ttft_ms=_num(line.get("latency_ttft_ms")), tokens_in=stats["tokens_in"], tokens_out=stats["tokens_out"],
+        cached_tokens=stats["cached_tokens"], tokens_reasoning=stats["tokens_reasoning"],
+        finish_reason=facts.finish_reason or facts.status,
+        tool_calls=[str(call.get("name")) for call in facts.tool_calls],
+        invalid_tool_arguments=sum(1 for call in facts.tool_calls if set(call["arguments"]) == {"_raw"}),
+        stream_truncated=line.get("stream_truncated") if isinstance(line.get("stream_truncated"), bool) else None,
+    )
+
+
+def iter_call_rows(store: CaptureStore, rollout_id: str) -> Iterator[CallRow]:
+    with gc_paused():
+        result = store.read_available(rollout_id)
+        rows = [call_row(rollout_id, index, line) for index, line in zip(result.call_indexes, result.lines)]
+    yield from rows
+
+
+def select_rollouts(store: CaptureStore, pattern: Optional[str] = None) -> list[str]:
+    ids = store.rollout_ids()
+    return [rid for rid in ids if fnmatch.fnmatchcase(rid, pattern)] if pattern else ids
+
+
+@dataclass
+class RolloutRow:
+    """One rollout for `mcc ls`."""
+
+    rollout_id: str
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+    error_categories: dict[str, int] = field(default_factory=dict)
+    first_call_at: Optional[float] = None
+    last_call_at: Optional[float] = None
+    incomplete: bool = False
+    unreadable_lines: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rollout_row(store: CaptureStore, rollout_id: str) -> RolloutRow:
+    row = RolloutRow(rollout_id, incomplete=store.is_incomplete(rollout_id))
+    result = store.read_available(rollout_id)
+    row.unreadable_lines = result.malformed
+    categories: Counter[str] = Counter()
+    for index, line in zip(result.call_indexes, result.lines):
+        call = call_row(rollout_id, index, line)
+        row.calls += 1
+        row.tokens_in += call.tokens_in or 0
+        row.tokens_out += call.tokens_out or 0
+        row.cached_tokens += call.cached_tokens or 0
+        if call.error_category:
+            categories[call.error_category] += 1
+        if call.started_at is not None:
+            row.first_call_at = min(row.first_call_at or call.started_at, call.started_at)
+            row.last_call_at = max(row.last_call_at or call.started_at, call.started_at)
+    row.errors = sum(categories.values())
+    row.error_categories = dict(categories)
+    return row
+
+
+@dataclass
+class DirectoryStats:
+    """Everything `mcc stats` reports about a capture directory."""
+
+    rollouts: int = 0
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached_tokens: int = 0
+    tokens_reasoning: int = 0
+    latency_ms: dict[str, Optional[float]] = field(default_factory=dict)
+    ttft_ms: dict[str, Optional[float]] = field(default_factory=dict)
+    error_categories: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    #: Share of the calls that reported cache counts which hit the prefix cache.
+    cache_hit_ratio: Optional[float] = None
+    #: Cached prompt tokens / prompt tokens, over calls that reported both.
+    cached_token_ratio: Optional[float] = None
+    tool_calls: int = 0
+    tool_calls_with_invalid_arguments: int = 0
+    turns_per_rollout: dict[str, Optional[float]] = field(default_factory=dict)
+    unreadable_lines: int = 0
+    incomplete_rollouts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PERCENTILES = (50, 90, 99)
+
+
+def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: Any = None) -> DirectoryStats:
+    stats = DirectoryStats()
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    turns: list[float] = []
+    errors: Counter[str] = Counter()
+    finishes: Counter[str] = Counter()
+    cache_reported = cache_hits = cached_sum = prompt_sum_with_cache = 0
+    for rollout_id in rollout_ids:
+        stats.rollouts += 1
+        stats.incomplete_rollouts += store.is_incomplete(rollout_id)
+        with gc_paused():
+            result = store.read_available(rollout_id)
+            stats.unreadable_lines += result.malformed
+            for index, line in zip(result.call_indexes, result.lines):
+                call = call_row(rollout_id, index, line)
+                stats.calls += 1
+                stats.tokens_in += call.tokens_in or 0
+                stats.tokens_out += call.tokens_out or 0
+                stats.tokens_reasoning += call.tokens_reasoning or 0
+                if call.latency_ms is not None:
+                    latencies.append(call.latency_ms)
+                if call.ttft_ms is not None:
+                    ttfts.append(call.ttft_ms)
+                if call.error_category:
+                    errors[call.error_category] += 1
+                if call.finish_reason:
+                    finishes[call.finish_reason] += 1
+                if call.cached_tokens is not None:
+                    cache_reported += 1
+                    cache_hits += call.cached_tokens > 0
+                    cached_sum += call.cached_tokens
+                    prompt_sum_with_cache += call.tokens_in or 0
+                stats.tool_calls += len(call.tool_calls)
+                stats.tool_calls_with_invalid_arguments += call.invalid_tool_arguments
+        turns.append(float(len(result.lines)))
+        if progress is not None:
+            progress.update(1)
+    stats.cached_tokens = cached_sum
+    stats.latency_ms = percentiles(latencies)
+    stats.ttft_ms = percentiles(ttfts)
+    stats.error_categories = dict(errors.most_common())
+    stats.finish_reasons = dict(finishes.most_common())
+    stats.cache_hit_ratio = cache_hits / cache_reported if cache_reported else None
+    stats.cached_token_ratio = cached_sum / prompt_sum_with_cache if prompt_sum_with_cache else None
+    stats.turns_per_rollout = {"min": min(turns, default=None), **percentiles(turns), "max": max(turns, default=None)}
+    return stats
+
+
+def percentiles(values: list[float]) -> dict[str, Optional[float]]:
+    """Nearest-rank p50 / p90 / p99."""
+    ordered = sorted(values)
+    result: dict[str, Optional[float]] = {}
+    for p in PERCENTILES:
+        result[f"p{p}"] = ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1] if ordered else None
+    return result
+
+
+def read_call(store: CaptureStore, rollout_id: str, call_index: int) -> dict[str, Any]:
+    result = store.read_available(rollout_id)
+    for index, line in zip(result.call_indexes, result.lines):
+        if index == call_index:
+            return line
+    raise KeyError(f"rollout {rollout_id} has no call {call_index}")
+
+
+def pretty_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if type(value) is int else None
+
+
+def _num(value: Any) -> Optional[float]:
+    return float(value) if type(value) in (int, float) else None
