@@ -51,7 +51,7 @@ class CallRow:
 def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
     response = line.get("response") if isinstance(line.get("response"), dict) else None
     request = line.get("request") if isinstance(line.get("request"), dict) else None
-    facts = describe_response(response)
+    facts = describe_response(response, operations=False)
     stats = extract_token_stats(response.get("usage") if response else None)
     model = (response or {}).get("model") or (request or {}).get("model")
     return CallRow(
@@ -166,27 +166,35 @@ def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: A
         with gc_paused():
             result = store.read_available(rollout_id)
             stats.unreadable_lines += result.malformed
-            for index, line in zip(result.call_indexes, result.lines):
-                call = call_row(rollout_id, index, line)
+            for line in result.lines:
+                # Read straight from the line (no CallRow): `mcc stats` scans whole run directories.
+                response = line.get("response")
+                response = response if type(response) is dict else None
+                usage = extract_token_stats(response.get("usage") if response is not None else None)
+                facts = describe_response(response, operations=False)
                 stats.calls += 1
-                stats.tokens_in += call.tokens_in or 0
-                stats.tokens_out += call.tokens_out or 0
-                stats.tokens_reasoning += call.tokens_reasoning or 0
-                if call.latency_ms is not None:
-                    latencies.append(call.latency_ms)
-                if call.ttft_ms is not None:
-                    ttfts.append(call.ttft_ms)
-                if call.error_category:
-                    errors[call.error_category] += 1
-                if call.finish_reason:
-                    finishes[call.finish_reason] += 1
-                if call.cached_tokens is not None:
+                stats.tokens_in += usage["tokens_in"] or 0
+                stats.tokens_out += usage["tokens_out"] or 0
+                stats.tokens_reasoning += usage["tokens_reasoning"] or 0
+                latency, ttft, category = line.get("latency_ms"), line.get("latency_ttft_ms"), line.get("error_category")
+                if type(latency) in (int, float):
+                    latencies.append(latency)
+                if type(ttft) in (int, float):
+                    ttfts.append(ttft)
+                if type(category) is str:
+                    errors[category] += 1
+                finish = facts.finish_reason or facts.status
+                if finish:
+                    finishes[finish] += 1
+                cached = usage["cached_tokens"]
+                if cached is not None:
                     cache_reported += 1
-                    cache_hits += call.cached_tokens > 0
-                    cached_sum += call.cached_tokens
-                    prompt_sum_with_cache += call.tokens_in or 0
-                stats.tool_calls += len(call.tool_calls)
-                stats.tool_calls_with_invalid_arguments += call.invalid_tool_arguments
+                    cache_hits += cached > 0
+                    cached_sum += cached
+                    prompt_sum_with_cache += usage["tokens_in"] or 0
+                stats.tool_calls += len(facts.tool_calls)
+                stats.tool_calls_with_invalid_arguments += sum(1 for call in facts.tool_calls if "_raw" in call["arguments"]
+                                                               and len(call["arguments"]) == 1)
         turns.append(float(len(result.lines)))
         if progress is not None:
             progress.update(1)

@@ -44,24 +44,27 @@ class ResponseFacts(NamedTuple):
     status: Optional[str] = None
 
 
-def describe_response(response: Any) -> ResponseFacts:
-    """Tool calls, reasoning, finish reason, output operations and status of any response shape."""
+def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
+    """Tool calls, reasoning, finish reason, output operations and status of any response shape.
+
+    ``operations=False`` skips the `ModelOperationObservation` list (scans that do not show it).
+    """
     shape = response_shape(response)
     if shape == "responses":
         calls = _responses_tool_calls(response)
-        operations = [_responses_operation(item) for item in _items(response)]
         status = response.get("status") if isinstance(response.get("status"), str) else None
         return ResponseFacts(shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
-                             _numbered(operations), status)
+                             _numbered([_responses_operation(item) for item in _items(response)]) if operations else None,
+                             status)
     if shape == "chat":
         message = _first_choice_message(response)
         calls = _chat_tool_calls(message)
         return ResponseFacts(shape, calls, _chat_reasoning(message), finish_reason_of(response, shape),
-                             _numbered(_chat_operations(message, calls)))
+                             _numbered(_chat_operations(message, calls)) if operations else None)
     if shape == "messages":
-        operations = [_messages_operation(block) for block in _blocks(response)]
         return ResponseFacts(shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
-                             finish_reason_of(response, shape), _numbered(operations))
+                             finish_reason_of(response, shape),
+                             _numbered([_messages_operation(block) for block in _blocks(response)]) if operations else None)
     return _NO_FACTS
 
 
