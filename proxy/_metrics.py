@@ -7,6 +7,8 @@ never share counters. Nothing here runs per chunk: calls are counted when they s
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -23,6 +25,8 @@ class SidecarMetrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
+        # With --workers N each process has its own counters: this says which one answered.
+        Gauge("mcc_worker_info", "The process that served this scrape.", ["pid"], registry=registry).labels(str(os.getpid())).set(1)
         self.requests = Counter("mcc_requests_total", "Requests handled, by dialect (none when not observed), "
                                 "status class and whether the call was captured.",
                                 ["dialect", "status_class", "captured"], registry=registry)

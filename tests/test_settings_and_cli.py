@@ -123,13 +123,14 @@ def test_workers_share_one_port_and_one_capture_dir(tmp_path):
                                              headers={"Connection": "close"})
             with urllib.request.urlopen(request, timeout=30) as reply:
                 reply.read()
-        per_worker = set()
-        for _ in range(30):  # Each scrape reaches one worker; each worker counts only its own calls.
+        per_worker: dict[str, float] = {}
+        for _ in range(40):  # Each scrape reaches one worker; each worker counts only its own calls.
             with urllib.request.urlopen(url + "/-/metrics", timeout=30) as reply:
-                for line in reply.read().decode().splitlines():
-                    if line.startswith('mcc_requests_total{captured="true",dialect="chat",status_class="2xx"}'):
-                        per_worker.add(float(line.split()[-1]))
-        assert len(per_worker) == 2 and sum(per_worker) == 40, per_worker
+                lines = reply.read().decode().splitlines()
+            pid = next(line.split('"')[1] for line in lines if line.startswith("mcc_worker_info{"))
+            per_worker[pid] = next(float(line.split()[-1]) for line in lines
+                                   if line.startswith("mcc_requests_total{") and 'captured="true"' in line)
+        assert len(per_worker) == 2 and sum(per_worker.values()) == 40, per_worker
         store = CaptureStore(str(tmp_path))
         assert sum(len(store.read(rid)) for rid in store.rollout_ids()) == 40
     finally:
