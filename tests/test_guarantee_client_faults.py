@@ -52,6 +52,8 @@ async def test_slow_readers_push_back_on_the_upstream_and_memory_stays_bounded(u
                 response.close()
     finally:
         assert sidecar.terminate() == 0
+    print(f"50 stalled readers: upstream sent {sent >> 20} of {(50 * offered) >> 20} MiB offered; sidecar RSS "
+          f"{rss_before >> 20} -> {rss_early >> 20} -> {rss_stalled >> 20} MiB")
     assert sent < 0.5 * 50 * offered, f"backpressure reaches the upstream: it sent {sent} of {50 * offered} bytes"
     assert sent - sent_early < 0.01 * 50 * offered, f"the upstream kept sending: {sent - sent_early} bytes in 2 s"
     assert rss_stalled - rss_early < 16 * 1024 * 1024, f"RSS kept growing while stalled: {(rss_stalled - rss_early) >> 20} MiB"

@@ -62,6 +62,7 @@ async def test_sigkill_mid_load_loses_no_acknowledged_call(seed, stand_in, tmp_p
     assert acknowledged, "the load ran before the kill"
     assert all(recorded[call_id] == 1 for call_id in acknowledged), "an acknowledged call has no line, or two"
     assert max(recorded.values()) == 1, "no call is recorded twice"
+    print(f"seed {seed}: {len(acknowledged)} acknowledged calls, {sum(recorded.values())} lines intact after SIGKILL")
 
     restarted = SidecarProcess.start("--upstream", stand_in.url, "--capture-dir", capture_dir)
     try:
