@@ -96,7 +96,8 @@ http {{
   client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
   fastcgi_temp_path {workdir}/fcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
   client_max_body_size 256m; client_body_buffer_size 2m;
-  upstream model {{ server 127.0.0.1:{upstream.port}; keepalive 256; }}
+  keepalive_requests 1000000;  # The bench's clients keep one connection for thousands of requests.
+  upstream model {{ server 127.0.0.1:{upstream.port}; keepalive 256; keepalive_requests 1000000; }}
   server {{
     listen 127.0.0.1:{port} backlog=4096;
     location / {{
