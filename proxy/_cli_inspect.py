@@ -149,15 +149,15 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
         f"rollouts            {stats.rollouts} ({stats.incomplete_rollouts} incomplete, {stats.unreadable_lines} unreadable lines)",
         f"calls               {stats.calls}  ({stats.calls / elapsed:,.0f} lines/s scanned)" if elapsed > 0 else "",
         f"tokens              in {stats.tokens_in}, out {stats.tokens_out}, cached {stats.cached_tokens}, reasoning {stats.tokens_reasoning}",
-        f"latency ms          " + _pcts(stats.latency_ms),
-        f"ttft ms             " + _pcts(stats.ttft_ms),
-        f"errors              " + (", ".join(f"{k} {v}" for k, v in stats.error_categories.items()) or "none"),
-        f"finish reasons      " + (", ".join(f"{k} {v}" for k, v in stats.finish_reasons.items()) or "-"),
+        "latency ms          " + _pcts(stats.latency_ms),
+        "ttft ms             " + _pcts(stats.ttft_ms),
+        "errors              " + (", ".join(f"{k} {v}" for k, v in stats.error_categories.items()) or "none"),
+        "finish reasons      " + (", ".join(f"{k} {v}" for k, v in stats.finish_reasons.items()) or "-"),
         f"cut by length       {length} of {stats.calls} calls" + (f" ({length / stats.calls:.1%})" if stats.calls else ""),
-        f"cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of calls, {stats.cached_token_ratio:.1%} of prompt tokens"
+        "cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of calls, {stats.cached_token_ratio:.1%} of prompt tokens"
                                    if stats.cache_hit_ratio is not None and stats.cached_token_ratio is not None else "not reported"),
         f"tool calls          {stats.tool_calls} ({stats.tool_calls_with_invalid_arguments} with arguments that are not valid JSON)",
-        f"turns per rollout   " + _pcts(stats.turns_per_rollout),
+        "turns per rollout   " + _pcts(stats.turns_per_rollout),
     ]
     click.echo("\n".join(line for line in lines if line))
 

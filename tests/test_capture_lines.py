@@ -12,7 +12,7 @@ import pytest
 from records import CORE_KEYS
 
 from .scripted_upstream import json_script, split_every, sse_script
-from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM, RESPONSES_REQUEST, RESPONSES_STREAM
+from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, RESPONSES_REQUEST, RESPONSES_STREAM
 from .wire import fetch, rollout_url
 
 CHAT = "/v1/chat/completions"

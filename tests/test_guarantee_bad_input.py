@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from .scripted_upstream import Script, json_script, sse_script
+from .scripted_upstream import json_script, sse_script
 
 CHAT = "/v1/chat/completions"
 OK_BODY = b'{"model": "m", "messages": []}'
@@ -50,7 +50,7 @@ CASES.update({
                                   b"Host: elsewhere.invalid\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", "rejected"),
     "spoofed Host": (post(f"/ng-rollout/b1{CHAT}", extra="").replace(b"Host: sidecar", b"Host: evil.example"), "only upstream"),
     "not HTTP at all": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + os.urandom(64), "rejected"),
-    "SSE garbage from upstream": (post(f"/ng-rollout/b2/v1/responses"), "forwarded"),
+    "SSE garbage from upstream": (post("/ng-rollout/b2/v1/responses"), "forwarded"),
 })
 
 
