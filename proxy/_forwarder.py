@@ -229,7 +229,7 @@ class _Call:
         assert exchange is not None
         async for chunk in _chunks(upstream, exchange):
             ends_reply = tap.feed(chunk)
-            if tap.has_content:
+            if exchange.latency_ttft_ms is None and tap.has_content:
                 exchange.mark_first_content()
             if remaining is not None:
                 remaining -= len(chunk)

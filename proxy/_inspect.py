@@ -153,60 +153,78 @@ PERCENTILES = (50, 90, 99)
 
 
 def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: Any = None) -> DirectoryStats:
-    stats = DirectoryStats()
-    latencies: list[float] = []
-    ttfts: list[float] = []
-    turns: list[float] = []
-    errors: Counter[str] = Counter()
-    finishes: Counter[str] = Counter()
-    cache_reported = cache_hits = cached_sum = prompt_sum_with_cache = 0
+    """Scan every line of these rollouts once; ``progress.update(1)`` after each rollout."""
+    totals = _StatsAccumulator()
     for rollout_id in rollout_ids:
-        stats.rollouts += 1
-        stats.incomplete_rollouts += store.is_incomplete(rollout_id)
         with gc_paused():
             result = store.read_available(rollout_id)
-            stats.unreadable_lines += result.malformed
             for line in result.lines:
-                # Read straight from the line (no CallRow): `mcc stats` scans whole run directories.
-                response = line.get("response")
-                response = response if type(response) is dict else None
-                usage = extract_token_stats(response.get("usage") if response is not None else None)
-                facts = describe_response(response, operations=False)
-                stats.calls += 1
-                stats.tokens_in += usage["tokens_in"] or 0
-                stats.tokens_out += usage["tokens_out"] or 0
-                stats.tokens_reasoning += usage["tokens_reasoning"] or 0
-                latency, ttft, category = line.get("latency_ms"), line.get("latency_ttft_ms"), line.get("error_category")
-                if type(latency) in (int, float):
-                    latencies.append(latency)
-                if type(ttft) in (int, float):
-                    ttfts.append(ttft)
-                if type(category) is str:
-                    errors[category] += 1
-                finish = facts.finish_reason or facts.status
-                if finish:
-                    finishes[finish] += 1
-                cached = usage["cached_tokens"]
-                if cached is not None:
-                    cache_reported += 1
-                    cache_hits += cached > 0
-                    cached_sum += cached
-                    prompt_sum_with_cache += usage["tokens_in"] or 0
-                stats.tool_calls += len(facts.tool_calls)
-                stats.tool_calls_with_invalid_arguments += sum(1 for call in facts.tool_calls if "_raw" in call["arguments"]
-                                                               and len(call["arguments"]) == 1)
-        turns.append(float(len(result.lines)))
+                totals.add_line(line)
+        totals.add_rollout(len(result.lines), result.malformed, store.is_incomplete(rollout_id))
         if progress is not None:
             progress.update(1)
-    stats.cached_tokens = cached_sum
-    stats.latency_ms = percentiles(latencies)
-    stats.ttft_ms = percentiles(ttfts)
-    stats.error_categories = dict(errors.most_common())
-    stats.finish_reasons = dict(finishes.most_common())
-    stats.cache_hit_ratio = cache_hits / cache_reported if cache_reported else None
-    stats.cached_token_ratio = cached_sum / prompt_sum_with_cache if prompt_sum_with_cache else None
-    stats.turns_per_rollout = {"min": min(turns, default=None), **percentiles(turns), "max": max(turns, default=None)}
-    return stats
+    return totals.finish()
+
+
+class _StatsAccumulator:
+    """Running totals of `directory_stats`, read straight from each line (no `CallRow`): `mcc stats`
+    scans whole run directories, so each line costs one parse and one pass over its response."""
+
+    def __init__(self) -> None:
+        self.stats = DirectoryStats()
+        self.latencies: list[float] = []
+        self.ttfts: list[float] = []
+        self.turns: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.finishes: Counter[str] = Counter()
+        self.cache_reported = self.cache_hits = self.prompt_tokens_with_cache = 0
+
+    def add_line(self, line: dict[str, Any]) -> None:
+        stats, response = self.stats, line.get("response")
+        response = response if type(response) is dict else None
+        usage = extract_token_stats(response.get("usage") if response is not None else None)
+        facts = describe_response(response, operations=False)
+        stats.calls += 1
+        stats.tokens_in += usage["tokens_in"] or 0
+        stats.tokens_out += usage["tokens_out"] or 0
+        stats.tokens_reasoning += usage["tokens_reasoning"] or 0
+        self._add_timings_and_outcome(line, facts.finish_reason or facts.status)
+        if usage["cached_tokens"] is not None:
+            self.cache_reported += 1
+            self.cache_hits += usage["cached_tokens"] > 0
+            stats.cached_tokens += usage["cached_tokens"]
+            self.prompt_tokens_with_cache += usage["tokens_in"] or 0
+        if facts.tool_calls:
+            stats.tool_calls += len(facts.tool_calls)
+            stats.tool_calls_with_invalid_arguments += sum(1 for call in facts.tool_calls if set(call["arguments"]) == {"_raw"})
+
+    def _add_timings_and_outcome(self, line: dict[str, Any], finish: Optional[str]) -> None:
+        latency, ttft, category = line.get("latency_ms"), line.get("latency_ttft_ms"), line.get("error_category")
+        if type(latency) in (int, float):
+            self.latencies.append(latency)
+        if type(ttft) in (int, float):
+            self.ttfts.append(ttft)
+        if type(category) is str:
+            self.errors[category] += 1
+        if finish:
+            self.finishes[finish] += 1
+
+    def add_rollout(self, lines: int, unreadable: int, incomplete: bool) -> None:
+        self.stats.rollouts += 1
+        self.stats.unreadable_lines += unreadable
+        self.stats.incomplete_rollouts += incomplete
+        self.turns.append(float(lines))
+
+    def finish(self) -> DirectoryStats:
+        stats = self.stats
+        stats.latency_ms = percentiles(self.latencies)
+        stats.ttft_ms = percentiles(self.ttfts)
+        stats.error_categories = dict(self.errors.most_common())
+        stats.finish_reasons = dict(self.finishes.most_common())
+        stats.cache_hit_ratio = self.cache_hits / self.cache_reported if self.cache_reported else None
+        stats.cached_token_ratio = stats.cached_tokens / self.prompt_tokens_with_cache if self.prompt_tokens_with_cache else None
+        stats.turns_per_rollout = {"min": min(self.turns, default=None), **percentiles(self.turns), "max": max(self.turns, default=None)}
+        return stats
 
 
 def percentiles(values: list[float]) -> dict[str, Optional[float]]:
