@@ -84,6 +84,8 @@ class ScriptedUpstream:
         self.peer_gone: list[str] = []
         #: Body bytes written so far, per path (backpressure tests compare it with what was offered).
         self.bytes_sent: dict[str, int] = {}
+        #: TCP connections accepted so far.
+        self.connections = 0
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.url = ""
@@ -103,6 +105,7 @@ class ScriptedUpstream:
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.connections += 1
         try:
             while await self._serve_one(reader, writer):
                 pass

@@ -144,3 +144,13 @@ async def test_request_reaches_upstream_unchanged_except_hop_by_hop(http, upstre
     assert received.header("Authorization") == "Bearer secret" and received.header("X-Custom") == "1"
     assert received.header("X-Drop") is None
     assert received.header("Host") == upstream.url.removeprefix("http://")
+
+
+async def test_upstream_connections_are_reused(http, upstream, sidecar):
+    """Sequential calls, JSON and streamed, share one kept-alive upstream connection."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    upstream.scripts["/v1/messages"] = sse_script(MESSAGES_STREAM)
+    for _ in range(5):
+        await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST)
+        await fetch(http, "POST", rollout_url(sidecar.url, "r1", "/v1/messages"), MESSAGES_REQUEST)
+    assert upstream.connections == 1
