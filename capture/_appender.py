@@ -19,8 +19,9 @@ _FILE_MODE = 0o644
 def append_capture_line(path: str, line: bytes) -> float:
     """Append ``line`` (one ``\\n``-terminated JSON line) to ``path`` durably, or raise OSError.
 
-    Returns the seconds the ``fsync`` took (for the sidecar's metrics). A short write (full disk, file size limit) is rolled back with ``ftruncate`` while the lock is
-    still held, so a failed append never leaves a torn line for readers to skip.
+    Returns the seconds the ``fsync`` took (for the sidecar's metrics). A failed write (full
+    disk, file size limit) is rolled back with ``ftruncate`` while the lock is still held, so a
+    failed append never leaves a torn line for readers to skip.
     """
     fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
     try:
