@@ -63,9 +63,14 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         cached_tokens=stats["cached_tokens"], tokens_reasoning=stats["tokens_reasoning"],
         finish_reason=facts.finish_reason or facts.status,
         tool_calls=[str(call.get("name")) for call in facts.tool_calls],
-        invalid_tool_arguments=sum(1 for call in facts.tool_calls if set(call["arguments"]) == {"_raw"}),
+        invalid_tool_arguments=_invalid_arguments(facts.tool_calls),
         stream_truncated=line.get("stream_truncated") if isinstance(line.get("stream_truncated"), bool) else None,
     )
+
+
+def _invalid_arguments(tool_calls: list[dict[str, Any]]) -> int:
+    """Tool calls whose arguments were not JSON: `records` keeps them as ``{"_raw": text}``."""
+    return sum(1 for call in tool_calls if set(call["arguments"]) == {"_raw"})
 
 
 def iter_call_rows(store: CaptureStore, rollout_id: str) -> Iterator[CallRow]:
@@ -196,7 +201,7 @@ class _StatsAccumulator:
             self.prompt_tokens_with_cache += usage["tokens_in"] or 0
         if facts.tool_calls:
             stats.tool_calls += len(facts.tool_calls)
-            stats.tool_calls_with_invalid_arguments += sum(1 for call in facts.tool_calls if set(call["arguments"]) == {"_raw"})
+            stats.tool_calls_with_invalid_arguments += _invalid_arguments(facts.tool_calls)
 
     def _add_timings_and_outcome(self, line: dict[str, Any], finish: Optional[str]) -> None:
         latency, ttft, category = line.get("latency_ms"), line.get("latency_ttft_ms"), line.get("error_category")

@@ -19,14 +19,20 @@ def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: boo
     Tolerant by default: a torn or malformed line is skipped (``store.read_available`` reports
     it); ``strict=True`` raises on one instead.
     """
-    with gc_paused():  # One pause around parsing and building: see `gc_paused`.
-        if strict:
+    if strict:
+        with gc_paused():  # One pause around parsing and building: see `gc_paused`.
             lines = store.read(rollout_id)
-            indexes: Iterable[int] = range(len(lines))
-        else:
-            result = store.read_available(rollout_id)
-            lines, indexes = result.lines, result.call_indexes
-        return [build_model_call_record(line, index) for index, line in zip(indexes, lines)]
+            return [build_model_call_record(line, index) for index, line in enumerate(lines)]
+    records, _ = _read_tolerantly(store, rollout_id)
+    return records
+
+
+def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCallRecord], int]:
+    """The records of every intact line, and how many lines were not readable."""
+    with gc_paused():
+        result = store.read_available(rollout_id)
+        records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
+    return records, result.malformed
 
 
 def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str,
@@ -58,15 +64,13 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
                                     "gaps": [{"kind": "no_records"}]}
         return attached
     store = CaptureStore(capture_dir)
-    with gc_paused():
-        result = store.read_available(rollout_id)
-        records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
+    records, unreadable = _read_tolerantly(store, rollout_id)
     attachment: dict[str, Any] = {
         "rollout_id": rollout_id,
         "metrics": aggregate_model_call_records(records),
         "calls": [record.model_dump(mode="json", exclude=RAW_PAYLOAD_FIELDS) for record in records],
     }
-    gaps = _gaps(store, rollout_id, records, result.malformed)
+    gaps = _gaps(store, rollout_id, records, unreadable)
     if gaps:
         attachment["gaps"] = gaps
     attached[ATTACHMENT_KEY] = attachment

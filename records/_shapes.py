@@ -120,11 +120,16 @@ def tool_call_ids_if_well_formed(response: dict[str, Any]) -> Optional[frozenset
 
 # -- Responses ---------------------------------------------------------------------------------
 
+def _dicts_in(response: dict[str, Any], key: str) -> Iterator[dict[str, Any]]:
+    """The objects of the list at ``response[key]`` (Responses ``output``, Anthropic ``content``)."""
+    entries = response.get(key)
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict):
+            yield entry
+
+
 def _items(response: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    output = response.get("output")
-    for item in output if isinstance(output, list) else ():
-        if isinstance(item, dict):
-            yield item
+    return _dicts_in(response, "output")
 
 
 def _responses_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -182,10 +187,7 @@ def _chat_reasoning(message: Optional[dict[str, Any]]) -> Optional[str]:
 # -- Anthropic Messages ------------------------------------------------------------------------
 
 def _blocks(response: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    content = response.get("content")
-    for block in content if isinstance(content, list) else ():
-        if isinstance(block, dict):
-            yield block
+    return _dicts_in(response, "content")
 
 
 def _messages_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:

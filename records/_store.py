@@ -88,9 +88,6 @@ class CaptureStore:
         ids = (name[: -len(CAPTURE_SUFFIX)] for name in names if name.endswith(CAPTURE_SUFFIX))
         return sorted(rid for rid in ids if is_valid_rollout_id(rid))
 
-    def exists(self, rollout_id: str) -> bool:
-        return os.path.exists(self.path_for(rollout_id))
-
     def clear(self, rollout_ids: Iterable[str]) -> None:
         """Remove the capture file and incomplete marker of exactly these rollout ids."""
         for rollout_id in rollout_ids:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -18,7 +18,6 @@ class Reply:
     #: End-to-end headers as raw (name, value) pairs, in order, with the case they arrived in.
     headers: list[tuple[str, str]]
     body: bytes
-    chunks: list[bytes] = field(default_factory=list)
 
     def header(self, name: str) -> str | None:
         return next((value for key, value in self.headers if key.lower() == name.lower()), None)
@@ -30,7 +29,7 @@ async def fetch(session: aiohttp.ClientSession, method: str, url: str, body: byt
     # encoded=True: the URL goes out exactly as written, so tests control every byte of the target.
     async with session.request(method, URL(url, encoded=True), data=body, headers=headers) as response:
         chunks = [chunk async for chunk in response.content.iter_any()]
-        return Reply(response.status, response.reason or "", end_to_end(response.raw_headers), b"".join(chunks), chunks)
+        return Reply(response.status, response.reason or "", end_to_end(response.raw_headers), b"".join(chunks))
 
 
 def end_to_end(raw_headers: Any) -> list[tuple[str, str]]:
