@@ -28,11 +28,21 @@ def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: boo
 
 
 def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCallRecord], int]:
-    """The records of every intact line, and how many lines were not readable."""
+    """The records of every intact line, and how many lines were not readable.
+
+    Each line becomes its record as soon as it is parsed (`CaptureStore.iter_available`), so
+    the parsed line is still in the CPU cache when the record is derived from it.
+    """
+    records: list[ModelCallRecord] = []
+    unreadable = 0
+    append = records.append
     with gc_paused():
-        result = store.read_available(rollout_id)
-        records = [build_model_call_record(line, index) for index, line in zip(result.call_indexes, result.lines)]
-    return records, result.malformed
+        for index, line in store.iter_available(rollout_id):
+            if line is None:
+                unreadable += 1
+            else:
+                append(build_model_call_record(line, index))
+    return records, unreadable
 
 
 def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str,

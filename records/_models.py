@@ -33,7 +33,13 @@ class FailureReport(BaseModel):
 
 
 class ModelOperationObservation(BaseModel):
-    """One output item the model produced, in order; unlike ``tool_calls`` it shows server tools too."""
+    """One output item the model produced, in order; unlike ``tool_calls`` it shows server tools too.
+
+    Frozen: an observation of what happened. Records read from capture files share the
+    instances that carry no call id (``text`` at index 0, ``reasoning`` at index 0, ...).
+    """
+
+    model_config = ConfigDict(frozen=True)
 
     index: int
     kind: Literal["text", "reasoning", "tool_call", "server_tool_call", "refusal"]
@@ -101,18 +107,62 @@ class ModelCallRecord(BaseModel):
     upstream_status_code: Optional[int] = None
 
 
-def construct_checked(model: type[_M], values: dict[str, Any], field_names: frozenset[str]) -> _M:
+def construct_checked(model: type[_M], values: dict[str, Any], fields_set: "AllFieldsSet") -> _M:
     """An instance of ``model`` from ``values`` that our derivation has already type-checked.
 
     What ``model_construct`` does, without its per-field Python loop: ``values`` must name every
-    field (``field_names``), each with a value of its declared type (nested models as instances). Reading capture
-    files builds hundreds of thousands of records, and validating values built one line earlier
-    by code that checked each type would double the cost (issue 4's speed target). A test checks
-    that ``model_validate`` of every record built this way gives the same record.
+    field (``fields_set``, from `all_fields_set`), each with a value of its declared type (nested
+    models as instances). Reading capture files builds hundreds of thousands of records, and
+    validating values built one line earlier by code that checked each type would double the
+    cost (issue 4's speed target). A test checks that ``model_validate`` of every record built
+    this way gives the same record.
     """
     instance = model.__new__(model)
-    object.__setattr__(instance, "__dict__", values)
-    object.__setattr__(instance, "__pydantic_fields_set__", set(field_names))
-    object.__setattr__(instance, "__pydantic_extra__", None)
-    object.__setattr__(instance, "__pydantic_private__", None)
+    _set_dict(instance, values)
+    _set_fields_set(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
+
+
+class AllFieldsSet(set):  # type: ignore[type-arg]
+    """``__pydantic_fields_set__`` shared by every instance `construct_checked` builds of one model.
+
+    Every field of those instances is set, so one set serves them all; a set of 37 names per
+    record was half the memory a record added over its parsed line. Pydantic only ever adds a
+    field name to it (already a member: nothing changes) or mutates a copy (``model_copy``), so
+    sharing is invisible; anything else that would change it raises rather than leak between
+    records, and copies are plain sets.
+    """
+
+    def add(self, name: Any) -> None:
+        if name not in self:
+            raise TypeError("the fields set of a record read from a capture file is shared; copy the record first")
+
+    def _shared(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("the fields set of a record read from a capture file is shared; copy the record first")
+
+    discard = remove = pop = clear = update = difference_update = intersection_update = _shared
+    symmetric_difference_update = __ior__ = __iand__ = __isub__ = __ixor__ = _shared  # type: ignore[assignment]
+
+    def __copy__(self) -> set[str]:
+        return set(self)
+
+    def __deepcopy__(self, memo: Any) -> set[str]:
+        return set(self)
+
+    def __reduce__(self) -> Any:
+        return (set, (list(self),))
+
+
+def all_fields_set(model: type[BaseModel]) -> AllFieldsSet:
+    """The shared fields set of ``model`` for `construct_checked`."""
+    return AllFieldsSet(model.model_fields)
+
+
+# The slot setters of `BaseModel`, looked up once: `object.__setattr__` would find them by name
+# through the class's MRO on every call.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__

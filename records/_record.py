@@ -13,6 +13,7 @@ from ._models import (
     ModelCallRecord,
     ModelServerRef,
     ToolRequestEvidence,
+    all_fields_set,
     construct_checked,
 )
 from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
@@ -80,7 +81,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
     return construct_checked(ModelCallRecord, fields, _RECORD_FIELDS)
 
 
-_RECORD_FIELDS = frozenset(ModelCallRecord.model_fields)
+_RECORD_FIELDS = all_fields_set(ModelCallRecord)
 _MODEL_REFS: dict[tuple[Any, Any], ModelServerRef] = {}
 
 

@@ -11,9 +11,9 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import orjson
 
-from ._models import ModelOperationObservation, construct_checked
+from ._models import ModelOperationObservation, all_fields_set, construct_checked
 
-_OPERATION_FIELDS = frozenset(ModelOperationObservation.model_fields)
+_OPERATION_FIELDS = all_fields_set(ModelOperationObservation)
 
 # Responses output item types the model produces for server-side (built-in) tools.
 _RESPONSES_CLIENT_TOOL_ITEMS = ("function_call", "custom_tool_call")
@@ -211,9 +211,22 @@ def _numbered(operations: list[Optional[dict[str, Any]]]) -> list[ModelOperation
     numbered = []
     for operation in operations:
         if operation is not None:
-            operation["index"] = len(numbered)
-            numbered.append(construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS))
+            index = operation["index"] = len(numbered)
+            if operation["call_id"] is None:  # The same few recur in every record: share them.
+                key = (index, operation["kind"], operation["name"], operation["status"])
+                shared = _SHARED_OPERATIONS.get(key)
+                if shared is None:
+                    shared = construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS)
+                    if len(_SHARED_OPERATIONS) < 4096:
+                        _SHARED_OPERATIONS[key] = shared
+                numbered.append(shared)
+            else:
+                numbered.append(construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS))
     return numbered
+
+
+#: Operations without a call id, by (index, kind, name, status); `ModelOperationObservation` is frozen.
+_SHARED_OPERATIONS: dict[tuple[Any, ...], ModelOperationObservation] = {}
 
 
 def _operation(kind: str, call_id: Any = None, name: Any = None, status: Any = None) -> dict[str, Any]:

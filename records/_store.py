@@ -58,8 +58,7 @@ class CaptureStore:
         path = self.path_for(rollout_id)
         lines = []
         with gc_paused():
-            for call_index, raw, terminated in _numbered_lines(_read_locked(path)):
-                parsed = _parse_line(raw, terminated)
+            for call_index, parsed in _parsed_lines(_read_locked(path)):
                 if parsed is None:
                     raise MalformedCaptureLine(path, call_index + 1, "not one JSON object ending in a newline")
                 lines.append(parsed)
@@ -70,14 +69,22 @@ class CaptureStore:
         data = _read_locked(self.path_for(rollout_id))
         result = ReadResult(torn_last_line=bool(data) and not data.endswith(b"\n"))
         with gc_paused():
-            for call_index, raw, terminated in _numbered_lines(data):
-                parsed = _parse_line(raw, terminated)
+            for call_index, parsed in _parsed_lines(data):
                 if parsed is None:
                     result.malformed_indexes.append(call_index)
                 else:
                     result.lines.append(parsed)
                     result.call_indexes.append(call_index)
         return result
+
+    def iter_available(self, rollout_id: str) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        """``(call_index, line)`` for every line, ``line`` None when malformed or torn.
+
+        What `read_available` collects, one line at a time: a reader that turns each line into
+        something smaller (a record, a table row, a running total) keeps only that, and the
+        parse of the next line reuses the memory of the last (see `_parsed_lines`).
+        """
+        return _parsed_lines(_read_locked(self.path_for(rollout_id)))
 
     def rollout_ids(self) -> list[str]:
         """The ids of every capture file in the directory, sorted."""
@@ -138,27 +145,32 @@ def _read_locked(path: str) -> bytes:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _numbered_lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
-    """(call_index, line without its LF, whether it had one) for every non-blank line."""
+def _parsed_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(call_index, parsed object or None) for every non-blank line of ``data``.
+
+    Lines are found with ``bytes.find`` and parsed one at a time rather than split up front:
+    a split copies the whole file into line objects that all stay alive until the last one is
+    parsed, and on a 100,000-line file that is hundreds of MB of fresh memory, which costs more
+    in page faults than the parse itself (issue 4's measurements).
+    """
     index = 0
-    pieces = data.split(b"\n")  # The contract ends lines with LF only (DESIGN §3).
-    last = len(pieces) - 1
-    for number, piece in enumerate(pieces):
-        if not piece or (piece[0] in _BLANK and not piece.strip()):
-            continue
-        yield index, piece, number != last
-        index += 1
+    start, end = 0, len(data)
+    find, loads, decode_error = data.find, orjson.loads, orjson.JSONDecodeError
+    while start < end:
+        stop = find(b"\n", start)
+        terminated = stop != -1
+        if not terminated:
+            stop = end
+        if stop > start and not (data[start] in _BLANK and not data[start:stop].strip()):
+            parsed: Any = None
+            if terminated:  # A last line without its LF is torn (DESIGN §3).
+                try:
+                    parsed = loads(data[start:stop])
+                except decode_error:
+                    pass
+            yield index, (parsed if type(parsed) is dict else None)
+            index += 1
+        start = stop + 1
 
 
 _BLANK = b" \t\r"
-
-
-def _parse_line(raw: bytes, terminated: bool) -> dict[str, Any] | None:
-    """One complete line as a dict, or None when torn (no LF) or not a JSON object."""
-    if not terminated:
-        return None
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if type(parsed) is dict else None

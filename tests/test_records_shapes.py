@@ -160,3 +160,32 @@ def test_any_line_builds_a_record_that_validates_as_declared(line, response):
         line = {**line, "response": response}
     record = build_model_call_record(line, 0)
     assert ModelCallRecord.model_validate(record.model_dump()) == record
+
+
+def test_records_built_from_lines_behave_like_ordinary_pydantic_models():
+    """`construct_checked` shares one fields set per model and shares call-id-free operations;
+    none of that may show: every pydantic operation works and no record's change reaches another."""
+    import copy
+    import pickle
+
+    first = build_model_call_record({"status_code": 200, "response": CHAT}, 0)
+    second = build_model_call_record({"status_code": 200, "response": CHAT}, 1)
+    assert first.model_fields_set == set(ModelCallRecord.model_fields)
+    assert first.model_dump(exclude_unset=True) == first.model_dump()
+
+    first.model = "changed"  # An ordinary assignment.
+    assert first.model == "changed" and second.model != "changed"
+    updated = first.model_copy(update={"call_index": 7})
+    assert updated.call_index == 7 and first.call_index == 0
+    for copied in (copy.copy(first), copy.deepcopy(first), pickle.loads(pickle.dumps(first))):
+        assert copied == first
+        copied.model_fields_set.discard("model")  # A copy owns its fields set.
+        assert "model" in second.model_fields_set
+    with pytest.raises(TypeError):
+        first.model_fields_set.discard("model")  # The shared one refuses rather than leak.
+    assert "model" in second.model_fields_set
+
+    shared = [op for op in first.model_operations if op.call_id is None]
+    assert shared and shared == [op for op in second.model_operations if op.call_id is None]
+    with pytest.raises(ValueError):
+        shared[0].kind = "refusal"  # Frozen: an observation cannot be edited under another record.
