@@ -36,27 +36,34 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
     """
     get = exchange.get
     request = get("request")
-    request = request if type(request) is dict else None
+    if type(request) is not dict:
+        request = None
     response = get("response")
-    response = response if type(response) is dict else None
+    if type(response) is not dict:
+        response = None
     facts = describe_response(response)
-    fields = extract_token_stats(response.get("usage") if response is not None else None)
+    tokens = extract_token_stats(response.get("usage") if response is not None else None)
     model = response.get("model") if response is not None else None
     if type(model) is not str:
         model = request.get("model") if request is not None else None
     response_id = response.get("id") if response is not None else None
     source = get("response_source")
-    fields.update({
+    started, completed, latency, ttft = get("started_at"), get("completed_at"), get("latency_ms"), get("latency_ttft_ms")
+    failure = get("failure")
+    fields = {
+        "cache_creation_tokens": tokens["cache_creation_tokens"],
+        "cache_hit": tokens["cache_hit"],
+        "cached_tokens": tokens["cached_tokens"],
         "call_index": call_index,
         "client_assistant_message_id": v if type(v := get("client_assistant_message_id")) is str else None,
         "client_session_id": v if type(v := get("client_session_id")) is str else None,
-        "completed_at": _seconds(get("completed_at")),
+        "completed_at": float(completed) if type(completed) in _NUMBERS else None,
         "dialect": v if type(v := get("dialect")) is str else facts.shape,
         "error_category": v if type(v := get("error_category")) is str else None,
-        "failure_report": _nested(FailureReport, get("failure")),
+        "failure_report": _nested(FailureReport, failure) if failure is not None else None,
         "finish_reason": facts.finish_reason,
-        "latency_total_ms": _seconds(get("latency_ms")),
-        "latency_ttft_ms": _seconds(get("latency_ttft_ms")),
+        "latency_total_ms": float(latency) if type(latency) in _NUMBERS else None,
+        "latency_ttft_ms": float(ttft) if type(ttft) in _NUMBERS else None,
         "local_response_reason": v if type(v := get("local_response_reason")) is str else None,
         "model": model if type(model) is str else None,
         "model_call_id": v if type(v := get("model_call_id")) is str else None,
@@ -70,25 +77,25 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "response_raw": v if type(v := get("response_raw")) is str else None,
         "response_source": source if source == "upstream" or source == "local" else None,
         "response_status": facts.status,
-        "started_at": _seconds(get("started_at")),
+        "started_at": float(started) if type(started) in _NUMBERS else None,
         "status_code": v if type(v := get("status_code")) is int else None,
         "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
-        "tool_calls": facts.tool_calls,
+        "tokens_in": tokens["tokens_in"],
+        "tokens_out": tokens["tokens_out"],
+        "tokens_reasoning": tokens["tokens_reasoning"],
+        "tokens_total": tokens["tokens_total"],
+        "tool_calls": facts.tool_calls or [],  # A fresh list: `_NO_FACTS` holds one shared empty one.
         "upstream_attempted": v if type(v := get("upstream_attempted")) is bool else None,
         "upstream_status_code": v if type(v := get("upstream_status_code")) is int else None,
-    })
+    }
     # Every value above went through a type check of its own (see `construct_checked`).
     return construct_checked(ModelCallRecord, fields, _RECORD_FIELDS)
 
 
 _RECORD_FIELDS = all_fields_set(ModelCallRecord)
+#: JSON numbers for times and durations: not bools (``type(True) is bool``, not int).
+_NUMBERS = (int, float)
 _MODEL_REFS: dict[tuple[Any, Any], ModelServerRef] = {}
-
-
-def _seconds(value: Any) -> Optional[float]:
-    """A time or duration: JSON numbers only (not bools), as floats."""
-    kind = type(value)
-    return float(value) if kind is float or kind is int else None
 
 
 def _model_ref(value: Any) -> Optional[ModelServerRef]:

@@ -7,7 +7,7 @@ it does not recognise yields nothing rather than an exception.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import orjson
 
@@ -59,8 +59,9 @@ def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
     if shape == "chat":
         message = _first_choice_message(response)
         calls = _chat_tool_calls(message)
-        return ResponseFacts(shape, calls, _chat_reasoning(message), finish_reason_of(response, shape),
-                             _numbered(_chat_operations(message, calls)) if operations else None)
+        reasoning = _chat_reasoning(message)
+        return ResponseFacts(shape, calls, reasoning, finish_reason_of(response, shape),
+                             _numbered(_chat_operations(message, reasoning, calls)) if operations else None)
     if shape == "messages":
         return ResponseFacts(shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
                              finish_reason_of(response, shape),
@@ -206,36 +207,47 @@ def _joined(texts: list[str]) -> Optional[str]:
 
 # -- Output items as operations ---------------------------------------------------------------
 
-def _numbered(operations: list[Optional[dict[str, Any]]]) -> list[ModelOperationObservation]:
+#: One operation before numbering: (kind, call_id, name, status), every value type-checked.
+_Operation = tuple[str, Optional[str], Optional[str], Optional[str]]
+
+
+def _numbered(operations: Iterable[Optional[_Operation]]) -> list[ModelOperationObservation]:
     """Number the operations in order (None entries, items that are no operation, are dropped)."""
     numbered = []
     for operation in operations:
-        if operation is not None:
-            index = operation["index"] = len(numbered)
-            if operation["call_id"] is None:  # The same few recur in every record: share them.
-                key = (index, operation["kind"], operation["name"], operation["status"])
-                shared = _SHARED_OPERATIONS.get(key)
-                if shared is None:
-                    shared = construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS)
-                    if len(_SHARED_OPERATIONS) < 4096:
-                        _SHARED_OPERATIONS[key] = shared
-                numbered.append(shared)
-            else:
-                numbered.append(construct_checked(ModelOperationObservation, operation, _OPERATION_FIELDS))
+        if operation is None:
+            continue
+        index = len(numbered)
+        key = (index, *operation)
+        if operation[1] is None:  # No call id: the same few recur in every record, so share them.
+            shared = _SHARED_OPERATIONS.get(key)
+            if shared is None:
+                shared = _observation(key)
+                if len(_SHARED_OPERATIONS) < 4096:
+                    _SHARED_OPERATIONS[key] = shared
+            numbered.append(shared)
+        else:
+            numbered.append(_observation(key))
     return numbered
 
 
-#: Operations without a call id, by (index, kind, name, status); `ModelOperationObservation` is frozen.
+def _observation(key: tuple[int, str, Optional[str], Optional[str], Optional[str]]) -> ModelOperationObservation:
+    index, kind, call_id, name, status = key
+    return construct_checked(ModelOperationObservation, {"index": index, "kind": kind, "call_id": call_id,
+                                                         "name": name, "status": status}, _OPERATION_FIELDS)
+
+
+#: Operations without a call id, by (index, kind, None, name, status); `ModelOperationObservation` is frozen.
 _SHARED_OPERATIONS: dict[tuple[Any, ...], ModelOperationObservation] = {}
 
 
-def _operation(kind: str, call_id: Any = None, name: Any = None, status: Any = None) -> dict[str, Any]:
-    """The fields of one `ModelOperationObservation`, every value type-checked."""
-    return {"index": 0, "kind": kind, "call_id": call_id if type(call_id) is str else None,
-            "name": name if type(name) is str else None, "status": status if type(status) is str else None}
+def _operation(kind: str, call_id: Any = None, name: Any = None, status: Any = None) -> _Operation:
+    """One `ModelOperationObservation` before numbering, every value type-checked."""
+    return (kind, call_id if type(call_id) is str else None, name if type(name) is str else None,
+            status if type(status) is str else None)
 
 
-def _responses_operation(item: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _responses_operation(item: dict[str, Any]) -> Optional[_Operation]:
     kind = item.get("type")
     status = item.get("status")
     if kind == "message":
@@ -251,22 +263,28 @@ def _responses_operation(item: dict[str, Any]) -> Optional[dict[str, Any]]:
     return None
 
 
-def _chat_operations(message: Optional[dict[str, Any]], calls: list[dict[str, Any]]) -> list[Optional[dict[str, Any]]]:
+def _chat_operations(message: Optional[dict[str, Any]], reasoning: Optional[str],
+                     calls: list[dict[str, Any]]) -> list[_Operation]:
     if message is None:
         return []
-    operations: list[Optional[dict[str, Any]]] = []
-    if _chat_reasoning(message):
-        operations.append(_operation("reasoning"))
-    if isinstance(message.get("content"), str) and message["content"]:
-        operations.append(_operation("text"))
-    if isinstance(message.get("refusal"), str) and message["refusal"]:
-        operations.append(_operation("refusal"))
+    operations: list[_Operation] = []
+    if reasoning:
+        operations.append(_REASONING)
+    content = message.get("content")
+    if type(content) is str and content:
+        operations.append(_TEXT)
+    refusal = message.get("refusal")
+    if type(refusal) is str and refusal:
+        operations.append(_REFUSAL)
     for call in calls:
         operations.append(_operation("tool_call", call["call_id"], call["name"]))
     return operations
 
 
-def _messages_operation(block: dict[str, Any]) -> Optional[dict[str, Any]]:
+_REASONING, _TEXT, _REFUSAL = _operation("reasoning"), _operation("text"), _operation("refusal")
+
+
+def _messages_operation(block: dict[str, Any]) -> Optional[_Operation]:
     kind = block.get("type")
     if kind in ("thinking", "redacted_thinking"):
         return _operation("reasoning")
