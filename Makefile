@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_proxy.py
 	$(BIN)/python benchmarks/bench_reassembly.py
 	$(BIN)/python benchmarks/bench_records.py
+	$(BIN)/python benchmarks/bench_stats.py
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

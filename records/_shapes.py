@@ -93,6 +93,17 @@ def _tool_calls_and_reasoning(response: dict[str, Any]) -> tuple[list[dict[str, 
     return facts.tool_calls, facts.reasoning
 
 
+def tool_calls_of(response: Any, shape: Optional[str]) -> list[dict[str, Any]]:
+    """The tool calls of a response of ``shape`` (from `response_shape`), as `describe_response` gives them."""
+    if shape == "chat":
+        return _chat_tool_calls(_first_choice_message(response))
+    if shape == "responses":
+        return _responses_tool_calls(response)
+    if shape == "messages":
+        return _messages_tool_calls(response)
+    return []
+
+
 def finish_reason_of(response: Any, shape: Optional[str]) -> Optional[str]:
     """Anthropic ``stop_reason``, Chat ``choices[0].finish_reason``, Responses ``incomplete_details.reason``."""
     if shape == "messages":

@@ -57,12 +57,28 @@ def _cache_signal(usage: Any) -> tuple[bool | None, int | None]:
     """Cache hit/miss + cached-token count, from usage cache fields (OpenAI / Anthropic)."""
     if not (isinstance(usage, dict) or isinstance(usage, Mapping)):
         return None, None
-    cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, _CACHED_FIELDS)
-    if cached is None:
-        cached = _token_count(usage.get("cache_read_input_tokens"))
+    cached = _cached_count(usage)
     if cached is None:
         return None, None
     return cached > 0, cached
+
+
+def _cached_count(usage: Mapping[str, Any]) -> int | None:
+    """Prompt tokens served from the cache: OpenAI ``*_tokens_details.cached_tokens``, else Anthropic
+    ``cache_read_input_tokens``."""
+    cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, _CACHED_FIELDS)
+    return cached if cached is not None else _token_count(usage.get("cache_read_input_tokens"))
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
+    """(tokens_in, tokens_out, tokens_reasoning, cached_tokens) of a usage object: the counts
+    scans add up, as `extract_token_stats` reports them, without building its dict."""
+    get = usage.get
+    tokens_out = _token_count(get("completion_tokens"))
+    if tokens_out is None:
+        tokens_out = _token_count(get("output_tokens"))
+    return (_prompt_size(usage), tokens_out,
+            _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, _REASONING_FIELDS), _cached_count(usage))
 
 
 def extract_token_stats(usage: Any) -> dict[str, Any]:
@@ -75,23 +91,18 @@ def extract_token_stats(usage: Any) -> dict[str, Any]:
         usage = dict(usage) if isinstance(usage, Mapping) else {}
     if not usage:
         return dict(_NOTHING_REPORTED)
-    get = usage.get
-    tokens_in = _prompt_size(usage)
-    tokens_out = _token_count(get("completion_tokens"))
-    if tokens_out is None:
-        tokens_out = _token_count(get("output_tokens"))
-    tokens_total = _token_count(get("total_tokens"))
+    tokens_in, tokens_out, tokens_reasoning, cached_tokens = usage_counts(usage)
+    tokens_total = _token_count(usage.get("total_tokens"))
     if tokens_total is None and tokens_in is not None and tokens_out is not None:
         tokens_total = tokens_in + tokens_out
-    cache_hit, cached_tokens = _cache_signal(usage)
     return {
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
         "tokens_total": tokens_total,
-        "tokens_reasoning": _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, _REASONING_FIELDS),
+        "tokens_reasoning": tokens_reasoning,
         "cached_tokens": cached_tokens,
-        "cache_hit": cache_hit,
-        "cache_creation_tokens": _token_count(get("cache_creation_input_tokens")),
+        "cache_hit": None if cached_tokens is None else cached_tokens > 0,
+        "cache_creation_tokens": _token_count(usage.get("cache_creation_input_tokens")),
     }
 
 
