@@ -1,13 +1,14 @@
 """Pure stream parsing and the durable appender (DESIGN §1, §3, §6).
 
 No aiohttp and no sockets here: the parsers and reassemblers take bytes and return values, in the
-manner of h11; the appender is the one function that touches the disk.
+manner of h11; the appender and the group committer built on it are all that touch the disk.
 """
 
 from ._appender import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_context_length_error
 from ._chat import ChatReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
+from ._group_commit import SYNC_MODES, GroupCommitter
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -19,10 +20,12 @@ __all__ = [
     "ChatReassembler",
     "DEFAULT_MAX_EVENT_BYTES",
     "ERROR_CATEGORIES",
+    "GroupCommitter",
     "MessagesReassembler",
     "REASSEMBLERS",
     "Reassembler",
     "ResponsesReassembler",
+    "SYNC_MODES",
     "SSEParser",
     "ServerSentEvent",
     "StreamTap",
