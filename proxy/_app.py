@@ -68,7 +68,7 @@ async def _capture_writer(app: web.Application) -> AsyncIterator[None]:
         except OSError as exc:
             log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
                       settings.capture_dir, exc)
-        writer = CaptureWriter(settings.capture_dir, app[METRICS])
+        writer = CaptureWriter(settings.capture_dir, app[METRICS], settings.capture_sync)
     app[CAPTURE_WRITER] = writer  # type: ignore[assignment]
     yield
     tasks = app[BACKGROUND_TASKS]

@@ -32,6 +32,7 @@ def main() -> None:
 @click.option("--log-format", help="text or json (default text). [MCC_LOG_FORMAT]")
 @click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
+@click.option("--capture-sync", help="auto (fsync, or one syncfs per batch of several files) or fsync (file by file). [MCC_CAPTURE_SYNC]")
 @click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
 def serve(**options: Any) -> None:

@@ -58,6 +58,10 @@ class Settings(BaseModel):
     workers: int = Field(1, ge=1, le=256)
     #: Bind with ``SO_REUSEPORT`` (set for the processes of ``--workers``).
     reuse_port: bool = False
+    #: Durability barrier of a batch of lines: ``auto`` (one fsync, or one syncfs of the capture
+    #: filesystem when the batch spans several files) or ``fsync`` (file by file; for a capture
+    #: dir on a filesystem shared with heavy writers, whose flushes syncfs would wait for).
+    capture_sync: str = "auto"
 
     @field_validator("capture_dir")
     @classmethod
@@ -90,6 +94,13 @@ class Settings(BaseModel):
     def _known_format(cls, value: str) -> str:
         if value.lower() not in ("text", "json"):
             raise ValueError(f"must be text or json, got {value!r}")
+        return value.lower()
+
+    @field_validator("capture_sync")
+    @classmethod
+    def _known_sync(cls, value: str) -> str:
+        if value.lower() not in ("auto", "fsync"):
+            raise ValueError(f"must be auto or fsync, got {value!r}")
         return value.lower()
 
     @model_validator(mode="after")

@@ -52,6 +52,7 @@ def test_env_can_point_at_the_config_file(tmp_path):
     ({}, "mcc:\n  colour: blue\n", "unknown key mcc.colour"),
     ({}, "observability_enabled: true\n", "sets observability_enabled but no model_call_capture_dir"),
     ({"port": 70000}, None, "invalid setting 'port'"),
+    ({"capture_sync": "sometimes"}, None, "invalid setting 'capture_sync': must be auto or fsync"),
     ({"upstream": "ftp://x"}, None, "must be an http:// or https:// URL"),
     ({}, "- a list\n", "must be a YAML mapping"),
     ({}, "mcc: [unclosed\n", "is not valid YAML"),
@@ -64,6 +65,12 @@ def test_bad_configuration_is_one_clear_sentence(tmp_path, cli, yaml_text, expec
     with pytest.raises(ConfigError) as caught:
         load_settings(options, environ={})
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_capture_sync_defaults_to_auto_and_takes_fsync_from_yaml(tmp_path):
+    assert load_settings({"upstream": "http://u:1"}, environ={}).capture_sync == "auto"
+    (tmp_path / "c.yaml").write_text("mcc:\n  capture_sync: FSYNC\n")
+    assert load_settings({"upstream": "http://u:1", "config": str(tmp_path / "c.yaml")}, environ={}).capture_sync == "fsync"
 
 
 def test_missing_upstream_is_refused():
