@@ -1,6 +1,6 @@
-"""The aiohttp sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9)."""
+"""The sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9)."""
 
-from ._app import create_app
+from ._app import Sidecar
 from ._cli import main
 from ._server import RunningServer, start_app, start_sidecar, start_stand_in
 from ._settings import ConfigError, Settings, load_settings
@@ -10,7 +10,7 @@ __all__ = [
     "ConfigError",
     "RunningServer",
     "Settings",
-    "create_app",
+    "Sidecar",
     "create_stand_in_app",
     "load_settings",
     "main",

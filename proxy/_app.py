@@ -1,106 +1,124 @@
-"""`create_app`: the sidecar as an aiohttp application, from one frozen `Settings` (DESIGN §9)."""
+"""`Sidecar`: the running proxy, from one frozen `Settings` (DESIGN §9).
+
+It owns what the handlers share -- settings, metrics, the upstream pool, the capture writer,
+tracked background work -- serves the admin endpoints, and routes everything else to
+`forward`. Connections are `Http1Connection`s (see `_http1` for why not aiohttp's server).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from typing import AsyncIterator
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
+import orjson
 
 from ._capture_writer import CaptureWriter
 from ._forwarder import forward
+from ._http1 import Http1Connection, ServerRequest
 from ._metrics import CONTENT_TYPE, SidecarMetrics
 from ._settings import Settings
-from ._state import BACKGROUND_TASKS, CAPTURE_WRITER, METRICS, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL
+from ._upstream import UpstreamPool
 
 log = logging.getLogger("mcc")
 
-#: Upstream connections kept open for reuse; vLLM serves hundreds of concurrent streams.
-UPSTREAM_CONNECTION_LIMIT = 1024
 #: A readiness probe must answer quickly even when the upstream is down.
 READY_PROBE_TIMEOUT_S = 2.0
+_ADMIN_METHODS = ("GET", "HEAD")
 
 
-def create_app(settings: Settings, upstream_url: str | None = None) -> web.Application:
-    """The sidecar application. ``upstream_url`` overrides ``settings.upstream`` (stand-in mode)."""
-    app = web.Application()
-    app[SETTINGS] = settings
-    app[METRICS] = SidecarMetrics()
-    app[UPSTREAM_URL] = (upstream_url or settings.upstream or "").rstrip("/")
-    app[BACKGROUND_TASKS] = set()
-    app.cleanup_ctx.append(_upstream_session)
-    app.cleanup_ctx.append(_capture_writer)
-    app.router.add_get("/-/healthy", _healthy)
-    app.router.add_get("/-/ready", _ready)
-    app.router.add_get("/-/metrics", _metrics)
-    # [\s\S], not ".": a percent-encoded newline in the path must reach `forward` (and its 400).
-    app.router.add_route("*", r"/{tail:[\s\S]*}", forward)
-    return app
+class Sidecar:
+    """One sidecar process's proxy: start it with `start`, stop it with `close`."""
 
+    def __init__(self, settings: Settings, upstream_url: Optional[str] = None) -> None:
+        self.settings = settings
+        self.metrics = SidecarMetrics()
+        self.upstream_url = (upstream_url or settings.upstream or "").rstrip("/")
+        self.capture_writer: Optional[CaptureWriter] = None
+        self.connections: set[Http1Connection] = set()
+        self._background: set[asyncio.Future[Any]] = set()
+        self._server: Optional[asyncio.base_events.Server] = None
+        self.upstream: UpstreamPool
 
-async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout)
-    session = aiohttp.ClientSession(
-        timeout=timeout,
-        connector=aiohttp.TCPConnector(limit=UPSTREAM_CONNECTION_LIMIT, limit_per_host=0, ttl_dns_cache=60),
-        auto_decompress=False,  # Bytes are sacred: a gzip body stays gzip (DESIGN §2).
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        trust_env=False,
-    )
-    app[UPSTREAM_SESSION] = session
-    yield
-    await session.close()
+    async def start(self) -> str:
+        """Bind and serve; returns the URL it listens on."""
+        settings = self.settings
+        self.upstream = UpstreamPool(self.upstream_url, settings.connect_timeout, settings.read_timeout)
+        if settings.capture_on:
+            assert settings.capture_dir is not None
+            try:
+                os.makedirs(settings.capture_dir, exist_ok=True)
+            except OSError as exc:
+                log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
+                          settings.capture_dir, exc)
+            self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections),
+            settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None)
+        port = self._server.sockets[0].getsockname()[1]
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        return f"http://{host}:{port}"
 
+    async def handle(self, request: ServerRequest, client: Http1Connection) -> None:
+        if request.method in _ADMIN_METHODS and request.target.startswith(b"/-/"):
+            path = request.target.partition(b"?")[0]
+            admin = {b"/-/healthy": self._healthy, b"/-/ready": self._ready, b"/-/metrics": self._metrics}.get(path)
+            if admin is not None:
+                status, content_type, body = await admin()
+                client.reply(status, b"OK" if status == 200 else b"Service Unavailable",
+                             [(b"Content-Type", content_type)], b"" if request.method == "HEAD" else body)
+                return
+        await forward(self, request, client)
 
-async def _capture_writer(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    writer = None
-    if settings.capture_on:
-        assert settings.capture_dir is not None
-        try:
-            os.makedirs(settings.capture_dir, exist_ok=True)
-        except OSError as exc:
-            log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
-                      settings.capture_dir, exc)
-        writer = CaptureWriter(settings.capture_dir, app[METRICS], settings.capture_sync)
-    app[CAPTURE_WRITER] = writer  # type: ignore[assignment]
-    yield
-    tasks = app[BACKGROUND_TASKS]
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
-    if writer is not None:
-        writer.close()
+    def spawn_background(self, coroutine: Any) -> None:
+        """Run ``coroutine`` to completion even if the request that started it is cancelled."""
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
+    async def close(self, drain_timeout: Optional[float] = None) -> None:
+        """Stop accepting; let in-flight calls finish (up to the drain timeout); write their lines."""
+        timeout = self.settings.drain_timeout if drain_timeout is None else drain_timeout
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.shut_down()  # Idle ones close now, busy ones after their reply.
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(c.busy for c in self.connections) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection.abort()
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        self.upstream.close()
+        if self.capture_writer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.capture_writer.close)
 
-async def _healthy(request: web.Request) -> web.Response:
-    """Liveness: the process is up and serving."""
-    return web.json_response({"status": "ok"})
+    # -- admin endpoints --------------------------------------------------------------------
 
+    async def _healthy(self) -> tuple[int, bytes, bytes]:
+        """Liveness: the process is up and serving."""
+        return 200, b"application/json", orjson.dumps({"status": "ok"})
 
-async def _metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition of `SidecarMetrics`."""
-    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": CONTENT_TYPE})
+    async def _metrics(self) -> tuple[int, bytes, bytes]:
+        """Prometheus text exposition of `SidecarMetrics`."""
+        return 200, CONTENT_TYPE.encode(), self.metrics.exposition()
 
-
-async def _ready(request: web.Request) -> web.Response:
-    """Readiness: the upstream accepts connections and, with capture on, the capture dir is writable."""
-    app = request.app
-    settings = app[SETTINGS]
-    upstream_ok = await _upstream_reachable(app[UPSTREAM_URL])
-    checks: dict[str, object] = {"upstream": app[UPSTREAM_URL], "upstream_reachable": upstream_ok}
-    ready = upstream_ok
-    if settings.capture_on:
-        writable = _directory_writable(settings.capture_dir or "")
-        checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable)
-        ready = ready and writable
-    checks["status"] = "ready" if ready else "not ready"
-    return web.json_response(checks, status=200 if ready else 503)
+    async def _ready(self) -> tuple[int, bytes, bytes]:
+        """Readiness: the upstream accepts connections and, with capture on, the capture dir is writable."""
+        settings = self.settings
+        upstream_ok = await _upstream_reachable(self.upstream_url)
+        checks: dict[str, object] = {"upstream": self.upstream_url, "upstream_reachable": upstream_ok}
+        ready = upstream_ok
+        if settings.capture_on:
+            writable = _directory_writable(settings.capture_dir or "")
+            checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable)
+            ready = ready and writable
+        checks["status"] = "ready" if ready else "not ready"
+        return (200 if ready else 503), b"application/json", orjson.dumps(checks)
 
 
 async def _upstream_reachable(upstream_url: str) -> bool:

@@ -4,6 +4,9 @@ The handler only moves bytes and hands a copy of each reply chunk to the tap (DE
 captured call it holds back exactly one chunk -- the one that completes the terminal event, or
 the last chunk of a non-streaming body -- until the call's line is durable: when an agent has
 seen the end of a reply, its record is on disk.
+
+`_Call.run` is the whole story of one call; `_BodyPump` is its hot path, run from the upstream
+connection's own callbacks so that a chunk costs one tap feed and one socket write, no task switch.
 """
 
 from __future__ import annotations
@@ -11,16 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
-
-import aiohttp
-from aiohttp import web
-from yarl import URL
+from typing import TYPE_CHECKING, Optional
 
 from capture import BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
 from ._headers import client_response_headers, single_value, upstream_request_headers
+from ._http1 import Http1Connection, ServerRequest
 from ._local_replies import (
     BAD_REQUEST_TARGET,
     BODY_TOO_LARGE,
@@ -29,224 +29,152 @@ from ._local_replies import (
     UPSTREAM_UNREACHABLE,
     LocalReply,
     error_body,
-    local_response,
+    send_local_reply,
 )
 from ._metrics import status_class
 from ._routing import Route, route_request
-from ._state import CAPTURE_WRITER, METRICS, SETTINGS, UPSTREAM_SESSION, UPSTREAM_URL, spawn_background
+from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from ._app import Sidecar
 
 log = logging.getLogger("mcc.proxy")
 
-# Errors of the upstream connection after its reply started (reset, short body, bad framing).
-_UPSTREAM_BODY_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError)
-# Errors writing to the client: it went away.
-_CLIENT_GONE = (ConnectionError, aiohttp.ClientConnectionResetError)
 
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class PassThroughResponse(web.StreamResponse):
-    """A StreamResponse that adds no ``Date``, ``Server`` or ``Content-Type`` the upstream did not send."""
-
-    _ADDED_BY_AIOHTTP = ("Date", "Server", "Content-Type")
-
-    def __init__(self, status: int, reason: str | None, headers: Any) -> None:
-        super().__init__(status=status, reason=reason, headers=headers)
-        self._upstream_names = {name.lower() for name in headers}
-
-    async def _prepare_headers(self) -> None:
-        await super()._prepare_headers()
-        for name in self._ADDED_BY_AIOHTTP:
-            if name.lower() not in self._upstream_names:
-                self.headers.popall(name, None)
-
-
-async def forward(request: web.Request) -> web.StreamResponse:
+async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Connection) -> None:
     """Handle any request that is not an admin endpoint."""
-    metrics = request.app[METRICS]
+    metrics = sidecar.metrics
     metrics.requests_in_flight.inc()
-    route, call, status = None, None, None
+    route, call = None, None
     try:
-        if not request.raw_path.startswith("/"):
+        target = request.target.decode("latin-1")
+        if not target.startswith("/"):
             # An absolute-form target (`GET http://elsewhere/`) would name another host: refused,
             # so only the configured upstream is ever reached.
-            response = local_response(BAD_REQUEST_TARGET, "openai",
-                                      "the request target must be a path; this sidecar only forwards to its configured upstream")
-        else:
-            route = route_request(request.method, request.raw_path)
-            if route.invalid_rollout_id is not None:
-                message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
-                           "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
-                response = local_response(INVALID_ROLLOUT_ID, route.error_dialect, message)
-            else:
-                call = _Call(request, route)
-                response = await call.run()
-        status = response.status
-        return response
+            send_local_reply(client, BAD_REQUEST_TARGET, "openai",
+                             "the request target must be a path; this sidecar only forwards to its configured upstream")
+            return
+        route = route_request(request.method, target)
+        if route.invalid_rollout_id is not None:
+            message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
+                       "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
+            send_local_reply(client, INVALID_ROLLOUT_ID, route.error_dialect, message)
+            return
+        call = _Call(sidecar, request, client, route)
+        await call.run()
     finally:
         metrics.requests_in_flight.dec()
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
+        status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
         metrics.requests.labels(dialect, status_class(status), captured).inc()
 
 
 class _Call:
     """The state of one forwarded request; `run` is the whole story in one screen."""
 
-    def __init__(self, request: web.Request, route: Route) -> None:
+    def __init__(self, sidecar: "Sidecar", request: ServerRequest, client: Http1Connection, route: Route) -> None:
+        self.sidecar = sidecar
         self.request = request
+        self.client = client
         self.route = route
-        self.app = request.app
-        self.settings = request.app[SETTINGS]
-        self.writer = request.app[CAPTURE_WRITER]
-        self.metrics = request.app[METRICS]
+        self.settings = sidecar.settings
+        self.writer = sidecar.capture_writer
+        self.metrics = sidecar.metrics
         self.exchange: CallExchange | None = None
         self.persisted = False
+        self.status: Optional[int] = None
 
-    async def run(self) -> web.StreamResponse:
-        try:
-            body = await self._read_body()
-        except _BodyTooLarge:
+    async def run(self) -> None:
+        if self.request.too_large:
             self._open_exchange(b"")
-            return await self._answer_locally(BODY_TOO_LARGE, "request", None, retryable=False,
-                                              message=f"request body exceeds the sidecar's limit of {self.settings.max_body_bytes} bytes")
-        self._open_exchange(body)
+            await self._answer_locally(BODY_TOO_LARGE, "request", None, retryable=False,
+                                       message=f"request body exceeds the sidecar's limit of {self.settings.max_body_bytes} bytes")
+            return
+        self._open_exchange(self.request.body)
         try:
-            upstream = await self._send_upstream(body)
+            upstream = await self._send_upstream()
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
-            return await self._upstream_failed("connect", UPSTREAM_UNREACHABLE, "upstream_connect", exc)
-        except asyncio.TimeoutError as exc:
-            return await self._upstream_failed("timeout", UPSTREAM_TIMEOUT, "upstream_response", exc)
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            return await self._upstream_failed("protocol", UPSTREAM_UNREACHABLE, "upstream_response", exc)
+        except UpstreamConnectError as exc:
+            await self._upstream_failed("connect", UPSTREAM_UNREACHABLE, "upstream_connect", exc)
+            return
+        except UpstreamTimeout as exc:
+            await self._upstream_failed("timeout", UPSTREAM_TIMEOUT, "upstream_response", exc)
+            return
+        except (UpstreamProtocolError, OSError) as exc:
+            await self._upstream_failed("protocol", UPSTREAM_UNREACHABLE, "upstream_response", exc)
+            return
         try:
-            return await self._relay(upstream)
+            await self._relay(upstream)
         finally:
-            upstream.close()  # Not released to the pool mid-body: closing stops the GPU's generation.
+            upstream.close()  # Back to the pool if the reply ended; closed mid-body, the GPU stops.
 
     # -- request side ----------------------------------------------------------------------
-
-    async def _read_body(self) -> bytes:
-        limit = self.settings.max_body_bytes
-        declared = self.request.content_length
-        if declared is not None and declared > limit:
-            raise _BodyTooLarge
-        chunks, size = [], 0
-        async for chunk in self.request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise _BodyTooLarge
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _open_exchange(self, body: bytes) -> None:
         if self.writer is None or self.route.dialect is None:
             return
-        headers = self.request.headers
+        request = self.request
         self.exchange = CallExchange(
             rollout_id=self.route.rollout_id or "",
             dialect=self.route.dialect,
             model_name=self.settings.model_ref_name,
             request_body=body,
-            request_encoding=headers.get("Content-Encoding"),
-            client_session_id=single_value(headers, self.settings.session_id_header),
-            client_assistant_message_id=single_value(headers, self.settings.assistant_message_id_header),
+            request_encoding=_text(request.value(b"content-encoding")),
+            client_session_id=single_value(request.headers, self.settings.session_id_header),
+            client_assistant_message_id=single_value(request.headers, self.settings.assistant_message_id_header),
         )
 
-    async def _send_upstream(self, body: bytes) -> aiohttp.ClientResponse:
-        url = URL(self.app[UPSTREAM_URL] + self.route.upstream_target, encoded=True)
+    async def _send_upstream(self) -> UpstreamReply:
         if self.exchange is not None:
             self.exchange.start()
-        return await self.app[UPSTREAM_SESSION].request(
-            self.request.method,
-            url,
-            headers=upstream_request_headers(self.request.headers),
-            data=body if body or self.request.body_exists else None,
-            allow_redirects=False,
-        )
+        request = self.request
+        return await self.sidecar.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
+                                                   upstream_request_headers(request.headers), request.body, request.has_body)
 
     # -- reply side ------------------------------------------------------------------------
 
-    async def _relay(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        is_stream = upstream.content_type == "text/event-stream"
+    async def _relay(self, upstream: UpstreamReply) -> None:
+        is_stream = (upstream.header(b"content-type") or b"").split(b";")[0].strip().lower() == b"text/event-stream"
         if is_stream:
             self.metrics.streams_in_flight.inc()
         try:
-            return await self._relay_body(upstream)
+            await self._relay_body(upstream, is_stream)
         finally:
             if is_stream:
                 self.metrics.streams_in_flight.dec()
 
-    async def _relay_body(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        response = PassThroughResponse(upstream.status, upstream.reason, client_response_headers(upstream.raw_headers))
-        tap = self._attach_tap(upstream)
+    async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
+        self.status = upstream.status
+        tap = self._attach_tap(upstream, is_stream)
+        if isinstance(tap, BodyTap) and upstream.content_length == 0:
+            await self._persist_now()  # The headers alone are the whole reply.
+        self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
+        pump = _BodyPump(self, upstream, tap)
         try:
-            if isinstance(tap, BodyTap) and upstream.content_length == 0:
-                await self._persist_now()  # The headers alone are the whole reply.
-            await response.prepare(self.request)
-            await self._pump(upstream, response, tap)
+            outcome = await pump.done
         except asyncio.CancelledError:
-            self._client_gone(upstream)
+            pump.stop()
+            self._client_gone_before_reply()
             raise
-        except _CLIENT_GONE:
-            self._client_gone(upstream)
-            return response
-        except _UpstreamBroke as broke:
-            self.metrics.upstream_errors.labels(broke.kind).inc()
-            log.warning("upstream %s failed mid-reply (%s) for %s", self.app[UPSTREAM_URL], broke.kind, self.route.upstream_target)
-            await self._persist_now()
-            _abort(self.request)  # The client sees the failure as it would have directly.
-            return response
-        await self._persist_holding_back()
-        await response.write_eof()
-        return response
+        if outcome == "client_gone":
+            self._client_gone_before_reply()
+        elif outcome == "upstream_broke":
+            self.client.abort()  # The client sees the failure as it would have directly.
 
-    def _attach_tap(self, upstream: aiohttp.ClientResponse) -> StreamTap | BodyTap | None:
+    def _attach_tap(self, upstream: UpstreamReply, is_stream: bool) -> StreamTap | BodyTap | None:
         if self.exchange is None:
             return None
         self.exchange.status_code = self.exchange.upstream_status_code = upstream.status
-        encoding = upstream.headers.get("Content-Encoding")
-        if upstream.content_type == "text/event-stream":
-            self.exchange.tap = StreamTap(self.exchange.dialect, encoding)
-        else:
-            self.exchange.tap = BodyTap(self.exchange.dialect, encoding)
+        encoding = _text(upstream.header(b"content-encoding"))
+        self.exchange.tap = StreamTap(self.exchange.dialect, encoding) if is_stream else BodyTap(self.exchange.dialect, encoding)
         return self.exchange.tap
-
-    async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
-                    tap: StreamTap | BodyTap | None) -> None:
-        if tap is None:
-            async for chunk in _chunks(upstream, self.exchange):
-                await response.write(chunk)
-            return
-        remaining = None if isinstance(tap, StreamTap) else upstream.content_length
-        held = b""  # Lookahead for a body of unknown length: its last chunk is held to the end.
-        exchange = self.exchange
-        assert exchange is not None
-        async for chunk in _chunks(upstream, exchange):
-            ends_reply = tap.feed(chunk)
-            if exchange.latency_ttft_ms is None and tap.has_content:
-                exchange.mark_first_content()
-            if remaining is not None:
-                remaining -= len(chunk)
-                ends_reply = remaining <= 0
-            if ends_reply:
-                await self._persist_holding_back()
-            if isinstance(tap, BodyTap) and remaining is None:
-                held, chunk = chunk, held
-            if chunk:
-                await response.write(chunk)
-        if held:
-            await self._persist_holding_back()
-            await response.write(held)
 
     # -- outcomes --------------------------------------------------------------------------
 
-    async def _persist_holding_back(self) -> None:
+    async def persist_holding_back(self) -> None:
         """Persist while the chunk (or the end of stream) that ends the reply waits (DESIGN §2)."""
         if self.exchange is None or self.persisted:
             return
@@ -272,10 +200,6 @@ class _Call:
                 and 200 <= (exchange.status_code or 0) < 300):
             self.metrics.streams_truncated.inc()
 
-    def _client_gone(self, upstream: aiohttp.ClientResponse) -> None:
-        upstream.close()
-        self._client_gone_before_reply()
-
     def _client_gone_before_reply(self) -> None:
         self.metrics.client_disconnects.inc()
         if self.exchange is None or self.persisted:
@@ -284,49 +208,165 @@ class _Call:
         self.exchange.category_override = "cancelled"
         self.exchange.failure = Failure("client", "cancelled", "the client disconnected before the reply ended")
         self._complete(self.exchange)
-        spawn_background(self.app, self.writer.persist(self.exchange))  # type: ignore[union-attr]
+        self.sidecar.spawn_background(self.writer.persist(self.exchange))  # type: ignore[union-attr]
 
-    async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> web.StreamResponse:
+    async def upstream_broke(self, kind: str) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
-        log.warning("upstream %s failed before replying (%s): %s: %s", self.app[UPSTREAM_URL], kind, type(exc).__name__, exc)
-        return await self._answer_locally(reply, stage, exc, retryable=True)
+        log.warning("upstream %s failed mid-reply (%s) for %s", self.sidecar.upstream_url, kind, self.route.upstream_target)
+        await self._persist_now()
+
+    async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> None:
+        self.metrics.upstream_errors.labels(kind).inc()
+        log.warning("upstream %s failed before replying (%s): %s: %s", self.sidecar.upstream_url, kind, type(exc).__name__, exc)
+        await self._answer_locally(reply, stage, exc, retryable=True)
 
     async def _answer_locally(self, reply: LocalReply, stage: str, exc: BaseException | None,
-                              retryable: bool, message: str | None = None) -> web.StreamResponse:
+                              retryable: bool, message: str | None = None) -> None:
         if message is None:
-            message = _describe_upstream_failure(reply, self.app[UPSTREAM_URL], exc)
+            message = _describe_upstream_failure(reply, self.sidecar.upstream_url, exc)
+        self.status = reply.status
         if self.exchange is not None:
             failure = Failure(stage, reply.category, message, type(exc).__name__ if exc else None, retryable)
             self.exchange.answer_locally(reply.status, reply.reason, reply.category, failure,
                                          error_body(reply, self.route.error_dialect, message))
             await self._persist_now()
-        return local_response(reply, self.route.error_dialect, message)
+        send_local_reply(self.client, reply, self.route.error_dialect, message)
 
 
-class _UpstreamBroke(Exception):
-    """The upstream failed after its reply started; the exchange already says how."""
+class _BodyPump:
+    """Moves one reply body from the upstream connection to the client, from the upstream's callbacks.
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
+    Per chunk: feed the tap, write to the client. The chunk that ends a captured reply is held
+    (and the upstream paused) until the line is durable. A slow client pauses the upstream.
+    ``done`` resolves to ``ended``, ``client_gone`` or ``upstream_broke``.
+    """
 
+    def __init__(self, call: _Call, upstream: UpstreamReply, tap: StreamTap | BodyTap | None) -> None:
+        self.call = call
+        self.upstream = upstream
+        self.client = call.client
+        self.tap = tap
+        self.exchange = call.exchange
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        #: Bytes still expected of a sized body (a captured BodyTap), else None.
+        self.remaining = upstream.content_length if isinstance(tap, BodyTap) else None
+        #: Lookahead for a captured body of unknown length: its last chunk is held to the end.
+        self.lookahead = isinstance(tap, BodyTap) and upstream.content_length is None
+        self.held = b""
+        self.persisting = False
+        self.ended = False
+        #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
+        self.broken: Optional[str] = None
+        self.client.on_write_flow = self._client_flow
+        if self.client.writing_paused:
+            upstream.pause()
+        upstream.attach(self)
 
-async def _chunks(upstream: aiohttp.ClientResponse, exchange: CallExchange | None):  # type: ignore[no-untyped-def]
-    """The reply body chunk by chunk as it arrives; upstream failures become `_UpstreamBroke`."""
-    content = upstream.content
-    while True:
-        try:
-            chunk, end_of_http_chunk = await content.readchunk()
-        except asyncio.TimeoutError as exc:
-            _note_broken(exchange, "timeout", exc, "the upstream stopped sending within the read timeout")
-            raise _UpstreamBroke("timeout_mid_reply") from exc
-        except _UPSTREAM_BODY_ERRORS as exc:
-            _note_broken(exchange, None, exc, f"the upstream connection failed mid-reply: {exc}")
-            raise _UpstreamBroke("reset_mid_reply") from exc
-        if chunk:
-            yield chunk
-        elif not end_of_http_chunk:
+    # -- BodySink ------------------------------------------------------------------------------
+
+    def on_body(self, chunk: bytes) -> None:
+        if self.done.done():
             return
+        if self.client.gone:
+            self._finish("client_gone")
+            return
+        tap = self.tap
+        if tap is None:
+            self.client.write(chunk)
+            return
+        ends_reply = tap.feed(chunk)
+        exchange = self.exchange
+        if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+            exchange.mark_first_content()
+        if self.lookahead:  # Write the chunk before; this one may be the last.
+            chunk, self.held = self.held, chunk
+            self.client.write(chunk)
+            return
+        if self.persisting:  # Bytes behind the held chunk wait with it, in order.
+            self.held += chunk
+            return
+        if self.remaining is not None:
+            self.remaining -= len(chunk)
+            ends_reply = self.remaining <= 0
+        if ends_reply and not self.call.persisted:
+            self.held = chunk
+            self._persist_then_flush()
+            return
+        self.client.write(chunk)
+
+    def on_end(self) -> None:
+        self.ended = True
+        if self.done.done() or self.persisting:
+            return  # The persist in flight finishes the reply.
+        if self.tap is not None and not self.call.persisted:
+            self._persist_then_flush()
+            return
+        self._flush_and_end()
+
+    def on_error(self, kind: str, exc: BaseException) -> None:
+        if self.done.done() or self.broken is not None:
+            return
+        if kind == "timeout":
+            _note_broken(self.exchange, "timeout", exc, "the upstream stopped sending within the read timeout")
+            self.broken = "timeout_mid_reply"
+        else:
+            _note_broken(self.exchange, None, exc, f"the upstream connection failed mid-reply: {exc}")
+            self.broken = "reset_mid_reply"
+        if not self.persisting:  # Else the persist in flight flushes what is held, then breaks.
+            self.held = b""  # A lookahead chunk never completed a reply.
+            self.call.sidecar.spawn_background(self._broke())
+
+    def _client_flow(self, paused: bool) -> None:
+        if paused:
+            self.upstream.pause()
+        elif not self.persisting:
+            self.upstream.resume()
+
+    def _persist_then_flush(self) -> None:
+        self.persisting = True
+        self.upstream.pause()
+        self.call.sidecar.spawn_background(self._persist_and_flush())
+
+    async def _persist_and_flush(self) -> None:
+        try:
+            await self.call.persist_holding_back()
+        finally:
+            self.persisting = False
+        if self.done.done():
+            return
+        if self.broken is not None:
+            self.client.write(self.held)  # What arrived before the failure, then the cut.
+            self.held = b""
+            await self._broke()
+        elif self.ended:
+            self._flush_and_end()
+        else:
+            held, self.held = self.held, b""
+            self.client.write(held)
+            if not self.client.writing_paused:
+                self.upstream.resume()
+
+    def _flush_and_end(self) -> None:
+        if self.held:
+            self.client.write(self.held)
+            self.held = b""
+        self.client.end()
+        self._finish("ended")
+
+    async def _broke(self) -> None:
+        await self.call.upstream_broke(self.broken or "reset_mid_reply")
+        self._finish("upstream_broke")
+
+    def _finish(self, outcome: str) -> None:
+        self.client.on_write_flow = None
+        if not self.done.done():
+            self.done.set_result(outcome)
+
+    def stop(self) -> None:
+        """The handler was cancelled (the client left): stop listening to the upstream."""
+        self.client.on_write_flow = None
+        if not self.done.done():
+            self.done.cancel()
 
 
 def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseException, message: str) -> None:
@@ -339,10 +379,8 @@ def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseE
     exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)
 
 
-def _abort(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
 
 
 def _describe_upstream_failure(reply: LocalReply, upstream_url: str, exc: BaseException | None) -> str:

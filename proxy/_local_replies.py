@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
 import orjson
-from aiohttp import web
+
+if TYPE_CHECKING:
+    from ._http1 import Http1Connection
 
 #: Header that tells a client (and a human with curl) that the sidecar, not the model, answered.
 LOCAL_REPLY_HEADER = "x-mcc-local-response"
@@ -36,11 +41,8 @@ def error_body(reply: LocalReply, error_dialect: str, message: str) -> dict[str,
     return {"error": {"message": message, "type": reply.openai_type, "param": None, "code": reply.reason}}
 
 
-def local_response(reply: LocalReply, error_dialect: str, message: str) -> web.Response:
+def send_local_reply(client: "Http1Connection", reply: LocalReply, error_dialect: str, message: str) -> None:
+    """Write the reply, JSON in the dialect's error shape, marked with `LOCAL_REPLY_HEADER`."""
     body = orjson.dumps(error_body(reply, error_dialect, message))
-    return web.Response(
-        status=reply.status,
-        body=body,
-        content_type="application/json",
-        headers={LOCAL_REPLY_HEADER: reply.reason},
-    )
+    client.reply(reply.status, HTTPStatus(reply.status).phrase.encode(),
+                 [(b"Content-Type", b"application/json"), (LOCAL_REPLY_HEADER.encode(), reply.reason.encode())], body)

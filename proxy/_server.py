@@ -7,17 +7,27 @@ import logging
 import signal
 import socket
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
-from ._app import create_app
+from ._app import Sidecar
 from ._settings import Settings
 
 log = logging.getLogger("mcc")
 
+
+class RunningServer(Protocol):
+    """A started server and the URL it listens on."""
+
+    url: str
+
+    async def close(self) -> None: ...
+
+
 @dataclass
-class RunningServer:
-    """A started aiohttp runner and the URL it listens on."""
+class AppServer:
+    """A started aiohttp runner (the stand-in model server) and its URL."""
 
     runner: web.AppRunner
     url: str
@@ -26,8 +36,19 @@ class RunningServer:
         await self.runner.cleanup()
 
 
+@dataclass
+class SidecarServer:
+    """A started `Sidecar` and its URL; `close` drains in-flight calls first."""
+
+    sidecar: Sidecar
+    url: str
+
+    async def close(self) -> None:
+        await self.sidecar.close()
+
+
 async def start_app(app: web.Application, host: str, port: int, drain_timeout: float = 25.0,
-                    reuse_port: bool = False) -> RunningServer:
+                    reuse_port: bool = False) -> AppServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) the way the sidecar needs it served."""
     runner = web.AppRunner(
         app,
@@ -45,15 +66,15 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
     await site.start()
     bound = _bound_port(runner)
     shown_host = f"[{host}]" if ":" in host else host
-    return RunningServer(runner, f"http://{shown_host}:{bound}")
+    return AppServer(runner, f"http://{shown_host}:{bound}")
 
 
-async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> RunningServer:
-    return await start_app(create_app(settings, upstream_url), settings.host, settings.port, settings.drain_timeout,
-                           settings.reuse_port)
+async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> SidecarServer:
+    sidecar = Sidecar(settings, upstream_url)
+    return SidecarServer(sidecar, await sidecar.start())
 
 
-async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> AppServer:
     from ._standin import create_stand_in_app
 
     return await start_app(create_stand_in_app(), host, port)

@@ -1,0 +1,364 @@
+"""Upstream connections: a keep-alive pool of raw HTTP/1.1 connections to the model server (issue 5).
+
+One ``asyncio.Protocol`` per connection, parsing replies with httptools. The head of a reply is
+awaited; its body is pushed, chunk by chunk as it arrives, into a `BodySink` (the forwarder's
+pump) from the protocol's own callback -- no task switch per chunk. ``pause`` / ``resume``
+stop reading the socket, so a slow client slows the model server instead of filling memory.
+
+Failures are typed for the forwarder: `UpstreamConnectError` (no connection: 502),
+`UpstreamTimeout` (no head within the read timeout: 504), `UpstreamProtocolError` (reset or
+garbage before the head: 502); after the head, `BodySink.on_error` says ``reset`` or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Optional, Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+from ._http1 import Headers
+
+#: An idle connection older than this is closed rather than reused: servers close idle
+#: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
+#: races with their FIN.
+IDLE_REUSE_SECONDS = 4.0
+#: Idle connections kept per pool.
+MAX_IDLE = 1024
+
+
+class UpstreamConnectError(Exception):
+    """No connection to the upstream (refused, unreachable, DNS, connect timeout)."""
+
+
+class UpstreamTimeout(Exception):
+    """The upstream accepted the request but sent no reply head within the read timeout."""
+
+
+class UpstreamProtocolError(Exception):
+    """The upstream closed, reset or sent something that is not HTTP before its reply head."""
+
+
+class BodySink(Protocol):
+    """Where a reply's body goes (the forwarder's pump)."""
+
+    def on_body(self, chunk: bytes) -> None: ...
+    def on_end(self) -> None: ...
+    def on_error(self, kind: str, exc: BaseException) -> None: ...
+
+
+class UpstreamReply:
+    """The head of one upstream reply; `attach` a sink to receive its body."""
+
+    def __init__(self, connection: "UpstreamConnection", status: int, reason: bytes, headers: Headers,
+                 chunked: bool, content_length: Optional[int]) -> None:
+        self._connection = connection
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        #: The upstream framed the body with chunked transfer coding (or until close, no length).
+        self.chunked = chunked
+        self.content_length = content_length
+
+    def header(self, name: bytes) -> Optional[bytes]:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def attach(self, sink: BodySink) -> None:
+        self._connection.attach(sink)
+
+    def pause(self) -> None:
+        self._connection.pause()
+
+    def resume(self) -> None:
+        self._connection.resume()
+
+    def close(self) -> None:
+        """Done with this reply: the connection goes back to the pool if the reply ended cleanly,
+        else it is closed (closing mid-body is how the model server learns to stop generating)."""
+        self._connection.release()
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One connection to the upstream, serving one request at a time."""
+
+    def __init__(self, pool: "UpstreamPool") -> None:
+        self._pool = pool
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: Optional[asyncio.Transport] = None
+        self._head: Optional[asyncio.Future[UpstreamReply]] = None
+        self._sink: Optional[BodySink] = None
+        self._early: list[bytes] = []
+        self._reason = b""
+        self._headers: Headers = []
+        self._complete = False
+        self._keep_alive = False
+        self._ended = False
+        self._failed: Optional[tuple[str, BaseException]] = None
+        self._head_only = False
+        self.received = 0
+        self.closed = False
+        self.idle_since = 0.0
+        self._last_read = 0.0
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._paused = False
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, request: bytes, head_only: bool) -> "asyncio.Future[UpstreamReply]":
+        loop = asyncio.get_running_loop()
+        self._head = loop.create_future()
+        self._sink, self._early, self._headers, self._reason = None, [], [], b""
+        self._complete = self._ended = self._keep_alive = False
+        self._failed = None
+        self._head_only = head_only
+        self.received = 0
+        self._last_read = loop.time()
+        self._arm_timer()
+        assert self.transport is not None
+        self.transport.write(request)
+        return self._head
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        self._last_read = self._pool.loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail("reset", UpstreamProtocolError(f"the upstream sent a malformed reply: {exc}"))
+            self._close()
+
+    def eof_received(self) -> Optional[bool]:
+        return None  # Close; a body read until close ends in connection_lost.
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self._pool.forget(self)
+        if self._head is not None and not self._head.done():
+            error = exc or ConnectionResetError("the upstream closed the connection before replying")
+            self._head.set_exception(UpstreamProtocolError(f"{type(error).__name__}: {error}"))
+            return
+        if self._complete:
+            return
+        if self._reason is not None and self._head is not None and not self._parser_expects_more():
+            self._finish()  # A body delimited by the close of the connection.
+            return
+        self._fail("reset", exc or ConnectionResetError("the upstream closed the connection mid-reply"))
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # An interim reply (we never send Expect): wait for the real one.
+            self._headers, self._reason = [], b""
+            return
+        length = next((value for key, value in self._headers if key.lower() == b"content-length"), None)
+        content_length = int(length) if length is not None and length.strip().isdigit() else None
+        chunked = any(key.lower() == b"transfer-encoding" for key, _ in self._headers)
+        if self._head_only or status in (204, 304):
+            content_length = 0
+        reply = UpstreamReply(self, status, self._reason, self._headers, chunked or content_length is None, content_length)
+        if self._head is not None and not self._head.done():
+            self._head.set_result(reply)
+        if self._head_only:
+            self._complete = True
+            self._finish()
+            self._close()  # The parser would wait for a body a HEAD reply never has.
+
+    def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink.on_body(body)
+        else:
+            self._early.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._complete:
+            return
+        self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()  # Asked now: the parser resets after this.
+        self._finish()
+
+    # -- the body ----------------------------------------------------------------------------
+
+    def attach(self, sink: BodySink) -> None:
+        self._sink = sink
+        early, self._early = self._early, []
+        for chunk in early:
+            sink.on_body(chunk)
+        if self._ended:
+            sink.on_end()
+        elif self._failed is not None:
+            sink.on_error(*self._failed)
+
+    def _finish(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._cancel_timer()
+        if self._sink is not None:
+            self._sink.on_end()
+
+    def _fail(self, kind: str, exc: BaseException) -> None:
+        if self._ended or self._failed is not None:
+            return
+        self._failed = (kind, exc)
+        self._cancel_timer()
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc if isinstance(exc, (UpstreamProtocolError, UpstreamTimeout))
+                                     else UpstreamProtocolError(str(exc)))
+        elif self._sink is not None:
+            self._sink.on_error(kind, exc)
+
+    def _parser_expects_more(self) -> bool:
+        """True when the reply had a length or chunked framing that the close cut short."""
+        return any(key.lower() in (b"content-length", b"transfer-encoding") for key, _ in self._headers)
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self._last_read = self._pool.loop.time()  # Waiting on our client is not the upstream's silence.
+            self.transport.resume_reading()
+
+    def release(self) -> None:
+        self._sink = None
+        self._cancel_timer()
+        if self._ended and self._complete and self._keep_alive and not self.closed and not self._head_only:
+            self._paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+            self._pool.give_back(self)
+        else:
+            self._close()
+
+    def _close(self) -> None:
+        self._cancel_timer()
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+            self._pool.forget(self)
+
+    # -- the read timeout: one timer per connection, re-armed only when it fires ------------
+
+    def _arm_timer(self) -> None:
+        self._cancel_timer()
+        self._timer = self._pool.loop.call_at(self._last_read + self._pool.read_timeout, self._check_timeout)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if self._ended or self._failed is not None or self.closed:
+            return
+        deadline = self._last_read + self._pool.read_timeout
+        if self._paused or self._pool.loop.time() < deadline:
+            self._arm_timer()
+            return
+        message = f"no bytes from the upstream for {self._pool.read_timeout:g} s"
+        self._fail("timeout", UpstreamTimeout(message) if self._head is not None and not self._head.done()
+                   else asyncio.TimeoutError(message))
+        self._close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one upstream base URL."""
+
+    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float) -> None:
+        parts = urlsplit(base_url)
+        self.base_url = base_url.rstrip("/")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl: Optional[ssl.SSLContext] = ssl.create_default_context() if parts.scheme == "https" else None
+        default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
+        self.host_header = (parts.netloc.rpartition("@")[2] if default_port or parts.port else f"{self.host}:{self.port}").encode("idna")
+        #: Prepended to every target: a base URL may carry a path (``http://gw/openai``).
+        self.base_path = parts.path.rstrip("/").encode()
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.loop = asyncio.get_running_loop()
+        self._idle: list[UpstreamConnection] = []
+        self._all: set[UpstreamConnection] = set()
+
+    async def request(self, method: str, target: bytes, headers: Headers, body: bytes, has_body: bool) -> UpstreamReply:
+        """Send one request and wait for the head of its reply."""
+        head = [b"%s %s%s HTTP/1.1\r\nHost: %s\r\n" % (method.encode(), self.base_path, target, self.host_header)]
+        for name, value in headers:
+            head.append(b"%s: %s\r\n" % (name, value))
+        if has_body or body:
+            head.append(b"Content-Length: %d\r\n" % len(body))
+        head.append(b"\r\n")
+        message = b"".join(head) + body
+        head_only = method == "HEAD"
+        connection, reused = await self._acquire()
+        try:
+            return await connection.send(message, head_only)
+        except UpstreamProtocolError:
+            if not (reused and connection.received == 0):
+                raise
+        # A reused keep-alive connection the server had just closed: nothing was processed, so
+        # the request goes once more on a new connection.
+        connection = await self._connect()
+        return await connection.send(message, head_only)
+
+    async def _acquire(self) -> tuple[UpstreamConnection, bool]:
+        now = self.loop.time()
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and now - connection.idle_since < IDLE_REUSE_SECONDS:
+                return connection, True
+            connection._close()
+        return await self._connect(), False
+
+    async def _connect(self) -> UpstreamConnection:
+        try:
+            _, connection = await asyncio.wait_for(
+                self.loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port, ssl=self.ssl),
+                self.connect_timeout)
+        except asyncio.TimeoutError as exc:
+            raise UpstreamConnectError(f"connect timeout after {self.connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
+        self._all.add(connection)
+        return connection  # type: ignore[return-value]
+
+    def give_back(self, connection: UpstreamConnection) -> None:
+        if len(self._idle) >= MAX_IDLE:
+            connection._close()
+            return
+        connection.idle_since = self.loop.time()
+        self._idle.append(connection)
+
+    def forget(self, connection: UpstreamConnection) -> None:
+        self._all.discard(connection)
+        try:
+            self._idle.remove(connection)
+        except ValueError:
+            pass
+
+    def close(self) -> None:
+        for connection in list(self._all):
+            connection._close()
+        self._idle.clear()
+
