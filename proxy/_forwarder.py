@@ -67,7 +67,7 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
-        metrics.requests.labels(dialect, status_class(status), captured).inc()
+        metrics.child(metrics.requests, dialect, status_class(status), captured).inc()
 
 
 class _Call:
@@ -152,7 +152,9 @@ class _Call:
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
-        pump = _BodyPump(self, upstream, tap)
+        pump = _BodyPump(self, upstream, tap)  # Delivers the body bytes that came with the head.
+        if not pump.persisting:
+            self.client.flush_head()  # Else the head waits, with the held chunk, for the line.
         try:
             outcome = await pump.done
         except asyncio.CancelledError:
@@ -192,9 +194,10 @@ class _Call:
 
     def _complete(self, exchange: CallExchange) -> None:
         exchange.complete()
-        self.metrics.request_duration.labels(exchange.dialect).observe((exchange.latency_ms or 0) / 1000)
+        metrics = self.metrics
+        metrics.child(metrics.request_duration, exchange.dialect).observe((exchange.latency_ms or 0) / 1000)
         if exchange.latency_ttft_ms is not None:
-            self.metrics.ttft.labels(exchange.dialect).observe(exchange.latency_ttft_ms / 1000)
+            metrics.child(metrics.ttft, exchange.dialect).observe(exchange.latency_ttft_ms / 1000)
         tap = exchange.tap
         if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
                 and 200 <= (exchange.status_code or 0) < 300):

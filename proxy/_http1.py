@@ -83,6 +83,8 @@ class Http1Connection(asyncio.Protocol):
         #: Called with True / False when writing pauses / resumes (the forwarder's body pump).
         self.on_write_flow: Optional[Callable[[bool], None]] = None
         self._chunked = False
+        #: A reply head not sent yet (see `start`).
+        self._head = b""
         self.response_started = False
         self.response_ended = False
 
@@ -201,6 +203,7 @@ class Http1Connection(asyncio.Protocol):
                     self.transport.resume_reading()
                 self.response_started = self.response_ended = False
                 self._chunked = False
+                self._head = b""
                 self.on_write_flow = None
                 try:
                     await self._handler(request, self)
@@ -221,7 +224,9 @@ class Http1Connection(asyncio.Protocol):
     # -- writing the reply -------------------------------------------------------------------
 
     def start(self, status: int, reason: bytes, headers: Headers, chunked: bool) -> None:
-        """Send the status line and ``headers`` exactly as given; ``chunked`` adds the framing header."""
+        """Queue the status line and ``headers`` exactly as given (``chunked`` adds the framing
+        header). The head goes out with the first body bytes, the end, or `flush_head`: one
+        socket write instead of two for a reply whose body is already here."""
         head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
         for name, value in headers:
             head.append(b"%s: %s\r\n" % (name, value))
@@ -232,21 +237,33 @@ class Http1Connection(asyncio.Protocol):
         head.append(b"\r\n")
         self._chunked = chunked
         self.response_started = True
-        if self.transport is not None and not self.gone:
-            self.transport.write(b"".join(head))
+        self._head = b"".join(head)
+
+    def flush_head(self) -> None:
+        """Send a queued head now (a stream whose first event is not here yet)."""
+        if self._head:
+            head, self._head = self._head, b""
+            if self.transport is not None and not self.gone:
+                self.transport.write(head)
 
     def write(self, data: bytes) -> None:
         """Send body bytes (framed as one chunk when the reply is chunked). Never blocks."""
         if not data or self.gone or self.transport is None:
             return
+        head, self._head = self._head, b""
         if self._chunked:
-            self.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+            self.transport.writelines((head, b"%x\r\n" % len(data), data, b"\r\n"))
+        elif head:
+            self.transport.writelines((head, data))
         else:
             self.transport.write(data)
 
     def end(self) -> None:
-        if self._chunked and not self.gone and self.transport is not None:
-            self.transport.write(b"0\r\n\r\n")
+        head, self._head = self._head, b""
+        if not self.gone and self.transport is not None:
+            ending = head + b"0\r\n\r\n" if self._chunked else head
+            if ending:
+                self.transport.write(ending)
         self.response_ended = True
 
     def reply(self, status: int, reason: bytes, headers: Headers, body: bytes) -> None:

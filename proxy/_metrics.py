@@ -8,6 +8,7 @@ never share counters. Nothing here runs per chunk: calls are counted when they s
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -54,6 +55,17 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+
+        # Labelled children, looked up once: `labels()` costs a lock and a tuple build per call.
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
