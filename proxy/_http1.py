@@ -31,7 +31,7 @@ Headers = list[tuple[bytes, bytes]]
 class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""
 
-    __slots__ = ("method", "target", "headers", "body", "keep_alive", "has_body", "too_large")
+    __slots__ = ("method", "target", "headers", "body", "keep_alive", "has_body", "too_large", "http10")
 
     def __init__(self, method: str, target: bytes, headers: Headers, keep_alive: bool, has_body: bool) -> None:
         self.method = method
@@ -42,6 +42,7 @@ class ServerRequest:
         self.has_body = has_body
         #: The body exceeded the limit: it was not read, and the connection closes after the reply.
         self.too_large = False
+        self.http10 = False
 
     def values(self, name: bytes) -> list[bytes]:
         """Every value of header ``name`` (lower case), in order."""
@@ -76,6 +77,7 @@ class Http1Connection(asyncio.Protocol):
         self._body_size = 0
         self._discarding = False
         self._closing = False
+        self._http10 = False
         self.gone = False
         #: Set while the client is not reading fast enough (the transport's high-water mark).
         self._paused_writing = False
@@ -101,10 +103,11 @@ class Http1Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._refuse(501, b"Not Implemented", b"protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._refuse(400, b"Bad Request", f"malformed HTTP request: {exc}".encode())
-        except _HeadTooLarge:
-            self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
+        except httptools.HttpParserError as exc:  # httptools wraps errors raised in our callbacks too.
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
+            else:
+                self._refuse(400, b"Bad Request", f"malformed HTTP request: {exc}".encode())
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.gone = True
@@ -151,6 +154,7 @@ class Http1Connection(asyncio.Protocol):
         length = request.value(b"content-length")
         request.has_body = length is not None or request.value(b"transfer-encoding") is not None
         self._current = request
+        request.http10 = parser.get_http_version() == "1.0"
         if length is not None and length.strip().isdigit() and int(length) > self._max_body:
             self._too_large(request)
         elif request.has_body and (request.value(b"expect") or b"").lower() == b"100-continue" and self.transport:
@@ -204,6 +208,7 @@ class Http1Connection(asyncio.Protocol):
                 self.response_started = self.response_ended = False
                 self._chunked = False
                 self._head = b""
+                self._http10 = request.http10
                 self.on_write_flow = None
                 try:
                     await self._handler(request, self)
@@ -230,6 +235,9 @@ class Http1Connection(asyncio.Protocol):
         head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
         for name, value in headers:
             head.append(b"%s: %s\r\n" % (name, value))
+        if chunked and self._http10:
+            chunked = False  # HTTP/1.0 has no chunked coding: the body ends when we close.
+            self._closing = True
         if chunked:
             head.append(b"Transfer-Encoding: chunked\r\n")
         if self._closing:
@@ -313,4 +321,4 @@ class Http1Connection(asyncio.Protocol):
 
 
 class _HeadTooLarge(Exception):
-    pass
+    """Raised from a callback to stop the parser; seen as an `HttpParserError`."""

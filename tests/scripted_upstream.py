@@ -28,7 +28,8 @@ class Script:
     #: Seconds to wait before sending anything at all (read-timeout tests).
     delay_head: float = 0.0
     #: After the last piece: "finish" (end the reply properly), "reset" (abort the TCP
-    #: connection without ending the body), "hang" (say nothing more for `hang_for` seconds, then finish).
+    #: connection without ending the body), "hang" (say nothing more for `hang_for` seconds, then
+    #: finish), "close" (close the connection: ends a body that has no length and no chunking).
     ending: str = "finish"
     hang_for: float = 0.0
     #: Send these bytes instead of an HTTP reply.
@@ -123,12 +124,13 @@ class ScriptedUpstream:
         path = request.target.partition("?")[0]
         script = self.scripts.get(path, Script(status=404, reason="Not Found", headers=[("Content-Length", "0")]))
         try:
-            return await self._send(script, reader, writer, path)
+            return await self._send(script, reader, writer, path, head_only=request.method == "HEAD")
         except ConnectionError:
             self.peer_gone.append(path)
             return False
 
-    async def _send(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> bool:
+    async def _send(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
+                    head_only: bool = False) -> bool:
         if script.delay_head:
             await asyncio.sleep(script.delay_head)
         if script.garbage is not None:
@@ -141,6 +143,8 @@ class ScriptedUpstream:
             head.append("Transfer-Encoding: chunked")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         await writer.drain()
+        if head_only:  # A reply to HEAD has no body, whatever its headers say.
+            return True
         for piece in script.pieces:
             await asyncio.sleep(script.pause)
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if script.chunked else piece)
@@ -150,6 +154,8 @@ class ScriptedUpstream:
                 raise ConnectionResetError
         if script.ending == "reset":
             writer.transport.abort()
+            return False
+        if script.ending == "close":
             return False
         if script.ending == "hang":
             await _watch_for_close(reader, writer, script.hang_for)
