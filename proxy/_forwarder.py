@@ -256,6 +256,8 @@ class _BodyPump:
         #: Lookahead for a captured body of unknown length: its last chunk is held to the end.
         self.lookahead = isinstance(tap, BodyTap) and upstream.content_length is None
         self.held = b""
+        #: Chunks of the current upstream read, handled together at `flush`.
+        self.batch: list[bytes] = []
         self.persisting = False
         self.ended = False
         #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
@@ -268,6 +270,17 @@ class _BodyPump:
     # -- BodySink ------------------------------------------------------------------------------
 
     def on_body(self, chunk: bytes) -> None:
+        self.batch.append(chunk)
+
+    def flush(self) -> None:
+        """The chunks of one upstream read, as one: one tap feed, one client write."""
+        if not self.batch:
+            return
+        chunk = self.batch[0] if len(self.batch) == 1 else b"".join(self.batch)
+        self.batch.clear()
+        self._forward(chunk)
+
+    def _forward(self, chunk: bytes) -> None:
         if self.done.done():
             return
         if self.client.gone:

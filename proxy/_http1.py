@@ -259,10 +259,12 @@ class Http1Connection(asyncio.Protocol):
         if not data or self.gone or self.transport is None:
             return
         head, self._head = self._head, b""
+        # One `write` of one joined buffer: uvloop's `writelines` costs more than the copy of a
+        # model reply's chunk (profiled: half the pump's time on 256-event streams).
         if self._chunked:
-            self.transport.writelines((head, b"%x\r\n" % len(data), data, b"\r\n"))
+            self.transport.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
         elif head:
-            self.transport.writelines((head, data))
+            self.transport.write(head + data)
         else:
             self.transport.write(data)
 

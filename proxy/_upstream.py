@@ -42,9 +42,15 @@ class UpstreamProtocolError(Exception):
 
 
 class BodySink(Protocol):
-    """Where a reply's body goes (the forwarder's pump)."""
+    """Where a reply's body goes (the forwarder's pump).
+
+    ``on_body`` is called for each chunk of the upstream's framing, then ``flush`` once per
+    socket read: a sink may gather the chunks of one read and handle them together (one tap
+    feed, one client write), since they arrived together anyway.
+    """
 
     def on_body(self, chunk: bytes) -> None: ...
+    def flush(self) -> None: ...
     def on_end(self) -> None: ...
     def on_error(self, kind: str, exc: BaseException) -> None: ...
 
@@ -136,6 +142,9 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail("reset", UpstreamProtocolError(f"the upstream sent a malformed reply: {exc}"))
             self._close()
+        finally:
+            if self._sink is not None:
+                self._sink.flush()  # The chunks of one read go on as one (see `BodySink.flush`).
 
     def eof_received(self) -> Optional[bool]:
         return None  # Close; a body read until close ends in connection_lost.
@@ -201,6 +210,7 @@ class UpstreamConnection(asyncio.Protocol):
         early, self._early = self._early, []
         for chunk in early:
             sink.on_body(chunk)
+        sink.flush()
         if self._ended:
             sink.on_end()
         elif self._failed is not None:
@@ -212,6 +222,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._ended = True
         self._cancel_timer()
         if self._sink is not None:
+            self._sink.flush()
             self._sink.on_end()
 
     def _fail(self, kind: str, exc: BaseException) -> None:
@@ -223,6 +234,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._head.set_exception(exc if isinstance(exc, (UpstreamProtocolError, UpstreamTimeout))
                                      else UpstreamProtocolError(str(exc)))
         elif self._sink is not None:
+            self._sink.flush()
             self._sink.on_error(kind, exc)
 
     def _parser_expects_more(self) -> bool:
