@@ -1,16 +1,17 @@
 """Group commit: many calls' lines made durable by one barrier (DESIGN §3, issue 5).
 
-One writer thread takes every line queued since its last batch, appends each file's lines with
+A writer thread takes every line queued since its last batch and appends each file's lines with
 the same contract as `append_capture_line` (``O_APPEND`` + ``flock`` + one ``write``, torn-line
-repair, rollback on a short write), and then makes the whole batch durable at once: ``fsync`` of
-the file when the batch touched one file, ``syncfs`` of the capture filesystem when it touched
-several. Every line's callback runs only after that barrier, so "its record is on disk when the
-agent sees the end of the reply" still holds line by line.
+repair, rollback on a short write). A second thread makes everything appended since its last
+barrier durable at once: ``fsync`` of the file when that is one file, ``syncfs`` of the capture
+filesystem when it is several. The two overlap: the next batch is written while the last one
+is synced. Every line's callback runs only after a barrier that began after its write, so "its
+record is on disk when the agent sees the end of the reply" still holds line by line.
 
 Why: with one rollout per agent, concurrent calls append to different files, so per-file
 ``fsync`` cannot be shared; each costs 0.4-4 ms on a virtual disk and they queue. One ``syncfs``
-per batch costs about one ``fsync`` whatever the batch size. And one thread instead of a pool
-keeps the event loop's thread from fighting eight others for the GIL on every syscall.
+per batch costs about one ``fsync`` whatever the batch size. And two threads instead of a pool
+keep the event loop's thread from fighting eight others for the GIL on every syscall.
 
 ``syncfs`` flushes the whole filesystem the capture directory is on: give captures their own
 volume (the deploy manifests do), or choose ``sync_mode="fsync"`` to sync file by file.
@@ -43,15 +44,22 @@ class GroupCommitter:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, not {sync_mode!r}")
         self._syncfs = _load_syncfs() if sync_mode == "auto" else None
         self._max_batch = max_batch
-        self._queue: deque[tuple[str, Callable[[], bytes], Callable[[int, Outcome], None]]] = deque()
+        self._queue: deque[_Entry] = deque()
         self._wakeup = threading.Condition(threading.Lock())
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="mcc-capture-writer", daemon=True)
-        self._thread.start()
+        #: Appended batches waiting for a barrier; the barrier thread takes them all at once.
+        self._appended: deque[Optional[_Appended]] = deque()
+        self._appended_ready = threading.Condition(threading.Lock())
+        # Two stages, so the next batch is appended while the last one's barrier runs.
+        self._appender = threading.Thread(target=self._append_loop, name="mcc-capture-writer", daemon=True)
+        self._syncer = threading.Thread(target=self._barrier_loop, name="mcc-capture-sync", daemon=True)
+        self._appender.start()
+        self._syncer.start()
 
     def submit(self, path: str, make_line: Callable[[], bytes], done: Callable[[int, Outcome], None]) -> None:
         """Queue one line for ``path``. ``make_line`` runs on the writer thread (serialising off
-        the event loop); ``done(size, outcome)`` runs there too, once the line is durable or failed."""
+        the event loop); ``done(size, outcome)`` runs on a writer thread too, once the line is
+        durable or failed."""
         with self._wakeup:
             if self._closing:
                 raise RuntimeError("the capture writer is closed")
@@ -59,80 +67,119 @@ class GroupCommitter:
             self._wakeup.notify()
 
     def close(self) -> None:
-        """Write what is queued, then stop the thread."""
+        """Write what is queued, then stop the threads."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
-        self._thread.join()
+        self._appender.join()
+        self._syncer.join()
 
-    def _run(self) -> None:
+    # -- stage 1: build and append ------------------------------------------------------------
+
+    def _append_loop(self) -> None:
         while True:
             with self._wakeup:
                 while not self._queue and not self._closing:
                     self._wakeup.wait()
                 if not self._queue:
-                    return
+                    break
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
-            self._commit(batch)
+            self._hand_over(self._append(batch))
+        self._hand_over(None)  # Tells the barrier thread to stop once it has synced the rest.
 
-    def _commit(self, batch: list[tuple[str, Callable[[], bytes], Callable[[int, Outcome], None]]]) -> None:
-        outcomes: list[Outcome] = [0.0] * len(batch)
-        sizes = [0] * len(batch)
-        by_path: dict[str, list[int]] = {}
-        lines: list[bytes] = [b""] * len(batch)
+    def _hand_over(self, appended: Optional["_Appended"]) -> None:
+        with self._appended_ready:
+            self._appended.append(appended)
+            self._appended_ready.notify()
+
+    def _append(self, batch: list[_Entry]) -> "_Appended":
+        appended = _Appended(batch)
+        outcomes, by_path, lines = appended.outcomes, {}, [b""] * len(batch)
         for index, (path, make_line, _) in enumerate(batch):
             try:
                 lines[index] = make_line()
             except Exception as exc:  # A line that cannot be built fails alone.
                 outcomes[index] = exc
                 continue
-            sizes[index] = len(lines[index])
+            appended.sizes[index] = len(lines[index])
             by_path.setdefault(path, []).append(index)
-        open_files: list[tuple[int, list[int]]] = []
-        new_directories: set[str] = set()
-        try:
-            for path, indexes in by_path.items():
-                try:
-                    fd, created = _append_unsynced(path, b"".join(lines[i] for i in indexes))
-                except OSError as exc:
-                    for i in indexes:
-                        outcomes[i] = exc
-                    continue
-                open_files.append((fd, indexes))
-                if created:
-                    new_directories.add(os.path.dirname(path) or ".")
-            self._barrier(open_files, new_directories, outcomes)
-        finally:
-            for fd, _ in open_files:
-                os.close(fd)
-        for index, (_, _, done) in enumerate(batch):
-            done(sizes[index], outcomes[index])
+        for path, indexes in by_path.items():
+            try:
+                fd, created = _append_unsynced(path, b"".join(lines[i] for i in indexes))
+            except OSError as exc:
+                for i in indexes:
+                    outcomes[i] = exc
+                continue
+            appended.open_files.append((fd, indexes))
+            if created:
+                appended.new_directories.add(os.path.dirname(path) or ".")
+        return appended
 
-    def _barrier(self, open_files: list[tuple[int, list[int]]], new_directories: set[str],
-                 outcomes: list[Outcome]) -> None:
+    # -- stage 2: one barrier for everything appended since the last one ----------------------
+
+    def _barrier_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            with self._appended_ready:
+                while not self._appended:
+                    self._appended_ready.wait()
+                taken = list(self._appended)
+                self._appended.clear()
+            stopping = None in taken
+            pending = [appended for appended in taken if appended is not None]
+            try:
+                self._barrier(pending)
+            finally:
+                for appended in pending:
+                    for fd, _ in appended.open_files:
+                        os.close(fd)
+            for appended in pending:
+                for index, (_, _, done) in enumerate(appended.batch):
+                    done(appended.sizes[index], appended.outcomes[index])
+
+    def _barrier(self, pending: list["_Appended"]) -> None:
         """Make every appended line durable; record the seconds it took, or the error, per line."""
-        if not open_files:
+        files = [(appended, fd, indexes) for appended in pending for fd, indexes in appended.open_files]
+        if not files:
             return
         started = time.perf_counter()
-        if self._syncfs is not None and len(open_files) > 1:
-            # One flush of the filesystem covers every file and new directory entry of the batch.
-            error = _call_syncfs(self._syncfs, open_files[0][0])
+        if self._syncfs is not None and len(files) > 1:
+            # One flush of the filesystem covers every file and new directory entry appended.
+            error = _call_syncfs(self._syncfs, files[0][1])
             seconds = time.perf_counter() - started
-            for _, indexes in open_files:
+            for appended, _, indexes in files:
                 for i in indexes:
-                    outcomes[i] = error if error is not None else seconds
+                    appended.outcomes[i] = error if error is not None else seconds
             return
-        for fd, indexes in open_files:
+        for appended, fd, indexes in files:
             try:
                 os.fsync(fd)
                 outcome: Outcome = time.perf_counter() - started
             except OSError as exc:
                 outcome = exc
             for i in indexes:
-                outcomes[i] = outcome
-        for directory in new_directories:
+                appended.outcomes[i] = outcome
+        for directory in {d for appended in pending for d in appended.new_directories}:
             # A new file's directory entry must be durable too, or a crash can lose the whole file.
             _fsync_directory(directory)
+
+
+#: One queued line: its file, how to build it, whom to tell.
+_Entry = tuple[str, Callable[[], bytes], Callable[[int, "Outcome"], None]]
+
+
+class _Appended:
+    """A batch whose lines are written (not yet durable): what the barrier thread needs."""
+
+    __slots__ = ("batch", "outcomes", "sizes", "open_files", "new_directories")
+
+    def __init__(self, batch: list[_Entry]) -> None:
+        self.batch = batch
+        self.outcomes: list[Outcome] = [0.0] * len(batch)
+        self.sizes = [0] * len(batch)
+        #: (descriptor, indexes of its lines): kept open until the barrier has run.
+        self.open_files: list[tuple[int, list[int]]] = []
+        self.new_directories: set[str] = set()
 
 
 def _append_unsynced(path: str, data: bytes) -> tuple[int, bool]:

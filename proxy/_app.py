@@ -36,6 +36,8 @@ class Sidecar:
         self.settings = settings
         self.metrics = SidecarMetrics()
         self.upstream_url = (upstream_url or settings.upstream or "").rstrip("/")
+        #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
+        self.model_ref_name = settings.model_ref_name
         self.capture_writer: Optional[CaptureWriter] = None
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import threading
 from collections import Counter
+from typing import Callable
 
 from capture import GroupCommitter, create_incomplete_marker
 from records import capture_path, encode_capture_line, incomplete_marker_path
@@ -29,36 +31,67 @@ class CaptureWriter:
     def __init__(self, capture_dir: str, metrics: SidecarMetrics, sync_mode: str = "auto") -> None:
         self.capture_dir = capture_dir
         self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
         self._committer = GroupCommitter(sync_mode)
         self._logged: set[tuple[str, str]] = set()
+        self._failing: set[asyncio.Task[None]] = set()
+        # Lines settled on the writer threads, handed to the event loop in one callback per batch.
+        self._settled: list[tuple[Callable[[bool], None], str, int, object]] = []
+        self._settled_lock = threading.Lock()
         self.lines_written = 0
         self.failures: Counter[str] = Counter()
 
-    async def persist(self, exchange: CallExchange) -> bool:
-        """Build, serialise and durably append the call's line; False (never raise) on failure."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, object]] = loop.create_future()
+    def submit(self, exchange: CallExchange, on_settled: Callable[[bool], None]) -> None:
+        """Queue the call's line; ``on_settled(written)`` runs on the event loop once the line is
+        durable, or once its failure is counted, logged and marked. Never raises."""
+        rollout_id = exchange.rollout_id
 
-        def done(size: int, outcome: object) -> None:  # On the writer thread.
-            loop.call_soon_threadsafe(_settle, future, (size, outcome))
+        def done(size: int, outcome: object) -> None:  # On a writer thread.
+            with self._settled_lock:
+                self._settled.append((on_settled, rollout_id, size, outcome))
+                first = len(self._settled) == 1
+            if first:
+                self._loop.call_soon_threadsafe(self._settle_all)
 
         try:
-            path = capture_path(self.capture_dir, exchange.rollout_id)
+            path = capture_path(self.capture_dir, rollout_id)
             self._committer.submit(path, lambda: encode_capture_line(exchange.capture_fields()), done)
-            size, outcome = await asyncio.shield(future)  # A cancelled handler still learns the outcome.
         except Exception as exc:
-            outcome = exc
-        if isinstance(outcome, BaseException):
-            await self._on_failure(exchange.rollout_id, outcome)
-            return False
-        self.lines_written += 1
-        self._metrics.capture_lines.inc()
-        self._metrics.capture_bytes.inc(size)
-        self._metrics.fsync_duration.observe(outcome)  # type: ignore[arg-type]
-        return True
+            self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
+
+    async def persist(self, exchange: CallExchange) -> bool:
+        """`submit`, awaited: True once the line is durable, False (never raise) on failure."""
+        future: asyncio.Future[bool] = self._loop.create_future()
+        self.submit(exchange, lambda written: future.done() or future.set_result(written))
+        return await asyncio.shield(future)  # A cancelled handler still lets the line be written.
 
     def close(self) -> None:
         self._committer.close()
+
+    def _settle_all(self) -> None:
+        with self._settled_lock:
+            settled, self._settled = self._settled, []
+        for on_settled, rollout_id, size, outcome in settled:
+            self._settle(on_settled, rollout_id, size, outcome)
+
+    def _settle(self, on_settled: Callable[[bool], None], rollout_id: str, size: int, outcome: object) -> None:
+        if isinstance(outcome, BaseException):
+            task = self._loop.create_task(self._fail_then(on_settled, rollout_id, outcome))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
+            return
+        self.lines_written += 1
+        metrics = self._metrics
+        metrics.capture_lines.inc()
+        metrics.capture_bytes.inc(size)
+        metrics.fsync_duration.observe(outcome)  # type: ignore[arg-type]
+        on_settled(True)
+
+    async def _fail_then(self, on_settled: Callable[[bool], None], rollout_id: str, exc: BaseException) -> None:
+        try:
+            await self._on_failure(rollout_id, exc)
+        finally:
+            on_settled(False)
 
     async def _on_failure(self, rollout_id: str, exc: BaseException) -> None:
         kind = failure_kind(exc)
@@ -82,7 +115,3 @@ def failure_kind(exc: BaseException) -> str:
         return errno.errorcode.get(exc.errno, f"errno{exc.errno}")
     return type(exc).__name__
 
-
-def _settle(future: "asyncio.Future[tuple[int, object]]", result: tuple[int, object]) -> None:
-    if not future.done():
-        future.set_result(result)

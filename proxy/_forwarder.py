@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from capture import BodyTap, StreamTap
 
@@ -120,7 +120,7 @@ class _Call:
         self.exchange = CallExchange(
             rollout_id=self.route.rollout_id or "",
             dialect=self.route.dialect,
-            model_name=self.settings.model_ref_name,
+            model_name=self.sidecar.model_ref_name,
             request_body=body,
             request_encoding=_text(request.value(b"content-encoding")),
             client_session_id=single_value(request.headers, self.settings.session_id_header),
@@ -176,13 +176,26 @@ class _Call:
 
     # -- outcomes --------------------------------------------------------------------------
 
-    async def persist_holding_back(self) -> None:
-        """Persist while the chunk (or the end of stream) that ends the reply waits (DESIGN §2)."""
-        if self.exchange is None or self.persisted:
+    def persist_then(self, then: Callable[[], None], holding_back: bool = True) -> None:
+        """Complete the exchange and make its line durable, then call ``then()`` (on the loop).
+
+        The pump's form of `_persist_now`: no task, no future. With ``holding_back`` the wait is
+        measured as the terminal chunk's hold-back (DESIGN §2).
+        """
+        exchange = self.exchange
+        if exchange is None or self.persisted:
+            then()
             return
+        self.persisted = True
+        self._complete(exchange)
         started = time.perf_counter()
-        await self._persist_now()
-        self.metrics.terminal_holdback.observe(time.perf_counter() - started)
+
+        def settled(_: bool) -> None:
+            if holding_back:
+                self.metrics.terminal_holdback.observe(time.perf_counter() - started)
+            then()
+
+        self.writer.submit(exchange, settled)  # type: ignore[union-attr]
 
     async def _persist_now(self) -> None:
         """Complete the exchange and make its line durable; once per call."""
@@ -211,12 +224,13 @@ class _Call:
         self.exchange.category_override = "cancelled"
         self.exchange.failure = Failure("client", "cancelled", "the client disconnected before the reply ended")
         self._complete(self.exchange)
-        self.sidecar.spawn_background(self.writer.persist(self.exchange))  # type: ignore[union-attr]
+        # Written even though nobody waits: closing the writer (shutdown) writes what is queued.
+        self.writer.submit(self.exchange, _ignore)  # type: ignore[union-attr]
 
-    async def upstream_broke(self, kind: str) -> None:
+    def upstream_broke_then(self, kind: str, then: Callable[[], None]) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
         log.warning("upstream %s failed mid-reply (%s) for %s", self.sidecar.upstream_url, kind, self.route.upstream_target)
-        await self._persist_now()
+        self.persist_then(then, holding_back=False)
 
     async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
@@ -330,7 +344,7 @@ class _BodyPump:
             self.broken = "reset_mid_reply"
         if not self.persisting:  # Else the persist in flight flushes what is held, then breaks.
             self.held = b""  # A lookahead chunk never completed a reply.
-            self.call.sidecar.spawn_background(self._broke())
+            self._break()
 
     def _client_flow(self, paused: bool) -> None:
         if paused:
@@ -341,19 +355,16 @@ class _BodyPump:
     def _persist_then_flush(self) -> None:
         self.persisting = True
         self.upstream.pause()
-        self.call.sidecar.spawn_background(self._persist_and_flush())
+        self.call.persist_then(self._after_persist)
 
-    async def _persist_and_flush(self) -> None:
-        try:
-            await self.call.persist_holding_back()
-        finally:
-            self.persisting = False
+    def _after_persist(self) -> None:
+        self.persisting = False
         if self.done.done():
             return
         if self.broken is not None:
             self.client.write(self.held)  # What arrived before the failure, then the cut.
             self.held = b""
-            await self._broke()
+            self._break()
         elif self.ended:
             self._flush_and_end()
         else:
@@ -369,9 +380,8 @@ class _BodyPump:
         self.client.end()
         self._finish("ended")
 
-    async def _broke(self) -> None:
-        await self.call.upstream_broke(self.broken or "reset_mid_reply")
-        self._finish("upstream_broke")
+    def _break(self) -> None:
+        self.call.upstream_broke_then(self.broken or "reset_mid_reply", lambda: self._finish("upstream_broke"))
 
     def _finish(self, outcome: str) -> None:
         self.client.on_write_flow = None
@@ -393,6 +403,10 @@ def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseE
         category = "stream_truncated"
     exchange.category_override = category
     exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)
+
+
+def _ignore(_: bool) -> None:
+    pass
 
 
 def _text(value: bytes | None) -> str | None:
