@@ -44,7 +44,7 @@ log = logging.getLogger("mcc.proxy")
 async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Connection) -> None:
     """Handle any request that is not an admin endpoint."""
     metrics = sidecar.metrics
-    metrics.requests_in_flight.inc()
+    metrics.requests_in_flight += 1
     route, call = None, None
     try:
         target = request.target.decode("latin-1")
@@ -63,7 +63,7 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
         call = _Call(sidecar, request, client, route)
         await call.run()
     finally:
-        metrics.requests_in_flight.dec()
+        metrics.requests_in_flight -= 1
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
@@ -139,12 +139,12 @@ class _Call:
     async def _relay(self, upstream: UpstreamReply) -> None:
         is_stream = (upstream.header(b"content-type") or b"").split(b";")[0].strip().lower() == b"text/event-stream"
         if is_stream:
-            self.metrics.streams_in_flight.inc()
+            self.metrics.streams_in_flight += 1
         try:
             await self._relay_body(upstream, is_stream)
         finally:
             if is_stream:
-                self.metrics.streams_in_flight.dec()
+                self.metrics.streams_in_flight -= 1
 
     async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
         self.status = upstream.status

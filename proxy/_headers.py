@@ -26,16 +26,16 @@ _REQUEST_ONLY_DROPPED = frozenset({"host", "content-length", "expect"})
 Headers = list[tuple[bytes, bytes]]
 
 
-def _connection_tokens(values: Iterable[bytes]) -> set[str]:
+def _connection_tokens(values: Iterable[bytes]) -> set[bytes]:
     """Header names listed in Connection are hop-by-hop for this message too."""
-    return {token.strip().lower() for value in values for token in value.decode("latin-1").split(",") if token.strip()}
+    return {token.strip().lower() for value in values for token in value.split(b",") if token.strip()}
 
 
-def _end_to_end(headers: Headers, dropped: frozenset[str]) -> Headers:
+def _end_to_end(headers: Headers, dropped: frozenset[bytes]) -> Headers:
     connection = [value for name, value in headers if name.lower() == b"connection"]
     if connection:
         dropped = dropped | _connection_tokens(connection)
-    return [(name, value) for name, value in headers if name.decode("latin-1").lower() not in dropped]
+    return [(name, value) for name, value in headers if name.lower() not in dropped]
 
 
 def upstream_request_headers(incoming: Headers) -> Headers:
@@ -48,7 +48,7 @@ def client_response_headers(raw_headers: Headers) -> Headers:
 
     Content-Length stays: the body is forwarded unchanged, so the upstream's length is right.
     """
-    return _end_to_end(raw_headers, _HOP_BY_HOP)
+    return _end_to_end(raw_headers, _HOP_BY_HOP_NAMES)
 
 
 def single_value(headers: Headers, name: str) -> str | None:
@@ -59,4 +59,5 @@ def single_value(headers: Headers, name: str) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-_REQUEST_DROPPED = _HOP_BY_HOP | _REQUEST_ONLY_DROPPED
+_HOP_BY_HOP_NAMES = frozenset(name.encode() for name in _HOP_BY_HOP)
+_REQUEST_DROPPED = frozenset(name.encode() for name in _HOP_BY_HOP | _REQUEST_ONLY_DROPPED)

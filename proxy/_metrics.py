@@ -31,8 +31,13 @@ class SidecarMetrics:
         self.requests = Counter("mcc_requests_total", "Requests handled, by dialect (none when not observed), "
                                 "status class and whether the call was captured.",
                                 ["dialect", "status_class", "captured"], registry=registry)
-        self.requests_in_flight = Gauge("mcc_requests_in_flight", "Requests being handled now.", registry=registry)
-        self.streams_in_flight = Gauge("mcc_streams_in_flight", "Event-stream replies being relayed now.", registry=registry)
+        # Plain ints read at scrape time: a Gauge's inc/dec takes a lock twice per request.
+        self.requests_in_flight = 0
+        self.streams_in_flight = 0
+        Gauge("mcc_requests_in_flight", "Requests being handled now.",
+              registry=registry).set_function(lambda: self.requests_in_flight)
+        Gauge("mcc_streams_in_flight", "Event-stream replies being relayed now.",
+              registry=registry).set_function(lambda: self.streams_in_flight)
         self.request_duration = Histogram("mcc_request_duration_seconds", "Time from the request going upstream "
                                           "to the end of the upstream exchange, for captured calls.",
                                           ["dialect"], buckets=_CALL_BUCKETS, registry=registry)

@@ -124,7 +124,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_only = head_only
         self.received = 0
         self._last_read = loop.time()
-        self._arm_timer()
+        if self._timer is None:
+            self._arm_timer()
         assert self.transport is not None
         self.transport.write(request)
         return self._head
@@ -220,7 +221,6 @@ class UpstreamConnection(asyncio.Protocol):
         if self._ended:
             return
         self._ended = True
-        self._cancel_timer()
         if self._sink is not None:
             self._sink.flush()
             self._sink.on_end()
@@ -229,7 +229,6 @@ class UpstreamConnection(asyncio.Protocol):
         if self._ended or self._failed is not None:
             return
         self._failed = (kind, exc)
-        self._cancel_timer()
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc if isinstance(exc, (UpstreamProtocolError, UpstreamTimeout))
                                      else UpstreamProtocolError(str(exc)))
@@ -254,7 +253,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def release(self) -> None:
         self._sink = None
-        self._cancel_timer()
         if self._ended and self._complete and self._keep_alive and not self.closed and not self._head_only:
             self._paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
@@ -269,11 +267,12 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.close()
             self._pool.forget(self)
 
-    # -- the read timeout: one timer per connection, re-armed only when it fires ------------
+    # -- the read timeout: one timer per connection for its life, re-armed only when it fires --
 
-    def _arm_timer(self) -> None:
+    def _arm_timer(self, at: Optional[float] = None) -> None:
         self._cancel_timer()
-        self._timer = self._pool.loop.call_at(self._last_read + self._pool.read_timeout, self._check_timeout)
+        when = self._last_read + self._pool.read_timeout if at is None else at
+        self._timer = self._pool.loop.call_at(when, self._check_timeout)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -282,10 +281,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _check_timeout(self) -> None:
         self._timer = None
-        if self._ended or self._failed is not None or self.closed:
+        if self.closed:
             return
-        deadline = self._last_read + self._pool.read_timeout
-        if self._paused or self._pool.loop.time() < deadline:
+        now = self._pool.loop.time()
+        if self._ended or self._failed is not None or self._paused:
+            # Idle between requests, or paused by our slow client: not the upstream's silence.
+            self._arm_timer(now + self._pool.read_timeout)
+            return
+        if now < self._last_read + self._pool.read_timeout:
             self._arm_timer()
             return
         message = f"no bytes from the upstream for {self._pool.read_timeout:g} s"

@@ -134,3 +134,15 @@ async def test_an_http_1_0_client_gets_a_chunked_upstream_body_unframed_then_the
     received = await _raw_exchange(sidecar.url, payload, until=b"\x00never", timeout=10)
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and b"chunked" not in head.lower() and body == events
+
+
+async def test_a_kept_alive_upstream_connection_idle_past_the_read_timeout_is_reused(http, upstream, start, capture_dir, store):
+    """The read timeout times a reply, not the pool: an idle connection neither times out nor spins."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, read_timeout=0.2)
+    for _ in range(2):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "idle", CHAT), CHAT_JSON_REQUEST)
+        assert reply.status == 200 and reply.body == CHAT_JSON
+        await asyncio.sleep(0.5)
+    assert upstream.connections == 1
+    assert [line["error_category"] for line in store.read("idle")] == [None, None]
