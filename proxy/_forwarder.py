@@ -287,42 +287,43 @@ class _BodyPump:
         self.batch.append(chunk)
 
     def flush(self) -> None:
-        """The chunks of one upstream read, as one: one tap feed, one client write."""
-        if not self.batch:
-            return
-        chunk = self.batch[0] if len(self.batch) == 1 else b"".join(self.batch)
-        self.batch.clear()
-        self._forward(chunk)
+        """The chunks of one upstream read: each fed to the tap, all written in one client write.
 
-    def _forward(self, chunk: bytes) -> None:
-        if self.done.done():
+        When a chunk completes the reply, the bytes before it go out now and it is held, with
+        whatever follows it, until the line is durable.
+        """
+        batch = self.batch
+        if not batch or self.done.done():
+            batch.clear()
             return
+        self.batch = []
         if self.client.gone:
             self._finish("client_gone")
             return
-        tap = self.tap
-        if tap is None:
-            self.client.write(chunk)
-            return
-        ends_reply = tap.feed(chunk)
-        exchange = self.exchange
-        if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
-            exchange.mark_first_content()
-        if self.lookahead:  # Write the chunk before; this one may be the last.
-            chunk, self.held = self.held, chunk
-            self.client.write(chunk)
+        tap, client = self.tap, self.client
+        if tap is None or self.call.persisted:
+            client.write(batch[0] if len(batch) == 1 else b"".join(batch))
             return
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
-            self.held += chunk
+            self.held += b"".join(batch)
             return
-        if self.remaining is not None:
-            self.remaining -= len(chunk)
-            ends_reply = self.remaining <= 0
-        if ends_reply and not self.call.persisted:
-            self.held = chunk
-            self._persist_then_flush()
-            return
-        self.client.write(chunk)
+        exchange = self.exchange
+        for index, chunk in enumerate(batch):
+            ends_reply = tap.feed(chunk)
+            if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+                exchange.mark_first_content()
+            if self.remaining is not None:
+                self.remaining -= len(chunk)
+                ends_reply = self.remaining <= 0
+            if ends_reply:
+                client.write(b"".join(batch[:index]))
+                self.held = b"".join(batch[index:])
+                self._persist_then_flush()
+                return
+        data = batch[0] if len(batch) == 1 else b"".join(batch)
+        if self.lookahead:  # Write what came before; this read may be the body's last.
+            data, self.held = self.held, data
+        client.write(data)
 
     def on_end(self) -> None:
         self.ended = True
