@@ -272,6 +272,7 @@ class _BodyPump:
         self.held = b""
         #: Chunks of the current upstream read, handled together at `flush`.
         self.batch: list[bytes] = []
+        self.first_written = False
         self.persisting = False
         self.ended = False
         #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
@@ -307,7 +308,7 @@ class _BodyPump:
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
             return
-        exchange = self.exchange
+        exchange, start = self.exchange, 0
         for index, chunk in enumerate(batch):
             ends_reply = tap.feed(chunk)
             if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
@@ -316,10 +317,17 @@ class _BodyPump:
                 self.remaining -= len(chunk)
                 ends_reply = self.remaining <= 0
             if ends_reply:
-                client.write(b"".join(batch[:index]))
+                client.write(b"".join(batch[start:index]))
                 self.held = b"".join(batch[index:])
                 self._persist_then_flush()
                 return
+            if not self.first_written and not self.lookahead:
+                self.first_written = True  # The first bytes go out before the rest is parsed: TTFT.
+                client.write(chunk)
+                start = index + 1
+        batch = batch[start:]
+        if not batch and not self.lookahead:
+            return
         data = batch[0] if len(batch) == 1 else b"".join(batch)
         if self.lookahead:  # Write what came before; this read may be the body's last.
             data, self.held = self.held, data
