@@ -67,7 +67,7 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
-        metrics.child(metrics.requests, dialect, status_class(status), captured).inc()
+        metrics.requests.inc(1, (dialect, status_class(status), captured))
 
 
 class _Call:
@@ -208,9 +208,9 @@ class _Call:
     def _complete(self, exchange: CallExchange) -> None:
         exchange.complete()
         metrics = self.metrics
-        metrics.child(metrics.request_duration, exchange.dialect).observe((exchange.latency_ms or 0) / 1000)
+        metrics.request_duration.observe((exchange.latency_ms or 0) / 1000, (exchange.dialect,))
         if exchange.latency_ttft_ms is not None:
-            metrics.child(metrics.ttft, exchange.dialect).observe(exchange.latency_ttft_ms / 1000)
+            metrics.ttft.observe(exchange.latency_ttft_ms / 1000, (exchange.dialect,))
         tap = exchange.tap
         if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
                 and 200 <= (exchange.status_code or 0) < 300):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import unquote
 
 from records import is_valid_rollout_id
@@ -37,6 +38,20 @@ class Route:
 def route_request(method: str, raw_target: str) -> Route:
     """Split ``/ng-rollout/<id>/<rest>`` into rollout id and ``/<rest>``; others pass through.
 
+    Cached for targets of ordinary length: a rollout's agent sends the same target call after
+    call, and `Route` is frozen. (The bound keeps odd or hostile targets from filling memory.)
+    """
+    if len(raw_target) <= _CACHED_TARGET_LENGTH:
+        return _cached_route(method, raw_target)
+    return _route(method, raw_target)
+
+
+_CACHED_TARGET_LENGTH = 512
+
+
+def _route(method: str, raw_target: str) -> Route:
+    """Split ``/ng-rollout/<id>/<rest>`` into rollout id and ``/<rest>``; others pass through.
+
     The id is percent-decoded before it is validated, so ``%2e%2e`` is refused as ``..``.
     """
     if not raw_target.startswith(ROLLOUT_PREFIX):
@@ -49,6 +64,9 @@ def route_request(method: str, raw_target: str) -> Route:
         return Route(upstream_target=upstream_target, invalid_rollout_id=encoded_id)
     dialect = OBSERVED_PATHS.get(_path_of(upstream_target)) if method == "POST" else None
     return Route(upstream_target=upstream_target, rollout_id=rollout_id, dialect=dialect)
+
+
+_cached_route = lru_cache(maxsize=16384)(_route)
 
 
 def _path_of(target: str) -> str:
