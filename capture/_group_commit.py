@@ -5,7 +5,8 @@ the same contract as `append_capture_line` (``O_APPEND`` + ``flock`` + one ``wri
 repair, rollback on a short write). A second thread makes everything appended since its last
 barrier durable at once: ``fsync`` of the file when that is one file, ``syncfs`` of the capture
 filesystem when it is several. The two overlap: the next batch is written while the last one
-is synced. Every line's callback runs only after a barrier that began after its write, so "its
+is synced. Under light load (no line waiting, no barrier running) the writer thread runs the
+barrier itself, which saves a thread wake-up on each call's latency. Every line's callback runs only after a barrier that began after its write, so "its
 record is on disk when the agent sees the end of the reply" still holds line by line.
 
 Why: with one rollout per agent, concurrent calls append to different files, so per-file
@@ -50,6 +51,8 @@ class GroupCommitter:
         #: Appended batches waiting for a barrier; the barrier thread takes them all at once.
         self._appended: deque[Optional[_Appended]] = deque()
         self._appended_ready = threading.Condition(threading.Lock())
+        #: A barrier is running (on either thread); barriers never overlap.
+        self._syncing = False
         # Two stages, so the next batch is appended while the last one's barrier runs.
         self._appender = threading.Thread(target=self._append_loop, name="mcc-capture-writer", daemon=True)
         self._syncer = threading.Thread(target=self._barrier_loop, name="mcc-capture-sync", daemon=True)
@@ -84,8 +87,27 @@ class GroupCommitter:
                 if not self._queue:
                     break
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
-            self._hand_over(self._append(batch))
+            appended = self._append(batch)
+            if not self._claim_idle_barrier():
+                self._hand_over(appended)
+                continue
+            try:  # Light load: the barrier runs here, saving a thread hop on every call's latency.
+                self._settle([appended])
+            finally:
+                with self._appended_ready:
+                    self._syncing = False
+                    self._appended_ready.notify()
         self._hand_over(None)  # Tells the barrier thread to stop once it has synced the rest.
+
+    def _claim_idle_barrier(self) -> bool:
+        """True (and the barrier is ours) when no line waits and the barrier thread is idle."""
+        if self._queue:
+            return False  # Under load the next batch is appended while the barrier thread syncs.
+        with self._appended_ready:
+            if self._syncing or self._appended:
+                return False
+            self._syncing = True
+            return True
 
     def _hand_over(self, appended: Optional["_Appended"]) -> None:
         with self._appended_ready:
@@ -121,21 +143,29 @@ class GroupCommitter:
         stopping = False
         while not stopping:
             with self._appended_ready:
-                while not self._appended:
+                while not self._appended or self._syncing:
                     self._appended_ready.wait()
                 taken = list(self._appended)
                 self._appended.clear()
+                self._syncing = True
             stopping = None in taken
-            pending = [appended for appended in taken if appended is not None]
             try:
-                self._barrier(pending)
+                self._settle([appended for appended in taken if appended is not None])
             finally:
-                for appended in pending:
-                    for fd, _ in appended.open_files:
-                        os.close(fd)
+                with self._appended_ready:
+                    self._syncing = False
+
+    def _settle(self, pending: list["_Appended"]) -> None:
+        """One barrier for ``pending``, then every line's callback."""
+        try:
+            self._barrier(pending)
+        finally:
             for appended in pending:
-                for index, (_, _, done) in enumerate(appended.batch):
-                    done(appended.sizes[index], appended.outcomes[index])
+                for fd, _ in appended.open_files:
+                    os.close(fd)
+        for appended in pending:
+            for index, (_, _, done) in enumerate(appended.batch):
+                done(appended.sizes[index], appended.outcomes[index])
 
     def _barrier(self, pending: list["_Appended"]) -> None:
         """Make every appended line durable; record the seconds it took, or the error, per line."""
