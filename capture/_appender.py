@@ -23,23 +23,38 @@ def append_capture_line(path: str, line: bytes) -> float:
     disk, file size limit) is rolled back with ``ftruncate`` while the lock is still held, so a
     failed append never leaves a torn line for readers to skip.
     """
+    fd, created = append_unsynced(path, line)
+    try:
+        fsync_started = time.perf_counter()
+        os.fsync(fd)
+        fsync_seconds = time.perf_counter() - fsync_started
+    finally:
+        os.close(fd)
+    if created:
+        # A new file's directory entry must be durable too, or a crash can lose the whole file.
+        _fsync_directory(os.path.dirname(path) or ".")
+    return fsync_seconds
+
+
+def append_unsynced(path: str, data: bytes) -> tuple[int, bool]:
+    """Append ``data`` (whole lines) under ``LOCK_EX``, torn-line repair first; no fsync.
+
+    Returns the open descriptor, which the caller makes durable and closes, and whether the
+    file was new (then its directory entry needs an fsync too). The group committer syncs many
+    of these with one barrier.
+    """
     fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             size_before = os.fstat(fd).st_size
-            _write_whole(fd, _terminate_torn_line(fd, size_before) + line, size_before)
-            fsync_started = time.perf_counter()
-            os.fsync(fd)
-            fsync_seconds = time.perf_counter() - fsync_started
+            _write_whole(fd, _terminate_torn_line(fd, size_before) + data, size_before)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
+    except BaseException:
         os.close(fd)
-    if size_before == 0:
-        # A new file's directory entry must be durable too, or a crash can lose the whole file.
-        _fsync_directory(os.path.dirname(path) or ".")
-    return fsync_seconds
+        raise
+    return fd, size_before == 0
 
 
 def create_incomplete_marker(path: str) -> None:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import fcntl
 import os
 import threading
 import time
 from collections import deque
 from typing import Callable, Optional, Union
 
-from ._appender import _OPEN_FLAGS, _FILE_MODE, _fsync_directory, _terminate_torn_line, _write_whole
+from ._appender import _fsync_directory, append_unsynced
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.
 Outcome = Union[float, BaseException]
@@ -127,7 +126,7 @@ class GroupCommitter:
             by_path.setdefault(path, []).append(index)
         for path, indexes in by_path.items():
             try:
-                fd, created = _append_unsynced(path, b"".join(lines[i] for i in indexes))
+                fd, created = append_unsynced(path, b"".join(lines[i] for i in indexes))
             except OSError as exc:
                 for i in indexes:
                     outcomes[i] = exc
@@ -210,25 +209,6 @@ class _Appended:
         #: (descriptor, indexes of its lines): kept open until the barrier has run.
         self.open_files: list[tuple[int, list[int]]] = []
         self.new_directories: set[str] = set()
-
-
-def _append_unsynced(path: str, data: bytes) -> tuple[int, bool]:
-    """Append ``data`` under ``LOCK_EX`` exactly as `append_capture_line` does, without the fsync.
-
-    Returns the open descriptor (the caller syncs and closes it) and whether the file was new.
-    """
-    fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            size_before = os.fstat(fd).st_size
-            _write_whole(fd, _terminate_torn_line(fd, size_before) + data, size_before)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, size_before == 0
 
 
 def _load_syncfs() -> Optional[Callable[[int], int]]:

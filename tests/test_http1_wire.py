@@ -14,32 +14,15 @@ from .wire import assert_same_reply, fetch, rollout_url
 CHAT = "/v1/chat/completions"
 
 
-async def _raw_exchange(url: str, payload: bytes, until: bytes, timeout: float = 10) -> bytes:
-    """Write ``payload`` on one connection; read until ``until`` has been seen (or the peer closes)."""
+async def _raw_exchange(url: str, payload: bytes, until: bytes = b"\x00never", count: int = 1, timeout: float = 10) -> bytes:
+    """Write ``payload`` on one connection; read until ``until`` was seen ``count`` times, or EOF."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(payload)
     received = b""
     try:
-        while until not in received:
+        while received.count(until) < count:
             data = await asyncio.wait_for(reader.read(65536), timeout)
-            if not data:
-                break
-            received += data
-    finally:
-        writer.close()
-    return received
-
-
-async def _raw_exchange_all(url: str, payload: bytes, replies: int) -> bytes:
-    """Write ``payload``; read until ``replies`` whole JSON replies of `CHAT_JSON` have arrived."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(payload)
-    received = b""
-    try:
-        while received.count(CHAT_JSON) < replies:
-            data = await asyncio.wait_for(reader.read(65536), 10)
             if not data:
                 break
             received += data
@@ -57,7 +40,7 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(upstre
     bodies = [orjson.dumps({"n": n}) for n in range(3)]
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
     payload = b"".join(_post(f"/ng-rollout/p/v1/chat/completions?n={n}", body) for n, body in enumerate(bodies))
-    received = await _raw_exchange_all(sidecar.url, payload, replies=3)
+    received = await _raw_exchange(sidecar.url, payload, until=CHAT_JSON, count=3)
     assert received.count(b"HTTP/1.1 200 OK\r\n") == 3 and received.count(CHAT_JSON) == 3
     assert [r.body for r in upstream.received] == bodies, "one at a time, in the order sent"
     assert [line["request"] for line in store.read("p")] == [{"n": 0}, {"n": 1}, {"n": 2}]
@@ -115,7 +98,7 @@ async def test_an_http_1_0_client_gets_its_reply_and_a_closed_connection(upstrea
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
     payload = (b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                % (len(CHAT_JSON_REQUEST), CHAT_JSON_REQUEST))
-    received = await _raw_exchange(sidecar.url, payload, until=b"\x00never", timeout=10)
+    received = await _raw_exchange(sidecar.url, payload)
     assert received.startswith(b"HTTP/1.1 200 OK") and received.endswith(CHAT_JSON), "the whole reply, then EOF"
 
 
@@ -131,7 +114,7 @@ async def test_an_http_1_0_client_gets_a_chunked_upstream_body_unframed_then_the
     upstream.scripts["/v1/stream"] = Script(headers=[("Content-Type", "text/event-stream")], pieces=[events[:9], events[9:]],
                                             chunked=True, pause=0.02)
     payload = b"GET /v1/stream HTTP/1.0\r\n\r\n"
-    received = await _raw_exchange(sidecar.url, payload, until=b"\x00never", timeout=10)
+    received = await _raw_exchange(sidecar.url, payload)
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and b"chunked" not in head.lower() and body == events
 
