@@ -17,7 +17,7 @@ import orjson
 
 from ._capture_writer import CaptureWriter
 from ._forwarder import forward
-from ._http1 import Http1Connection, ServerRequest
+from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._metrics import CONTENT_TYPE, SidecarMetrics
 from ._settings import Settings
 from ._upstream import UpstreamPool
@@ -43,6 +43,8 @@ class Sidecar:
         self._background: set[asyncio.Future[Any]] = set()
         self._server: Optional[asyncio.base_events.Server] = None
         self.upstream: UpstreamPool
+        #: Seconds an idle client connection is kept (see `Http1Connection`).
+        self.idle_timeout = KEEPALIVE_IDLE_SECONDS
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
@@ -58,7 +60,7 @@ class Sidecar:
             self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections),
+            lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout),
             settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None)
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host

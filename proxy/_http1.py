@@ -24,6 +24,9 @@ log = logging.getLogger("mcc.http")
 MAX_HEAD_BYTES = 64 * 1024
 #: Pipelined requests held while one is served, before reading pauses.
 MAX_PIPELINED = 16
+#: A connection with no request in flight that sends nothing for this long is closed (aiohttp's
+#: default too); clients' pools reconnect transparently.
+KEEPALIVE_IDLE_SECONDS = 75.0
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -61,8 +64,12 @@ Handler = Callable[[ServerRequest, "Http1Connection"], Awaitable[None]]
 class Http1Connection(asyncio.Protocol):
     """One client connection. The handler writes its reply with `start` / `write` / `end`."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"]) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"],
+                 idle_timeout: float = KEEPALIVE_IDLE_SECONDS) -> None:
         self._handler = handler
+        self._idle_timeout = idle_timeout
+        self._last_activity = 0.0
+        self._idle_timer: Optional[asyncio.TimerHandle] = None
         self._max_body = max_body_bytes
         self._connections = connections
         self._parser = httptools.HttpRequestParser(self)
@@ -95,8 +102,12 @@ class Http1Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._connections.add(self)
+        self._loop = loop = asyncio.get_running_loop()
+        self._last_activity = loop.time()
+        self._idle_timer = loop.call_later(self._idle_timeout, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
+        self._last_activity = self._loop.time()
         if self._closing:
             return
         try:
@@ -112,6 +123,8 @@ class Http1Connection(asyncio.Protocol):
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.gone = True
         self._connections.discard(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # The client left: the handler stops its upstream call.
         if self._drain is not None and not self._drain.done():
@@ -223,6 +236,7 @@ class Http1Connection(asyncio.Protocol):
                     return
         finally:
             self._task = None
+            self._last_activity = self._loop.time()  # Idle from the end of the last reply.
         if self._closing:
             self.close()
 
@@ -314,6 +328,19 @@ class Http1Connection(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         return self._task is not None
+
+    def _check_idle(self) -> None:
+        """Close a connection that sent nothing for the idle timeout while no reply was in flight
+        (a keep-alive connection its client forgot, or one that never finished a request head)."""
+        self._idle_timer = None
+        if self.gone:
+            return
+        loop, busy = self._loop, self._task is not None
+        idle_until = self._last_activity + self._idle_timeout
+        if not busy and loop.time() >= idle_until:
+            self.close()
+            return
+        self._idle_timer = loop.call_at(loop.time() + self._idle_timeout if busy else idle_until, self._check_idle)
 
     def _refuse(self, status: int, reason: bytes, message: bytes) -> None:
         self._closing = True

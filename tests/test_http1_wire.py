@@ -129,3 +129,22 @@ async def test_a_kept_alive_upstream_connection_idle_past_the_read_timeout_is_re
         await asyncio.sleep(0.5)
     assert upstream.connections == 1
     assert [line["error_category"] for line in store.read("idle")] == [None, None]
+
+
+async def test_an_idle_client_connection_is_closed_after_the_idle_timeout_and_a_busy_one_is_not(upstream):
+    """A forgotten keep-alive connection (or a head never finished) is closed; a slow reply is not cut."""
+    from proxy import Settings, Sidecar
+
+    upstream.scripts["/v1/slow"] = json_script(b"{}", delay_head=0.6)
+    sidecar = Sidecar(Settings(upstream=upstream.url, port=0))
+    sidecar.idle_timeout = 0.3
+    url = await sidecar.start()
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /v1/sl")  # A head never finished.
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "closed by the sidecar"
+        busy = await _raw_exchange(url, b"GET /v1/slow HTTP/1.1\r\nHost: x\r\n\r\n", until=b"{}")
+        assert busy.startswith(b"HTTP/1.1 200 OK") and busy.endswith(b"{}"), "a reply slower than the idle timeout"
+    finally:
+        await sidecar.close()
