@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections import deque
+from queue import SimpleQueue
 from typing import Callable, Optional, Union
 
 from ._appender import _fsync_directory, append_unsynced
@@ -44,8 +45,10 @@ class GroupCommitter:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, not {sync_mode!r}")
         self._syncfs = _load_syncfs() if sync_mode == "auto" else None
         self._max_batch = max_batch
-        self._queue: deque[_Entry] = deque()
-        self._wakeup = threading.Condition(threading.Lock())
+        # A SimpleQueue (C): `submit` runs on the event loop's thread for every call, and a
+        # Condition's notify costs several times its put. None is the stop sentinel.
+        self._queue: SimpleQueue[Optional[_Entry]] = SimpleQueue()
+        self._submit_lock = threading.Lock()
         self._closing = False
         #: Appended batches waiting for a barrier; the barrier thread takes them all at once.
         self._appended: deque[Optional[_Appended]] = deque()
@@ -62,30 +65,36 @@ class GroupCommitter:
         """Queue one line for ``path``. ``make_line`` runs on the writer thread (serialising off
         the event loop); ``done(size, outcome)`` runs on a writer thread too, once the line is
         durable or failed."""
-        with self._wakeup:
+        with self._submit_lock:  # Nothing is queued behind the stop sentinel.
             if self._closing:
                 raise RuntimeError("the capture writer is closed")
-            self._queue.append((path, make_line, done))
-            self._wakeup.notify()
+            self._queue.put((path, make_line, done))
 
     def close(self) -> None:
         """Write what is queued, then stop the threads."""
-        with self._wakeup:
-            self._closing = True
-            self._wakeup.notify()
+        with self._submit_lock:
+            if not self._closing:
+                self._closing = True
+                self._queue.put(None)
         self._appender.join()
         self._syncer.join()
 
     # -- stage 1: build and append ------------------------------------------------------------
 
     def _append_loop(self) -> None:
-        while True:
-            with self._wakeup:
-                while not self._queue and not self._closing:
-                    self._wakeup.wait()
-                if not self._queue:
-                    break
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
+        queue, stopping = self._queue, False
+        while not stopping:
+            first = queue.get()
+            batch = [first] if first is not None else []
+            stopping = first is None
+            while not stopping and len(batch) < self._max_batch and not queue.empty():
+                entry = queue.get_nowait()
+                if entry is None:
+                    stopping = True
+                else:
+                    batch.append(entry)
+            if not batch:
+                continue
             appended = self._append(batch)
             if not self._claim_idle_barrier():
                 self._hand_over(appended)
@@ -100,7 +109,7 @@ class GroupCommitter:
 
     def _claim_idle_barrier(self) -> bool:
         """True (and the barrier is ours) when no line waits and the barrier thread is idle."""
-        if self._queue:
+        if not self._queue.empty():
             return False  # Under load the next batch is appended while the barrier thread syncs.
         with self._appended_ready:
             if self._syncing or self._appended:
