@@ -155,6 +155,12 @@ def _parsed_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None]]:
     a 100,000-line file that is hundreds of MB of fresh memory, which costs more in page faults
     than the parse itself (issue 4's measurements).
     """
+    if len(data) <= _WHOLE_FILE_PARSE_LIMIT and data.endswith(b"\n"):
+        values = _parse_as_one_array(data)
+        if values is not None:
+            for index, value in enumerate(values):
+                yield index, (value if type(value) is dict else None)
+            return
     index = 0
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     for line in io.BytesIO(data):
@@ -171,4 +177,21 @@ def _parsed_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None]]:
 
 
 _LF = ord("\n")
+#: Files up to this size are first parsed as one JSON array (see `_parse_as_one_array`).
+_WHOLE_FILE_PARSE_LIMIT = 8 << 20
+
+
+def _parse_as_one_array(data: bytes) -> list[Any] | None:
+    """Every line of ``data`` at once, when each is one JSON value and none is blank.
+
+    The lines joined by commas are one JSON array, parsed in one call to orjson instead of one
+    per line (about a fifth of `mcc stats`' time per line on small files). Anything else -- a
+    blank line, a malformed or torn line, a line holding two values -- falls back to the line
+    by line reader (None), so the result is always the same.
+    """
+    try:
+        values = orjson.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError:
+        return None
+    return values if len(values) == data.count(b"\n") else None
 _BLANK = b" \t\r\n"

@@ -113,3 +113,24 @@ def test_lines_written_by_the_encoder_parse_back_identically(tmp_path):
     (line,) = CaptureStore(tmp_path).read("r")
     assert line["request"] == fields["request"] and line["extra_future_key"] is True
     assert orjson.dumps(line["request"]) == orjson.dumps(fields["request"])
+
+
+@pytest.mark.parametrize("content", [
+    b'{"a": 1}\n{"b": 2}\n',
+    b'{"a": 1}\r\n{"b": "\xc3\xa9"}\r\n',
+    b'{"a": 1}\n[1]\n"text"\n{"b": 2}\n',  # Values that are not objects: malformed, indexes kept.
+    b'{"a": 1}\n1, 2\n{"b": 2}\n',  # Two values on one line are not one line's object.
+    b'{"a": 1}\n\n  \n{"b": 2}\n',  # Blank lines are not calls.
+    b'{"a": 1}\n{"b": \n',  # A malformed line.
+    b'{"a": 1}\n{"b": 2}',  # A torn last line.
+    b"",
+])
+def test_whole_file_parse_reads_exactly_what_the_line_reader_reads(tmp_path, monkeypatch, content):
+    """Small files are parsed as one JSON array first (speed); the result never differs."""
+    from records import _store
+
+    (tmp_path / "r.capture.jsonl").write_bytes(content)
+    store = CaptureStore(tmp_path)
+    fast = store.read_available("r")
+    monkeypatch.setattr(_store, "_WHOLE_FILE_PARSE_LIMIT", 0)
+    assert store.read_available("r") == fast
