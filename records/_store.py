@@ -149,21 +149,39 @@ def _read_locked(path: str) -> bytes:
 def _parsed_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(call_index, parsed object or None) for every non-blank line of ``data``.
 
-    Lines come from iterating a ``BytesIO`` over ``data`` (it shares the buffer, and finds
-    each line in C) and are parsed one at a time rather than split up front: a split copies
+    The file is read in blocks of whole lines (about 1 MiB), each parsed as one JSON array when
+    it can be (`_parse_as_one_array`), else line by line. Never split up front: a split copies
     the whole file into line objects that all stay alive until the last one is parsed, and on
     a 100,000-line file that is hundreds of MB of fresh memory, which costs more in page faults
-    than the parse itself (issue 4's measurements).
+    than the parse itself (issue 4's measurements); a block's memory is reused by the next.
     """
-    if len(data) <= _WHOLE_FILE_PARSE_LIMIT and data.endswith(b"\n"):
-        values = _parse_as_one_array(data)
-        if values is not None:
-            for index, value in enumerate(values):
-                yield index, (value if type(value) is dict else None)
-            return
     index = 0
+    for block in _blocks(data):
+        values = _parse_as_one_array(block) if block.endswith(b"\n") else None
+        if values is not None:
+            for value in values:
+                yield index, (value if type(value) is dict else None)
+                index += 1
+            continue
+        for parsed in _parse_line_by_line(block):
+            yield index, parsed
+            index += 1
+
+
+def _blocks(data: bytes) -> Iterator[bytes]:
+    """``data`` in pieces of about `_BLOCK_BYTES`, each ending at a line end (but the last)."""
+    start, size = 0, len(data)
+    while start < size:
+        stop = data.find(b"\n", min(start + _BLOCK_BYTES, size) - 1)
+        stop = size if stop == -1 else stop + 1
+        yield data[start:stop] if start or stop < size else data
+        start = stop
+
+
+def _parse_line_by_line(block: bytes) -> Iterator[dict[str, Any] | None]:
+    """Each non-blank line of ``block``: its object, or None when malformed or torn."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    for line in io.BytesIO(data):
+    for line in io.BytesIO(block):  # Shares the buffer; finds each line in C.
         if line[0] in _BLANK and not line.strip():
             continue
         parsed: Any = None
@@ -172,22 +190,21 @@ def _parsed_lines(data: bytes) -> Iterator[tuple[int, dict[str, Any] | None]]:
                 parsed = loads(line)  # The LF is JSON whitespace.
             except decode_error:
                 pass
-        yield index, (parsed if type(parsed) is dict else None)
-        index += 1
+        yield parsed if type(parsed) is dict else None
 
 
 _LF = ord("\n")
-#: Files up to this size are first parsed as one JSON array (see `_parse_as_one_array`).
-_WHOLE_FILE_PARSE_LIMIT = 8 << 20
+#: Lines are parsed in blocks of about this many bytes (see `_parsed_lines`).
+_BLOCK_BYTES = 1 << 20
 
 
 def _parse_as_one_array(data: bytes) -> list[Any] | None:
     """Every line of ``data`` at once, when each is one JSON value and none is blank.
 
     The lines joined by commas are one JSON array, parsed in one call to orjson instead of one
-    per line (about a fifth of `mcc stats`' time per line on small files). Anything else -- a
-    blank line, a malformed or torn line, a line holding two values -- falls back to the line
-    by line reader (None), so the result is always the same.
+    per line (+15% for `mcc stats`). Anything else -- a blank line, a malformed or torn line,
+    a line holding two values -- gives None, and the block is read line by line, so the result
+    is always the same.
     """
     try:
         values = orjson.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")

@@ -126,11 +126,14 @@ def test_lines_written_by_the_encoder_parse_back_identically(tmp_path):
     b"",
 ])
 def test_whole_file_parse_reads_exactly_what_the_line_reader_reads(tmp_path, monkeypatch, content):
-    """Small files are parsed as one JSON array first (speed); the result never differs."""
+    """Blocks of lines are parsed as one JSON array when they can be (speed); never a different result."""
     from records import _store
 
     (tmp_path / "r.capture.jsonl").write_bytes(content)
     store = CaptureStore(tmp_path)
     fast = store.read_available("r")
-    monkeypatch.setattr(_store, "_WHOLE_FILE_PARSE_LIMIT", 0)
-    assert store.read_available("r") == fast
+    monkeypatch.setattr(_store, "_parse_as_one_array", lambda block: None)
+    assert store.read_available("r") == fast, "line by line"
+    monkeypatch.undo()
+    monkeypatch.setattr(_store, "_BLOCK_BYTES", 9)  # Blocks of a line or two: bounds inside the file.
+    assert store.read_available("r") == fast, "in small blocks"
