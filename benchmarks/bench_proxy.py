@@ -338,7 +338,7 @@ def report(results: dict[str, dict[str, list[float]]], rss: int, fsync: float) -
 
     lines = [f"# Proxy benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"Machine: {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}; Python {platform.python_version()}; "
-             f"aiohttp {_version('aiohttp')}, uvloop {_version('uvloop')}, "
+             f"httptools {_version('httptools')}, uvloop {_version('uvloop')}, "
              f"{subprocess.run(['nginx', '-v'], capture_output=True, text=True).stderr.strip()}; fsync p50 of the capture dir {ms(fsync)} ms.",
              "", "Everything on loopback on this machine; the load generators (a Python keep-alive client, wrk) share its cores.", "",
              "| measure | direct | nginx | sidecar, capture off | sidecar, capture on |", "|---|---:|---:|---:|---:|"]
