@@ -15,7 +15,9 @@ per batch costs about one ``fsync`` whatever the batch size. And two threads ins
 keep the event loop's thread from fighting eight others for the GIL on every syscall.
 
 ``syncfs`` flushes the whole filesystem the capture directory is on: give captures their own
-volume (the deploy manifests do), or choose ``sync_mode="fsync"`` to sync file by file.
+volume (the deploy manifests do), or choose ``sync_mode="fsync"`` to sync file by file. It is
+used only on local filesystems known to honour it (ext4, xfs, ...): on FUSE, NFS and the like,
+each file is fsynced.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ SYNC_MODES = ("auto", "fsync")
 class GroupCommitter:
     """A writer thread that appends queued lines and makes each batch durable with one barrier."""
 
-    def __init__(self, sync_mode: str = "auto", max_batch: int = 512) -> None:
+    def __init__(self, sync_mode: str = "auto", max_batch: int = 512, directory: Optional[str] = None) -> None:
+        """``directory``: where the lines go; ``auto`` uses ``syncfs`` only when that directory is
+        on a filesystem whose ``syncfs`` is known to flush (see `syncfs_flushes`)."""
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, not {sync_mode!r}")
-        self._syncfs = _load_syncfs() if sync_mode == "auto" else None
+        trusted = directory is not None and syncfs_flushes(filesystem_type(directory))
+        self._syncfs = _load_syncfs() if sync_mode == "auto" and trusted else None
         self._max_batch = max_batch
         # A SimpleQueue (C): `submit` runs on the event loop's thread for every call, and a
         # Condition's notify costs several times its put. None is the stop sentinel.
@@ -218,6 +223,38 @@ class _Appended:
         #: (descriptor, indexes of its lines): kept open until the barrier has run.
         self.open_files: list[tuple[int, list[int]]] = []
         self.new_directories: set[str] = set()
+
+
+#: Local filesystems whose ``syncfs`` writes back every file's data and metadata. Elsewhere --
+#: FUSE (a daemon may not implement it: the call then returns 0 and flushes nothing), NFS, CIFS,
+#: Ceph, unknown -- each file is fsynced, which every filesystem honours.
+_SYNCFS_FLUSHES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
+
+
+def syncfs_flushes(fstype: Optional[str]) -> bool:
+    return fstype in _SYNCFS_FLUSHES
+
+
+def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the filesystem ``directory`` is on, from ``/proc/self/mountinfo`` (None if unknown)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return None
+    path = os.path.realpath(directory)
+    best, best_type = -1, None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        after = line.split(" - ", 1)[1].split(" ")
+        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= best:  # The deepest mount wins; a later one shadows.
+            best, best_type = len(mount_point), after[0]
+    return best_type
 
 
 def _load_syncfs() -> Optional[Callable[[int], int]]:

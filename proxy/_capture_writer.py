@@ -32,7 +32,7 @@ class CaptureWriter:
         self.capture_dir = capture_dir
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self._committer = GroupCommitter(sync_mode)
+        self._committer = GroupCommitter(sync_mode, directory=capture_dir)
         self._logged: set[tuple[str, str]] = set()
         self._failing: set[asyncio.Task[None]] = set()
         # Lines settled on the writer threads, handed to the event loop in one callback per batch.

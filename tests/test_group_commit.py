@@ -41,7 +41,7 @@ def _line(call_id: str, padding: int = 10) -> bytes:
 def test_lines_from_many_threads_to_many_files_are_each_written_once_and_settled_after_the_barrier(tmp_path, sync_mode):
     """16 threads queue 400 lines over 20 files (some above 64 KiB): every line intact, in its own
     file, none lost or doubled, each settled once with the barrier's seconds and its size."""
-    committer = GroupCommitter(sync_mode)
+    committer = GroupCommitter(sync_mode, directory=str(tmp_path))
     outcomes = Outcomes()
 
     def submit(number: int) -> None:
@@ -107,6 +107,28 @@ def test_close_writes_what_is_queued_and_refuses_more(tmp_path):
     assert len(outcomes.settled) == 50 and len(CaptureStore(str(tmp_path)).read("r")) == 50
     with pytest.raises(RuntimeError):
         committer.submit(str(tmp_path / "r.capture.jsonl"), lambda: _line("late"), outcomes.callback("late"))
+
+
+MOUNTINFO = """22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:1 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:40 / /data rw,relatime - fuse.gcsfuse bucket rw
+41 40 0:41 / /data/local\\040disk rw,relatime - xfs /dev/vdb rw
+42 27 0:42 / /mnt/nfs rw,relatime - nfs4 server:/export rw
+"""
+
+
+@pytest.mark.parametrize("directory,fstype,syncfs", [
+    ("/work/captures", "ext4", True),
+    ("/data/captures", "fuse.gcsfuse", False),  # A FUSE daemon may answer syncfs without flushing.
+    ("/data/local disk/captures", "xfs", True),  # The deeper mount wins; \\040 is a space.
+    ("/mnt/nfs/captures", "nfs4", False),
+    ("/mnt/nfsx", "ext4", True),  # A prefix of a name is not a parent directory.
+])
+def test_syncfs_is_used_only_on_filesystems_known_to_honour_it(directory, fstype, syncfs):
+    from capture._group_commit import filesystem_type, syncfs_flushes
+
+    assert filesystem_type(directory, MOUNTINFO) == fstype
+    assert syncfs_flushes(fstype) is syncfs
 
 
 def test_an_unknown_sync_mode_is_refused():
