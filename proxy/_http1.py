@@ -47,10 +47,6 @@ class ServerRequest:
         self.too_large = False
         self.http10 = False
 
-    def values(self, name: bytes) -> list[bytes]:
-        """Every value of header ``name`` (lower case), in order."""
-        return [value for key, value in self.headers if key.lower() == name]
-
     def value(self, name: bytes) -> Optional[bytes]:
         for key, value in self.headers:
             if key.lower() == name:
@@ -88,7 +84,6 @@ class Http1Connection(asyncio.Protocol):
         self.gone = False
         #: Set while the client is not reading fast enough (the transport's high-water mark).
         self._paused_writing = False
-        self._drain: Optional[asyncio.Future[None]] = None
         #: Called with True / False when writing pauses / resumes (the forwarder's body pump).
         self.on_write_flow: Optional[Callable[[bool], None]] = None
         self._chunked = False
@@ -127,8 +122,6 @@ class Http1Connection(asyncio.Protocol):
             self._idle_timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # The client left: the handler stops its upstream call.
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_exception(ConnectionResetError("the client went away"))
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -137,8 +130,6 @@ class Http1Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
         if self.on_write_flow is not None:
             self.on_write_flow(False)
 
@@ -295,14 +286,6 @@ class Http1Connection(asyncio.Protocol):
         self.start(status, reason, [*headers, (b"Content-Length", str(len(body)).encode())], chunked=False)
         self.write(body)
         self.end()
-
-    async def drain(self) -> None:
-        """Wait while the client is slower than the reply (raises when it went away)."""
-        if self.gone:
-            raise ConnectionResetError("the client went away")
-        if self._paused_writing:
-            self._drain = asyncio.get_running_loop().create_future()
-            await self._drain
 
     @property
     def writing_paused(self) -> bool:
