@@ -31,6 +31,14 @@ KEEPALIVE_IDLE_SECONDS = 75.0
 Headers = list[tuple[bytes, bytes]]
 
 
+def header_value(headers: Headers, name: bytes) -> Optional[bytes]:
+    """The first value of header ``name`` (given in lower case), or None."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
 class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""
 
@@ -48,10 +56,7 @@ class ServerRequest:
         self.http10 = False
 
     def value(self, name: bytes) -> Optional[bytes]:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
+        return header_value(self.headers, name)
 
 
 Handler = Callable[[ServerRequest, "Http1Connection"], Awaitable[None]]

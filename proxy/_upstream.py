@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ._http1 import Headers
+from ._http1 import Headers, header_value
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
@@ -69,10 +69,7 @@ class UpstreamReply:
         self.content_length = content_length
 
     def header(self, name: bytes) -> Optional[bytes]:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
+        return header_value(self.headers, name)
 
     def attach(self, sink: BodySink) -> None:
         self._connection.attach(sink)
@@ -160,7 +157,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         if self._complete:
             return
-        if self._reason is not None and self._head is not None and not self._parser_expects_more():
+        if self._head is not None and not self._framed():
             self._finish()  # A body delimited by the close of the connection.
             return
         self._fail("reset", exc or ConnectionResetError("the upstream closed the connection mid-reply"))
@@ -178,9 +175,9 @@ class UpstreamConnection(asyncio.Protocol):
         if 100 <= status < 200:  # An interim reply (we never send Expect): wait for the real one.
             self._headers, self._reason = [], b""
             return
-        length = next((value for key, value in self._headers if key.lower() == b"content-length"), None)
+        length = header_value(self._headers, b"content-length")
         content_length = int(length) if length is not None and length.strip().isdigit() else None
-        chunked = any(key.lower() == b"transfer-encoding" for key, _ in self._headers)
+        chunked = header_value(self._headers, b"transfer-encoding") is not None
         if self._head_only or status in (204, 304):
             content_length = 0
         reply = UpstreamReply(self, status, self._reason, self._headers, chunked or content_length is None, content_length)
@@ -236,9 +233,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._sink.flush()
             self._sink.on_error(kind, exc)
 
-    def _parser_expects_more(self) -> bool:
-        """True when the reply had a length or chunked framing that the close cut short."""
-        return any(key.lower() in (b"content-length", b"transfer-encoding") for key, _ in self._headers)
+    def _framed(self) -> bool:
+        """True when the reply declared its end (a length or chunked coding), so a close cuts it short."""
+        return (header_value(self._headers, b"content-length") is not None
+                or header_value(self._headers, b"transfer-encoding") is not None)
 
     def pause(self) -> None:
         if not self._paused and self.transport is not None and not self.closed:
