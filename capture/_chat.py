@@ -32,6 +32,7 @@ class ChatReassembler(Reassembler):
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:
             return None
+        self.join_texts()
         completion: dict[str, Any] = {"object": "chat.completion", **self._envelope}
         completion["choices"] = [choice for choice in self._choices if choice is not None]
         if self._usage is not None:
@@ -80,7 +81,7 @@ class ChatReassembler(Reassembler):
                                        "finish_reason": None, "logprobs": None}
         delta = chunk_choice.get("delta")
         if type(delta) is dict and delta:
-            _merge_delta(choice["message"], delta)
+            self._merge_delta(choice["message"], delta)
         finish_reason = chunk_choice.get("finish_reason")
         if finish_reason is not None:
             choice["finish_reason"] = finish_reason
@@ -89,37 +90,35 @@ class ChatReassembler(Reassembler):
             choice["logprobs"] = _merge_logprobs(choice["logprobs"], logprobs)
 
 
-def _merge_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
-    for key, piece in delta.items():
-        if key in _TEXT_KEYS:
-            if type(piece) is str:
-                current = message.get(key)
-                message[key] = current + piece if type(current) is str else piece
-        elif key == "role":
-            if type(piece) is str:
-                message["role"] = piece
-        elif key == "tool_calls" and type(piece) is list:
-            for fragment in piece:
-                if type(fragment) is dict:
-                    _merge_tool_call(message.setdefault("tool_calls", []), fragment)
+    def _merge_delta(self, message: dict[str, Any], delta: dict[str, Any]) -> None:
+        for key, piece in delta.items():
+            if key in _TEXT_KEYS:
+                if type(piece) is str:
+                    self.append_text(message, key, piece)
+            elif key == "role":
+                if type(piece) is str:
+                    message["role"] = piece
+            elif key == "tool_calls" and type(piece) is list:
+                for fragment in piece:
+                    if type(fragment) is dict:
+                        self._merge_tool_call(message.setdefault("tool_calls", []), fragment)
 
-
-def _merge_tool_call(calls: list[Any], fragment: dict[str, Any]) -> None:
-    """Fragments of one call share an ``index``; id, type and name arrive once, arguments in pieces."""
-    index = fragment.get("index", len(calls))
-    if not grow_list(calls, index):
-        return
-    call = calls[index]
-    if call is None:
-        call = calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-    for key in ("id", "type"):
-        if isinstance(fragment.get(key), str) and fragment[key]:
-            call[key] = fragment[key]
-    function = fragment.get("function")
-    if isinstance(function, dict):
-        for key in ("name", "arguments"):
-            if isinstance(function.get(key), str):
-                call["function"][key] += function[key]
+    def _merge_tool_call(self, calls: list[Any], fragment: dict[str, Any]) -> None:
+        """Fragments of one call share an ``index``; id, type and name arrive once, arguments in pieces."""
+        index = fragment.get("index", len(calls))
+        if not grow_list(calls, index):
+            return
+        call = calls[index]
+        if call is None:
+            call = calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        for key in ("id", "type"):
+            if isinstance(fragment.get(key), str) and fragment[key]:
+                call[key] = fragment[key]
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            for key in ("name", "arguments"):
+                if isinstance(function.get(key), str):
+                    self.append_text(call["function"], key, function[key])
 
 
 def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ class MessagesReassembler(Reassembler):
         super().__init__()
         self._message: dict[str, Any] | None = None
         self._blocks: list[dict[str, Any] | None] = []
-        self._partial_json: dict[int, str] = {}
+        self._partial_json: dict[int, list[str]] = {}
         self._error: Any = None
         self._handlers = {
             "message_start": self._on_message_start,
@@ -41,12 +41,13 @@ class MessagesReassembler(Reassembler):
     def result(self) -> dict[str, Any] | None:
         if self._message is None and self._error is None:
             return None
+        self.join_texts()
         message = dict(self._message or {"type": "message"})
         message["content"] = [block for block in self._blocks if block is not None]
-        for index, text in self._partial_json.items():  # A cut stream: blocks never stopped.
+        for index, pieces in self._partial_json.items():  # A cut stream: blocks never stopped.
             block = self._blocks[index] if index < len(self._blocks) else None
             if block is not None:
-                block["input"] = _parse_input(text)
+                block["input"] = _parse_input("".join(pieces))
         if self._error is not None:
             message["error"] = self._error
         return message
@@ -67,7 +68,7 @@ class MessagesReassembler(Reassembler):
         if isinstance(block, dict) and grow_list(self._blocks, index):
             self._blocks[index] = copy.deepcopy(block)
             if "input" in block and block.get("type") != "mcp_tool_result":
-                self._partial_json[index] = ""
+                self._partial_json[index] = []
 
     def _on_content_block_delta(self, payload: dict[str, Any]) -> None:
         index, delta = payload.get("index"), payload.get("delta")
@@ -80,10 +81,9 @@ class MessagesReassembler(Reassembler):
         if field is not None:
             piece = delta.get(field)
             if type(piece) is str:
-                current = block.get(field)
-                block[field] = current + piece if type(current) is str else piece
+                self.append_text(block, field, piece)
         elif kind == "input_json_delta" and payload["index"] in self._partial_json:
-            self._partial_json[payload["index"]] += str(delta.get("partial_json", ""))
+            self._partial_json[payload["index"]].append(str(delta.get("partial_json", "")))
         elif kind == "signature_delta":
             block["signature"] = delta.get("signature")
         elif kind == "citations_delta":
@@ -94,7 +94,7 @@ class MessagesReassembler(Reassembler):
         index = payload.get("index")
         block = self._block_at(index)
         if block is not None and index in self._partial_json:
-            block["input"] = _parse_input(self._partial_json.pop(index))
+            block["input"] = _parse_input("".join(self._partial_json.pop(index)))
 
     def _on_message_delta(self, payload: dict[str, Any]) -> None:
         if self._message is None:

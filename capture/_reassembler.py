@@ -24,6 +24,8 @@ class Reassembler:
         self.error_category: str | None = None
         #: Events whose data was not a JSON object.
         self.undecodable_events = 0
+        #: Text growing delta by delta, by (id(container), field): (container, field, pieces).
+        self._texts: dict[tuple[int, Any], tuple[dict[Any, Any], Any, list[str]]] = {}
 
     def feed_event(self, event: ServerSentEvent) -> None:
         """Fold one event into the state; events after the terminal are not part of the reply."""
@@ -36,9 +38,28 @@ class Reassembler:
         if type(payload) is not dict:
             self._on_undecodable(event)
             return
+        self._fold(event.event, payload)
+
+    def feed_data(self, event_type: str, data: bytes) -> None:
+        """`feed_event` for an event given as its type and raw data (`SSEParser.feed_plain`).
+
+        The bytes go to the JSON parser as they are, without first becoming text; anything that
+        is not a JSON object in valid UTF-8 takes `feed_event`'s path, so the outcome is the same.
+        """
+        if self.terminal:
+            return
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if type(payload) is not dict:
+            self.feed_event(ServerSentEvent(event_type, data.decode("utf-8", "replace")))
+            return
+        self._fold(event_type, payload)
+
+    def _fold(self, event_type: str, payload: dict[str, Any]) -> None:
         # The event name decides; a stream without names (or a proxy that drops them) falls back
         # to the payload's `type`, which every dialect sets to the same value (DESIGN §6).
-        event_type = event.event
         if event_type == "message" and isinstance(payload.get("type"), str):
             event_type = payload["type"]
         self._on_payload(event_type, payload)
@@ -46,6 +67,32 @@ class Reassembler:
     def result(self) -> dict[str, Any] | None:
         """The reassembled object: final after the terminal event, else the best partial one."""
         raise NotImplementedError
+
+    def append_text(self, container: dict[Any, Any], field: Any, piece: str) -> None:
+        """``container[field] += piece`` (a value that is not text is replaced), in time linear in
+        the piece: the pieces are joined once, by `join_texts`. Concatenating per delta copies
+        the whole text each time, quadratic in a long reasoning stream of tens of thousands of
+        deltas. Until `join_texts`, ``container[field]`` holds the first piece."""
+        key = (id(container), field)
+        entry = self._texts.get(key)
+        if entry is None:
+            current = container.get(field)
+            container[field] = current if type(current) is str else piece
+            self._texts[key] = (container, field, [current, piece] if type(current) is str else [piece])
+        else:
+            entry[2].append(piece)
+
+    def set_text(self, container: dict[Any, Any], field: Any, value: Any) -> None:
+        """``container[field] = value``, discarding pieces not yet joined (a ``done`` event's whole text)."""
+        self._texts.pop((id(container), field), None)
+        container[field] = value
+
+    def join_texts(self) -> None:
+        """Put every text built by `append_text` in its place; `result` calls it first."""
+        for container, field, pieces in self._texts.values():
+            if len(pieces) > 1:
+                pieces[:] = ["".join(pieces)]
+            container[field] = pieces[0]
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         raise NotImplementedError

@@ -48,6 +48,7 @@ class ResponsesReassembler(Reassembler):
             return self._final
         if self._snapshot is None and not self._items:
             return None
+        self.join_texts()
         partial = dict(self._snapshot or {"object": "response"})
         partial["output"] = [item for item in self._items if item is not None]
         return partial
@@ -99,12 +100,24 @@ class ResponsesReassembler(Reassembler):
             return
         if stem in _ITEM_FIELDS:
             done_key = _ITEM_FIELDS[stem]
-            _apply_text(item, done_key, payload, phase, done_key)
+            self._apply_text(item, done_key, payload, phase, done_key)
         elif stem in _TEXT_FIELDS:
             key, index_key, field = _TEXT_FIELDS[stem]
             part = _part_at(item, key, payload.get(index_key), stem)
             if part is not None:
-                _apply_text(part, field, payload, phase, field)
+                self._apply_text(part, field, payload, phase, field)
+
+    def _apply_text(self, target: dict[str, Any], field: str, payload: dict[str, Any], phase: str, done_key: str) -> None:
+        if phase == "delta":
+            delta = payload.get("delta")
+            if isinstance(delta, str):
+                if not isinstance(target.get(field), str):
+                    target[field] = ""
+                self.append_text(target, field, delta)
+        else:
+            value = payload.get(done_key)
+            if isinstance(value, str):
+                self.set_text(target, field, value)
 
     def _item_at(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         index = payload.get("output_index")
@@ -129,13 +142,3 @@ def _part_at(item: dict[str, Any], key: str, index: Any, stem: str) -> dict[str,
     return parts[index]
 
 
-def _apply_text(target: dict[str, Any], field: str, payload: dict[str, Any], phase: str, done_key: str) -> None:
-    if phase == "delta":
-        delta = payload.get("delta")
-        if isinstance(delta, str):
-            current = target.get(field)
-            target[field] = (current if isinstance(current, str) else "") + delta
-    else:
-        value = payload.get(done_key)
-        if isinstance(value, str):
-            target[field] = value

@@ -108,6 +108,41 @@ class SSEParser:
             self._extend_partial_line(tail)
         return events
 
+    def feed_plain(self, chunk: bytes) -> list[tuple[str, bytes]] | None:
+        """The events of ``chunk`` as (type, data), when it is nothing but whole events of the
+        plain shape servers write -- ``data: VALUE`` or ``event: NAME`` + ``data: VALUE``, each
+        line ending in LF, each event in a blank line -- and the parser is between events.
+        Otherwise None, with nothing consumed: the chunk then goes to `feed`.
+
+        The same events `feed` would dispatch, with the same effect on the parser, for a
+        fraction of the work: the data stays bytes (the JSON parser takes them as they are) and
+        no line is looked at twice. One event per chunk is how vLLM, OpenAI and Anthropic stream.
+        """
+        if (self._irregular or self._skip_leading_lf or self._data_lines or self._event_type
+                or self._discarding or chunk[-2:] != b"\n\n" or b"\r" in chunk):
+            return None
+        events = []
+        field_lines = 0
+        for part in chunk[:-2].split(b"\n\n"):
+            if part[:6] == b"data: ":
+                if b"\n" in part:
+                    return None  # Several data lines, or another field after this one.
+                kind, data = "message", part[6:]
+                field_lines += 1
+            elif part[:7] == b"event: ":
+                name, _, data_line = part.partition(b"\n")
+                if data_line[:6] != b"data: " or b"\n" in data_line:
+                    return None
+                kind, data = name[7:].decode("utf-8", "replace") or "message", data_line[6:]
+                field_lines += 2
+            else:
+                return None  # A comment, an id or retry field, a blank line, ...
+            if len(data) + 6 > self._max_event_bytes:
+                return None  # `feed` drops and counts it.
+            events.append((kind, data))
+        self.field_lines += field_lines
+        return events
+
     def close(self) -> list[ServerSentEvent]:
         """End of stream: an unterminated event is discarded, as the WHATWG rules require."""
         self._partial_line.clear()

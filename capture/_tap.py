@@ -80,9 +80,15 @@ class StreamTap:
         self._raw += data  # Kept even after a parse failure: the raw text is the evidence.
         if self._failure is None:
             try:
-                feed_event = self._reassembler.feed_event
-                for event in self._parser.feed(data):
-                    feed_event(event)
+                plain = self._parser.feed_plain(data)
+                if plain is not None:
+                    feed_data = self._reassembler.feed_data
+                    for event_type, event_data in plain:
+                        feed_data(event_type, event_data)
+                else:
+                    feed_event = self._reassembler.feed_event
+                    for event in self._parser.feed(data):
+                        feed_event(event)
             except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
                 self._failure = f"{type(exc).__name__}: {exc}"
                 return False

@@ -7,6 +7,7 @@ it does not recognise yields nothing rather than an exception.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import orjson
@@ -48,28 +49,38 @@ def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
     """Tool calls, reasoning, finish reason, output operations and status of any response shape.
 
     ``operations=False`` skips the `ModelOperationObservation` list (scans that do not show it).
+    Collectors run this once per record read back, hence the few hand-inlined steps (issue 4).
     """
     shape = response_shape(response)
+    if shape == "chat":
+        return _describe_chat(response, operations)
     if shape == "responses":
         calls = _responses_tool_calls(response)
         status = response.get("status") if isinstance(response.get("status"), str) else None
-        return ResponseFacts(shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
-                             _numbered([_responses_operation(item) for item in _items(response)]) if operations else None,
-                             status)
-    if shape == "chat":
-        message = _first_choice_message(response)
-        calls = _chat_tool_calls(message)
-        reasoning = _chat_reasoning(message)
-        return ResponseFacts(shape, calls, reasoning, finish_reason_of(response, shape),
-                             _numbered(_chat_operations(message, reasoning, calls)) if operations else None)
+        return _facts((shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
+                       _numbered([op for item in _items(response) if (op := _responses_operation(item))])
+                       if operations else None, status))
     if shape == "messages":
-        return ResponseFacts(shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
-                             finish_reason_of(response, shape),
-                             _numbered([_messages_operation(block) for block in _blocks(response)]) if operations else None)
+        return _facts((shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
+                       finish_reason_of(response, shape),
+                       _numbered([op for block in _blocks(response) if (op := _messages_operation(block))])
+                       if operations else None, None))
     return _NO_FACTS
 
 
+def _describe_chat(response: dict[str, Any], operations: bool) -> ResponseFacts:
+    message = _first_choice_message(response)
+    calls = _chat_tool_calls(message)
+    reasoning = _chat_reasoning(message)
+    numbered = None
+    if operations:
+        numbered = _numbered(_chat_operations(message, reasoning, calls)) if message is not None else []
+    return _facts(("chat", calls, reasoning, finish_reason_of(response, "chat"), numbered, None))
+
+
 _NO_FACTS = ResponseFacts()
+#: A `ResponseFacts` from a tuple of all six, without the NamedTuple's Python-level ``__new__``.
+_facts = partial(tuple.__new__, ResponseFacts)
 
 
 def _as_arguments(arguments: Any) -> dict[str, Any]:
@@ -179,21 +190,28 @@ def _first_choice_message(response: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 def _chat_tool_calls(message: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
     calls = []
-    tool_calls = (message or {}).get("tool_calls")
-    for call in tool_calls if isinstance(tool_calls, list) else ():
-        if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            calls.append({"call_id": call.get("id"), "name": function.get("name"), "arguments": _as_arguments(function.get("arguments"))})
+    tool_calls = message.get("tool_calls") if message is not None else None
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            if isinstance(call, dict):
+                function = call.get("function")
+                if isinstance(function, dict):
+                    name, arguments = function.get("name"), _as_arguments(function.get("arguments"))
+                else:
+                    name, arguments = None, {}
+                calls.append({"call_id": call.get("id"), "name": name, "arguments": arguments})
     return calls
 
 
 def _chat_reasoning(message: Optional[dict[str, Any]]) -> Optional[str]:
     """``reasoning_content`` (DeepSeek, older vLLM) or its alias ``reasoning`` (newer vLLM, OpenRouter)."""
-    for key in ("reasoning_content", "reasoning"):
-        value = (message or {}).get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
+    if message is None:
+        return None
+    value = message.get("reasoning_content")
+    if isinstance(value, str) and value:
+        return value
+    value = message.get("reasoning")
+    return value if isinstance(value, str) and value else None
 
 
 # -- Anthropic Messages ------------------------------------------------------------------------
@@ -222,34 +240,32 @@ def _joined(texts: list[str]) -> Optional[str]:
 _Operation = tuple[str, Optional[str], Optional[str], Optional[str]]
 
 
-def _numbered(operations: Iterable[Optional[_Operation]]) -> list[ModelOperationObservation]:
-    """Number the operations in order (None entries, items that are no operation, are dropped)."""
+def _numbered(operations: list[_Operation]) -> list[ModelOperationObservation]:
+    """Number the operations in order."""
     numbered = []
-    for operation in operations:
-        if operation is None:
-            continue
-        index = len(numbered)
-        key = (index, *operation)
+    append, shared = numbered.append, _SHARED_OPERATIONS
+    for index, operation in enumerate(operations):
         if operation[1] is None:  # No call id: the same few recur in every record, so share them.
-            shared = _SHARED_OPERATIONS.get(key)
-            if shared is None:
-                shared = _observation(key)
-                if len(_SHARED_OPERATIONS) < 4096:
-                    _SHARED_OPERATIONS[key] = shared
-            numbered.append(shared)
+            key = (index, operation)
+            observation = shared.get(key)
+            if observation is None:
+                observation = _observation(index, *operation)
+                if len(shared) < 4096:
+                    shared[key] = observation
+            append(observation)
         else:
-            numbered.append(_observation(key))
+            append(_observation(index, *operation))
     return numbered
 
 
-def _observation(key: tuple[int, str, Optional[str], Optional[str], Optional[str]]) -> ModelOperationObservation:
-    index, kind, call_id, name, status = key
+def _observation(index: int, kind: str, call_id: Optional[str], name: Optional[str],
+                 status: Optional[str]) -> ModelOperationObservation:
     return construct_checked(ModelOperationObservation, {"index": index, "kind": kind, "call_id": call_id,
                                                          "name": name, "status": status}, _OPERATION_FIELDS)
 
 
-#: Operations without a call id, by (index, kind, None, name, status); `ModelOperationObservation` is frozen.
-_SHARED_OPERATIONS: dict[tuple[Any, ...], ModelOperationObservation] = {}
+#: Operations without a call id, by (index, operation); `ModelOperationObservation` is frozen.
+_SHARED_OPERATIONS: dict[tuple[int, _Operation], ModelOperationObservation] = {}
 
 
 def _operation(kind: str, call_id: Any = None, name: Any = None, status: Any = None) -> _Operation:
@@ -274,13 +290,9 @@ def _responses_operation(item: dict[str, Any]) -> Optional[_Operation]:
     return None
 
 
-def _chat_operations(message: Optional[dict[str, Any]], reasoning: Optional[str],
+def _chat_operations(message: dict[str, Any], reasoning: Optional[str],
                      calls: list[dict[str, Any]]) -> list[_Operation]:
-    if message is None:
-        return []
-    operations: list[_Operation] = []
-    if reasoning:
-        operations.append(_REASONING)
+    operations: list[_Operation] = [_REASONING] if reasoning else []
     content = message.get("content")
     if type(content) is str and content:
         operations.append(_TEXT)
@@ -288,7 +300,8 @@ def _chat_operations(message: Optional[dict[str, Any]], reasoning: Optional[str]
     if type(refusal) is str and refusal:
         operations.append(_REFUSAL)
     for call in calls:
-        operations.append(_operation("tool_call", call["call_id"], call["name"]))
+        call_id, name = call["call_id"], call["name"]
+        operations.append(("tool_call", call_id if type(call_id) is str else None, name if type(name) is str else None, None))
     return operations
 
 

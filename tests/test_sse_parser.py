@@ -95,3 +95,64 @@ def test_any_stream_parses_the_same_however_it_is_split(fields, line_end, rng):
     pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
     split, _ = parse_in_pieces(data, pieces)
     assert split == whole
+
+
+# -- feed_plain: the fast path for chunks of whole, plain events ------------------------------
+
+def parse_preferring_plain(pieces: list[bytes], **kwargs) -> tuple[list[ServerSentEvent], SSEParser]:
+    """What the tap does: `feed_plain` where it takes the chunk, `feed` otherwise."""
+    parser = SSEParser(**kwargs)
+    events = []
+    for piece in pieces:
+        plain = parser.feed_plain(piece)
+        if plain is None:
+            events += parser.feed(piece)
+        else:
+            events += [ServerSentEvent(kind, data.decode("utf-8", "replace"), parser.last_event_id, parser.retry)
+                       for kind, data in plain]
+    events += parser.close()
+    return events, parser
+
+
+def event_per_chunk(data: bytes) -> list[bytes]:
+    """Split after every blank line, as vLLM writes its chunks."""
+    return [part + b"\n\n" for part in data.split(b"\n\n")[:-1]] + ([data.split(b"\n\n")[-1]] if not data.endswith(b"\n\n") else [])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_plain_fast_path_gives_what_feed_gives(name):
+    data, expected = CASES[name]
+    for pieces in [*chunkings(data, seed=len(name)), event_per_chunk(data), [data, data]]:
+        events, parser = parse_preferring_plain(pieces)
+        reference, reference_parser = parse_in_pieces(data, pieces)
+        assert events == reference and parser.field_lines == reference_parser.field_lines
+
+
+def test_plain_fast_path_takes_plain_chunks_and_refuses_the_rest():
+    parser = SSEParser(max_event_bytes=100)
+    assert parser.feed_plain(b"data: 1\n\n") is None  # The stream's first line may carry a BOM: `feed`.
+    parser.feed(b"data: 1\n\n")
+    assert parser.feed_plain(b"event: a\ndata: {}\n\ndata: 2\n\n") == [("a", b"{}"), ("message", b"2")]
+    assert parser.field_lines == 4
+    for other in (b"data: 1\r\n\r\n", b"data: 1\ndata: 2\n\n", b": ping\n\n", b"id: 3\ndata: 1\n\n", b"data: 1\n",
+                  b"data: 1\n\n\n", b"data:1\n\n", b"data: " + b"x" * 100 + b"\n\n"):
+        assert parser.feed_plain(other) is None, other
+    assert parser.field_lines == 4  # Nothing was consumed by a refusal.
+    parser.feed(b"data: half")
+    assert parser.feed_plain(b"data: 1\n\n") is None  # Mid-event: `feed` joins the line first.
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["data", "event", "id", ": c", ""]),
+                          st.text(alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)), max_size=12)),
+                max_size=24),
+       st.randoms(use_true_random=False))
+def test_plain_fast_path_agrees_with_feed_on_any_lf_stream(fields, rng):
+    """Property: for any LF stream, split at event ends and at random points, the same events."""
+    lines = [(name if name.startswith(":") or not name else f"{name}: {value}").encode() for name, value in fields]
+    data = b"\n".join(lines) + b"\n\n"
+    cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, 4))) if len(data) > 1 else []
+    for pieces in (event_per_chunk(data), [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]):
+        events, parser = parse_preferring_plain(pieces)
+        reference, reference_parser = parse_in_pieces(data, pieces)
+        assert events == reference and parser.field_lines == reference_parser.field_lines
