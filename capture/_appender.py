@@ -40,21 +40,44 @@ def append_unsynced(path: str, data: bytes) -> tuple[int, bool]:
     """Append ``data`` (whole lines) under ``LOCK_EX``, torn-line repair first; no fsync.
 
     Returns the open descriptor, which the caller makes durable and closes, and whether the
-    file was new (then its directory entry needs an fsync too). The group committer syncs many
-    of these with one barrier.
+    file was new (then its directory entry needs an fsync too).
     """
-    fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    while True:
+        fd = open_capture_file(path)
         try:
-            size_before = os.fstat(fd).st_size
-            _write_whole(fd, _terminate_torn_line(fd, size_before) + data, size_before)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, size_before == 0
+            appended = append_to_open_file(fd, data)
+        except BaseException:
+            os.close(fd)
+            raise
+        if appended is not None:
+            return fd, appended[0] == 0
+        os.close(fd)  # Unlinked between the open and the lock (a collector's clear): again.
+
+
+def open_capture_file(path: str) -> int:
+    """A descriptor for appending to ``path`` (created with mode 0644 when missing)."""
+    return os.open(path, _OPEN_FLAGS, _FILE_MODE)
+
+
+def append_to_open_file(fd: int, data: bytes, known_end: int | None = None) -> tuple[int, int] | None:
+    """Append ``data`` (whole lines) to an open capture file under ``LOCK_EX``; no fsync.
+
+    Returns (size before, size after), or None, with nothing written, when the file has been
+    unlinked since it was opened (`clear_model_call_captures` before a new dispatch): the caller
+    opens the path again. ``known_end``: the size this writer left the file at; when the file
+    still has that size its last byte is this writer's LF, and the torn-line check is skipped.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        status = os.fstat(fd)
+        if status.st_nlink == 0:
+            return None
+        size_before = status.st_size
+        repair = b"" if size_before == known_end else _terminate_torn_line(fd, size_before)
+        _write_whole(fd, repair + data, size_before)
+        return size_before, size_before + len(repair) + len(data)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def create_incomplete_marker(path: str) -> None:

@@ -37,11 +37,15 @@ def _line(call_id: str, padding: int = 10) -> bytes:
     return encode_capture_line({"model_call_id": call_id, "request": {"p": "x" * padding}})
 
 
+@pytest.mark.parametrize("max_open_files", [None, 3])
 @pytest.mark.parametrize("sync_mode", ["auto", "fsync"])
-def test_lines_from_many_threads_to_many_files_are_each_written_once_and_settled_after_the_barrier(tmp_path, sync_mode):
+def test_lines_from_many_threads_to_many_files_are_each_written_once_and_settled_after_the_barrier(tmp_path, sync_mode,
+                                                                                                   max_open_files):
     """16 threads queue 400 lines over 20 files (some above 64 KiB): every line intact, in its own
-    file, none lost or doubled, each settled once with the barrier's seconds and its size."""
-    committer = GroupCommitter(sync_mode, directory=str(tmp_path))
+    file, none lost or doubled, each settled once with the barrier's seconds and its size. With 3
+    files kept open, descriptors leave the cache while barriers still use them; none leaks."""
+    descriptors_before = len(os.listdir("/proc/self/fd"))
+    committer = GroupCommitter(sync_mode, directory=str(tmp_path), max_open_files=max_open_files)
     outcomes = Outcomes()
 
     def submit(number: int) -> None:
@@ -52,6 +56,7 @@ def test_lines_from_many_threads_to_many_files_are_each_written_once_and_settled
         list(pool.map(submit, range(400)))
     outcomes.wait(400)
     committer.close()
+    assert len(os.listdir("/proc/self/fd")) == descriptors_before
     assert all(isinstance(outcome, float) and outcome >= 0 and size > 0 for size, outcome in outcomes.settled.values())
     store = CaptureStore(str(tmp_path))
     for rollout in range(20):
@@ -107,6 +112,62 @@ def test_close_writes_what_is_queued_and_refuses_more(tmp_path):
     assert len(outcomes.settled) == 50 and len(CaptureStore(str(tmp_path)).read("r")) == 50
     with pytest.raises(RuntimeError):
         committer.submit(str(tmp_path / "r.capture.jsonl"), lambda: _line("late"), outcomes.callback("late"))
+
+
+def _append_and_wait(committer: GroupCommitter, path, call_id: str, outcomes: Outcomes) -> None:
+    committer.submit(str(path), lambda: _line(call_id), outcomes.callback(call_id))
+    outcomes.wait(len(outcomes.settled) + 1)
+
+
+def test_a_file_kept_open_that_a_collector_clears_is_started_again(tmp_path):
+    """`clear_model_call_captures` unlinks the file between two calls of a redispatched rollout:
+    the next line goes to a new file at the same path, not to the removed one."""
+    from records import clear_model_call_captures
+
+    committer = GroupCommitter(directory=str(tmp_path))
+    outcomes = Outcomes()
+    _append_and_wait(committer, tmp_path / "r.capture.jsonl", "before", outcomes)
+    clear_model_call_captures(["r"], str(tmp_path))
+    _append_and_wait(committer, tmp_path / "r.capture.jsonl", "after", outcomes)
+    _append_and_wait(committer, tmp_path / "r.capture.jsonl", "again", outcomes)
+    committer.close()
+    assert [line["model_call_id"] for line in CaptureStore(str(tmp_path)).read("r")] == ["after", "again"]
+
+
+def test_a_file_kept_open_notices_a_torn_line_another_writer_left(tmp_path):
+    """Another process appended a torn line after this writer's last append: the size is not the
+    one this writer left, so the last byte is checked and the torn line terminated."""
+    path = tmp_path / "r.capture.jsonl"
+    committer = GroupCommitter(directory=str(tmp_path))
+    outcomes = Outcomes()
+    _append_and_wait(committer, path, "first", outcomes)
+    with open(path, "ab") as other_writer:
+        other_writer.write(b'{"model_call_id": "cra')
+    _append_and_wait(committer, path, "second", outcomes)
+    committer.close()
+    result = CaptureStore(str(tmp_path)).read_available("r")
+    assert [line["model_call_id"] for line in result.lines] == ["first", "second"] and result.malformed_indexes == [1]
+
+
+@pytest.mark.parametrize("keep_open", [True, False])
+def test_open_files_are_reused_only_where_that_is_safe_and_closed_when_released(tmp_path, keep_open):
+    from capture._open_files import OpenFiles
+
+    files = OpenFiles(keep_open, capacity=2)
+    first, created = files.append(str(tmp_path / "a.capture.jsonl"), b"1\n")
+    again, created_again = files.append(str(tmp_path / "a.capture.jsonl"), b"2\n")
+    assert created and not created_again
+    assert (again is first) is keep_open and len(files) == (1 if keep_open else 0)
+    for name in "bcd":  # Past the capacity: "a" leaves the cache but stays open while held.
+        files.release(files.append(str(tmp_path / f"{name}.capture.jsonl"), b"1\n")[0])
+    assert len(files) == (2 if keep_open else 0)
+    os.fstat(first.fd)  # Still open: two barriers hold it.
+    files.release(first)
+    files.release(again)
+    with pytest.raises(OSError):
+        os.fstat(first.fd)
+    files.close_all()
+    assert (tmp_path / "a.capture.jsonl").read_bytes() == b"1\n2\n"
 
 
 MOUNTINFO = """22 27 0:21 / /proc rw,relatime - proc proc rw
