@@ -23,6 +23,7 @@ from ._exchange import CallExchange
 from ._metrics import SidecarMetrics
 
 log = logging.getLogger("mcc.capture")
+_PATHS_KEPT = 4096
 
 
 class CaptureWriter:
@@ -34,6 +35,8 @@ class CaptureWriter:
         self._loop = asyncio.get_running_loop()
         self._committer = GroupCommitter(sync_mode, directory=capture_dir)
         self._logged: set[tuple[str, str]] = set()
+        #: Capture file path by rollout id, for the rollouts of the last while.
+        self._paths: dict[str, str] = {}
         self._failing: set[asyncio.Task[None]] = set()
         # Lines settled on the writer threads, handed to the event loop in one callback per batch.
         self._settled: list[tuple[Callable[[bool], None], str, int, object]] = []
@@ -54,7 +57,12 @@ class CaptureWriter:
                 self._loop.call_soon_threadsafe(self._settle_all)
 
         try:
-            path = capture_path(self.capture_dir, rollout_id)
+            path = self._paths.get(rollout_id)
+            if path is None:
+                path = capture_path(self.capture_dir, rollout_id)  # Validates the id, once per rollout.
+                if len(self._paths) >= _PATHS_KEPT:
+                    self._paths.clear()
+                self._paths[rollout_id] = path
             self._committer.submit(path, lambda: encode_capture_line(exchange.capture_fields()), done)
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)

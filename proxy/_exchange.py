@@ -36,7 +36,7 @@ class Failure:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class CallExchange:
     """Timings, transport facts and the tap of one call; `capture_fields` makes its line."""
 

@@ -363,7 +363,11 @@ class _BodyPump:
 
     def _persist_then_flush(self) -> None:
         self.persisting = True
-        self.upstream.pause()
+        if self.remaining is None or self.remaining > 0:
+            # More may follow the held chunk (a stream's `[DONE]`, its last frame): bounded by
+            # pausing the upstream. A sized body received whole has nothing left to read, and
+            # skips the two epoll changes of a pause and resume.
+            self.upstream.pause()
         self.call.persist_then(self._after_persist)
 
     def _after_persist(self) -> None:
