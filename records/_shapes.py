@@ -8,7 +8,7 @@ it does not recognise yields nothing rather than an exception.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import orjson
 
@@ -49,7 +49,6 @@ def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
     """Tool calls, reasoning, finish reason, output operations and status of any response shape.
 
     ``operations=False`` skips the `ModelOperationObservation` list (scans that do not show it).
-    Collectors run this once per record read back, hence the few hand-inlined steps (issue 4).
     """
     shape = response_shape(response)
     if shape == "chat":
