@@ -118,8 +118,10 @@ class SSEParser:
         fraction of the work: the data stays bytes (the JSON parser takes them as they are) and
         no line is looked at twice. One event per chunk is how vLLM, OpenAI and Anthropic stream.
         """
-        if (self._irregular or self._skip_leading_lf or self._data_lines or self._event_type
-                or self._discarding or chunk[-2:] != b"\n\n" or b"\r" in chunk):
+        if self._irregular and not self._plain_stream_start(chunk):
+            return None
+        if (self._skip_leading_lf or self._data_lines or self._event_type or self._discarding
+                or chunk[-2:] != b"\n\n" or b"\r" in chunk):
             return None
         events = []
         field_lines = 0
@@ -141,7 +143,13 @@ class SSEParser:
                 return None  # `feed` drops and counts it.
             events.append((kind, data))
         self.field_lines += field_lines
+        self._irregular = self._at_stream_start = False
         return events
+
+    def _plain_stream_start(self, chunk: bytes) -> bool:
+        """The stream's first chunk, whole lines, no BOM (not even its first byte): `feed` would
+        do nothing irregular with it. The first chunk is what TTFT waits for."""
+        return self._at_stream_start and not self._partial_line and chunk[:1] != _BOM[:1]
 
     def close(self) -> list[ServerSentEvent]:
         """End of stream: an unterminated event is discarded, as the WHATWG rules require."""

@@ -10,6 +10,9 @@ from typing import Any
 
 from capture import BodyTap, StreamTap, make_decoder, parse_json_object
 
+from ._headers import Headers, single_value
+from ._http1 import header_value
+
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
     {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure"}
@@ -47,6 +50,11 @@ class CallExchange:
     request_encoding: str | None = None
     client_session_id: str | None = None
     client_assistant_message_id: str | None = None
+    #: The client's request headers. The correlation ids and the body's encoding are read from
+    #: them when the line is made, on the writer thread: not on the way to the first byte.
+    request_headers: Headers | None = None
+    #: Names of the session and assistant-message id headers.
+    correlation_headers: tuple[str, str] = ("x-session-id", "x-assistant-message-id")
     tap: StreamTap | BodyTap | None = None
     started_at: float | None = None
     completed_at: float | None = None
@@ -95,6 +103,8 @@ class CallExchange:
 
     def capture_fields(self) -> dict[str, Any]:
         """The line's fields. Parses the request and finishes the tap: run it off the event loop."""
+        if self.request_headers is not None:
+            self._read_request_headers(self.request_headers)
         fields: dict[str, Any] = {
             "model_call_id": self.model_call_id,
             "dialect": self.dialect,
@@ -115,6 +125,14 @@ class CallExchange:
         fields.update(self._response_fields())
         # Evidence keys appear only when there is something to say; the execution outcome always.
         return {key: value for key, value in fields.items() if value is not None or key not in _OMITTED_WHEN_NONE}
+
+    def _read_request_headers(self, headers: Headers) -> None:
+        session_header, message_header = self.correlation_headers
+        self.client_session_id = single_value(headers, session_header)
+        self.client_assistant_message_id = single_value(headers, message_header)
+        encoding = header_value(headers, b"content-encoding")
+        self.request_encoding = encoding.decode("latin-1") if encoding is not None else None
+        self.request_headers = None
 
     def _request_fields(self) -> dict[str, Any]:
         try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from capture import BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
-from ._headers import client_response_headers, single_value, upstream_request_headers
+from ._headers import client_response_headers, upstream_request_headers
 from ._http1 import Http1Connection, ServerRequest
 from ._local_replies import (
     BAD_REQUEST_TARGET,
@@ -122,9 +122,8 @@ class _Call:
             dialect=self.route.dialect,
             model_name=self.sidecar.model_ref_name,
             request_body=body,
-            request_encoding=_text(request.value(b"content-encoding")),
-            client_session_id=single_value(request.headers, self.settings.session_id_header),
-            client_assistant_message_id=single_value(request.headers, self.settings.assistant_message_id_header),
+            request_headers=request.headers,
+            correlation_headers=(self.settings.session_id_header, self.settings.assistant_message_id_header),
         )
 
     async def _send_upstream(self) -> UpstreamReply:

@@ -129,9 +129,11 @@ def test_plain_fast_path_gives_what_feed_gives(name):
 
 
 def test_plain_fast_path_takes_plain_chunks_and_refuses_the_rest():
+    with_bom = SSEParser()
+    assert with_bom.feed_plain(b"\xef\xbb\xbfdata: 1\n\n") is None  # A first line with a BOM: `feed`.
+    assert with_bom.feed(b"\xef\xbb\xbfdata: 1\n\n") == [ServerSentEvent(data="1")]
     parser = SSEParser(max_event_bytes=100)
-    assert parser.feed_plain(b"data: 1\n\n") is None  # The stream's first line may carry a BOM: `feed`.
-    parser.feed(b"data: 1\n\n")
+    assert parser.feed_plain(b"data: 1\n\n") == [("message", b"1")]  # The first chunk too (TTFT).
     assert parser.feed_plain(b"event: a\ndata: {}\n\ndata: 2\n\n") == [("a", b"{}"), ("message", b"2")]
     assert parser.field_lines == 4
     for other in (b"data: 1\r\n\r\n", b"data: 1\ndata: 2\n\n", b": ping\n\n", b"id: 3\ndata: 1\n\n", b"data: 1\n",
