@@ -2,8 +2,19 @@
 
 Follows openai-python's ``ChatCompletionStreamState``: one choice per ``index`` (n > 1 kept
 apart), content / refusal / reasoning appended, tool calls merged by their ``index``, logprobs
-concatenated, ``usage`` from whichever chunk carries it, ``data: [DONE]`` as the terminal. vLLM's
-extra fields are tolerated; a chunk with ``error`` (vLLM's in-stream failure) is an error.
+concatenated, ``usage`` from whichever chunk carries it (an error chunk included: OpenRouter sends
+the call's usage on the error that follows ``finish_reason: length``), ``data: [DONE]`` as the
+terminal. A chunk with ``error`` (vLLM's in-stream failure) makes the call an error.
+
+Everything a chunk carries is kept, in time linear in the stream (RL rollouts stream 8k-64k
+tokens, one logprob entry and one token id per chunk). Fields this module does not know follow
+one rule, `merge_unknown`: a list that arrives per chunk is concatenated in arrival order (vLLM's
+per-choice ``token_ids``); any other value is replaced by the last non-null one (``stop_reason``,
+OpenRouter's ``native_finish_reason``). Inside a ``delta`` unknown text is concatenated too, as
+the SDK's ``accumulate_delta`` does, since a delta carries pieces. The chunk's own top-level
+fields describe the whole call, not a piece of it: the last non-null value wins there, lists
+included. vLLM writes ``prompt_token_ids`` on the first chunk of *each* choice (n > 1 repeats
+the same list), so concatenating it would double the prompt.
 """
 
 from __future__ import annotations
@@ -14,8 +25,13 @@ from ._reassembler import Reassembler, grow_list
 from ._sse import ServerSentEvent
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
+# Top-level chunk keys with their own handling; every other key goes through `merge_unknown`.
+_KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "error"})
+_KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs"})
 # Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
 _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
+# The per-token lists of a choice's ``logprobs``.
+_LOGPROB_LISTS = ("content", "refusal")
 
 
 class ChatReassembler(Reassembler):
@@ -25,6 +41,7 @@ class ChatReassembler(Reassembler):
         super().__init__()
         self._envelope: dict[str, Any] = {}
         self._envelope_missing = _ENVELOPE_KEYS
+        self._extras: dict[str, Any] = {}
         self._choices: list[dict[str, Any] | None] = []
         self._usage: Any = None
         self._error: Any = None
@@ -37,6 +54,8 @@ class ChatReassembler(Reassembler):
         completion["choices"] = [choice for choice in self._choices if choice is not None]
         if self._usage is not None:
             completion["usage"] = self._usage
+        for key, value in self._extras.items():
+            completion.setdefault(key, value)
         if self._error is not None:
             completion["error"] = self._error
         return completion
@@ -47,10 +66,6 @@ class ChatReassembler(Reassembler):
         super()._on_undecodable(event)
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
-        if payload.get("error") is not None:
-            self.error_category = "upstream_error"
-            self._error = payload["error"]
-            return
         if self._envelope_missing:
             self._fill_envelope(payload)
         usage = payload.get("usage")
@@ -61,6 +76,14 @@ class ChatReassembler(Reassembler):
             for chunk_choice in choices:
                 if type(chunk_choice) is dict:
                     self._on_choice(chunk_choice)
+        for key in payload:
+            if key not in _KNOWN_CHUNK_KEYS:
+                value = payload[key]
+                if value is not None or key not in self._extras:
+                    self._extras[key] = value  # prompt_token_ids, provider, ...: the call's, not a piece.
+        if payload.get("error") is not None:
+            self.error_category = "upstream_error"
+            self._error = payload["error"]
 
     def _fill_envelope(self, payload: dict[str, Any]) -> None:
         """id, created, model, ... from the first chunk with an id (the SDK snapshots the first chunk)."""
@@ -79,16 +102,18 @@ class ChatReassembler(Reassembler):
                 return
             choice = choices[index] = {"index": index, "message": {"role": "assistant", "content": None},
                                        "finish_reason": None, "logprobs": None}
-        delta = chunk_choice.get("delta")
-        if type(delta) is dict and delta:
-            self._merge_delta(choice["message"], delta)
-        finish_reason = chunk_choice.get("finish_reason")
-        if finish_reason is not None:
-            choice["finish_reason"] = finish_reason
-        logprobs = chunk_choice.get("logprobs")
-        if type(logprobs) is dict:
-            choice["logprobs"] = _merge_logprobs(choice["logprobs"], logprobs)
-
+        for key, value in chunk_choice.items():
+            if key == "delta":
+                if type(value) is dict and value:
+                    self._merge_delta(choice["message"], value)
+            elif key == "finish_reason":
+                if value is not None:
+                    choice["finish_reason"] = value
+            elif key == "logprobs":
+                if type(value) is dict:
+                    choice["logprobs"] = _merge_logprobs(choice["logprobs"], value)
+            elif key != "index":
+                merge_unknown(choice, key, value)  # vLLM's token_ids concatenate here.
 
     def _merge_delta(self, message: dict[str, Any], delta: dict[str, Any]) -> None:
         for key, piece in delta.items():
@@ -98,10 +123,15 @@ class ChatReassembler(Reassembler):
             elif key == "role":
                 if type(piece) is str:
                     message["role"] = piece
-            elif key == "tool_calls" and type(piece) is list:
-                for fragment in piece:
-                    if type(fragment) is dict:
-                        self._merge_tool_call(message.setdefault("tool_calls", []), fragment)
+            elif key == "tool_calls":
+                if type(piece) is list:
+                    for fragment in piece:
+                        if type(fragment) is dict:
+                            self._merge_tool_call(message.setdefault("tool_calls", []), fragment)
+            elif type(piece) is str:
+                self.append_text(message, key, piece)
+            else:
+                merge_unknown(message, key, piece)
 
     def _merge_tool_call(self, calls: list[Any], fragment: dict[str, Any]) -> None:
         """Fragments of one call share an ``index``; id, type and name arrive once, arguments in pieces."""
@@ -121,12 +151,27 @@ class ChatReassembler(Reassembler):
                     self.append_text(call["function"], key, function[key])
 
 
-def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(current or {})
-    for key in ("content", "refusal"):
-        entries = chunk.get(key)
-        if isinstance(entries, list):
-            merged[key] = (merged.get(key) or []) + entries
+def merge_unknown(target: dict[str, Any], key: str, value: Any) -> None:
+    """The rule for a field the reassembler does not know: lists concatenate, else last non-null wins.
+
+    The list is extended in place (amortised O(len(value))), never copied per chunk: a copy per
+    chunk is quadratic in a 32k-token stream. The lists belong to payloads parsed from the
+    stream, which nothing else holds.
+    """
+    current = target.get(key)
+    if type(value) is list:
+        if type(current) is list:
+            current.extend(value)
         else:
-            merged.setdefault(key, None)
-    return merged
+            target[key] = value
+    elif value is not None or key not in target:
+        target[key] = value
+
+
+def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
+    """A choice's ``logprobs``: ``content`` and ``refusal`` entries appended in place, as the SDK does."""
+    if current is None:
+        current = {name: None for name in _LOGPROB_LISTS}
+    for key, value in chunk.items():
+        merge_unknown(current, key, value)
+    return current

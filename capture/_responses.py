@@ -4,6 +4,10 @@ Event reference: https://platform.openai.com/docs/api-reference/responses-stream
 event (`response.completed` / `response.incomplete` / `response.failed`) carries the whole
 response, which is the result; a cut stream yields the last response snapshot with the output
 items rebuilt from `output_item.*`, content parts and the text / argument / reasoning deltas.
+
+``output_text`` logprobs (asked for with ``include: ["message.output_text.logprobs"]``) arrive on
+each text delta; a server whose terminal response leaves a part's ``logprobs`` empty or out gets
+them filled from the deltas (or the ``done`` event), so what the stream carried is kept.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class ResponsesReassembler(Reassembler):
         self._snapshot: dict[str, Any] | None = None
         self._final: dict[str, Any] | None = None
         self._items: list[dict[str, Any] | None] = []
+        #: (output_index, content_index) -> that output_text part's logprobs, extended in place.
+        self._text_logprobs: dict[tuple[int, int], list[Any]] = {}
 
     def result(self) -> dict[str, Any] | None:
         if self._final is not None:
@@ -75,6 +81,20 @@ class ResponsesReassembler(Reassembler):
         response = payload.get("response")
         if isinstance(response, dict):
             self._final = response
+            if self._text_logprobs:
+                self._fill_missing_logprobs(response)
+
+    def _fill_missing_logprobs(self, response: dict[str, Any]) -> None:
+        output = response.get("output")
+        if type(output) is not list:
+            return
+        for (item_index, part_index), logprobs in self._text_logprobs.items():
+            if not logprobs or item_index >= len(output) or type(output[item_index]) is not dict:
+                continue
+            parts = output[item_index].get("content")
+            if type(parts) is list and part_index < len(parts) and type(parts[part_index]) is dict:
+                if not parts[part_index].get("logprobs"):
+                    parts[part_index]["logprobs"] = logprobs
 
     def _on_item(self, payload: dict[str, Any]) -> None:
         item, index = payload.get("item"), payload.get("output_index")
@@ -89,7 +109,10 @@ class ResponsesReassembler(Reassembler):
             return
         parts = item.setdefault(key, [])
         if isinstance(parts, list) and grow_list(parts, payload.get(index_key)):
-            parts[payload[index_key]] = dict(part)
+            parts[payload[index_key]] = part = dict(part)
+            kept = None if is_summary else self._text_logprobs.get((payload["output_index"], payload[index_key]))
+            if kept and not part.get("logprobs"):
+                part["logprobs"] = kept
 
     def _on_delta_or_done(self, event_type: str, payload: dict[str, Any]) -> None:
         stem, _, phase = event_type.rpartition(".")
@@ -106,6 +129,18 @@ class ResponsesReassembler(Reassembler):
             part = _part_at(item, key, payload.get(index_key), stem)
             if part is not None:
                 self._apply_text(part, field, payload, phase, field)
+                if stem == "response.output_text" and type(payload.get("logprobs")) is list and payload["logprobs"]:
+                    self._keep_logprobs(part, payload, phase)
+
+    def _keep_logprobs(self, part: dict[str, Any], payload: dict[str, Any], phase: str) -> None:
+        """A delta's logprobs appended in place (linear in the stream); a done event's are the whole list."""
+        key = (payload["output_index"], payload["content_index"])
+        kept = self._text_logprobs.get(key)
+        if phase == "done" or kept is None:
+            kept = self._text_logprobs[key] = payload["logprobs"]
+        else:
+            kept.extend(payload["logprobs"])
+        part["logprobs"] = kept
 
     def _apply_text(self, target: dict[str, Any], field: str, payload: dict[str, Any], phase: str, done_key: str) -> None:
         if phase == "delta":

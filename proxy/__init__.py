@@ -4,7 +4,7 @@ from ._app import Sidecar
 from ._cli import main
 from ._server import RunningServer, start_app, start_sidecar, start_stand_in
 from ._settings import ConfigError, Settings, load_settings
-from ._standin import create_stand_in_app
+from .standin import create_stand_in_app
 
 __all__ = [
     "ConfigError",

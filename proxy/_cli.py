@@ -33,6 +33,8 @@ def main() -> None:
 @click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
 @click.option("--capture-sync", help="auto (fsync, or one syncfs per batch of several files) or fsync (file by file). [MCC_CAPTURE_SYNC]")
+@click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
+              help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
 @click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
 def serve(**options: Any) -> None:
@@ -54,7 +56,7 @@ def serve(**options: Any) -> None:
 def demo(capture_dir: str) -> None:
     """Start the stand-in model server and the sidecar, drive them with the official SDKs, print the captures."""
     configure_logging("warning")
-    from ._demo import run_demo
+    from .standin import run_demo
 
     sys.exit(_run(run_demo(capture_dir)))
 

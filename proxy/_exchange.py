@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture import BodyTap, StreamTap, make_decoder, parse_json_object
+from capture import BodyTap, StreamTap, TapOutcome, make_decoder, parse_json_object
 
 from ._headers import Headers, single_value
 from ._http1 import header_value
@@ -56,6 +56,8 @@ class CallExchange:
     #: Names of the session and assistant-message id headers.
     correlation_headers: tuple[str, str] = ("x-session-id", "x-assistant-message-id")
     tap: StreamTap | BodyTap | None = None
+    #: ``always`` or ``on-failure``: when a stream's ``response_raw`` goes on the line (Settings).
+    raw_stream: str = "always"
     started_at: float | None = None
     completed_at: float | None = None
     latency_ms: float | None = None
@@ -151,6 +153,8 @@ class CallExchange:
             outcome = self.tap.finish(self.status_code)
             fields["response"] = outcome.response
             fields["response_raw"] = outcome.response_raw
+            if self.raw_stream == "on-failure" and type(self.tap) is StreamTap and _reassembled_whole(outcome):
+                fields["response_raw"] = None
             fields["stream_truncated"] = outcome.stream_truncated
             fields["error_category"] = self.category_override or outcome.error_category
             if failure is None and outcome.parse_failure is not None:
@@ -158,6 +162,12 @@ class CallExchange:
         if failure is not None:
             fields["failure"] = failure.as_dict()
         return fields
+
+
+def _reassembled_whole(outcome: TapOutcome) -> bool:
+    """The stream ended and was rebuilt without a fault: ``response`` says all ``response_raw`` would."""
+    return (outcome.response is not None and outcome.parse_failure is None and outcome.stream_truncated is False
+            and outcome.error_category not in ("capture_parse_error", "stream_truncated"))
 
 
 def new_call_id() -> str:

@@ -124,6 +124,7 @@ class _Call:
             request_body=body,
             request_headers=request.headers,
             correlation_headers=(self.settings.session_id_header, self.settings.assistant_message_id_header),
+            raw_stream=self.settings.capture_raw_stream,
         )
 
     async def _send_upstream(self) -> UpstreamReply:

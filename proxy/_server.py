@@ -76,7 +76,7 @@ async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> 
 
 
 async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> AppServer:
-    from ._standin import create_stand_in_app
+    from .standin import create_stand_in_app
 
     return await start_app(create_stand_in_app(), host, port)
 

@@ -26,6 +26,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 600.0
 #: Kubernetes' default terminationGracePeriodSeconds is 30; the drain must end before it.
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
+#: Values of ``capture_raw_stream``.
+RAW_STREAM_MODES = ("always", "on-failure")
 
 
 class ConfigError(Exception):
@@ -62,6 +64,10 @@ class Settings(BaseModel):
     #: filesystem when the batch spans several files) or ``fsync`` (file by file; for a capture
     #: dir on a filesystem shared with heavy writers, whose flushes syncfs would wait for).
     capture_sync: str = "auto"
+    #: ``response_raw`` (the stream's SSE text) on every streamed line (``always``, as NeMo Gym
+    #: writes), or only when reassembly failed or the stream was cut (``on-failure``): a 32k-token
+    #: stream with logprobs is several MB, and ``response`` already holds all of it.
+    capture_raw_stream: str = "always"
 
     @field_validator("capture_dir")
     @classmethod
@@ -101,6 +107,13 @@ class Settings(BaseModel):
     def _known_sync(cls, value: str) -> str:
         if value.lower() not in ("auto", "fsync"):
             raise ValueError(f"must be auto or fsync, got {value!r}")
+        return value.lower()
+
+    @field_validator("capture_raw_stream")
+    @classmethod
+    def _known_raw_stream(cls, value: str) -> str:
+        if value.lower() not in RAW_STREAM_MODES:
+            raise ValueError(f"must be always or on-failure, got {value!r}")
         return value.lower()
 
     @model_validator(mode="after")

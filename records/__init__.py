@@ -40,6 +40,7 @@ from ._rollouts import (
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
 from ._store import CaptureStore, ReadResult
+from ._token_records import TOKEN_SOURCES, TokenRecord, iter_token_records, read_token_records
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "OPTIONAL_KEYS",
     "ROLLOUT_ID_PATTERN",
     "ReadResult",
+    "TOKEN_SOURCES",
+    "TokenRecord",
     "RecordsError",
     "ToolRequestEvidence",
     # The seed documents these underscore helpers as part of the module's API.
@@ -77,7 +80,9 @@ __all__ = [
     "extract_token_stats",
     "incomplete_marker_path",
     "is_valid_rollout_id",
+    "iter_token_records",
     "read_model_call_records",
+    "read_token_records",
     "resolve_model_base_url",
     "rollout_id_from_path",
     "rollout_id_from_run",

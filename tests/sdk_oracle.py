@@ -87,7 +87,8 @@ def chat_view(completion: dict[str, Any]) -> dict[str, Any]:
             "tool_calls": [(call.get("id"), call["function"].get("name"), _parsed(call["function"].get("arguments")))
                            for call in message.get("tool_calls") or []],
             "finish_reason": choice.get("finish_reason"),
-            "logprobs": [entry.get("token") for entry in ((choice.get("logprobs") or {}).get("content") or [])],
+            # Whole entries (token, logprob, bytes, top_logprobs), for content and refusal alike.
+            "logprobs": {key: _plain((choice.get("logprobs") or {}).get(key)) or None for key in ("content", "refusal")},
         }
     return {"choices": choices, "usage": _plain(completion.get("usage"))}
 

@@ -179,3 +179,95 @@ RESPONSES_CUT_IN_FUNCTION_ARGUMENTS = b"".join([
 # Anthropic's mid-stream failure: `event: error` with an overloaded_error after some text.
 MESSAGES_OVERLOADED_MID_STREAM = MESSAGES_STREAM.split(b"event: content_block_stop")[0] + _event(
     "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+
+
+# -- RL traffic: vLLM's logprobs and token ids (issue 13) ---------------------------------------
+# Shapes as vLLM writes them (vllm/entrypoints/openai/chat_completion/serving.py, main at
+# 006c49d4): the first chunk of each choice is the role delta and carries the top-level
+# `prompt_token_ids`; every later chunk carries that step's `token_ids` and `logprobs.content`;
+# the finishing chunk carries `finish_reason` and `stop_reason`; `model_dump_json(exclude_unset)`
+# keeps explicit nulls.
+
+RL_PROMPT_IDS = [151644, 872, 198, 13048, 151645]
+
+
+def rl_token(choice: int, step: int) -> tuple[int, str, float]:
+    """The (token id, text, logprob) the transcript's choice ``choice`` emits at ``step``."""
+    token_id = 1000 + 100 * choice + step
+    return token_id, f"w{choice}.{step} ", -round(0.01 * (step + 1) + 0.5 * choice, 4)
+
+
+def vllm_rl_chat_stream(tokens: int = 6, n: int = 1, top_logprobs: int = 2, as_token_ids: bool = False,
+                        cut_after: int | None = None, error_with_usage: bool = False,
+                        include_usage: bool = True) -> bytes:
+    """A vLLM chat stream with `logprobs`, `top_logprobs` and `return_token_ids`, choices interleaved."""
+    chunk = {"id": "chatcmpl-rl", "object": "chat.completion.chunk", "created": 1767225600, "model": "Qwen/Qwen3-8B"}
+    events = [_event(None, {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}],
+                            "prompt_token_ids": RL_PROMPT_IDS}) for i in range(n)]
+
+    def entry(token_id: int, text: str, logprob: float) -> dict:
+        token = f"token_id:{token_id}" if as_token_ids else text
+        return {"token": token, "logprob": logprob, "bytes": list(text.encode()),
+                "top_logprobs": [{"token": token, "logprob": logprob, "bytes": list(text.encode())}]
+                + [{"token": f"token_id:{token_id + k}" if as_token_ids else f"alt{k}", "logprob": logprob - k,
+                    "bytes": None} for k in range(1, top_logprobs)]}
+
+    for step in range(tokens):
+        for i in range(n):
+            if cut_after is not None and step * n + i >= cut_after:
+                return b"".join(events)
+            token_id, text, logprob = rl_token(i, step)
+            last = step == tokens - 1
+            events.append(_event(None, {**chunk, "choices": [{
+                "index": i, "delta": {"content": text}, "logprobs": {"content": [entry(token_id, text, logprob)]},
+                "finish_reason": ("length" if error_with_usage else "stop") if last else None,
+                **({"stop_reason": None} if last else {}), "token_ids": [token_id]}]}))
+    usage = {"prompt_tokens": len(RL_PROMPT_IDS), "completion_tokens": tokens * n,
+             "total_tokens": len(RL_PROMPT_IDS) + tokens * n}
+    if error_with_usage:  # OpenRouter after finish_reason: length
+        events.append(_event(None, {**chunk, "error": {"code": 400, "message": "Token limit reached"},
+                                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None, "logprobs": None}], "usage": usage}))
+    elif include_usage:
+        events.append(_event(None, {**chunk, "choices": [], "usage": usage}))
+    events.append(_event(None, "[DONE]"))
+    return b"".join(events)
+
+
+def vllm_rl_chat_json(tokens: int = 6, n: int = 1) -> bytes:
+    """The non-streaming reply for the same generation: arrays whole, as vLLM returns them."""
+    choices = []
+    for i in range(n):
+        steps = [rl_token(i, step) for step in range(tokens)]
+        choices.append({"index": i, "message": {"role": "assistant", "content": "".join(text for _, text, _ in steps)},
+                        "logprobs": {"content": [{"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+                                                 for _, text, lp in steps]},
+                        "finish_reason": "stop", "stop_reason": None, "token_ids": [tid for tid, _, _ in steps]})
+    return orjson.dumps({"id": "chatcmpl-rl", "object": "chat.completion", "created": 1767225600, "model": "Qwen/Qwen3-8B",
+                         "choices": choices, "usage": {"prompt_tokens": 5, "completion_tokens": tokens * n,
+                                                       "total_tokens": 5 + tokens * n},
+                         "prompt_logprobs": None, "prompt_token_ids": RL_PROMPT_IDS, "kv_transfer_params": None})
+
+
+# NeMo RL's vLLM worker puts the arrays on the message itself.
+NEMO_RL_CHAT_JSON = orjson.dumps({
+    "id": "chatcmpl-nemo", "object": "chat.completion", "created": 1767225600, "model": "policy",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "ok", "prompt_token_ids": [1, 2, 3],
+        "generation_token_ids": [7, 8], "generation_log_probs": [-0.25, -0.5]}}],
+})
+
+# Responses with output_text logprobs on each delta and none on the terminal's part.
+RESPONSES_LOGPROBS_ON_DELTAS_ONLY = b"".join([
+    _event("response.created", {"type": "response.created", "sequence_number": 0, "response": {**_RESPONSE, "status": "in_progress"}}),
+    _event("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+                                          "item": {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}}),
+    _event("response.content_part.added", {"type": "response.content_part.added", "sequence_number": 2, "output_index": 0,
+                                           "item_id": "msg_1", "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+    _event("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 3, "output_index": 0, "item_id": "msg_1",
+                                          "content_index": 0, "delta": "Hel", "logprobs": [{"token": "Hel", "logprob": -0.1, "top_logprobs": []}]}),
+    _event("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 4, "output_index": 0, "item_id": "msg_1",
+                                          "content_index": 0, "delta": "lo", "logprobs": [{"token": "lo", "logprob": -0.2, "top_logprobs": []}]}),
+    _event("response.completed", {"type": "response.completed", "sequence_number": 5, "response": _DONE_RESPONSE}),
+])

@@ -4,11 +4,20 @@ Each dialect has a ``*_reply`` that builds the object the non-streaming endpoint
 ``*_events`` that yields the SSE events a real server would send for the same reply. The reply
 is a pure function of the request: a tool call when tools are offered and no tool result came
 back yet, otherwise text; always a little reasoning, and usage with cached tokens.
+
+Chat also speaks what RL harnesses ask vLLM for (`TokenOptions`): ``logprobs`` / ``top_logprobs``,
+``return_token_ids`` and ``return_tokens_as_token_ids``, with the field placement of vLLM's
+``ChatCompletionResponse`` / ``ChatCompletionStreamResponse`` (vllm/entrypoints/openai/
+chat_completion/protocol.py and serving.py, vLLM main at d5dba2d7 / 006c49d4): whole replies carry
+top-level ``prompt_token_ids`` and per-choice ``token_ids`` and ``logprobs.content``; streams carry
+``prompt_token_ids`` on the first (role) chunk and each later chunk's ``token_ids`` and
+``logprobs.content`` for the tokens it adds. Each word piece is one token.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -38,6 +47,47 @@ class Plan:
     @property
     def reasoning_tokens(self) -> int:
         return len(_pieces(self.reasoning))
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """The vLLM request fields that put token ids and logprobs in a chat reply."""
+
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+    @classmethod
+    def from_request(cls, body: dict[str, Any]) -> "TokenOptions":
+        top = body.get("top_logprobs")
+        return cls(bool(body.get("logprobs")), top if isinstance(top, int) and 0 <= top <= 20 else 0,
+                   bool(body.get("return_token_ids")), bool(body.get("return_tokens_as_token_ids")))
+
+
+def token_id_of(piece: str) -> int:
+    """The stand-in tokenizer: a word piece's id (stable, in a 150k vocabulary)."""
+    return 100 + zlib.crc32(piece.encode()) % 150_000
+
+
+def logprob_of(piece: str) -> float:
+    return -((zlib.crc32(piece.encode()) >> 8) % 5000) / 1000
+
+
+def prompt_token_ids(plan: "Plan", serial: int) -> list[int]:
+    return [100 + (serial * 7 + i * 31) % 150_000 for i in range(plan.prompt_tokens)]
+
+
+def _logprob_entry(piece: str, options: TokenOptions) -> dict[str, Any]:
+    def token(text: str) -> str:
+        return f"token_id:{token_id_of(text)}" if options.return_tokens_as_token_ids else text
+
+    logprob = logprob_of(piece)
+    alternatives = [{"token": token(piece), "logprob": logprob, "bytes": list(piece.encode())}]
+    alternatives += [{"token": token(f"{piece}~{k}"), "logprob": round(logprob - k, 3), "bytes": list(f"{piece}~{k}".encode())}
+                     for k in range(1, options.top_logprobs)]
+    return {"token": token(piece), "logprob": logprob, "bytes": list(piece.encode()),
+            "top_logprobs": alternatives[: options.top_logprobs]}
 
 
 def make_plan(request_bytes: int, user_text: str, tool_name: str | None, has_tool_result: bool, serial: int) -> Plan:
@@ -130,40 +180,61 @@ def _responses_item_events(event: Any, index: int, item: dict[str, Any]) -> Iter
 
 # -- Chat Completions --------------------------------------------------------------------------
 
-def chat_reply(plan: Plan, serial: int, created: int) -> dict[str, Any]:
+def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = TokenOptions()) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": plan.text, "reasoning_content": plan.reasoning}
     if plan.tool_name:
         message["tool_calls"] = [{"id": plan.call_id, "type": "function",
                                   "function": {"name": plan.tool_name, "arguments": plan.tool_arguments}}]
-    return {
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": "tool_calls" if plan.tool_name else "stop"}
+    generated = _generated_pieces(plan)
+    if tokens.logprobs:
+        choice["logprobs"] = {"content": [_logprob_entry(piece, tokens) for piece in generated]}
+    if tokens.return_token_ids:
+        choice["token_ids"] = [token_id_of(piece) for piece in generated]
+    reply = {
         "id": f"chatcmpl-standin-{serial}", "object": "chat.completion", "created": created, "model": STAND_IN_MODEL,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": "tool_calls" if plan.tool_name else "stop"}],
+        "choices": [choice],
         "usage": {"prompt_tokens": plan.prompt_tokens, "completion_tokens": plan.output_tokens,
                   "total_tokens": plan.prompt_tokens + plan.output_tokens,
                   "prompt_tokens_details": {"cached_tokens": plan.cached_tokens},
                   "completion_tokens_details": {"reasoning_tokens": plan.reasoning_tokens}},
     }
+    if tokens.return_token_ids:
+        reply["prompt_token_ids"] = prompt_token_ids(plan, serial)
+    return reply
 
 
-def chat_events(reply: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
+def _generated_pieces(plan: Plan) -> list[str]:
+    """The reply's tokens in the order they are generated: reasoning, then the text or the arguments."""
+    said = plan.text if plan.text is not None else plan.tool_arguments
+    return _pieces(plan.reasoning) + _pieces(said)
+
+
+def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions = TokenOptions()) -> Iterator[bytes]:
     envelope = {key: reply[key] for key in ("id", "created", "model")}
     message = reply["choices"][0]["message"]
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [choice]})
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, piece: str | None = None, **extra: Any) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if tokens.logprobs and piece is not None:
+            choice["logprobs"] = {"content": [_logprob_entry(piece, tokens)]}
+        if tokens.return_token_ids:
+            choice["token_ids"] = [token_id_of(piece)] if piece is not None else []
+        return sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [choice], **extra})
 
-    yield chunk({"role": "assistant", "content": ""})
+    first_extra = {"prompt_token_ids": reply["prompt_token_ids"]} if tokens.return_token_ids else {}
+    yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}], **first_extra})
     for piece in _pieces(message["reasoning_content"]):
-        yield chunk({"reasoning_content": piece})
+        yield chunk({"reasoning_content": piece}, piece=piece)
     for piece in _pieces(message["content"]) if message["content"] else ():
-        yield chunk({"content": piece})
+        yield chunk({"content": piece}, piece=piece)
     for index, call in enumerate(message.get("tool_calls") or ()):
         yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
                                      "function": {"name": call["function"]["name"], "arguments": ""}}]})
         for piece in _pieces(call["function"]["arguments"]):
-            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}, piece=piece)
     yield chunk({}, reply["choices"][0]["finish_reason"])
     if include_usage:
         yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [], "usage": reply["usage"]})

@@ -12,9 +12,10 @@ from typing import Any, Callable, Iterable
 import orjson
 from aiohttp import web
 
-from ._standin_replies import (
+from .replies import (
     STAND_IN_MODEL,
     Plan,
+    TokenOptions,
     chat_events,
     chat_reply,
     make_plan,
@@ -57,10 +58,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     plan = _plan(raw, _last_user_text(messages),
                  _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
                  any(isinstance(m, dict) and m.get("role") == "tool" for m in messages))
-    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED)
+    tokens = TokenOptions.from_request(body)
+    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await _stream(request, chat_events(reply, include_usage))
+        return await _stream(request, chat_events(reply, include_usage, tokens))
     return web.json_response(reply, dumps=_dumps)
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from records import CaptureStore, ModelCallRecord, read_model_call_records
 
-from ._server import start_sidecar, start_stand_in
-from ._settings import Settings
+from .._server import start_sidecar, start_stand_in
+from .._settings import Settings
 
 ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools")
 MODEL = "stand-in-1"
