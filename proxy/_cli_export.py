@@ -31,15 +31,26 @@ def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
 @click.option("--format", "kind", type=click.Choice(["parquet", "otel-json"]), required=True)
 @click.option("-o", "--output", required=True, help="The file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
-def export_command(directory: str, kind: str, output: str, pattern: Optional[str]) -> None:
+@click.option("--token-arrays", is_flag=True,
+              help="Parquet: add prompt_token_ids, generation_token_ids, generation_log_probs (one row per call and choice; large).")
+def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP JSON."""
-    from ._export import otel_spans, write_parquet
+    from records import iter_token_records
+
+    from ._export import otel_spans, with_token_arrays, write_parquet
 
     store = _store(directory)
-    rows = [row for rid in select_rollouts(store, pattern) for row in iter_call_rows(store, rid)]
+    rollout_ids = select_rollouts(store, pattern)
+    rows = [row for rid in rollout_ids for row in iter_call_rows(store, rid)]
+    if token_arrays and kind != "parquet":
+        raise click.UsageError("--token-arrays goes with --format parquet")
     if kind == "parquet":
         try:
-            count = write_parquet(rows, output)
+            if token_arrays:
+                tokens = (record for rid in rollout_ids for record in iter_token_records(store, rid))
+                count = write_parquet(list(with_token_arrays(rows, tokens)), output, token_arrays=True)
+            else:
+                count = write_parquet(rows, output)
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
     else:

@@ -8,29 +8,55 @@ read the file directly. The spans follow the OpenTelemetry GenAI semantic conven
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+from records import TokenRecord
 
 from ._inspect import CallRow
 
 _PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
 
 
-def write_parquet(rows: Iterable[CallRow], path: str) -> int:
+def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenRecord]) -> Iterator[dict[str, Any]]:
+    """One row per call and choice, with that choice's training arrays (`records.read_token_records`)."""
+    by_call: dict[tuple[str, int], list[TokenRecord]] = {}
+    for record in token_records:
+        by_call.setdefault((record.rollout_id, record.call_index), []).append(record)
+    for row in rows:
+        for record in by_call.get((row.rollout_id, row.call_index)) or [None]:
+            values = row.as_dict()
+            values.update({name: getattr(record, name, None) for name in _TOKEN_COLUMNS})
+            values["choice_index"] = record.choice_index if record is not None else 0
+            yield values
+
+
+_TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem")
+
+
+def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False) -> int:
+    """One row per call; with ``token_arrays`` (rows from `with_token_arrays`), per call and choice."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise RuntimeError("Parquet export needs pyarrow: pip install 'model-call-capture[export]'") from None
-    records = [row.as_dict() for row in rows]
-    schema = pa.schema([
+    records = [row if isinstance(row, dict) else row.as_dict() for row in rows]
+    columns = [
         ("rollout_id", pa.string()), ("call_index", pa.int64()), ("model_call_id", pa.string()), ("dialect", pa.string()),
         ("model", pa.string()), ("status_code", pa.int64()), ("error_category", pa.string()), ("started_at", pa.float64()),
         ("completed_at", pa.float64()), ("latency_ms", pa.float64()), ("ttft_ms", pa.float64()), ("tokens_in", pa.int64()),
         ("tokens_out", pa.int64()), ("cached_tokens", pa.int64()), ("tokens_reasoning", pa.int64()),
         ("finish_reason", pa.string()), ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
         ("stream_truncated", pa.bool_()),
-    ])
-    pq.write_table(pa.Table.from_pylist(records, schema=schema), path)
+    ]
+    if token_arrays:
+        for record in records:
+            record["token_source"] = record.pop("source", None)
+            record["token_problem"] = record.pop("problem", None)
+        columns += [("choice_index", pa.int64()), ("prompt_token_ids", pa.list_(pa.int64())),
+                    ("generation_token_ids", pa.list_(pa.int64())), ("generation_log_probs", pa.list_(pa.float64())),
+                    ("token_source", pa.string()), ("token_problem", pa.string())]
+    pq.write_table(pa.Table.from_pylist(records, schema=pa.schema(columns)), path)
     return len(records)
 
 

@@ -53,6 +53,8 @@ class TokenRecord(BaseModel):
     generation_token_ids: Optional[list[int]] = None
     generation_log_probs: Optional[list[float]] = None
     finish_reason: Optional[str] = None
+    #: The call's ``error_category`` (``stream_truncated``: the arrays stop where the stream was cut).
+    error_category: Optional[str] = None
     #: ``message``, ``vllm``, ``logprob_tokens`` or ``missing``: where the generation arrays came from.
     source: str = "missing"
     #: The arrays that were not found, among prompt_token_ids, generation_token_ids, generation_log_probs.
@@ -88,7 +90,8 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
     """The records of one capture line: one per choice (one for a call without choices)."""
     response = line.get("response")
     call_id = line.get("model_call_id") if isinstance(line.get("model_call_id"), str) else None
-    base = {"rollout_id": rollout_id, "model_call_id": call_id, "call_index": call_index}
+    category = line.get("error_category") if isinstance(line.get("error_category"), str) else None
+    base = {"rollout_id": rollout_id, "model_call_id": call_id, "call_index": call_index, "error_category": category}
     if not isinstance(response, dict):
         return [_record(base, 0, None, None, None, None, None)]
     model = response.get("model") if isinstance(response.get("model"), str) else None

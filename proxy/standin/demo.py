@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from records import CaptureStore, ModelCallRecord, read_model_call_records
+from records import CaptureStore, ModelCallRecord, read_model_call_records, read_token_records
 
 from .._server import start_sidecar, start_stand_in
 from .._settings import Settings
 
-ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools")
+ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools", "demo-rl")
 MODEL = "stand-in-1"
 WEATHER_TOOL = {
     "type": "function",
@@ -82,6 +82,18 @@ async def _drive(sidecar_url: str) -> None:
     _said("messages", True, "".join(block.text for block in final.content if block.type == "text"))
 
     await _tool_round_trip(openai_client("demo-tools"))
+    await _rl_generation(openai_client("demo-rl"))
+
+
+async def _rl_generation(client: Any) -> None:
+    """What an RL harness asks vLLM for: logprobs and token ids (vLLM's `return_token_ids`)."""
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Solve 6 x 7."}], stream=True,
+        logprobs=True, top_logprobs=2, stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+    tokens = 0
+    async for chunk in stream:
+        tokens += sum(len((choice.model_extra or {}).get("token_ids") or ()) for choice in chunk.choices)
+    _said("chat", True, f"{tokens} token ids and their logprobs (RL)")
 
 
 async def _tool_round_trip(client: Any) -> None:
@@ -112,7 +124,20 @@ def _print_captures(store: CaptureStore) -> int:
             count += 1
             print(_format_record(rollout, record))
     print(f"\n{count} calls captured in {len(ROLLOUTS)} rollouts; files: {store.capture_dir}/<rollout_id>.capture.jsonl")
-    return 0 if count >= 8 else 1
+    print("\ntraining arrays (records.read_token_records):")
+    arrays = 0
+    for token_record in read_token_records(store, "demo-rl"):
+        arrays += token_record.usable
+        print(f"  demo-rl #{token_record.call_index} choice {token_record.choice_index}: source={token_record.source} "
+              f"prompt_token_ids={_head(token_record.prompt_token_ids)} generation_token_ids={_head(token_record.generation_token_ids)} "
+              f"generation_log_probs={_head(token_record.generation_log_probs)}")
+    return 0 if count >= 9 and arrays == 1 else 1
+
+
+def _head(values: Any) -> str:
+    if values is None:
+        return "-"
+    return f"[{', '.join(str(v) for v in values[:3])}, ...] ({len(values)})"
 
 
 def _format_record(rollout: str, record: ModelCallRecord) -> str:
