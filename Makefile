@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_reassembly.py
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_stats.py
+	$(BIN)/python benchmarks/bench_rl.py
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

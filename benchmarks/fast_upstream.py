@@ -5,7 +5,9 @@
 It must never be the bottleneck, so it does the least an HTTP/1.1 server can: keep-alive, a
 Content-Length or chunked request body, and one of three pre-built replies chosen by the body:
 ``"stream":true`` -> 256 chat events (chunked), ``"hold":true`` -> one event then silence until the
-client leaves, anything else -> a 1 KB JSON chat completion.
+client leaves, ``"rl":true`` -> a vLLM-shaped 32,000-token RL stream (one logprob entry and one
+token id per chunk, `prompt_token_ids` on the first) written at `RL_TOKENS_PER_S`, anything
+else -> a 1 KB JSON chat completion.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import sys
 import orjson
 
 EVENTS = 256
+RL_TOKENS = 32_000
+#: Pace of each RL stream: several times what one vLLM sequence generates, to load the sidecar.
+RL_TOKENS_PER_S = 4_000
+#: Events written together every 1 / (RL_TOKENS_PER_S / RL_BATCH) seconds.
+RL_BATCH = 40
 
 
 def _json_reply() -> bytes:
@@ -37,6 +44,30 @@ FIRST = _event({"role": "assistant", "content": ""})
 EVENT_CHUNKS = [_event({"content": f" tok{i}"}) for i in range(EVENTS - 2)]
 LAST = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
 JSON_REPLY = _json_reply()
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def rl_events(tokens: int = RL_TOKENS) -> list[bytes]:
+    """The SSE events of one RL generation, as vLLM writes them (see tests/transcripts.py)."""
+    head = {"id": "chatcmpl-rl", "object": "chat.completion.chunk", "created": 1767225600, "model": "bench"}
+    events = [b"data: " + orjson.dumps({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                               "logprobs": None, "finish_reason": None}],
+                                        "prompt_token_ids": list(range(100, 2100))}) + b"\n\n"]
+    for i in range(tokens):
+        text = f" t{i}"
+        events.append(b"data: " + orjson.dumps({**head, "choices": [{
+            "index": 0, "delta": {"content": text},
+            "logprobs": {"content": [{"token": text, "logprob": -0.125, "bytes": list(text.encode()), "top_logprobs": []}]},
+            "finish_reason": "stop" if i == tokens - 1 else None, "token_ids": [1000 + i % 150000]}]}) + b"\n\n")
+    events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": {
+        "prompt_tokens": 2000, "completion_tokens": tokens, "total_tokens": 2000 + tokens}}) + b"\n\n")
+    return events + [b"data: [DONE]\n\n"]
+
+
+RL_CHUNKS: list[bytes] = []  # Built on first use: 13 MB.
 
 
 class Upstream(asyncio.Protocol):
@@ -63,7 +94,12 @@ class Upstream(asyncio.Protocol):
             self.reply(body)
 
     def reply(self, body: bytes) -> None:
-        if b'"hold":true' in body:
+        if b'"rl":true' in body:
+            if not RL_CHUNKS:
+                RL_CHUNKS.extend(_chunked(event) for event in rl_events())
+            self.transport.write(HEAD)  # type: ignore[attr-defined]
+            self._pace(0)
+        elif b'"hold":true' in body:
             self.transport.write(HEAD + FIRST)  # type: ignore[attr-defined]
         elif b'"stream":true' in body:
             self.transport.write(HEAD + FIRST)  # type: ignore[attr-defined]
@@ -71,6 +107,16 @@ class Upstream(asyncio.Protocol):
             self.transport.write(LAST)  # type: ignore[attr-defined]
         else:
             self.transport.write(JSON_REPLY)  # type: ignore[attr-defined]
+
+
+    def _pace(self, start: int) -> None:
+        if self.transport.is_closing():  # type: ignore[attr-defined]
+            return
+        self.transport.writelines(RL_CHUNKS[start:start + RL_BATCH])  # type: ignore[attr-defined]
+        if start + RL_BATCH < len(RL_CHUNKS):
+            asyncio.get_running_loop().call_later(RL_BATCH / RL_TOKENS_PER_S, self._pace, start + RL_BATCH)
+        else:
+            self.transport.write(b"0\r\n\r\n")  # type: ignore[attr-defined]
 
 
 async def main(port: int) -> None:
