@@ -4,7 +4,7 @@ No aiohttp and no sockets here: the parsers and reassemblers take bytes and retu
 manner of h11; the appender and the group committer built on it are all that touch the disk.
 """
 
-from ._appender import append_capture_line, create_incomplete_marker
+from records import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_context_length_error
 from ._chat import ChatReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder

@@ -32,7 +32,7 @@ from collections import deque
 from queue import SimpleQueue
 from typing import Callable, Optional, Union
 
-from ._appender import _fsync_directory
+from records import fsync_directory as _fsync_directory
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.

@@ -4,11 +4,20 @@ Collectors import this package without the proxy: it depends on pydantic and orj
 (DESIGN §1). The file contract lives here so the writer (`capture`) and readers share one truth.
 """
 
+from ._appender import (
+    append_capture_line,
+    append_to_open_file,
+    create_incomplete_marker,
+    fsync_directory,
+    open_capture_file,
+)
 from ._collect import (
     ATTACHMENT_KEY,
     aggregate_model_call_metrics,
     attach_model_call_capture,
     clear_model_call_captures,
+    clear_model_call_captures_for_rollouts,
+    merge_model_call_capture_into_record,
     read_model_call_records,
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
@@ -70,16 +79,23 @@ __all__ = [
     "_tool_calls_and_reasoning",
     "_usage_detail_token",
     "aggregate_model_call_metrics",
+    "append_capture_line",
+    "append_to_open_file",
     "aggregate_model_call_records",
     "attach_model_call_capture",
     "base_url_for_run",
     "build_model_call_record",
     "capture_path",
     "clear_model_call_captures",
+    "clear_model_call_captures_for_rollouts",
+    "create_incomplete_marker",
     "encode_capture_line",
     "extract_token_stats",
+    "fsync_directory",
     "incomplete_marker_path",
     "is_valid_rollout_id",
+    "merge_model_call_capture_into_record",
+    "open_capture_file",
     "iter_token_records",
     "read_model_call_records",
     "read_token_records",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+import logging
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ._record import RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
 from ._models import ModelCallRecord
@@ -11,6 +13,13 @@ from ._store import CaptureStore, gc_paused
 
 #: The key `attach_model_call_capture` adds to a rollout record.
 ATTACHMENT_KEY = "ng_model_call_capture"
+#: The gaps an attachment may list, in NeMo Gym's form (``{"code": ...[, "detail": ...]}``).
+GAP_NO_RECORDS = "model_call_capture_no_records"
+GAP_RECORDS_UNREADABLE = "model_call_capture_records_unreadable"
+GAP_INCOMPLETE = "model_call_capture_incomplete"
+GAP_UNREADABLE = "model_call_capture_unreadable"
+
+log = logging.getLogger(__name__)
 
 
 def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: bool = False) -> list[ModelCallRecord]:
@@ -63,36 +72,81 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
 
     Every other key is left exactly as it was. The rollout id is taken from the record's
     ``_ng_*`` fields unless given. Attached calls omit ``request``, ``response``, ``request_raw``
-    and ``response_raw``; those stay in the capture files. ``gaps`` lists what is missing:
-    ``no_records``, ``records_unreadable`` (with a count) and ``incomplete``.
+    and ``response_raw``; those stay in the capture files. ``gaps`` lists what is missing, in
+    NeMo Gym's form: ``{"code": "model_call_capture_no_records"}``,
+    ``{"code": "model_call_capture_records_unreadable", "detail": "count=N"}``,
+    ``{"code": "model_call_capture_incomplete"}``.
     """
     if rollout_id is None:
         rollout_id = rollout_id_from_run(rollout_record, observability_enabled=True)
     attached = dict(rollout_record)
     if rollout_id is None:
-        attached[ATTACHMENT_KEY] = {"rollout_id": None, "metrics": {"num_calls": 0}, "calls": [],
-                                    "gaps": [{"kind": "no_records"}]}
+        attached[ATTACHMENT_KEY] = {"rollout_id": None, "metrics": aggregate_model_call_records([]), "calls": [],
+                                    "gaps": [{"code": GAP_NO_RECORDS}]}
         return attached
-    store = CaptureStore(capture_dir)
-    records, unreadable = _read_tolerantly(store, rollout_id)
+    attached[ATTACHMENT_KEY] = _attachment(CaptureStore(capture_dir), rollout_id, include_payloads=False)
+    return attached
+
+
+def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[str | os.PathLike[str]],
+                                         include_payloads: bool = False) -> dict[str, Any]:
+    """NeMo Gym's entry point, with its signature: attach in place and return ``record``.
+
+    The rollout's captures are looked for in each of ``capture_dirs`` in turn (the first that
+    holds its file or its incomplete marker); no directories, or a record without a rollout id,
+    leave the record untouched. ``include_payloads`` keeps request and response in the calls.
+    """
+    if not capture_dirs:
+        return record
+    rollout_id = rollout_id_from_run(record, observability_enabled=True)
+    if rollout_id is None:
+        return record
+    store = next((CaptureStore(d) for d in capture_dirs
+                  if os.path.exists(CaptureStore(d).path_for(rollout_id)) or CaptureStore(d).is_incomplete(rollout_id)),
+                 None)
+    if store is None:
+        record[ATTACHMENT_KEY] = {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([]), "calls": [],
+                                  "gaps": [{"code": GAP_NO_RECORDS}]}
+    else:
+        record[ATTACHMENT_KEY] = _attachment(store, rollout_id, include_payloads)
+    return record
+
+
+def clear_model_call_captures_for_rollouts(records: Iterable[Mapping[str, Any]],
+                                           capture_dirs: Sequence[str | os.PathLike[str]]) -> None:
+    """NeMo Gym's entry point: before dispatch, remove the captures of these run rows' rollout ids
+    (task, rollout and attempt indices) in every directory."""
+    rollout_ids = [rid for row in records if (rid := rollout_id_from_run(row, observability_enabled=True))]
+    for directory in capture_dirs:
+        CaptureStore(directory).clear(rollout_ids)
+
+
+def _attachment(store: CaptureStore, rollout_id: str, include_payloads: bool) -> dict[str, Any]:
+    try:
+        records, unreadable = _read_tolerantly(store, rollout_id)
+    except OSError as exc:  # A directory gone or unreadable: a gap, never an exception in a collector.
+        log.warning("cannot read the model-call capture of rollout %s: %s", rollout_id, exc)
+        return {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([]), "calls": [],
+                "gaps": [{"code": GAP_UNREADABLE}]}
+    exclude = None if include_payloads else RAW_PAYLOAD_FIELDS
     attachment: dict[str, Any] = {
         "rollout_id": rollout_id,
         "metrics": aggregate_model_call_records(records),
-        "calls": [record.model_dump(mode="json", exclude=RAW_PAYLOAD_FIELDS) for record in records],
+        "calls": [record.model_dump(mode="json", exclude=exclude) for record in records],
     }
     gaps = _gaps(store, rollout_id, records, unreadable)
     if gaps:
         attachment["gaps"] = gaps
-    attached[ATTACHMENT_KEY] = attachment
-    return attached
+    return attachment
 
 
 def _gaps(store: CaptureStore, rollout_id: str, records: list[ModelCallRecord], unreadable: int) -> list[dict[str, Any]]:
+    """Gym's order: unreadable lines, then incomplete, or else no records at all."""
     gaps: list[dict[str, Any]] = []
-    if not records:
-        gaps.append({"kind": "no_records"})
     if unreadable:
-        gaps.append({"kind": "records_unreadable", "count": unreadable})
+        gaps.append({"code": GAP_RECORDS_UNREADABLE, "detail": f"count={unreadable}"})
     if store.is_incomplete(rollout_id):
-        gaps.append({"kind": "incomplete"})
+        gaps.append({"code": GAP_INCOMPLETE})
+    elif not records and not unreadable:
+        gaps.append({"code": GAP_NO_RECORDS})
     return gaps

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 
 class RecordsError(Exception):
     """Base class of the errors raised by the `records` package."""
@@ -16,11 +18,23 @@ class InvalidRolloutId(RecordsError, ValueError):
     """A rollout id that does not match ``^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$``."""
 
 
-class MalformedCaptureLine(RecordsError, ValueError):
-    """A capture line that is not one JSON object (raised by the strict reader only)."""
+class MalformedCaptureLine(RecordsError, orjson.JSONDecodeError):
+    """A capture line that is not one JSON object (raised by the strict reader only).
 
-    def __init__(self, path: str, line_number: int, reason: str) -> None:
-        super().__init__(f"{path}:{line_number}: {reason}")
+    Also an ``orjson.JSONDecodeError`` (so a ``json.JSONDecodeError`` and a ``ValueError``), as
+    NeMo Gym's reader raises, so code written against Gym catches it unchanged.
+    """
+
+    def __init__(self, path: str, line_number: int, reason: str, line: str = "") -> None:
+        message = f"{path}:{line_number}: {reason}"
+        orjson.JSONDecodeError.__init__(self, message, line, 0)
+        self.args = (message,)  # JSONDecodeError appends "line 1 column 1 (char 0)": not ours.
         self.path = path
         self.line_number = line_number
         self.reason = reason
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.path, self.line_number, self.reason, self.doc))

@@ -53,11 +53,12 @@ def incomplete_marker_path(capture_dir: str, rollout_id: str) -> str:
     return os.path.join(capture_dir, validate_rollout_id(rollout_id) + INCOMPLETE_SUFFIX)
 
 
-def encode_capture_line(fields: Mapping[str, Any]) -> bytes:
+def encode_capture_line(fields: Mapping[str, Any], default: Any = None) -> bytes:
     """Serialise one call as a ``\\n``-terminated UTF-8 JSON line with the contract's key order.
 
     Core keys are always written (``None`` when unknown); optional keys only when ``fields`` has
-    them; any other key is appended after them, so new fields stay additive.
+    them; any other key is appended after them, so new fields stay additive. ``default``: what
+    orjson calls for a value it cannot serialise (``str``, as NeMo Gym's ``CaptureStore.record``).
     """
     ordered: dict[str, Any] = {key: fields.get(key) for key in CORE_KEYS}
     for key in OPTIONAL_KEYS:
@@ -66,4 +67,4 @@ def encode_capture_line(fields: Mapping[str, Any]) -> bytes:
     for key, value in fields.items():
         if key not in ordered and key not in OPTIONAL_KEYS:
             ordered[key] = value
-    return orjson.dumps(ordered, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(ordered, default=default, option=orjson.OPT_APPEND_NEWLINE)

@@ -72,8 +72,8 @@ class ModelCallRecord(BaseModel):
     cache_hit: Optional[bool] = None
     cached_tokens: Optional[int] = None
     call_index: int
-    client_assistant_message_id: Optional[str]
-    client_session_id: Optional[str]
+    client_assistant_message_id: Optional[str] = None
+    client_session_id: Optional[str] = None
     completed_at: Optional[float] = None
     dialect: Optional[str] = None
     error_category: Optional[str] = None

@@ -78,7 +78,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "response_source": source if source == "upstream" or source == "local" else None,
         "response_status": facts.status,
         "started_at": float(started) if type(started) in _NUMBERS else None,
-        "status_code": v if type(v := get("status_code")) is int else None,
+        "status_code": _status_code(get("status_code")),
         "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
         "tokens_in": tokens["tokens_in"],
         "tokens_out": tokens["tokens_out"],
@@ -86,7 +86,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "tokens_total": tokens["tokens_total"],
         "tool_calls": facts.tool_calls or [],  # A fresh list: `_NO_FACTS` holds one shared empty one.
         "upstream_attempted": v if type(v := get("upstream_attempted")) is bool else None,
-        "upstream_status_code": v if type(v := get("upstream_status_code")) is int else None,
+        "upstream_status_code": _status_code(get("upstream_status_code")),
     }
     # Every value above went through a type check of its own (see `construct_checked`).
     return construct_checked(ModelCallRecord, fields, _RECORD_FIELDS)
@@ -96,6 +96,18 @@ _RECORD_FIELDS = all_fields_set(ModelCallRecord)
 #: JSON numbers for times and durations: not bools (``type(True) is bool``, not int).
 _NUMBERS = (int, float)
 _MODEL_REFS: dict[tuple[Any, Any], ModelServerRef] = {}
+
+
+def _status_code(value: Any) -> Optional[int]:
+    """An HTTP status as an int; a numeric string (``"200"``) or a whole float is read as one, as
+    pydantic's lax mode reads it for NeMo Gym; anything else (bools included) is None."""
+    if type(value) is int:
+        return value
+    if type(value) is str and value.strip().isascii() and value.strip().isdigit():
+        return int(value)
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
 
 
 def _model_ref(value: Any) -> Optional[ModelServerRef]:

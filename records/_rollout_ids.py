@@ -26,7 +26,7 @@ def validate_rollout_id(rollout_id: object) -> str:
     shown = repr(rollout_id)
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    raise InvalidRolloutId(
-        f"invalid rollout id {shown}: expected 1-200 characters of [A-Za-z0-9._-] "
+    raise InvalidRolloutId(  # Worded as NeMo Gym's, so callers matching its text still match.
+        f"Invalid rollout id: {shown}: expected 1-200 characters of [A-Za-z0-9._-] "
         "starting with a letter or digit"
     )

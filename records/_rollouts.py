@@ -1,7 +1,10 @@
 """Rollout ids and the URLs that carry them (DESIGN §8; the seed's agent and harness helpers).
 
-Every helper is a pure function gated by an explicit ``observability_enabled`` argument: when it
-is off, URLs stay unprefixed and no rollout id is produced, exactly as NeMo Gym behaves.
+Pure functions. The seed gates `rollout_id_from_run`, `url_path_for_run` and `base_url_for_run`
+by ``observability_enabled``: when it is off, URLs stay unprefixed and no rollout id is produced.
+`url_path_for_request` and `resolve_model_base_url` are not gated, as in NeMo Gym: they carry an
+id the caller already has (an inbound prefix, an explicit id), whatever the flag says
+(DESIGN §8). Index values are converted as Gym converts them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ def rollout_id_from_run(body: Mapping[str, Any], *, observability_enabled: bool)
     """The rollout id of a run request body, or None when off or the body carries none.
 
     ``_ng_rollout_id`` when given (validated, never sanitised), else
-    ``"{_ng_task_index}-{_ng_rollout_index}"``; ``-a{n}`` is appended when
-    ``_ng_attempt_index`` is above 0, so a resumed attempt never mixes with an earlier one.
+    ``"{_ng_task_index}-{_ng_rollout_index}"`` (each index written as it is given: ``"3"`` and
+    ``3`` give the same id); ``-a{n}`` is appended when ``_ng_attempt_index``, read as an int
+    (``"2"`` and ``2`` alike; ``True`` is 1), is above 0, so a retry's calls never mix with the
+    first attempt's. An attempt index that is not a whole number, or indices that make an
+    invalid id, raise `ValueError` (`InvalidRolloutId` is one).
     """
     if not observability_enabled or not isinstance(body, Mapping):
         return None
@@ -28,12 +34,12 @@ def rollout_id_from_run(body: Mapping[str, Any], *, observability_enabled: bool)
     if explicit is not None:
         base = validate_rollout_id(explicit)
     else:
-        task, rollout = _index(body, "_ng_task_index"), _index(body, "_ng_rollout_index")
+        task, rollout = body.get("_ng_task_index"), body.get("_ng_rollout_index")
         if task is None or rollout is None:
             return None
         base = f"{task}-{rollout}"
-    attempt = _index(body, "_ng_attempt_index")
-    return validate_rollout_id(f"{base}-a{attempt}" if attempt else base)
+    attempt = _attempt_index(body.get("_ng_attempt_index"))
+    return validate_rollout_id(f"{base}-a{attempt}" if attempt > 0 else base)
 
 
 def url_path_for_run(url_path: str, body: Mapping[str, Any], *, observability_enabled: bool) -> str:
@@ -42,10 +48,12 @@ def url_path_for_run(url_path: str, body: Mapping[str, Any], *, observability_en
     return _prefixed(url_path, rollout_id)
 
 
-def url_path_for_request(url_path: str, request_path: str, *, observability_enabled: bool) -> str:
-    """Carry an inbound prefixed self-call's rollout id through to the model call it makes."""
-    if not observability_enabled:
-        return url_path
+def url_path_for_request(url_path: str, request_path: str, *, observability_enabled: Optional[bool] = None) -> str:
+    """Carry an inbound prefixed self-call's rollout id through to the model call it makes.
+
+    Not gated (as NeMo Gym): an inbound prefix means capture is on upstream of this call, so it
+    is carried whatever ``observability_enabled`` says (accepted for callers that pass it).
+    """
     return _prefixed(url_path, rollout_id_from_path(request_path))
 
 
@@ -55,15 +63,21 @@ def base_url_for_run(base_url: str, body: Mapping[str, Any], *, observability_en
     return _prefixed_base_url(base_url, rollout_id)
 
 
-def resolve_model_base_url(name: str, rollout_id: Optional[str], servers: Mapping[str, str], *,
-                           observability_enabled: bool) -> str:
-    """The base URL of model server ``name`` from ``servers``, prefixed for ``rollout_id`` when on."""
+def resolve_model_base_url(name: str, rollout_id: Optional[str] = None, servers: Optional[Mapping[str, str]] = None, *,
+                           observability_enabled: Optional[bool] = None) -> str:
+    """The base URL of model server ``name`` from ``servers``, prefixed for ``rollout_id`` when given.
+
+    Not gated (as NeMo Gym): a harness that threads an id through its layers got it from
+    `rollout_id_from_run`, which is; an explicit id always prefixes, whatever
+    ``observability_enabled`` says (accepted for callers that pass it).
+    """
+    servers = servers or {}
     try:
         base_url = servers[name]
     except KeyError:
         known = ", ".join(sorted(servers)) or "none"
         raise KeyError(f"unknown model server {name!r} (known: {known})") from None
-    if not observability_enabled or rollout_id is None:
+    if rollout_id is None:
         return base_url
     return _prefixed_base_url(base_url, validate_rollout_id(rollout_id))
 
@@ -92,6 +106,11 @@ def _prefixed_base_url(base_url: str, rollout_id: Optional[str]) -> str:
     return urlunsplit(parts._replace(path=_prefixed(parts.path or "/", rollout_id).rstrip("/")))
 
 
-def _index(body: Mapping[str, Any], key: str) -> Optional[int]:
-    value = body.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+def _attempt_index(value: Any) -> int:
+    """``_ng_attempt_index`` as Gym reads it (``int(value)``); 0 when absent."""
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"_ng_attempt_index must be a whole number, got {value!r}") from None

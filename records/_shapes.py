@@ -1,14 +1,18 @@
 """Reading the three response shapes: tool calls, reasoning, output items, finish reason (DESIGN §7).
 
-Responses (``object: "response"``, ``output`` items), Chat Completions (``choices[0].message``)
+Responses (``object: "response"``, ``output`` items), Chat Completions (``choices[*].message``)
 and Anthropic Messages (``content`` blocks). Every function tolerates malformed input: a shape
-it does not recognise yields nothing rather than an exception.
+it does not recognise yields nothing rather than an exception. Where the seed is silent, NeMo
+Gym 0.7.0's reader decides: tool calls and reasoning come from every chat choice (n > 1), and
+a finish reason or status is read from a partial reply that has no recognisable shape.
 """
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any, Iterator, NamedTuple, Optional
+
+import json
 
 import orjson
 
@@ -51,30 +55,49 @@ def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
     ``operations=False`` skips the `ModelOperationObservation` list (scans that do not show it).
     """
     shape = response_shape(response)
+    if shape is None:
+        if not isinstance(response, dict) or not response:
+            return _NO_FACTS
+        # A partial reply (a bare `stop_reason`, `incomplete_details`, `status`): what it says.
+        return _facts((None, [], None, finish_reason_of(response, None), None, _status(response)))
     if shape == "chat":
         return _describe_chat(response, operations)
     if shape == "responses":
         calls = _responses_tool_calls(response)
-        status = response.get("status") if isinstance(response.get("status"), str) else None
         return _facts((shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
                        _numbered([op for item in _items(response) if (op := _responses_operation(item))])
-                       if operations else None, status))
-    if shape == "messages":
-        return _facts((shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
-                       finish_reason_of(response, shape),
-                       _numbered([op for block in _blocks(response) if (op := _messages_operation(block))])
-                       if operations else None, None))
-    return _NO_FACTS
+                       if operations else None, _status(response)))
+    return _facts((shape, _messages_tool_calls(response), _joined(_messages_reasoning(response)),
+                   finish_reason_of(response, shape),
+                   _numbered([op for block in _blocks(response) if (op := _messages_operation(block))])
+                   if operations else None, _status(response)))
+
+
+def _status(response: dict[str, Any]) -> Optional[str]:
+    """The response's ``status`` (Responses: completed, incomplete, failed, ...), whatever its shape."""
+    status = response.get("status")
+    return status if isinstance(status, str) else None
 
 
 def _describe_chat(response: dict[str, Any], operations: bool) -> ResponseFacts:
-    message = _first_choice_message(response)
-    calls = _chat_tool_calls(message)
-    reasoning = _chat_reasoning(message)
-    numbered = None
-    if operations:
-        numbered = _numbered(_chat_operations(message, reasoning, calls)) if message is not None else []
-    return _facts(("chat", calls, reasoning, finish_reason_of(response, "chat"), numbered, None))
+    messages = _choice_messages(response)
+    if len(messages) == 1:  # The common case, without building lists to join.
+        message = messages[0]
+        calls = _chat_tool_calls(message)
+        reasoning = _chat_reasoning(message)
+        numbered = _numbered(_chat_operations(message, reasoning, calls)) if operations else None
+        return _facts(("chat", calls, reasoning, finish_reason_of(response, "chat"), numbered, _status(response)))
+    calls, reasonings, steps = [], [], []
+    for message in messages:
+        message_calls = _chat_tool_calls(message)
+        reasoning = _chat_reasoning(message)
+        calls += message_calls
+        if reasoning:
+            reasonings.append(reasoning)
+        if operations:
+            steps += _chat_operations(message, reasoning, message_calls)
+    return _facts(("chat", calls, _joined(reasonings), finish_reason_of(response, "chat"),
+                   _numbered(steps) if operations else None, _status(response)))
 
 
 _NO_FACTS = ResponseFacts()
@@ -82,19 +105,22 @@ _NO_FACTS = ResponseFacts()
 _facts = partial(tuple.__new__, ResponseFacts)
 
 
-def _as_arguments(arguments: Any) -> dict[str, Any]:
-    """Tool arguments as an object: JSON text parsed, anything unparseable kept as ``{"_raw": text}``."""
+def _as_arguments(arguments: Any) -> Any:
+    """Tool arguments, exactly as NeMo Gym 0.7.0 reads them: an object as it is; a string parsed as
+    JSON whatever it holds (``"[1]"`` gives ``[1]``), or ``{"_raw": text}`` when it is not JSON
+    (the empty string included); any other value ``{}``."""
     if isinstance(arguments, dict):
         return arguments
-    if arguments is None or arguments == "":
-        return {}
-    if isinstance(arguments, (str, bytes)):
+    if isinstance(arguments, str):
         try:
-            parsed = orjson.loads(arguments)
+            return orjson.loads(arguments)
         except orjson.JSONDecodeError:
-            return {"_raw": arguments if isinstance(arguments, str) else arguments.decode("utf-8", "replace")}
-        return parsed if isinstance(parsed, dict) else {"_raw": arguments}
-    return {"_raw": arguments}
+            pass
+        try:  # What orjson refuses and Python's json takes: NaN, Infinity, lone surrogates.
+            return json.loads(arguments)
+        except ValueError:
+            return {"_raw": arguments}
+    return {}
 
 
 def _tool_calls_and_reasoning(response: dict[str, Any]) -> tuple[list[dict[str, Any]], Optional[str]]:
@@ -106,7 +132,7 @@ def _tool_calls_and_reasoning(response: dict[str, Any]) -> tuple[list[dict[str, 
 def tool_calls_of(response: Any, shape: Optional[str]) -> list[dict[str, Any]]:
     """The tool calls of a response of ``shape`` (from `response_shape`), as `describe_response` gives them."""
     if shape == "chat":
-        return _chat_tool_calls(_first_choice_message(response))
+        return [call for message in _choice_messages(response) for call in _chat_tool_calls(message)]
     if shape == "responses":
         return _responses_tool_calls(response)
     if shape == "messages":
@@ -114,18 +140,22 @@ def tool_calls_of(response: Any, shape: Optional[str]) -> list[dict[str, Any]]:
     return []
 
 
-def finish_reason_of(response: Any, shape: Optional[str]) -> Optional[str]:
-    """Anthropic ``stop_reason``, Chat ``choices[0].finish_reason``, Responses ``incomplete_details.reason``."""
-    if shape == "messages":
-        value = response.get("stop_reason")
-    elif shape == "chat":
-        choices = response["choices"]
-        value = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
-    elif shape == "responses":
-        details = response.get("incomplete_details")
-        value = details.get("reason") if isinstance(details, dict) else None
-    else:
-        value = None
+def finish_reason_of(response: Any, shape: Optional[str] = None) -> Optional[str]:
+    """The first text among Anthropic ``stop_reason``, Chat ``choices[0].finish_reason`` and
+    Responses ``incomplete_details.reason``, whatever the shape (a partial reply too), as NeMo Gym
+    reads it. ``shape`` is accepted for callers that know it; the answer does not depend on it."""
+    if not isinstance(response, dict):
+        return None
+    value = response.get("stop_reason")
+    if isinstance(value, str):
+        return value
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        value = choices[0].get("finish_reason")
+        if isinstance(value, str):
+            return value
+    details = response.get("incomplete_details")
+    value = details.get("reason") if isinstance(details, dict) else None
     return value if isinstance(value, str) else None
 
 
@@ -157,8 +187,9 @@ def _items(response: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def _responses_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     calls = []
     for item in _items(response):
-        if item.get("type") == "function_call":
-            calls.append({"call_id": item.get("call_id"), "name": item.get("name"), "arguments": _as_arguments(item.get("arguments"))})
+        if item.get("type") == "function_call":  # A call without call_id is known by its item id (Gym).
+            calls.append({"call_id": item.get("call_id") or item.get("id"), "name": item.get("name"),
+                          "arguments": _as_arguments(item.get("arguments"))})
         elif item.get("type") == "custom_tool_call":
             calls.append({"call_id": item.get("call_id"), "name": item.get("name"), "arguments": _as_arguments(item.get("input"))})
     return calls
@@ -178,6 +209,12 @@ def _responses_reasoning(response: dict[str, Any]) -> list[str]:
 
 
 # -- Chat Completions --------------------------------------------------------------------------
+
+def _choice_messages(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The message of every choice, in order (n > 1 gives several)."""
+    return [choice["message"] for choice in response["choices"]
+            if isinstance(choice, dict) and isinstance(choice.get("message"), dict)]
+
 
 def _first_choice_message(response: dict[str, Any]) -> Optional[dict[str, Any]]:
     choices = response.get("choices")

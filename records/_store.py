@@ -15,12 +15,14 @@ import io
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 
+from ._appender import append_capture_line, create_incomplete_marker
 from ._errors import MalformedCaptureLine
-from ._file_contract import CAPTURE_SUFFIX, capture_path, incomplete_marker_path
+from ._file_contract import CAPTURE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
 from ._rollout_ids import is_valid_rollout_id
 
 
@@ -42,21 +44,41 @@ class ReadResult:
 
 
 class CaptureStore:
-    """A directory of ``<rollout_id>.capture.jsonl`` files."""
+    """A directory of ``<rollout_id>.capture.jsonl`` files (NeMo Gym's ``CaptureStore`` surface).
+
+    Unlike Gym's, constructing one never creates the directory: a reader of a mistyped path
+    should find nothing, not leave an empty directory behind.
+    """
 
     def __init__(self, capture_dir: str | os.PathLike[str]) -> None:
         self.capture_dir = os.fspath(capture_dir)
 
-    def path_for(self, rollout_id: str) -> str:
+    @property
+    def root(self) -> Path:
+        """The capture directory."""
+        return Path(self.capture_dir)
+
+    def path_for(self, rollout_id: str) -> Path:
         """The capture file of ``rollout_id``; raises `InvalidRolloutId` for an invalid id."""
-        return capture_path(self.capture_dir, rollout_id)
+        return Path(capture_path(self.capture_dir, rollout_id))
+
+    def incomplete_path_for(self, rollout_id: str) -> Path:
+        """The ``.capture.incomplete`` marker of ``rollout_id`` (Gym's name)."""
+        return Path(incomplete_marker_path(self.capture_dir, rollout_id))
 
     def incomplete_marker_for(self, rollout_id: str) -> str:
         return incomplete_marker_path(self.capture_dir, rollout_id)
 
+    def record(self, rollout_id: str, exchange: Mapping[str, Any]) -> None:
+        """Append one exchange as a capture line under the file contract (``flock``, one ``write``,
+        ``fsync``): in-process harnesses and tests write captures without the sidecar. Core keys
+        come first in the contract's order; blocking, so run it off an event loop."""
+        append_capture_line(capture_path(self.capture_dir, rollout_id), encode_capture_line(exchange, default=str))
+
     def read(self, rollout_id: str) -> list[dict[str, Any]]:
-        """Every line of the rollout's file, in append order; raises on any malformed line."""
-        path = self.path_for(rollout_id)
+        """Every line of the rollout's file, in append order; raises `MalformedCaptureLine` (also an
+        ``orjson.JSONDecodeError``) on any malformed line."""
+        path = capture_path(self.capture_dir, rollout_id)
         lines = []
         with gc_paused():
             for call_index, parsed in _parsed_lines(_read_locked(path)):
@@ -107,8 +129,7 @@ class CaptureStore:
 
     def mark_incomplete(self, rollout_id: str) -> None:
         """Create the empty ``.capture.incomplete`` marker of a rollout."""
-        with open(self.incomplete_marker_for(rollout_id), "ab"):
-            pass
+        create_incomplete_marker(self.incomplete_marker_for(rollout_id))
 
     def is_incomplete(self, rollout_id: str) -> bool:
         return os.path.exists(self.incomplete_marker_for(rollout_id))

@@ -10,8 +10,10 @@ from typing import Any, Mapping
 
 _CACHED_DETAIL_GROUPS = ("prompt_tokens_details", "input_tokens_details")
 _REASONING_DETAIL_GROUPS = ("output_tokens_details", "completion_tokens_details")
-_CACHED_FIELDS = ("cached_tokens",)
-_REASONING_FIELDS = ("reasoning_tokens",)
+# NeMo Gym 0.7.0 also reads these aliases (some OpenAI-compatible gateways write them), at the
+# top level of usage and inside the details objects.
+_CACHED_FIELDS = ("cached_tokens", "cached_input_tokens")
+_REASONING_FIELDS = ("reasoning_tokens", "reasoning_output_tokens")
 
 
 def _token_count(value: Any) -> int | None:
@@ -37,19 +39,23 @@ def _usage_detail_token(usage: Mapping[str, Any], detail_groups: tuple[str, ...]
 def _prompt_size(usage: Mapping[str, Any]) -> int | None:
     """Return the whole prompt size, with cached tokens counted exactly once.
 
-    ``prompt_tokens`` (Chat) includes the cache and wins whenever present; ``input_tokens`` with
-    top-level ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` (Anthropic) excludes it,
-    so those are added; ``input_tokens`` alone (Responses) includes it. ``*_tokens_details`` cache
-    counts are subsets and never added.
+    ``prompt_tokens`` (Chat) includes the cache and wins whenever present (the seed's rule, even
+    beside Anthropic cache fields a gateway added); ``input_tokens`` with top-level
+    ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` (Anthropic) excludes it, so those
+    are added; ``input_tokens`` alone (Responses) includes it. A fully cached Anthropic prompt may
+    come without ``input_tokens``: then the prompt is the cache sum, as NeMo Gym counts it, unless
+    that sum is 0 (zero cache fields alone say nothing about the prompt). ``*_tokens_details``
+    cache counts are subsets and never added.
     """
     prompt = _token_count(usage.get("prompt_tokens"))
     if prompt is not None:
         return prompt
     input_tokens = _token_count(usage.get("input_tokens"))
-    if input_tokens is None:
-        return None
     cache_read = _token_count(usage.get("cache_read_input_tokens"))
     cache_creation = _token_count(usage.get("cache_creation_input_tokens"))
+    if input_tokens is None:
+        cache_total = (cache_read or 0) + (cache_creation or 0)
+        return cache_total if cache_total > 0 else None
     return input_tokens + (cache_read or 0) + (cache_creation or 0)
 
 
@@ -64,10 +70,20 @@ def _cache_signal(usage: Any) -> tuple[bool | None, int | None]:
 
 
 def _cached_count(usage: Mapping[str, Any]) -> int | None:
-    """Prompt tokens served from the cache: OpenAI ``*_tokens_details.cached_tokens``, else Anthropic
-    ``cache_read_input_tokens``."""
+    """Prompt tokens served from the cache: OpenAI ``*_tokens_details.cached_tokens`` (or its alias
+    ``cached_input_tokens``), else Anthropic ``cache_read_input_tokens``, else a top-level
+    ``cached_input_tokens``."""
     cached = _usage_detail_token(usage, _CACHED_DETAIL_GROUPS, _CACHED_FIELDS)
-    return cached if cached is not None else _token_count(usage.get("cache_read_input_tokens"))
+    if cached is None:
+        cached = _token_count(usage.get("cache_read_input_tokens"))
+    return cached if cached is not None else _token_count(usage.get("cached_input_tokens"))
+
+
+def _reasoning_count(usage: Mapping[str, Any]) -> int | None:
+    """``*_tokens_details.reasoning_tokens`` (or ``reasoning_output_tokens``), else a top-level
+    ``reasoning_output_tokens``."""
+    reasoning = _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, _REASONING_FIELDS)
+    return reasoning if reasoning is not None else _token_count(usage.get("reasoning_output_tokens"))
 
 
 def usage_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
@@ -77,8 +93,7 @@ def usage_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | N
     tokens_out = _token_count(get("completion_tokens"))
     if tokens_out is None:
         tokens_out = _token_count(get("output_tokens"))
-    return (_prompt_size(usage), tokens_out,
-            _usage_detail_token(usage, _REASONING_DETAIL_GROUPS, _REASONING_FIELDS), _cached_count(usage))
+    return _prompt_size(usage), tokens_out, _reasoning_count(usage), _cached_count(usage)
 
 
 def extract_token_stats(usage: Any) -> dict[str, Any]:

@@ -1,5 +1,9 @@
 """The durable appender: one capture line, all or nothing, on disk before it returns (DESIGN §3).
 
+The write side of the file contract lives beside the read side (`records`), so the sidecar's
+writer (`capture`), `CaptureStore.record` and the readers share one truth; `capture` builds its
+group commit on these primitives.
+
 ``O_APPEND`` + ``flock(LOCK_EX)`` + one ``write`` + ``fsync``. The lock is taken on the file
 itself, so rollouts never wait on each other while several writers (threads, processes, nodes on a
 shared filesystem with POSIX locks) may append to one file. Blocking: run it off the event loop.
@@ -32,7 +36,7 @@ def append_capture_line(path: str, line: bytes) -> float:
         os.close(fd)
     if created:
         # A new file's directory entry must be durable too, or a crash can lose the whole file.
-        _fsync_directory(os.path.dirname(path) or ".")
+        fsync_directory(os.path.dirname(path) or ".")
     return fsync_seconds
 
 
@@ -120,7 +124,7 @@ def _roll_back(fd: int, size_before: int) -> None:
         pass  # Nothing more can be done; the tolerant reader skips a torn last line.
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     try:
         dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
