@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from records import (
     ModelCallRecord,
     ToolRequestEvidence,
-    _as_arguments,
     _tool_calls_and_reasoning,
     build_model_call_record,
     tool_request_evidence,
