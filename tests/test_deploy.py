@@ -102,18 +102,24 @@ def _load(path: str):
 
 
 async def test_gym_harness_and_collector_examples_work_together(start, stand_in, capture_dir):
-    """The examples as written: the harness's calls are captured, the collector attaches them."""
+    """The examples as written, on Gym's real run rows (`responses_create_params`, `_ng_*`): the
+    harness's calls are captured under each row's rollout id, a retry's apart from the first
+    attempt's, and the collector attaches them."""
     harness, collector = _load(os.path.join(GYM, "agent_harness.py")), _load(os.path.join(GYM, "collector.py"))
     sidecar = await start(stand_in.url, capture_dir=capture_dir)
+    config = {**_yaml(os.path.join(GYM, "gym_config.yaml")), "mcc_base_url": sidecar.url + "/v1"}
 
-    async def run(request):
-        answer = await harness.run_agent(request, sidecar.url + "/v1", observability_enabled=True)
-        return {**request, "response": answer, "reward": 1.0}
+    async def run(row):
+        return {**await harness.run_agent(row, config), "reward": 1.0}
 
-    requests = [{"_ng_task_index": 0, "_ng_rollout_index": index, "prompt": f"hello {index}"} for index in range(3)]
-    records = await collector.collect(requests, run, capture_dir)
+    rows = [{"_ng_task_index": 0, "_ng_rollout_index": index, "agent_ref": {"name": "simple_agent"},
+             "responses_create_params": {"input": [{"role": "user", "content": f"hello {index}"}]}} for index in range(2)]
+    rows.append({**rows[1], "_ng_attempt_index": "1"})
+    records = await collector.collect(rows, run, [capture_dir])
+    assert [r["ng_model_call_capture"]["rollout_id"] for r in records] == ["0-0", "0-1", "0-1-a1"]
     assert [r["ng_model_call_capture"]["metrics"]["num_calls"] for r in records] == [1, 1, 1]
-    assert CaptureStore(capture_dir).rollout_ids() == ["0-0", "0-1", "0-2"]
+    assert all(r["response"]["status"] == "completed" and "gaps" not in r["ng_model_call_capture"] for r in records)
+    assert CaptureStore(capture_dir).rollout_ids() == ["0-0", "0-1", "0-1-a1"]
 
 
 # -- Docker image -----------------------------------------------------------------------------

@@ -1,23 +1,28 @@
-"""An agent harness that sends every model call of a run through the capture sidecar.
+"""An SDK-based agent harness whose model calls are captured by the sidecar.
 
-`base_url_for_run` puts `/ng-rollout/<rollout_id>` into the SDK's base URL when observability is
-on, and leaves it unchanged when it is off, so the same harness works either way.
+It takes Gym's run request as Gym sends it -- ``responses_create_params`` (the Responses API
+parameters of the task) and the ``_ng_task_index`` / ``_ng_rollout_index`` / ``_ng_attempt_index``
+indices -- and calls the model with the official openai SDK. `base_url_for_run` puts
+``/ng-rollout/<rollout_id>`` into the SDK's base URL when observability is on (and leaves it
+unchanged when it is off), so every call of the run lands in ``<rollout_id>.capture.jsonl``, the
+file Gym's rollout collection reads for that row.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from openai import AsyncOpenAI
 
 from records import base_url_for_run
 
 
-async def run_agent(run_request: dict[str, Any], base_url: str, *, observability_enabled: bool) -> str:
-    """One rollout: ask the policy model once and return its answer."""
-    client = AsyncOpenAI(base_url=base_url_for_run(base_url, run_request, observability_enabled=observability_enabled),
-                         api_key="unused")
-    async with client:
-        reply = await client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": run_request["prompt"]}])
-    return reply.choices[0].message.content or ""
+async def run_agent(run_request: Mapping[str, Any], global_config: Mapping[str, Any]) -> dict[str, Any]:
+    """One rollout: send the task's Responses request through the sidecar; return the row with its response."""
+    params = dict(run_request["responses_create_params"])
+    params.setdefault("model", global_config.get("policy_model_name") or "policy")
+    base_url = base_url_for_run(global_config["mcc_base_url"], run_request,
+                                observability_enabled=bool(global_config.get("observability_enabled")))
+    async with AsyncOpenAI(base_url=base_url, api_key=str(global_config.get("policy_api_key") or "EMPTY")) as client:
+        response = await client.responses.create(**params)
+    return {**run_request, "response": response.model_dump(mode="json", exclude_none=True)}

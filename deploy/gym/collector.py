@@ -1,19 +1,23 @@
-"""A collector: clear captures before dispatch, attach them to each rollout record afterwards."""
+"""A collector with NeMo Gym's entry points: clear before dispatch, merge the captures afterwards.
+
+Gym's own rollout collection does the same when run with deploy/gym/gym_config.yaml; this is for
+harnesses that collect rows themselves. `clear_model_call_captures_for_rollouts` and
+`merge_model_call_capture_into_record` have Gym's signatures (rows, a list of capture dirs).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
-from records import attach_model_call_capture, clear_model_call_captures, rollout_id_from_run
+from records import clear_model_call_captures_for_rollouts, merge_model_call_capture_into_record
 
 
-async def collect(run_requests: list[dict[str, Any]], run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-                  capture_dir: str) -> list[dict[str, Any]]:
-    """Run every rollout; return its record with `ng_model_call_capture` attached."""
-    rollout_ids = [rollout_id_from_run(request, observability_enabled=True) for request in run_requests]
-    clear_model_call_captures([rid for rid in rollout_ids if rid], capture_dir)  # A redispatch starts clean.
+async def collect(rows: list[Mapping[str, Any]], run: Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]],
+                  capture_dirs: list[str]) -> list[dict[str, Any]]:
+    """Run every row; return its record with ``ng_model_call_capture`` attached (in place)."""
+    clear_model_call_captures_for_rollouts(rows, capture_dirs)  # A redispatched attempt starts clean.
     records = []
-    for request in run_requests:
-        rollout_record = await run(request)
-        records.append(attach_model_call_capture(rollout_record, capture_dir))
+    for row in rows:
+        record = await run(row)
+        records.append(merge_model_call_capture_into_record(record, capture_dirs))
     return records
