@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test soak bench clean install
+.PHONY: demo test soak bench clean install gym-conformance
 
 install: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# NeMo Gym 0.7.0's own reader against records (also part of `make test`); builds its cached venv
+# (~/.cache/model-call-capture/nemo-gym-0.7.0, about 90 s the first time).
+gym-conformance: $(STAMP)
+	$(BIN)/python -m pytest -q -s tests/gym_conformance
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak -s tests/soak
