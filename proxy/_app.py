@@ -18,6 +18,7 @@ import orjson
 from ._capture_writer import CaptureWriter
 from ._forwarder import forward
 from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
+from ._logging import RepeatLimiter
 from ._metrics import CONTENT_TYPE, SidecarMetrics
 from ._settings import Settings
 from ._upstream import UpstreamPool
@@ -45,6 +46,13 @@ class Sidecar:
         self.upstream: UpstreamPool
         #: Seconds an idle client connection is kept (see `Http1Connection`).
         self.idle_timeout = KEEPALIVE_IDLE_SECONDS
+        #: Set when the drain timeout cut calls still in flight: their lines say so.
+        self.cut_by_drain = False
+        self._capture_dir_was_writable = True
+        #: Upstream failures and 413s repeat on every call while they last: said once per 10 s, with a count.
+        self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
+        #: The base_url mistakes already explained in the log (`_routing.base_url_mistake`).
+        self.hinted: set[str] = set()
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
@@ -52,12 +60,20 @@ class Sidecar:
         self.upstream = UpstreamPool(self.upstream_url, settings.connect_timeout, settings.read_timeout)
         if settings.capture_on:
             assert settings.capture_dir is not None
-            try:
-                os.makedirs(settings.capture_dir, exist_ok=True)
-            except OSError as exc:
-                log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
-                          settings.capture_dir, exc)
+            if not os.path.isdir(settings.capture_dir):
+                try:
+                    os.makedirs(settings.capture_dir, exist_ok=True)
+                    log.info("created the capture dir %s", settings.capture_dir, extra={"path": settings.capture_dir})
+                except OSError as exc:
+                    log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
+                              settings.capture_dir, exc.strerror or exc, extra={"path": settings.capture_dir, "errno": exc.errno})
+            if os.path.isdir(settings.capture_dir) and not _directory_writable(settings.capture_dir):
+                log.warning("capture dir %s is not writable by uid %d: calls are forwarded, their lines are lost "
+                            "until it is (on Kubernetes, set the pod's fsGroup)", settings.capture_dir, os.getuid(),
+                            extra={"path": settings.capture_dir})
+                self._capture_dir_was_writable = False
             self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync)
+            self.metrics.capture_dir = settings.capture_dir
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout),
@@ -93,8 +109,15 @@ class Sidecar:
         deadline = asyncio.get_running_loop().time() + timeout
         while any(c.busy for c in self.connections) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
+        in_flight = [c.task for c in self.connections if c.task is not None]
+        if in_flight:
+            self.cut_by_drain = True
+            log.warning("drain timeout (%gs) reached with %d call(s) still in flight: cutting them; each is "
+                        "recorded as cancelled with what was relayed so far", timeout, len(in_flight))
         for connection in list(self.connections):
             connection.abort()
+        # The cut handlers submit their lines as they unwind: wait for them before the writer closes.
+        await asyncio.gather(*in_flight, return_exceptions=True)
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self.upstream.close()
@@ -112,17 +135,25 @@ class Sidecar:
         return 200, CONTENT_TYPE.encode(), self.metrics.exposition()
 
     async def _ready(self) -> tuple[int, bytes, bytes]:
-        """Readiness: the upstream accepts connections and, with capture on, the capture dir is writable."""
+        """Readiness means "can forward": the upstream accepts connections.
+
+        Capture health is reported in the body (and `mcc_capture_dir_writable`, and the log), never
+        in the status: a 503 takes the pod out of its Service, and every model call would fail
+        for a capture fault, which must never hurt a call (DESIGN §5).
+        """
         settings = self.settings
         upstream_ok = await _upstream_reachable(self.upstream_url)
         checks: dict[str, object] = {"upstream": self.upstream_url, "upstream_reachable": upstream_ok}
-        ready = upstream_ok
         if settings.capture_on:
             writable = _directory_writable(settings.capture_dir or "")
-            checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable)
-            ready = ready and writable
-        checks["status"] = "ready" if ready else "not ready"
-        return (200 if ready else 503), b"application/json", orjson.dumps(checks)
+            if not writable and self._capture_dir_was_writable:
+                log.warning("capture dir %s is not writable: calls are forwarded, their lines are lost until it is",
+                            settings.capture_dir)
+            self._capture_dir_was_writable = writable
+            checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
+                          capture="ok" if writable else "failing")
+        checks["status"] = "ready" if upstream_ok else "not ready"
+        return (200 if upstream_ok else 503), b"application/json", orjson.dumps(checks)
 
 
 async def _upstream_reachable(upstream_url: str) -> bool:

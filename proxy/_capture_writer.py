@@ -108,7 +108,8 @@ class CaptureWriter:
         if (rollout_id, kind) not in self._logged:
             self._logged.add((rollout_id, kind))
             log.error("capture failed for rollout %s (%s): %s; the call was forwarded unchanged, "
-                      "further %s failures of this rollout are only counted", rollout_id, kind, exc, kind)
+                      "further %s failures of this rollout are only counted", rollout_id, kind, exc, kind,
+                      extra={"rollout_id": rollout_id, "errno": getattr(exc, "errno", None)})
         marker = incomplete_marker_path(self.capture_dir, rollout_id)
         loop = asyncio.get_running_loop()
         try:

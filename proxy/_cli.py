@@ -45,9 +45,13 @@ def serve(**options: Any) -> None:
         from ._workers import supervise_workers
 
         sys.exit(supervise_workers(settings, sys.argv[1:]))
-    from ._server import serve_forever
+    from ._server import CannotServe, serve_forever
 
-    _run(serve_forever(settings))
+    try:
+        _run(serve_forever(settings, settings.log_format))
+    except CannotServe as exc:
+        click.echo(f"mcc: {exc}.", err=True)
+        sys.exit(2)
 
 
 @main.command()
@@ -71,7 +75,7 @@ def _register_inspection_commands() -> None:
 
 def _settings_or_exit(options: dict[str, Any]) -> Settings:
     try:
-        return load_settings(options)
+        return load_settings(options, warn=lambda message: click.echo(f"mcc: warning: {message}", err=True))
     except ConfigError as exc:
         click.echo(f"mcc: {exc}", err=True)
         sys.exit(2)

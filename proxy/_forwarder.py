@@ -32,13 +32,14 @@ from ._local_replies import (
     send_local_reply,
 )
 from ._metrics import status_class
-from ._routing import Route, route_request
+from ._routing import Route, base_url_mistake, route_request
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
 if TYPE_CHECKING:
     from ._app import Sidecar
 
 log = logging.getLogger("mcc.proxy")
+access_log = logging.getLogger("mcc.access")
 
 
 async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Connection) -> None:
@@ -68,6 +69,10 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
         metrics.requests.inc(1, (dialect, status_class(status), captured))
+        if access_log.isEnabledFor(logging.DEBUG):  # The access log: --log-level debug.
+            access_log.debug("%s %s %s captured=%s", request.method, request.target.decode("latin-1"), status, captured,
+                             extra={"status": status, "method": request.method,
+                                    "rollout_id": route.rollout_id if route is not None else None})
 
 
 class _Call:
@@ -87,6 +92,9 @@ class _Call:
 
     async def run(self) -> None:
         if self.request.too_large:
+            self.sidecar.repeated_warnings.warning("413", "refused a request body over the limit of %d bytes (413) for %s",
+                                       self.settings.max_body_bytes, self.route.upstream_target,
+                                       extra={**self._log_context(), "status": 413})
             self._open_exchange(b"")
             await self._answer_locally(BODY_TOO_LARGE, "request", None, retryable=False,
                                        message=f"request body exceeds the sidecar's limit of {self.settings.max_body_bytes} bytes")
@@ -148,6 +156,12 @@ class _Call:
 
     async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
         self.status = upstream.status
+        if upstream.status == 404:
+            mistake = base_url_mistake(self.route.upstream_target)
+            if mistake is not None and mistake not in self.sidecar.hinted:  # Said once per sidecar and kind.
+                self.sidecar.hinted.add(mistake)
+                log.warning("the upstream answered 404 for %s (forwarded unchanged): %s", self.route.upstream_target,
+                            mistake, extra={**self._log_context(), "status": 404})
         tap = self._attach_tap(upstream, is_stream)
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
@@ -222,20 +236,31 @@ class _Call:
             return
         self.persisted = True
         self.exchange.category_override = "cancelled"
-        self.exchange.failure = Failure("client", "cancelled", "the client disconnected before the reply ended")
+        if self.sidecar.cut_by_drain:
+            self.exchange.failure = Failure("client", "cancelled", "the sidecar was shutting down and its drain timeout "
+                                            f"({self.settings.drain_timeout:g}s) ended before the reply did", None, True)
+        else:
+            self.exchange.failure = Failure("client", "cancelled", "the client disconnected before the reply ended")
         self._complete(self.exchange)
         # Written even though nobody waits: closing the writer (shutdown) writes what is queued.
         self.writer.submit(self.exchange, _ignore)  # type: ignore[union-attr]
 
     def upstream_broke_then(self, kind: str, then: Callable[[], None]) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
-        log.warning("upstream %s failed mid-reply (%s) for %s", self.sidecar.upstream_url, kind, self.route.upstream_target)
+        self.sidecar.repeated_warnings.warning(("mid-reply", kind), "upstream %s failed mid-reply (%s) for %s", self.sidecar.upstream_url,
+                                   kind, self.route.upstream_target, extra=self._log_context())
         self.persist_then(then, holding_back=False)
 
     async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
-        log.warning("upstream %s failed before replying (%s): %s: %s", self.sidecar.upstream_url, kind, type(exc).__name__, exc)
+        self.sidecar.repeated_warnings.warning(("before-reply", kind), "upstream %s failed before replying (%s): %s: %s",
+                                   self.sidecar.upstream_url, kind, type(exc).__name__, exc,
+                                   extra={**self._log_context(), "status": reply.status, "errno": _errno_of(exc)})
         await self._answer_locally(reply, stage, exc, retryable=True)
+
+    def _log_context(self) -> dict[str, object]:
+        return {"rollout_id": self.route.rollout_id, "upstream": self.sidecar.upstream_url,
+                "path": self.route.upstream_target, "method": self.request.method}
 
     async def _answer_locally(self, reply: LocalReply, stage: str, exc: BaseException | None,
                               retryable: bool, message: str | None = None) -> None:
@@ -416,6 +441,15 @@ def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseE
         category = "stream_truncated"
     exchange.category_override = category
     exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)
+
+
+def _errno_of(exc: BaseException | None) -> int | None:
+    """The errno of ``exc`` or of the OS error it was raised from (a refused connect: 111)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
+        exc = exc.__cause__
+    return None
 
 
 def _ignore(_: bool) -> None:

@@ -314,6 +314,11 @@ class Http1Connection(asyncio.Protocol):
             self.close()
 
     @property
+    def task(self) -> Optional["asyncio.Task[None]"]:
+        """The task serving this connection's current request, if any."""
+        return self._task
+
+    @property
     def busy(self) -> bool:
         return self._task is not None
 

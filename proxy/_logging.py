@@ -11,16 +11,30 @@ import orjson
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+#: Fields a log call may attach with ``extra=``; JSON lines carry them as keys of their own.
+CONTEXT_FIELDS = ("rollout_id", "status", "errno", "path", "count", "upstream", "method")
+
+
+def utc_timestamp(created: float | None = None) -> str:
+    created = time.time() if created is None else created
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``[, ``exception``]."""
+    """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, and
+    ``rollout_id``, ``status``, ``errno``, ... where the line is about one (`CONTEXT_FIELDS`)[, ``exception``]."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for field in CONTEXT_FIELDS:
+            value = record.__dict__.get(field)
+            if value is not None:
+                entry[field] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
@@ -36,3 +50,29 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     # aiohttp logs every closed connection at debug and some client errors at error; the
     # sidecar already reports those once per call, so keep aiohttp's own at warning.
     logging.getLogger("aiohttp").setLevel(max(logging.WARNING, root.level))
+
+
+class RepeatLimiter:
+    """Says a repeated warning once per ``interval`` seconds, with how many times it happened meanwhile.
+
+    An upstream that is down fails every call; one line per call would flood the log. The first
+    occurrence of a key is logged, later ones within the interval are counted, and the next one
+    logged after it says ``(N more in the last Ts)`` and carries ``count`` in JSON lines.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self.logger, self.interval = logger, interval
+        self._last: dict[object, float] = {}
+        self._suppressed: dict[object, int] = {}
+
+    def warning(self, key: object, message: str, *args: object, extra: dict[str, object] | None = None) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        suppressed = self._suppressed.pop(key, 0)
+        self._last[key] = now
+        if suppressed:
+            message += f" ({suppressed} more in the last {self.interval:g}s)"
+        self.logger.warning(message, *args, extra={**(extra or {}), "count": suppressed + 1})

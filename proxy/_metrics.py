@@ -66,6 +66,17 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+        #: With capture on: the capture dir, checked for writability at scrape time.
+        self.capture_dir: str | None = None
+        Gauge("mcc_capture_dir_writable", "1 when the capture dir is writable (or capture is off), 0 when capture "
+              "lines cannot be written there; /-/ready stays 200 either way.",
+              registry=registry).set_function(self._capture_dir_writable)
+
+    def _capture_dir_writable(self) -> float:
+        directory = self.capture_dir
+        if directory is None:
+            return 1.0
+        return 1.0 if os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK) else 0.0
 
 
     def exposition(self) -> bytes:

@@ -79,3 +79,22 @@ def _decodes(encoded: str) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+#: Paths an SDK reaches without its ``/v1`` (a base_url of ``http://sidecar/ng-rollout/<id>``).
+_API_PATHS = ("/chat/completions", "/responses", "/messages", "/completions", "/embeddings", "/models")
+
+
+def base_url_mistake(upstream_target: str) -> str | None:
+    """What a client's base_url probably got wrong, for a path the upstream answered 404, or None.
+
+    Heuristic and only ever logged: the reply itself is forwarded unchanged (bytes are sacred).
+    """
+    path = _path_of(upstream_target)
+    if path.startswith("/v1/v1/"):
+        return ("the path has /v1 twice: the client's base_url already ends in /v1 and the SDK adds another "
+                "(the Anthropic SDK adds /v1 itself: give it http://sidecar/ng-rollout/<id> without /v1)")
+    if path in _API_PATHS:
+        return (f"the path {path} has no /v1: OpenAI SDKs need base_url http://sidecar/ng-rollout/<id>/v1 "
+                "(the Anthropic SDK: http://sidecar/ng-rollout/<id>)")
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import signal
@@ -81,14 +82,24 @@ async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> AppServer:
     return await start_app(create_stand_in_app(), host, port)
 
 
-async def serve_forever(settings: Settings) -> None:
+class CannotServe(Exception):
+    """The sidecar cannot listen where it was told to (port in use, unknown host): one sentence."""
+
+
+async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     """`mcc serve`: start, print the ready line, run until SIGINT / SIGTERM, then drain."""
     stand_in = await start_stand_in() if settings.stand_in else None
-    sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
+    try:
+        sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
+    except OSError as exc:
+        if stand_in is not None:
+            await stand_in.close()
+        raise CannotServe(_why_not_listening(settings, exc)) from None
     if stand_in is not None:
         log.info("stand-in model server at %s", stand_in.url)
+    log.info("%s", describe_startup(settings, stand_in.url if stand_in else settings.upstream))
     freeze_startup_objects()
-    print(f"listening on {sidecar.url}", flush=True)
+    print(ready_line(sidecar.url, log_format), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -98,6 +109,57 @@ async def serve_forever(settings: Settings) -> None:
     await sidecar.close()
     if stand_in is not None:
         await stand_in.close()
+
+
+def ready_line(url: str, log_format: str) -> str:
+    """``listening on URL`` -- a JSON log line with ``--log-format json``, like every other line."""
+    if log_format != "json":
+        return f"listening on {url}"
+    import orjson
+
+    from ._logging import utc_timestamp
+    return orjson.dumps({"time": utc_timestamp(), "level": "info", "logger": "mcc",
+                         "message": f"listening on {url}", "url": url}).decode()
+
+
+def ready_url(line: str) -> str | None:
+    """The URL of a `ready_line` (either format), or None when ``line`` is not one."""
+    if line.startswith("listening on "):
+        return line.split()[-1]
+    if line.startswith("{"):
+        import orjson
+        try:
+            url = orjson.loads(line).get("url")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return url if isinstance(url, str) else None
+    return None
+
+
+def describe_startup(settings: Settings, upstream: str | None) -> str:
+    """One line that says what this sidecar will do."""
+    if settings.capture_on:
+        capture = (f"capture on: dir {settings.capture_dir}, sync {settings.capture_sync}, "
+                   f"raw stream {settings.capture_raw_stream}")
+    elif settings.capture_dir is None:
+        capture = "capture off: no capture dir (--capture-dir)"
+    else:
+        capture = "capture off: disabled (--no-capture / observability_enabled: false)"
+    return (f"forwarding to {upstream}; {capture}; workers {settings.workers}; "
+            f"drain timeout {settings.drain_timeout:g}s; model_ref.name {settings.model_ref_name}")
+
+
+def _why_not_listening(settings: Settings, exc: OSError) -> str:
+    where = f"{settings.host}:{settings.port}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot listen on {where}: the host {settings.host!r} does not resolve ({exc.strerror or exc})"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: the port is already in use (pick another with --port, or 0 for any free port)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: {settings.host!r} is not an address of this machine"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied (ports below 1024 need privileges)"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 def freeze_startup_objects() -> None:

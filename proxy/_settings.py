@@ -9,7 +9,7 @@ else is ignored. The environment is read here and nowhere else.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import yaml
@@ -73,7 +73,7 @@ class Settings(BaseModel):
     @classmethod
     def _absolute_capture_dir(cls, value: str | None) -> str | None:
         if value is not None and not os.path.isabs(value):
-            raise ValueError(f"must be an absolute path, got {value!r}")
+            raise ValueError("must be an absolute path")
         return value
 
     @field_validator("upstream")
@@ -83,37 +83,42 @@ class Settings(BaseModel):
             return value
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+            raise ValueError("must be an http:// or https:// URL with a host")
         if parts.query or parts.fragment:
-            raise ValueError(f"must not have a query or fragment, got {value!r}")
+            raise ValueError("must not have a query or fragment")
+        if parts.path.strip("/"):
+            root = f"{parts.scheme}://{parts.netloc}"
+            raise ValueError(f"must be the model server's root URL: drop {parts.path.rstrip('/')!r} "
+                             f"and pass {root} (clients' /v1/... paths are forwarded as they are, so a /v1 here "
+                             "would send every call to /v1/v1/...)")
         return value.rstrip("/")
 
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
         if value.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"must be one of debug, info, warning, error, got {value!r}")
+            raise ValueError("must be one of debug, info, warning, error")
         return value.lower()
 
     @field_validator("log_format")
     @classmethod
     def _known_format(cls, value: str) -> str:
         if value.lower() not in ("text", "json"):
-            raise ValueError(f"must be text or json, got {value!r}")
+            raise ValueError("must be text or json")
         return value.lower()
 
     @field_validator("capture_sync")
     @classmethod
     def _known_sync(cls, value: str) -> str:
         if value.lower() not in ("auto", "fsync"):
-            raise ValueError(f"must be auto or fsync, got {value!r}")
+            raise ValueError("must be auto or fsync")
         return value.lower()
 
     @field_validator("capture_raw_stream")
     @classmethod
     def _known_raw_stream(cls, value: str) -> str:
         if value.lower() not in RAW_STREAM_MODES:
-            raise ValueError(f"must be always or on-failure, got {value!r}")
+            raise ValueError("must be always or on-failure")
         return value.lower()
 
     @model_validator(mode="after")
@@ -139,54 +144,87 @@ class Settings(BaseModel):
 def load_settings(
     cli: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Settings:
-    """Merge the sources and validate; raise `ConfigError` with one sentence on any problem."""
+    """Merge the sources and validate; raise `ConfigError` with one sentence on any problem.
+
+    The sentence names where the bad value came from -- the flag, the ``MCC_*`` variable or the
+    YAML key -- and the value. ``warn`` hears what is suspicious but not fatal (an unknown
+    ``MCC_*`` variable, a sidecar setting at the top level of a YAML file).
+    """
+    warn = warn or (lambda message: None)
     cli = {key: value for key, value in (cli or {}).items() if value is not None}
     environ = os.environ if environ is None else environ
-    from_env = _from_environment(environ)
+    from_env = _from_environment(environ, warn)
     config_file = cli.pop("config", None) or from_env.pop("config", None)
     merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    hints: list[str] = []
     if config_file:
-        merged.update(_from_yaml(config_file))
+        values, yaml_origins, hints = _from_yaml(config_file)
+        merged.update(values)
+        origins.update(yaml_origins)
+        for hint in hints:
+            warn(hint)
     merged.update(from_env)
+    origins.update({name: ENV_PREFIX + name.upper() for name in from_env})
     merged.update(cli)
+    origins.update({name: _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in cli})
+    if merged.get("capture_enabled") in (True, "true", "True", "1", "yes") and not merged.get("capture_dir"):
+        raise ConfigError(f"{origins.get('capture_enabled', 'capture_enabled')} turns capture on but no capture "
+                          "directory is set: pass --capture-dir DIR or set MCC_CAPTURE_DIR.")
     try:
         return Settings(**merged)
     except ValidationError as exc:
-        raise ConfigError(_one_sentence(exc)) from None
+        raise ConfigError(_one_sentence(exc, origins, merged, hints)) from None
 
 
-def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+#: Flags whose names are not ``--`` + the setting's name.
+_FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
+#: ``MCC_*`` variables that are not settings but are read by the sidecar or its tools.
+_OTHER_VARIABLES = {"MCC_CONFIG"}
+
+
+def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -> dict[str, Any]:
     names = set(Settings.model_fields) | {"config"}
     found = {}
     for name in names:
         value = environ.get(ENV_PREFIX + name.upper())
         if value is not None and value != "":
             found[name] = value
+    known = {ENV_PREFIX + name.upper() for name in names} | _OTHER_VARIABLES
+    for variable in sorted(environ):
+        if variable.startswith(ENV_PREFIX) and variable not in known and not variable.startswith(("MCC_SOAK_", "MCC_GYM_")):
+            warn(f"ignoring unknown environment variable {variable} (settings: "
+                 f"{', '.join(sorted(ENV_PREFIX + n.upper() for n in Settings.model_fields))})")
     return found
 
 
-def _from_yaml(path: str) -> dict[str, Any]:
+def _from_yaml(path: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror or exc}.") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {_first_line(exc)}.") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML: {_yaml_problem(exc)}.") from None
     if document is None:
-        return {}
+        return {}, {}, []
     if not isinstance(document, dict):
         raise ConfigError(f"config file {path!r} must be a YAML mapping at the top level.")
     return _from_config_document(document, path)
 
 
-def _from_config_document(document: dict[str, Any], path: str) -> dict[str, Any]:
+def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     settings: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    where = os.path.basename(path)
     if "observability_enabled" in document:
         settings["capture_enabled"] = document["observability_enabled"]
+        origins["capture_enabled"] = f"observability_enabled in {where}"
     if document.get("model_call_capture_dir") is not None:
         settings["capture_dir"] = document["model_call_capture_dir"]
+        origins["capture_dir"] = f"model_call_capture_dir in {where}"
     if document.get("observability_enabled") is True and "capture_dir" not in settings:
         raise ConfigError(f"config file {path!r} sets observability_enabled but no model_call_capture_dir.")
     own = document.get(CONFIG_SECTION) or {}
@@ -197,18 +235,38 @@ def _from_config_document(document: dict[str, Any], path: str) -> dict[str, Any]
         if name not in Settings.model_fields:
             raise ConfigError(f"config file {path!r}: unknown key {CONFIG_SECTION}.{key}.")
         settings[name] = value
-    return settings
+        origins[name] = f"{CONFIG_SECTION}.{key} in {where}"
+    hints = [f"config file {path!r}: top-level {key!r} is not read by the sidecar; its settings go under "
+             f"'{CONFIG_SECTION}:' ({CONFIG_SECTION}.{key})"
+             for key in document if str(key).replace("-", "_") in _SIDECAR_ONLY and str(key).replace("-", "_") not in own]
+    return settings, origins, hints
 
 
-def _one_sentence(exc: ValidationError) -> str:
+#: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "model_name", "max_body_bytes",
+                 "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
+
+
+def _one_sentence(exc: ValidationError, origins: Mapping[str, str], values: Mapping[str, Any], hints: list[str]) -> str:
     error = exc.errors()[0]
     field = ".".join(str(part) for part in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     if not field:
-        return message[:1].upper() + message[1:] + "."
+        sentence = message[:1].upper() + message[1:]
+        if error["msg"].find("upstream is required") >= 0 and hints:
+            sentence += f" ({'; '.join(hints)})"
+        return sentence + "."
     if error["type"] == "extra_forbidden":
         return f"unknown setting {field!r}."
-    return f"invalid setting {field!r}: {message}."
+    origin = origins.get(field) or f"setting {field!r}"
+    return f"invalid {origin} {values.get(field)!r}: {message}."
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The YAML error's problem and where it is (line and column, 1-based)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or _first_line(exc)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _first_line(exc: Exception) -> str:

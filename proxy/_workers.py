@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from ._server import free_port
+from ._server import free_port, ready_line, ready_url
 from ._settings import Settings
 
 
@@ -24,13 +24,14 @@ def supervise_workers(settings: Settings, argv: list[str]) -> int:
     workers = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(settings.workers)]
     for worker in workers:
         line = worker.stdout.readline()  # type: ignore[union-attr]
-        if not line.startswith("listening on "):
+        if ready_url(line) is None:
             _stop(workers)
-            print(f"mcc: a worker failed to start (exit {worker.wait()})", file=sys.stderr)
-            return 1
+            code = worker.wait()
+            print(f"mcc: a worker failed to start (exit {code})", file=sys.stderr)
+            return code if code == 2 else 1
         threading.Thread(target=_pass_through, args=(worker,), daemon=True).start()
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"listening on http://{shown_host}:{port}", flush=True)
+    print(ready_line(f"http://{shown_host}:{port}", settings.log_format), flush=True)
     stopping = threading.Event()
 
     def forward(signum: int, frame: object) -> None:

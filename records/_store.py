@@ -22,7 +22,7 @@ import orjson
 
 from ._appender import append_capture_line, create_incomplete_marker
 from ._errors import MalformedCaptureLine
-from ._file_contract import CAPTURE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
+from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
 from ._rollout_ids import is_valid_rollout_id
 
 
@@ -110,12 +110,15 @@ class CaptureStore:
         return _parsed_lines(_read_locked(self.path_for(rollout_id)))
 
     def rollout_ids(self) -> list[str]:
-        """The ids of every capture file in the directory, sorted."""
+        """The ids of every rollout in the directory, sorted: those with a capture file, and those
+        with only an incomplete marker (every line of theirs was lost: a reader must still show
+        them, as incomplete, or the loss goes unseen)."""
         try:
             names = os.listdir(self.capture_dir)
         except FileNotFoundError:
             return []
-        ids = (name[: -len(CAPTURE_SUFFIX)] for name in names if name.endswith(CAPTURE_SUFFIX))
+        ids = {name[: -len(suffix)] for name in names for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX)
+               if name.endswith(suffix)}
         return sorted(rid for rid in ids if is_valid_rollout_id(rid))
 
     def clear(self, rollout_ids: Iterable[str]) -> None:

@@ -30,9 +30,29 @@ async def test_not_ready_when_the_upstream_is_down(http, start):
     assert ready.status == 503 and orjson.loads(ready.body)["upstream_reachable"] is False
 
 
-async def test_not_ready_when_the_capture_dir_is_gone(http, upstream, sidecar, capture_dir):
+async def test_still_ready_when_the_capture_dir_is_gone_or_read_only(http, upstream, sidecar, capture_dir, caplog):
+    """Readiness means "can forward": a capture fault shows in the body, the metrics and the log,
+    never in the status (a 503 would take the pod out of its Service: every call would fail)."""
+    def gauge(exposition: bytes) -> bytes:
+        return next(line for line in exposition.splitlines() if line.startswith(b"mcc_capture_dir_writable "))
+    assert gauge((await fetch(http, "GET", sidecar.url + "/-/metrics")).body).endswith(b" 1.0")
+    os.chmod(capture_dir, 0o555)
+    try:
+        with caplog.at_level(logging.WARNING, logger="mcc"):
+            ready = await fetch(http, "GET", sidecar.url + "/-/ready")
+            again = await fetch(http, "GET", sidecar.url + "/-/ready")
+        body = orjson.loads(ready.body)
+        if os.geteuid() != 0:  # root writes anywhere: only the removed directory shows it then.
+            assert body["capture_dir_writable"] is False and body["capture"] == "failing"
+    finally:
+        os.chmod(capture_dir, 0o755)
+    assert ready.status == again.status == 200 and body["status"] == "ready"
     shutil.rmtree(capture_dir)
-    assert (await fetch(http, "GET", sidecar.url + "/-/ready")).status == 503
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        gone = await fetch(http, "GET", sidecar.url + "/-/ready")
+    assert gone.status == 200 and orjson.loads(gone.body)["capture"] == "failing"
+    assert gauge((await fetch(http, "GET", sidecar.url + "/-/metrics")).body).endswith(b" 0.0")
+    assert sum("is not writable" in r.getMessage() for r in caplog.records) == 1, "said once, not per probe"
 
 
 async def test_admin_paths_under_the_rollout_prefix_are_forwarded(http, upstream, sidecar):

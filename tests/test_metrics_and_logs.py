@@ -94,7 +94,9 @@ def test_json_logs_are_one_object_per_line(tmp_path):
                                 "--upstream", f"http://127.0.0.1:{free_port()}", "--capture-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = process.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        ready = orjson.loads(process.stdout.readline())  # type: ignore[union-attr]
+        assert ready["message"] == f"listening on {ready['url']}" and ready["level"] == "info"
+        url = ready["url"]
         request = urllib.request.Request(url + "/ng-rollout/j1/v1/chat/completions", data=CHAT_JSON_REQUEST, method="POST")
         try:
             urllib.request.urlopen(request, timeout=30)
@@ -106,4 +108,5 @@ def test_json_logs_are_one_object_per_line(tmp_path):
     entries = [orjson.loads(line) for line in stderr.splitlines() if line.strip()]
     problems = [entry for entry in entries if entry["level"] == "warning"]
     assert len(problems) == 1 and "failed before replying" in problems[0]["message"]
+    assert any(entry["message"].startswith("forwarding to ") for entry in entries), "the startup line is JSON too"
     assert {"time", "level", "logger", "message"} <= set(problems[0])

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
-from capture import StreamTap
 from records import CaptureStore, TokenRecord, iter_token_records, read_token_records
 
 from . import transcripts as t

@@ -48,11 +48,16 @@ def test_env_can_point_at_the_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("cli,yaml_text,expected", [
-    ({"capture_dir": "relative/dir"}, None, "invalid setting 'capture_dir': must be an absolute path"),
+    ({"capture_dir": "relative/dir"}, None, "invalid --capture-dir 'relative/dir': must be an absolute path"),
     ({}, "mcc:\n  colour: blue\n", "unknown key mcc.colour"),
     ({}, "observability_enabled: true\n", "sets observability_enabled but no model_call_capture_dir"),
-    ({"port": 70000}, None, "invalid setting 'port'"),
-    ({"capture_sync": "sometimes"}, None, "invalid setting 'capture_sync': must be auto or fsync"),
+    ({"port": 70000}, None, "invalid --port 70000"),
+    ({"capture_sync": "sometimes"}, None, "invalid --capture-sync 'sometimes': must be auto or fsync"),
+    ({}, "mcc:\n  capture-sync: sometimes\n", "invalid mcc.capture-sync in c.yaml 'sometimes': must be auto or fsync"),
+    ({"upstream": "http://vllm:8000/v1"}, None, "invalid --upstream 'http://vllm:8000/v1': must be the model server's "
+                                               "root URL: drop '/v1' and pass http://vllm:8000"),
+    ({"capture_enabled": True}, None, "--capture/--no-capture turns capture on but no capture directory is set"),
+    ({}, "mcc: [unclosed\n", "at line 2, column 1"),
     ({"upstream": "ftp://x"}, None, "must be an http:// or https:// URL"),
     ({}, "- a list\n", "must be a YAML mapping"),
     ({}, "mcc: [unclosed\n", "is not valid YAML"),

@@ -117,7 +117,6 @@ async def test_records_agree_with_gyms_reader_field_by_field(http, upstream, sid
     directories = {capture_dir: rollout_ids, str(gaps_dir): ["gap-torn", "gap-marker-only", "gap-incomplete", "gap-none"]}
 
     compared, unexplained, by_rule = 0, [], []
-    from records import merge_model_call_capture_into_record
     for directory, ids in directories.items():
         theirs = run_gym(gym, directory, *ids)
         for rollout_id in ids:

@@ -1,0 +1,185 @@
+"""Deploying and operating the sidecar without losing a call (issue 15): drain, readiness,
+misconfiguration, many workers, and errors said once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import orjson
+from click.testing import CliRunner
+
+from proxy import main
+from records import CaptureStore
+
+from .processes import SidecarProcess
+from .scripted_upstream import split_every, sse_script
+from .transcripts import CHAT_REQUEST, CHAT_STREAM
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_calls_cut_by_the_drain_timeout_are_recorded_as_cancelled(upstream, tmp_path):
+    """SIGTERM with a stream longer than the drain: the line is written (cancelled, the partial
+    reassembly, every byte relayed so far), the log says what happened, exit 0."""
+    pieces = split_every(CHAT_STREAM, 60)
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, pieces, pause=0.4)  # About 4 s of stream.
+    sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path), "--drain-timeout", "0.5")
+    received = bytearray()
+
+    async def stream(http: aiohttp.ClientSession) -> str:
+        async with http.post(f"{sidecar.url}/ng-rollout/cut{CHAT}", data=CHAT_REQUEST) as response:
+            try:
+                async for chunk in response.content.iter_any():
+                    received.extend(chunk)
+            except aiohttp.ClientPayloadError:
+                return "cut"
+        return "ended"
+
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.create_task(stream(http))
+        while len(received) < 5 * 60:  # The role chunk and the reasoning chunk have arrived.
+            await asyncio.sleep(0.05)
+        sidecar.process.send_signal(signal.SIGTERM)
+        assert await task == "cut"
+    assert await asyncio.to_thread(sidecar.process.wait, 30) == 0
+    (line,) = CaptureStore(tmp_path).read("cut")
+    assert line["error_category"] == "cancelled" and line["stream_truncated"] is True
+    assert line["response_raw"].encode() == bytes(received), "the bytes relayed so far, exactly"
+    assert line["response"]["choices"][0]["message"] is not None
+    assert "drain timeout" in line["failure"]["message"]
+    log = "".join(sidecar.stderr_lines)
+    assert "drain timeout (0.5s) reached with 1 call(s) still in flight" in log
+    assert "forwarded unchanged" not in log and "capture failed" not in log
+    assert not (tmp_path / "cut.capture.incomplete").exists()
+
+
+def test_rollouts_with_only_an_incomplete_marker_are_listed_as_incomplete(tmp_path):
+    """Every line of such a rollout was lost: readers must show it, not hide it."""
+    (tmp_path / "lost.capture.incomplete").write_bytes(b"")
+    (tmp_path / "kept.capture.jsonl").write_bytes(b'{"model_call_id": "a", "status_code": 200}\n')
+    assert CaptureStore(tmp_path).rollout_ids() == ["kept", "lost"]
+    listing = [orjson.loads(line) for line in CliRunner().invoke(main, ["ls", str(tmp_path), "--json"]).output.splitlines()]
+    assert [(row["rollout_id"], row["incomplete"]) for row in listing] == [("kept", False), ("lost", True)]
+    stats = CliRunner().invoke(main, ["stats", str(tmp_path), "--json"]).output
+    assert orjson.loads(stats)["incomplete_rollouts"] == 1
+    summary = subprocess.run([sys.executable, "-m", "records", str(tmp_path)], capture_output=True, text=True, check=True)
+    assert [orjson.loads(line)["incomplete"] for line in summary.stdout.splitlines()] == [False, True]
+
+
+MCC = [sys.executable, "-m", "proxy"]
+
+
+def _serve_fails(*args: str, env: dict[str, str] | None = None) -> str:
+    """Run `mcc serve ARGS`, expect exit 2 before serving; its stderr."""
+    done = subprocess.run([*MCC, "serve", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "listening on" not in done.stdout and "Traceback" not in done.stderr
+    return done.stderr
+
+
+def test_an_upstream_with_a_path_is_refused_with_the_fix():
+    """`--upstream http://host:8000/v1` (copied from SDK settings) would send every call to /v1/v1/."""
+    stderr = _serve_fails("--upstream", "http://127.0.0.1:8000/v1")
+    assert len(stderr.strip().splitlines()) == 1
+    assert "drop '/v1' and pass http://127.0.0.1:8000" in stderr
+
+
+def test_a_port_in_use_and_an_unknown_host_are_one_sentence():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stderr = _serve_fails("--upstream", "http://127.0.0.1:9", "--port", str(port))
+    assert stderr.strip().splitlines() == [f"mcc: cannot listen on 127.0.0.1:{port}: the port is already in use "
+                                           "(pick another with --port, or 0 for any free port)."]
+    stderr = _serve_fails("--upstream", "http://127.0.0.1:9", "--host", "no-such-host.invalid", "--port", "0")
+    assert len(stderr.strip().splitlines()) == 1 and "'no-such-host.invalid' does not resolve" in stderr
+
+
+def test_capture_turned_on_without_a_directory_is_refused():
+    assert "turns capture on but no capture directory is set" in _serve_fails("--upstream", "http://u:1", "--capture")
+    stderr = _serve_fails("--upstream", "http://u:1", env={"MCC_CAPTURE_ENABLED": "true", "MCC_CAPTURE_DIR": ""})
+    assert "MCC_CAPTURE_ENABLED turns capture on but no capture directory is set" in stderr
+
+
+def test_startup_says_what_it_will_do(tmp_path):
+    """One line with upstream, capture, dir, sync mode, workers; a new capture dir is created and said;
+    an unknown MCC_* variable is warned about."""
+    capture_dir = tmp_path / "new" / "captures"
+    sidecar = SidecarProcess.start("--stand-in", "--capture-dir", str(capture_dir), env={"MCC_CAPTUR_DIR": "/typo"})
+    try:
+        assert capture_dir.is_dir()
+    finally:
+        assert sidecar.terminate() == 0
+    log = "".join(sidecar.stderr_lines)
+    assert "ignoring unknown environment variable MCC_CAPTUR_DIR" in log
+    assert f"created the capture dir {capture_dir}" in log
+    (startup,) = [line for line in sidecar.stderr_lines if "forwarding to " in line]
+    assert (f"capture on: dir {capture_dir}, sync auto, raw stream always; workers 1; drain timeout 25s" in startup)
+
+
+def test_a_top_level_upstream_in_yaml_is_pointed_at_mcc_upstream(tmp_path):
+    (tmp_path / "c.yaml").write_text("observability_enabled: false\nupstream: http://vllm:8000\n")
+    stderr = _serve_fails("--config", str(tmp_path / "c.yaml"), env={"MCC_UPSTREAM": ""})
+    assert "An upstream is required" in stderr and "(mcc.upstream)" in stderr
+
+
+async def test_a_404_that_looks_like_a_base_url_mistake_is_forwarded_and_explained_once(http, upstream, sidecar, caplog):
+    import logging
+
+    from .scripted_upstream import json_script
+    from .wire import assert_same_reply, fetch, rollout_url
+    body = b'{"detail": "Not Found"}'
+    for path in ("/chat/completions", "/v1/v1/messages"):
+        upstream.scripts[path] = json_script(body, status=404, reason="Not Found")
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        for _ in range(3):
+            direct = await fetch(http, "POST", upstream.url + "/chat/completions", CHAT_REQUEST)
+            proxied = await fetch(http, "POST", rollout_url(sidecar.url, "r", "/chat/completions"), CHAT_REQUEST)
+            assert_same_reply(direct, proxied)
+        await fetch(http, "POST", rollout_url(sidecar.url, "r", "/v1/v1/messages"), CHAT_REQUEST)
+    hints = [r.getMessage() for r in caplog.records if "404" in r.getMessage()]
+    assert len(hints) == 2, hints
+    assert "has no /v1: OpenAI SDKs need base_url http://sidecar/ng-rollout/<id>/v1" in hints[0]
+    assert "/v1 twice" in hints[1] and "Anthropic SDK adds /v1 itself" in hints[1]
+
+
+async def test_a_down_upstream_is_said_once_with_a_count_and_json_lines_carry_context(http, start, capture_dir, caplog):
+    import logging
+
+    from proxy._logging import JsonFormatter
+    from proxy._server import free_port
+
+    from .wire import fetch, rollout_url
+    sidecar = await start(f"http://127.0.0.1:{free_port()}", capture_dir=capture_dir)
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        for _ in range(5):
+            assert (await fetch(http, "POST", rollout_url(sidecar.url, "down-1", CHAT), CHAT_REQUEST)).status == 502
+    warnings = [r for r in caplog.records if "failed before replying" in r.getMessage()]
+    assert len(warnings) == 1, "one line, not one per call"
+    entry = orjson.loads(JsonFormatter().format(warnings[0]))
+    assert (entry["rollout_id"], entry["status"], entry["errno"]) == ("down-1", 502, 111)  # ECONNREFUSED
+
+
+async def test_413_and_the_access_log(http, upstream, start, capture_dir, caplog):
+    import logging
+
+    from .scripted_upstream import json_script
+    from .transcripts import CHAT_JSON
+    from .wire import fetch, rollout_url
+    sidecar = await start(upstream.url, capture_dir=capture_dir, max_body_bytes=64)
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    with caplog.at_level(logging.DEBUG, logger="mcc"):
+        assert (await fetch(http, "POST", rollout_url(sidecar.url, "ok", CHAT), b"{}")).status == 200
+        assert (await fetch(http, "POST", rollout_url(sidecar.url, "big", CHAT), b"x" * 100)).status == 413
+    assert any("over the limit of 64 bytes (413)" in r.getMessage() for r in caplog.records)
+    access = [r.getMessage() for r in caplog.records if r.name == "mcc.access"]
+    assert access == ["POST /ng-rollout/ok/v1/chat/completions 200 captured=true",
+                      "POST /ng-rollout/big/v1/chat/completions 413 captured=true"]
