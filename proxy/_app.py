@@ -21,6 +21,7 @@ from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._logging import RepeatLimiter
 from ._metrics import CONTENT_TYPE, SidecarMetrics
 from ._settings import Settings
+from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 from ._upstream import UpstreamPool
 
 log = logging.getLogger("mcc")
@@ -53,6 +54,7 @@ class Sidecar:
         self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
         #: The base_url mistakes already explained in the log (`_routing.base_url_mistake`).
         self.hinted: set[str] = set()
+        self._snapshot_timer: Optional[asyncio.TimerHandle] = None
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
@@ -78,6 +80,7 @@ class Sidecar:
         self._server = await loop.create_server(
             lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout),
             settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None)
+        self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         return f"http://{host}:{port}"
@@ -104,6 +107,13 @@ class Sidecar:
         timeout = self.settings.drain_timeout if drain_timeout is None else drain_timeout
         if self._server is not None:
             self._server.close()
+        if self._snapshot_timer is not None:
+            self._snapshot_timer.cancel()
+        if self.settings.metrics_dir is not None:  # The last counts, for the scrapes still to come.
+            try:
+                write_snapshot(self.settings.metrics_dir, self.metrics.exposition())
+            except OSError:
+                pass
         for connection in list(self.connections):
             connection.shut_down()  # Idle ones close now, busy ones after their reply.
         deadline = asyncio.get_running_loop().time() + timeout
@@ -131,8 +141,23 @@ class Sidecar:
         return 200, b"application/json", orjson.dumps({"status": "ok"})
 
     async def _metrics(self) -> tuple[int, bytes, bytes]:
-        """Prometheus text exposition of `SidecarMetrics`."""
-        return 200, CONTENT_TYPE.encode(), self.metrics.exposition()
+        """Prometheus text exposition of `SidecarMetrics`; with ``--workers``, summed over every worker."""
+        directory = self.settings.metrics_dir
+        if directory is None:
+            return 200, CONTENT_TYPE.encode(), self.metrics.exposition()
+        write_snapshot(directory, self.metrics.exposition())
+        return 200, CONTENT_TYPE.encode(), merged_exposition(directory)
+
+    def _snapshot_metrics(self) -> None:
+        """Refresh this worker's part of the shared metrics, then again in a second."""
+        directory = self.settings.metrics_dir
+        if directory is None or self._server is None or not self._server.is_serving():
+            return
+        try:
+            write_snapshot(directory, self.metrics.exposition())
+        except OSError as exc:
+            log.warning("cannot share metrics in %s: %s", directory, exc)
+        self._snapshot_timer = asyncio.get_running_loop().call_later(SNAPSHOT_INTERVAL_S, self._snapshot_metrics)
 
     async def _ready(self) -> tuple[int, bytes, bytes]:
         """Readiness means "can forward": the upstream accepts connections.

@@ -37,6 +37,7 @@ def main() -> None:
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
 @click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
+@click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")
 def serve(**options: Any) -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
     settings = _settings_or_exit(options)

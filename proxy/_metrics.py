@@ -29,8 +29,9 @@ class SidecarMetrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
-        # With --workers N each process has its own counters: this says which one answered.
-        Gauge("mcc_worker_info", "The process that served this scrape.", ["pid"], registry=registry).labels(str(os.getpid())).set(1)
+        # With --workers N every scrape sums all workers' counters: one sample per worker counted.
+        Gauge("mcc_worker_info", "One sample per sidecar process whose counts this scrape includes.", ["pid"],
+              registry=registry).labels(str(os.getpid())).set(1)
         # The per-request metrics are plain Python values updated on the event loop's thread and
         # turned into Prometheus families at scrape time (`_LoopMetrics`): prometheus_client's
         # own take a lock per update, several per request (issue 5's profile: 7% of the loop).

@@ -60,6 +60,8 @@ class Settings(BaseModel):
     workers: int = Field(1, ge=1, le=256)
     #: Bind with ``SO_REUSEPORT`` (set for the processes of ``--workers``).
     reuse_port: bool = False
+    #: Where the processes of ``--workers`` share their metrics (set by the supervisor).
+    metrics_dir: str | None = None
     #: Durability barrier of a batch of lines: ``auto`` (one fsync, or one syncfs of the capture
     #: filesystem when the batch spans several files) or ``fsync`` (file by file; for a capture
     #: dir on a filesystem shared with heavy writers, whose flushes syncfs would wait for).

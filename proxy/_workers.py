@@ -4,7 +4,9 @@ each, so one sidecar can use a whole node. The kernel spreads new connections ov
 The supervisor re-runs the same command line once per worker with ``--workers 1 --port P
 --reuse-port`` appended (the last occurrence of a flag wins), waits for every worker's ready
 line, prints its own, forwards SIGTERM / SIGINT and exits with the workers' worst exit status.
-Workers append to the same capture files safely: the file contract locks each append.
+Workers append to the same capture files safely: the file contract locks each append. They
+share their metrics through a directory the supervisor makes, so every scrape of the port sees
+the sum over all workers (`_shared_metrics`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 from ._server import free_port, ready_line, ready_url
@@ -19,8 +22,15 @@ from ._settings import Settings
 
 
 def supervise_workers(settings: Settings, argv: list[str]) -> int:
+    with tempfile.TemporaryDirectory(prefix="mcc-metrics-") as metrics_dir:
+        return _supervise(settings, argv, metrics_dir)
+
+
+def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
     port = settings.port or free_port(settings.host)
-    command = [sys.executable, "-m", "proxy", *argv, "--workers", "1", "--port", str(port), "--reuse-port"]
+    # Every worker answers /-/metrics with the sum over all of them (`_shared_metrics`).
+    command = [sys.executable, "-m", "proxy", *argv, "--workers", "1", "--port", str(port), "--reuse-port",
+               "--metrics-dir", metrics_dir]
     workers = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(settings.workers)]
     for worker in workers:
         line = worker.stdout.readline()  # type: ignore[union-attr]

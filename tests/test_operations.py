@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import orjson
@@ -183,3 +184,52 @@ async def test_413_and_the_access_log(http, upstream, start, capture_dir, caplog
     access = [r.getMessage() for r in caplog.records if r.name == "mcc.access"]
     assert access == ["POST /ng-rollout/ok/v1/chat/completions 200 captured=true",
                       "POST /ng-rollout/big/v1/chat/completions 413 captured=true"]
+
+
+def test_worker_metrics_never_go_backwards_under_load(tmp_path):
+    """`--workers 2`: successive scrapes (answered by either worker) never see a counter decrease,
+    and once the load stops every scrape counts every call."""
+    import threading
+    import urllib.request
+    process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        stop, made = threading.Event(), []
+
+        def load() -> None:
+            while not stop.is_set():
+                request = urllib.request.Request(url + f"/ng-rollout/m-{len(made) % 3}/v1/chat/completions", method="POST",
+                                                 data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+                                                 headers={"Connection": "close"})
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    reply.read()
+                made.append(1)
+
+        def scrape() -> tuple[float, set[str]]:
+            with urllib.request.urlopen(url + "/-/metrics", timeout=30) as reply:
+                lines = reply.read().decode().splitlines()
+            total = sum(float(line.split()[-1]) for line in lines if line.startswith("mcc_requests_total{"))
+            return total, {line for line in lines if line.startswith("mcc_worker_info{")}
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        seen, workers = [], set()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            total, answered = scrape()
+            seen.append(total)
+            workers |= answered
+            time.sleep(0.02)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert len(workers) == 2 and len(seen) > 20
+        assert all(later >= earlier for earlier, later in zip(seen, seen[1:])), seen
+        time.sleep(1.5)
+        scrapes = [scrape()[0] for _ in range(6)]
+        assert scrapes == [len(made)] * 6, "every call of the load, counted once, by every worker's scrape"
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
