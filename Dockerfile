@@ -13,9 +13,11 @@ FROM python:3.12-slim
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels "model-call-capture[fast]" \
     && rm -rf /wheels \
-    && useradd --system --uid 10001 --create-home mcc \
-    && mkdir -p /data/model-calls && chown mcc /data/model-calls
-USER mcc
+    && groupadd --system --gid 10001 mcc \
+    && useradd --system --uid 10001 --gid 10001 --create-home mcc \
+    && mkdir -p /data/model-calls && chown 10001:10001 /data/model-calls
+# Numeric, so Kubernetes can verify runAsNonRoot without resolving a name.
+USER 10001:10001
 ENV MCC_HOST=0.0.0.0 \
     MCC_PORT=8080 \
     MCC_CAPTURE_DIR=/data/model-calls \

@@ -34,8 +34,13 @@ def _yaml(path: str) -> dict:
 
 
 def _manifests() -> dict[str, dict]:
-    return {name: _yaml(os.path.join(KUBERNETES, name)) for name in sorted(os.listdir(KUBERNETES))
-            if name.endswith(".yaml") and name != "kustomization.yaml"}
+    """Every manifest, by its path under deploy/kubernetes (the Job under jobs/)."""
+    found = {}
+    for folder in ("", "jobs"):
+        for name in sorted(os.listdir(os.path.join(KUBERNETES, folder))):
+            if name.endswith(".yaml") and name != "kustomization.yaml":
+                found[os.path.join(folder, name)] = _yaml(os.path.join(KUBERNETES, folder, name))
+    return found
 
 
 @pytest.mark.parametrize("name", sorted(_manifests()))
@@ -43,8 +48,52 @@ def test_manifest_validates_against_the_kubernetes_schema(name):
     kubernetes_validate.validate(_manifests()[name], kubernetes_validate.latest_version(), strict=True)
 
 
-def test_kustomization_lists_every_manifest():
-    assert sorted(_yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]) == sorted(_manifests())
+def test_kustomization_lists_every_manifest_but_the_job():
+    """The collector Job runs once, after the rollouts, and its template is immutable: applied with
+    the rest it would run before any rollout exists and make every later apply fail."""
+    resources = _yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]
+    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith("jobs/"))
+    assert all(manifest["kind"] != "Job" for name, manifest in _manifests().items() if name in resources)
+    job = _manifests()["jobs/collector-job.yaml"]
+    assert "generateName" in job["metadata"], "`kubectl create` it again without deleting the last one"
+
+
+def _restricted_violations(pod: dict, container: dict) -> list[str]:
+    """What Pod Security's "restricted" profile would refuse in ``container`` (and its pod)."""
+    merged = {**(pod.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    problems = []
+    if merged.get("runAsNonRoot") is not True:
+        problems.append("runAsNonRoot")
+    if merged.get("runAsUser") == 0:
+        problems.append("runAsUser 0")
+    if (container.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False:
+        problems.append("allowPrivilegeEscalation")
+    if ((container.get("securityContext") or {}).get("capabilities") or {}).get("drop") != ["ALL"]:
+        problems.append("capabilities.drop [ALL]")
+    if (merged.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append("seccompProfile")
+    if merged.get("privileged"):
+        problems.append("privileged")
+    return problems
+
+
+def test_sidecar_and_collector_meet_the_restricted_profile_and_can_write_a_fresh_volume():
+    deployment, job = _manifests()["deployment.yaml"], _manifests()["jobs/collector-job.yaml"]
+    pod, job_pod = deployment["spec"]["template"]["spec"], job["spec"]["template"]["spec"]
+    assert _restricted_violations(pod, _sidecar_container(deployment)) == []
+    assert _restricted_violations(job_pod, job_pod["containers"][0]) == []
+    assert pod["securityContext"]["fsGroup"] == _sidecar_container(deployment)["securityContext"]["runAsGroup"] == 10001
+
+
+def test_vllm_container_is_pinned_probed_and_has_shared_memory_and_a_model_cache():
+    pod = _manifests()["deployment.yaml"]["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert not vllm["image"].endswith(":latest") and ":" in vllm["image"]
+    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(vllm)
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["dshm"] == "/dev/shm" and volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert "model-cache" in mounts and "requests" in vllm["resources"]
 
 
 def _sidecar_container(deployment: dict) -> dict:
@@ -65,7 +114,7 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
     claim = manifests["pvc.yaml"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    job = manifests["collector-job.yaml"]["spec"]["template"]["spec"]
+    job = manifests["jobs/collector-job.yaml"]["spec"]["template"]["spec"]
     assert job["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     assert job["containers"][0]["volumeMounts"][0]["mountPath"] == settings.capture_dir
     service = manifests["service.yaml"]["spec"]
@@ -74,7 +123,7 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
 
 def test_collector_job_command_runs(tmp_path):
     """The Job's command (`python -m records DIR`) summarises a capture dir."""
-    command = _manifests()["collector-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = _manifests()["jobs/collector-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["command"]
     (tmp_path / "r1.capture.jsonl").write_text('{"model_call_id": "a", "status_code": 200}\n')
     done = subprocess.run([sys.executable, *command[1:-1], str(tmp_path)], capture_output=True, text=True, check=True)
     assert '"rollout_id":"r1"' in done.stdout and '"num_calls":1' in done.stdout
@@ -143,7 +192,7 @@ def test_dockerfile_has_what_a_production_image_needs():
     names = [name for name, _ in instructions]
     final_stage = instructions[max(i for i, (name, _) in enumerate(instructions) if name == "FROM"):]
     assert all("slim" in args for name, args in instructions if name == "FROM")
-    assert ("USER", "mcc") in final_stage and ("EXPOSE", "8080") in final_stage
+    assert ("USER", "10001:10001") in final_stage and ("EXPOSE", "8080") in final_stage, "numeric: runAsNonRoot checks it"
     assert any(name == "HEALTHCHECK" and "/-/healthy" in args for name, args in final_stage)
     assert ("VOLUME", '["/data/model-calls"]') in final_stage
     assert ("ENTRYPOINT", '["mcc", "serve"]') in final_stage

@@ -233,3 +233,22 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
     finally:
         process.terminate()
         assert process.wait(timeout=60) == 0
+
+
+def test_the_demo_runs_and_ends_with_what_to_try_next(tmp_path):
+    done = subprocess.run([*MCC, "demo", "--capture-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "9 calls captured in 5 rollouts" in done.stdout and "source=vllm" in done.stdout
+    tail = done.stdout[done.stdout.index("next, on these captures:"):]
+    assert f"mcc ls {tmp_path}" in tail and f"mcc report {tmp_path} -o report.html" in tail
+    listing = CliRunner().invoke(main, ["ls", str(tmp_path)])
+    assert listing.exit_code == 0 and "demo-rl" in listing.output
+
+
+def test_make_demo_installs_only_what_the_demo_needs():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "Makefile"), encoding="utf-8") as handle:
+        makefile = handle.read()
+    demo_recipe = makefile[makefile.index("$(DEMO_STAMP): pyproject.toml"):makefile.index("\ndemo:")]
+    assert "-e '.[demo,fast]'" in demo_recipe and ",test" not in demo_recipe
+    assert "demo: $(DEMO_STAMP)" in makefile

@@ -131,6 +131,14 @@ def _print_captures(store: CaptureStore) -> int:
         print(f"  demo-rl #{token_record.call_index} choice {token_record.choice_index}: source={token_record.source} "
               f"prompt_token_ids={_head(token_record.prompt_token_ids)} generation_token_ids={_head(token_record.generation_token_ids)} "
               f"generation_log_probs={_head(token_record.generation_log_probs)}")
+    directory = store.capture_dir
+    print(f"""
+next, on these captures:
+  .venv/bin/mcc ls {directory}                      # one row per rollout
+  .venv/bin/mcc show {directory} demo-tools         # the calls of one rollout, in order
+  .venv/bin/mcc stats {directory}                   # totals, latency and TTFT percentiles, errors
+  .venv/bin/mcc report {directory} -o report.html   # one HTML page to open in a browser
+  .venv/bin/python -m records {directory}           # one JSON summary line per rollout""")
     return 0 if count >= 9 and arrays == 1 else 1
 
 
