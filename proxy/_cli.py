@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from typing import Any
 
@@ -40,8 +41,12 @@ def main() -> None:
 @click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")
 def serve(**options: Any) -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
-    settings = _settings_or_exit(options)
+    warnings: list[str] = []
+    settings = _settings_or_exit(options, warnings.append)
     configure_logging(settings.log_level, settings.log_format)
+    for message in warnings:  # Said once (by the supervisor, not every worker), in the chosen format.
+        if not settings.reuse_port:
+            logging.getLogger("mcc").warning("%s", message)
     if settings.workers > 1:
         from ._workers import supervise_workers
 
@@ -74,9 +79,9 @@ def _register_inspection_commands() -> None:
         main.add_command(command)
 
 
-def _settings_or_exit(options: dict[str, Any]) -> Settings:
+def _settings_or_exit(options: dict[str, Any], warn: Any = None) -> Settings:
     try:
-        return load_settings(options, warn=lambda message: click.echo(f"mcc: warning: {message}", err=True))
+        return load_settings(options, warn=warn)
     except ConfigError as exc:
         click.echo(f"mcc: {exc}", err=True)
         sys.exit(2)
