@@ -59,7 +59,8 @@ class Sidecar:
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
         settings = self.settings
-        self.upstream = UpstreamPool(self.upstream_url, settings.connect_timeout, settings.read_timeout)
+        self.upstream = UpstreamPool(self.upstream_url, settings.connect_timeout, settings.read_timeout,
+                                     settings.upstream_idle_timeout, settings.upstream_ca)
         if settings.capture_on:
             assert settings.capture_dir is not None
             if not os.path.isdir(settings.capture_dir):
@@ -78,7 +79,8 @@ class Sidecar:
             self.metrics.capture_dir = settings.capture_dir
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout),
+            lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout,
+                                    settings.head_timeout, settings.max_connections),
             settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None)
         self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]

@@ -36,6 +36,10 @@ def main() -> None:
 @click.option("--capture-sync", help="auto (fsync, or one syncfs per batch of several files) or fsync (file by file). [MCC_CAPTURE_SYNC]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
+@click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
+@click.option("--upstream-idle-timeout", type=float, help="Seconds a pooled upstream connection may idle and be reused; keep it below the upstream's keep-alive (default 4; uvicorn: 5). [MCC_UPSTREAM_IDLE_TIMEOUT]")
+@click.option("--head-timeout", type=float, help="Seconds a client may take to send a request head (default 20). [MCC_HEAD_TIMEOUT]")
+@click.option("--max-connections", type=int, help="Client connections open at once (default 16384). [MCC_MAX_CONNECTIONS]")
 @click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
 @click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")

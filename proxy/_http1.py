@@ -7,12 +7,19 @@ that hands each complete request to a handler coroutine and writes the reply byt
 
 One request at a time per connection; pipelined requests wait their turn. A client that goes
 away cancels its handler (the forwarder then stops the upstream and records ``cancelled``).
+
+The rules a proxy owes its clients, as nginx keeps them (README, "On the wire"): a request head
+is counted as its bytes arrive (over 64 KiB: 431) and must arrive whole within the head timeout
+(slowloris: 408); HEAD, 1xx, 204 and 304 replies carry no body and no body framing; Upgrade and
+CONNECT get a 501 in their turn and nothing goes upstream; ``100 Continue`` goes only to HTTP/1.1
+clients, and only when their request's turn has come (never inside another reply).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Awaitable, Callable, Optional
 
@@ -42,7 +49,7 @@ def header_value(headers: Headers, name: bytes) -> Optional[bytes]:
 class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""
 
-    __slots__ = ("method", "target", "headers", "body", "keep_alive", "has_body", "too_large", "http10")
+    __slots__ = ("method", "target", "headers", "body", "keep_alive", "has_body", "too_large", "http10", "refusal")
 
     def __init__(self, method: str, target: bytes, headers: Headers, keep_alive: bool, has_body: bool) -> None:
         self.method = method
@@ -54,6 +61,8 @@ class ServerRequest:
         #: The body exceeded the limit: it was not read, and the connection closes after the reply.
         self.too_large = False
         self.http10 = False
+        #: (status, reason, message) of a local refusal answered in this request's turn (Upgrade, CONNECT).
+        self.refusal: Optional[tuple[int, bytes, bytes]] = None
 
     def value(self, name: bytes) -> Optional[bytes]:
         return header_value(self.headers, name)
@@ -62,12 +71,38 @@ class ServerRequest:
 Handler = Callable[[ServerRequest, "Http1Connection"], Awaitable[None]]
 
 
+#: After a refusal, how long a client's further input is read and dropped before closing.
+LINGER_SECONDS = 2.0
+#: A request head must arrive whole within this many seconds (``--head-timeout``).
+HEAD_TIMEOUT_SECONDS = 20.0
+#: Client connections open at once (``--max-connections``).
+MAX_CONNECTIONS = 16384
+_last_refusal_log = [0.0]
+
+
 class Http1Connection(asyncio.Protocol):
     """One client connection. The handler writes its reply with `start` / `write` / `end`."""
 
     def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"],
-                 idle_timeout: float = KEEPALIVE_IDLE_SECONDS) -> None:
+                 idle_timeout: float = KEEPALIVE_IDLE_SECONDS, head_timeout: float = HEAD_TIMEOUT_SECONDS,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self._handler = handler
+        self._head_timeout = head_timeout
+        self._max_connections = max_connections
+        #: True while a request head is expected or arriving (its bytes are counted as they come).
+        self._in_head = True
+        #: Bytes of the head now arriving, counted from the socket (not when a header completes).
+        self._raw_head_bytes = 0
+        #: When the bytes of the head now arriving began (the head deadline runs from there).
+        self._head_started: Optional[float] = None
+        self._head_timer: Optional[asyncio.TimerHandle] = None
+        #: Further input is ignored (after an Upgrade or CONNECT, whose 501 is queued).
+        self._stop_reading = False
+        #: A request whose ``100 Continue`` waits for the reply in flight to end.
+        self._continue_owed: Optional[ServerRequest] = None
+        #: The reply now being written has no body (HEAD, 1xx, 204, 304).
+        self._no_body = False
+        self._method = ""
         self._idle_timeout = idle_timeout
         self._last_activity = 0.0
         self._idle_timer: Optional[asyncio.TimerHandle] = None
@@ -101,30 +136,54 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self._connections) >= self._max_connections:
+            self.gone = True  # A flood: refused on arrival, before any byte is read.
+            transport.close()
+            now = time.monotonic()
+            if now - _last_refusal_log[0] > 10:
+                _last_refusal_log[0] = now
+                log.warning("refusing connections: %d are open (--max-connections)", len(self._connections))
+            return
         self._connections.add(self)
         self._loop = loop = asyncio.get_running_loop()
         self._last_activity = loop.time()
         self._idle_timer = loop.call_later(self._idle_timeout, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
-        self._last_activity = self._loop.time()
-        if self._closing:
+        self._last_activity = now = self._loop.time()
+        if self._closing or self._stop_reading:
             return
+        if self._in_head:
+            # Counted as the bytes arrive: a header that never ends must not grow without bound.
+            end = data.find(b"\r\n\r\n")
+            self._raw_head_bytes += len(data) if end < 0 else end + 4
+            if self._raw_head_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
+                return
+            if self._head_started is None and data:
+                self._head_started = now
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(501, b"Not Implemented", b"protocol upgrades are not supported")
+            if not self._stop_reading:  # Its 501 is queued (`_refuse_in_turn`); anything else: now.
+                self._refuse(501, b"Not Implemented", b"protocol upgrades are not supported")
         except httptools.HttpParserError as exc:  # httptools wraps errors raised in our callbacks too.
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
             else:
                 self._refuse(400, b"Bad Request", f"malformed HTTP request: {exc}".encode())
+            return
+        if self._in_head and self._head_started is not None and self._head_timer is None and not self._closing:
+            # A head still incomplete after this read (rare: heads come in one segment) gets a deadline.
+            self._head_timer = self._loop.call_at(self._head_started + self._head_timeout, self._head_deadline)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.gone = True
         self._connections.discard(self)
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # The client left: the handler stops its upstream call.
 
@@ -141,6 +200,7 @@ class Http1Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_head = True
         self._url = b""
         self._headers = []
         self._head_bytes = 0
@@ -157,6 +217,12 @@ class Http1Connection(asyncio.Protocol):
         self._count_head(len(name) + len(value) + 4)
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._raw_head_bytes = 0
+        self._head_started = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         parser = self._parser
         request = ServerRequest(parser.get_method().decode("ascii", "replace"), self._url, self._headers,
                                 parser.should_keep_alive(), False)
@@ -164,10 +230,21 @@ class Http1Connection(asyncio.Protocol):
         request.has_body = length is not None or request.value(b"transfer-encoding") is not None
         self._current = request
         request.http10 = parser.get_http_version() == "1.0"
-        if length is not None and length.strip().isdigit() and int(length) > self._max_body:
+        if request.method == "CONNECT" or parser.should_upgrade():
+            # Not a proxy for tunnels or other protocols: 501 in this request's turn, nothing
+            # upstream, no byte after it read (what follows would be the other protocol's).
+            self._refuse_in_turn(request, 501, b"Not Implemented",
+                                 b"protocol upgrades and CONNECT are not supported by this sidecar")
+        elif length is not None and length.strip().isdigit() and int(length) > self._max_body:
             self._too_large(request)
-        elif request.has_body and (request.value(b"expect") or b"").lower() == b"100-continue" and self.transport:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif (request.has_body and not request.http10 and self.transport is not None
+              and (request.value(b"expect") or b"").lower() == b"100-continue"):
+            # RFC 9110 §10.1.1: never to an HTTP/1.0 client; and not while another reply is being
+            # written on this connection (it would land inside that reply's body).
+            if self._task is None and not self._pending:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:
+                self._continue_owed = request
 
     def on_body(self, body: bytes) -> None:
         if self._discarding:
@@ -179,7 +256,10 @@ class Http1Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_head = True
         request, self._current = self._current, None
+        if self._continue_owed is request:
+            self._continue_owed = None  # The body came without waiting: no 100 is owed any more.
         if request is None or self._discarding:
             return
         request.body = b"".join(self._body)
@@ -201,6 +281,30 @@ class Http1Connection(asyncio.Protocol):
         self._current = None
         self._enqueue(request)
 
+    def _refuse_in_turn(self, request: ServerRequest, status: int, reason: bytes, message: bytes) -> None:
+        request.refusal = (status, reason, message)
+        request.keep_alive = False
+        self._discarding = True
+        self._stop_reading = True
+        self._current = None
+        self._enqueue(request)
+
+    def _head_deadline(self) -> None:
+        """A request head still incomplete at its deadline (slowloris): 408, and the connection closes."""
+        self._head_timer = None
+        if self.gone or not self._in_head or self._head_started is None:
+            return
+        if self._loop.time() < self._head_started + self._head_timeout:
+            self._head_timer = self._loop.call_at(self._head_started + self._head_timeout, self._head_deadline)
+            return
+        self._refuse(408, b"Request Timeout", b"the request head did not arrive in time")
+
+    def _send_owed_continue(self) -> None:
+        """The reply in flight has ended: a ``100 Continue`` owed to the request being received goes now."""
+        owed, self._continue_owed = self._continue_owed, None
+        if owed is not None and owed is self._current and self.transport is not None and not self.gone:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def _enqueue(self, request: ServerRequest) -> None:
         self._pending.append(request)
         if len(self._pending) > MAX_PIPELINED and self.transport is not None:
@@ -218,9 +322,16 @@ class Http1Connection(asyncio.Protocol):
                 self._chunked = False
                 self._head = b""
                 self._http10 = request.http10
+                self._method = request.method
+                self._no_body = False
                 self.on_write_flow = None
                 try:
-                    await self._handler(request, self)
+                    if request.refusal is not None:
+                        status, reason, message = request.refusal
+                        self._closing = True  # Nothing after it was read: the reply says so, then we close.
+                        self.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
+                    else:
+                        await self._handler(request, self)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -230,6 +341,8 @@ class Http1Connection(asyncio.Protocol):
                 if not self.response_ended or not request.keep_alive or self._closing:
                     self.close()
                     return
+                if not self._pending:
+                    self._send_owed_continue()
         finally:
             self._task = None
             self._last_activity = self._loop.time()  # Idle from the end of the last reply.
@@ -245,6 +358,11 @@ class Http1Connection(asyncio.Protocol):
         head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
         for name, value in headers:
             head.append(b"%s: %s\r\n" % (name, value))
+        # RFC 9112 §6.3: these replies end with their head. A HEAD reply keeps the framing header
+        # the upstream gave it (it says what GET would send) but never a body or a last chunk.
+        self._no_body = self._method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        if status in (204, 304) or 100 <= status < 200:
+            chunked = False
         if chunked and self._http10:
             chunked = False  # HTTP/1.0 has no chunked coding: the body ends when we close.
             self._closing = True
@@ -253,7 +371,7 @@ class Http1Connection(asyncio.Protocol):
         if self._closing:
             head.append(b"Connection: close\r\n")
         head.append(b"\r\n")
-        self._chunked = chunked
+        self._chunked = chunked and not self._no_body
         self.response_started = True
         self._head = b"".join(head)
 
@@ -267,6 +385,9 @@ class Http1Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         """Send body bytes (framed as one chunk when the reply is chunked). Never blocks."""
         if not data or self.gone or self.transport is None:
+            return
+        if self._no_body:  # Bytes after a bodiless reply's head would be read as the next reply.
+            self.flush_head()
             return
         head, self._head = self._head, b""
         # One `write` of one joined buffer: uvloop's `writelines` costs more than the copy of a
@@ -337,9 +458,23 @@ class Http1Connection(asyncio.Protocol):
 
     def _refuse(self, status: int, reason: bytes, message: bytes) -> None:
         self._closing = True
-        if self._task is None and self.transport is not None:
+        if self._task is None and self.transport is not None and not self.gone:
+            self._method = ""  # Not the last request's: a refusal always has its body.
             self.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
+            self._linger()
+            return
         self.close()
+
+    def _linger(self) -> None:
+        """Close after a refusal without losing it: a client still sending (a huge head) would get a
+        TCP reset that discards our reply if we closed with its bytes unread. As nginx's
+        ``lingering_close``: stop writing, read and drop its input for a moment, then close."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._loop.call_later(LINGER_SECONDS, self.close)
 
 
 class _HeadTooLarge(Exception):

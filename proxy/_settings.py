@@ -26,6 +26,12 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 600.0
 #: Kubernetes' default terminationGracePeriodSeconds is 30; the drain must end before it.
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
+#: uvicorn (vLLM's server) closes idle keep-alive connections after 5 s: reuse them for less.
+DEFAULT_UPSTREAM_IDLE_S = 4.0
+#: A request head must arrive within this (nginx's client_header_timeout is 60 s).
+DEFAULT_HEAD_TIMEOUT_S = 20.0
+#: RL collectors keep thousands of streams open per sidecar; beyond this a flood is refused.
+DEFAULT_MAX_CONNECTIONS = 16384
 #: Values of ``capture_raw_stream``.
 RAW_STREAM_MODES = ("always", "on-failure")
 
@@ -56,6 +62,15 @@ class Settings(BaseModel):
     #: Seconds in-flight calls get to finish after SIGTERM before the sidecar exits.
     drain_timeout: float = Field(DEFAULT_DRAIN_TIMEOUT_S, ge=0)
     stand_in: bool = False
+    #: Seconds a pooled upstream connection may sit idle and still be reused: below the upstream's
+    #: own keep-alive (uvicorn, which vLLM runs on, closes idle connections after 5 s).
+    upstream_idle_timeout: float = Field(DEFAULT_UPSTREAM_IDLE_S, ge=0)
+    #: A CA bundle (PEM) that signs an HTTPS upstream's certificate, beside the system's CAs.
+    upstream_ca: str | None = None
+    #: Seconds a client may take to send a whole request head (slowloris); nginx: 60.
+    head_timeout: float = Field(DEFAULT_HEAD_TIMEOUT_S, gt=0)
+    #: Client connections open at once; more are closed on arrival (a bound for floods).
+    max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
     #: Processes serving the port (``SO_REUSEPORT``); each has its own event loop.
     workers: int = Field(1, ge=1, le=256)
     #: Bind with ``SO_REUSEPORT`` (set for the processes of ``--workers``).
@@ -70,6 +85,17 @@ class Settings(BaseModel):
     #: writes), or only when reassembly failed or the stream was cut (``on-failure``): a 32k-token
     #: stream with logprobs is several MB, and ``response`` already holds all of it.
     capture_raw_stream: str = "always"
+
+    @field_validator("upstream_ca")
+    @classmethod
+    def _readable_ca(cls, value: str | None) -> str | None:
+        if value is not None:
+            import ssl
+            try:
+                ssl.create_default_context(cafile=value)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot load a CA bundle from it: {getattr(exc, 'strerror', None) or exc}") from None
+        return value
 
     @field_validator("capture_dir")
     @classmethod

@@ -13,6 +13,8 @@ garbage before the head: 502); after the head, `BodySink.on_error` says ``reset`
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
 from typing import Optional, Protocol
 from urllib.parse import urlsplit
@@ -23,8 +25,12 @@ from ._http1 import Headers, header_value
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
-#: races with their FIN.
+#: races with their FIN. The default of ``--upstream-idle-timeout``.
 IDLE_REUSE_SECONDS = 4.0
+#: Methods a request may be sent again with after a reused connection failed before any reply
+#: (RFC 9110 §9.2.2). A POST that may have reached the upstream is never sent twice: the model
+#: would generate twice (nginx's ``proxy_next_upstream`` refuses non-idempotent methods too).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: Idle connections kept per pool.
 MAX_IDLE = 1024
 
@@ -103,12 +109,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._ended = False
         self._failed: Optional[tuple[str, BaseException]] = None
         self._head_only = False
+        #: Set between an interim (1xx) reply's head and its end: it is skipped, never the reply.
+        self._interim = False
         self.received = 0
         self.closed = False
         self.idle_since = 0.0
         self._last_read = 0.0
         self._timer: Optional[asyncio.TimerHandle] = None
         self._paused = False
+        #: A duplicate of the socket, to peek at it before reuse (`quiet`); closed with the connection.
+        self._probe: Optional[socket.socket] = None
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -116,7 +126,7 @@ class UpstreamConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
         self._sink, self._early, self._headers, self._reason = None, [], [], b""
-        self._complete = self._ended = self._keep_alive = False
+        self._complete = self._ended = self._keep_alive = self._interim = False
         self._failed = None
         self._head_only = head_only
         self.received = 0
@@ -131,6 +141,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        try:
+            self._probe = socket.socket(fileno=os.dup(sock.fileno())) if sock is not None else None
+        except OSError:
+            self._probe = None
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
@@ -149,6 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.closed = True
+        self._close_probe()
         self._cancel_timer()
         self._pool.forget(self)
         if self._head is not None and not self._head.done():
@@ -172,7 +188,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if 100 <= status < 200:  # An interim reply (we never send Expect): wait for the real one.
+        if 100 <= status < 200:
+            # An interim reply (103 Early Hints, a 100 we never asked for): skipped, as nginx does.
+            # The parser reports it as a whole message; the reply, its body and the connection's
+            # return to the pool all wait for the final one (a 1xx taken for the end let the next
+            # client on this connection read this one's body).
+            self._interim = True
             self._headers, self._reason = [], b""
             return
         length = header_value(self._headers, b"content-length")
@@ -195,6 +216,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._early.append(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         if self._complete:
             return
         self._complete = True
@@ -249,6 +273,23 @@ class UpstreamConnection(asyncio.Protocol):
             self._last_read = self._pool.loop.time()  # Waiting on our client is not the upstream's silence.
             self.transport.resume_reading()
 
+    def quiet(self) -> bool:
+        """True when nothing is waiting to be read on the idle socket: no FIN, no stray bytes.
+
+        One ``recv(MSG_PEEK | MSG_DONTWAIT)`` on a duplicate of the descriptor, made once per
+        connection (the transport's own socket object may not offer ``recv``, under uvloop).
+        """
+        probe = self._probe
+        if probe is None:
+            return True
+        try:
+            probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True  # Nothing to read: open and quiet.
+        except OSError:
+            return False
+        return False  # b"" (the upstream's FIN) or bytes nobody asked for: not reusable.
+
     def release(self) -> None:
         self._sink = None
         if self._ended and self._complete and self._keep_alive and not self.closed and not self._head_only:
@@ -258,7 +299,13 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._close()
 
+    def _close_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
     def _close(self) -> None:
+        self._close_probe()
         self._cancel_timer()
         if self.transport is not None and not self.closed:
             self.closed = True
@@ -298,12 +345,16 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamPool:
     """Keep-alive connections to one upstream base URL."""
 
-    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float,
+                 idle_reuse: float = IDLE_REUSE_SECONDS, ca_file: Optional[str] = None) -> None:
         parts = urlsplit(base_url)
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: Optional[ssl.SSLContext] = ssl.create_default_context() if parts.scheme == "https" else None
+        # HTTPS upstreams are verified against the system's CAs, or ``ca_file`` (``--upstream-ca``:
+        # a private CA or a self-signed certificate of a TLS-terminated vLLM).
+        self.ssl: Optional[ssl.SSLContext] = ssl.create_default_context(cafile=ca_file) if parts.scheme == "https" else None
+        self.idle_reuse = idle_reuse
         default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
         self.host_header = (parts.netloc.rpartition("@")[2] if default_port or parts.port else f"{self.host}:{self.port}").encode("idna")
         #: Prepended to every target: a base URL may carry a path (``http://gw/openai``).
@@ -328,18 +379,26 @@ class UpstreamPool:
         try:
             return await connection.send(message, head_only)
         except UpstreamProtocolError:
-            if not (reused and connection.received == 0):
+            if not (reused and connection.received == 0 and method in IDEMPOTENT_METHODS):
                 raise
-        # A reused keep-alive connection the server had just closed: nothing was processed, so
-        # the request goes once more on a new connection.
+        # A reused keep-alive connection the server closed as we sent: an idempotent request may
+        # go once more on a new connection. A POST may have been read and acted on before the
+        # close, so it is not resent (the client gets a 502 and decides, as behind nginx).
         connection = await self._connect()
         return await connection.send(message, head_only)
 
     async def _acquire(self) -> tuple[UpstreamConnection, bool]:
+        """The most recently idle connection that is young enough and still open, else a new one.
+
+        Two guards against reusing a connection the upstream is closing (the stale-connection
+        race that would otherwise make a POST fail): idle connections are reused only below the
+        upstream's keep-alive (``idle_reuse``), and a connection whose socket already holds the
+        upstream's FIN (or any unsolicited byte) is dropped rather than reused.
+        """
         now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < IDLE_REUSE_SECONDS:
+            if not connection.closed and now - connection.idle_since < self.idle_reuse and connection.quiet():
                 return connection, True
             connection._close()
         return await self._connect(), False
