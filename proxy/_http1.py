@@ -229,8 +229,12 @@ class Http1Connection(asyncio.Protocol):
         length = request.value(b"content-length")
         request.has_body = length is not None or request.value(b"transfer-encoding") is not None
         self._current = request
-        request.http10 = parser.get_http_version() == "1.0"
-        if request.method == "CONNECT" or parser.should_upgrade():
+        version = parser.get_http_version()
+        request.http10 = version == "1.0"
+        if version not in ("1.0", "1.1"):
+            # llhttp reads a request line without a version as HTTP/0.9; a model call never is one.
+            self._refuse_in_turn(request, 400, b"Bad Request", b"only HTTP/1.0 and HTTP/1.1 requests are served")
+        elif request.method == "CONNECT" or parser.should_upgrade():
             # Not a proxy for tunnels or other protocols: 501 in this request's turn, nothing
             # upstream, no byte after it read (what follows would be the other protocol's).
             self._refuse_in_turn(request, 501, b"Not Implemented",
