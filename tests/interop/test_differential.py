@@ -147,13 +147,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("client", sorted(CLIENTS))
+# curl -I prints only a head: HEAD is compared through the other three clients.
+MATRIX = [(client, case) for client in sorted(CLIENTS) for case in sorted(CASES)
+          if not (client == "curl" and CASES[case][0] == "HEAD")]
+
+
+@pytest.mark.parametrize("client,case", MATRIX)
 @pytest.mark.parametrize("server", ASGI_SERVERS)
 def test_through_the_sidecar_equals_direct(upstreams, sidecars, server, client, case):
     method, path, body = CASES[case]
-    if client == "curl" and method == "HEAD":
-        pytest.skip("curl -I prints the head only; HEAD is compared through the other clients")
     headers = {"Content-Type": "application/json"} if body else None
     fetch = CLIENTS[client]
     direct = fetch(upstreams[server].url + path, method, body, headers)
