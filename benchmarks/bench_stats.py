@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from proxy._inspect import directory_stats  # noqa: E402
+from proxy.inspection import directory_stats  # noqa: E402
 from records import CaptureStore  # noqa: E402
 from tests.capture_dirs import make_capture_dir  # noqa: E402
 

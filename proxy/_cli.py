@@ -76,10 +76,9 @@ def demo(capture_dir: str) -> None:
 
 
 def _register_inspection_commands() -> None:
-    from ._cli_export import export_command, report_command
-    from ._cli_inspect import ls_command, show_command, stats_command, tail_command
+    from .inspection import COMMANDS
 
-    for command in (ls_command, show_command, stats_command, tail_command, report_command, export_command):
+    for command in COMMANDS:
         main.add_command(command)
 
 

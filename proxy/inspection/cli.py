@@ -15,7 +15,7 @@ import orjson
 
 from records import CaptureStore
 
-from ._inspect import (
+from .tables import (
     CallRow,
     RolloutRow,
     call_row,

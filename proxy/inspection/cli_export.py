@@ -7,8 +7,8 @@ from typing import Optional
 import click
 import orjson
 
-from ._cli_inspect import _store
-from ._inspect import iter_call_rows, select_rollouts
+from .cli import _store
+from .tables import iter_call_rows, select_rollouts
 
 
 @click.command("report")
@@ -17,7 +17,7 @@ from ._inspect import iter_call_rows, select_rollouts
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
     """Write one self-contained HTML report (opens from disk, no network)."""
-    from ._report import build_report
+    from .report import build_report
 
     store = _store(directory)
     rollout_ids = select_rollouts(store, pattern)
@@ -37,7 +37,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP JSON."""
     from records import iter_token_records
 
-    from ._export import otel_spans, with_token_arrays, write_parquet
+    from .export import otel_spans, with_token_arrays, write_parquet
 
     store = _store(directory)
     rollout_ids = select_rollouts(store, pattern)

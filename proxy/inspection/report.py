@@ -14,7 +14,7 @@ import orjson
 
 from records import CaptureStore
 
-from ._inspect import call_row
+from .tables import call_row
 
 #: Payloads above this many characters are cut in the report (the capture file keeps them whole).
 PAYLOAD_LIMIT = 100_000

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 from records import TokenRecord
 
-from ._inspect import CallRow
+from .tables import CallRow
 
 _PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
 
