@@ -14,6 +14,7 @@ from ._settings import ConfigError, Settings, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="model-call-capture", prog_name="mcc")
 def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
 
@@ -29,11 +30,13 @@ def main() -> None:
 @click.option("--max-body-bytes", type=int, help="Largest request body accepted (default 256 MiB). [MCC_MAX_BODY_BYTES]")
 @click.option("--connect-timeout", type=float, help="Seconds to connect to the upstream (default 10). [MCC_CONNECT_TIMEOUT]")
 @click.option("--read-timeout", type=float, help="Seconds allowed between upstream reads (default 600). [MCC_READ_TIMEOUT]")
-@click.option("--log-level", help="debug, info, warning or error (default info). [MCC_LOG_LEVEL]")
-@click.option("--log-format", help="text or json (default text). [MCC_LOG_FORMAT]")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              help="Default info. [MCC_LOG_LEVEL]")
+@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False), help="Default text. [MCC_LOG_FORMAT]")
 @click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
-@click.option("--capture-sync", help="auto (fsync, or one syncfs per batch of several files) or fsync (file by file). [MCC_CAPTURE_SYNC]")
+@click.option("--capture-sync", type=click.Choice(["auto", "fsync"], case_sensitive=False),
+              help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")

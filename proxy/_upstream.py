@@ -27,6 +27,9 @@ from ._http1 import Headers, header_value
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
 #: races with their FIN. The default of ``--upstream-idle-timeout``.
 IDLE_REUSE_SECONDS = 4.0
+#: A connection idle for less than this is reused without peeking at its socket: no upstream closes
+#: keep-alive connections that fast, and the peek (a syscall) would cost every call under load.
+PEEK_AFTER_IDLE_SECONDS = 0.25
 #: Methods a request may be sent again with after a reused connection failed before any reply
 #: (RFC 9110 §9.2.2). A POST that may have reached the upstream is never sent twice: the model
 #: would generate twice (nginx's ``proxy_next_upstream`` refuses non-idempotent methods too).
@@ -398,7 +401,8 @@ class UpstreamPool:
         now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < self.idle_reuse and connection.quiet():
+            idle = now - connection.idle_since
+            if not connection.closed and idle < self.idle_reuse and (idle < PEEK_AFTER_IDLE_SECONDS or connection.quiet()):
                 return connection, True
             connection._close()
         return await self._connect(), False

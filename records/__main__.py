@@ -1,10 +1,13 @@
-"""``python -m records DIR [ROLLOUT_ID ...]``: one JSON summary line per rollout in a capture dir.
+"""python -m records DIR [ROLLOUT_ID ...]: one JSON summary line per rollout in a capture dir.
 
-For collector jobs and quick checks; needs only this package (pydantic, orjson).
+For collector jobs and quick checks; needs only this package (pydantic, orjson). Exits 1 with
+one sentence when DIR does not exist, and says so on stderr when it holds no capture files, so
+a job with a wrong mount fails instead of succeeding silently.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import orjson
@@ -13,18 +16,31 @@ from ._collect import read_model_call_records
 from ._record import aggregate_model_call_records
 from ._store import CaptureStore
 
+USAGE = "usage: python -m records DIR [ROLLOUT_ID ...]"
+
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip().splitlines()[0].strip("`"), file=sys.stderr)
+        print(USAGE + "\n\n" + __doc__.split("\n\n", 1)[1].strip(), file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
     store = CaptureStore(argv[0])
-    for rollout_id in argv[1:] or store.rollout_ids():
-        result = store.read_available(rollout_id)
-        summary = aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles=(50, 99))
-        summary = {"rollout_id": rollout_id, **summary, "unreadable_lines": result.malformed,
-                   "incomplete": store.is_incomplete(rollout_id)}
-        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    try:
+        rollout_ids = argv[1:] or store.rollout_ids()
+    except FileNotFoundError as exc:
+        print(f"records: {exc}", file=sys.stderr)
+        return 1
+    if not rollout_ids:
+        print(f"records: no capture files in {argv[0]}", file=sys.stderr)
+    try:
+        for rollout_id in rollout_ids:
+            result = store.read_available(rollout_id)
+            summary = aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles=(50, 99))
+            summary = {"rollout_id": rollout_id, **summary, "unreadable_lines": result.malformed,
+                       "incomplete": store.is_incomplete(rollout_id)}
+            sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `python -m records DIR | head`: the reader has what it wanted.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -62,7 +62,14 @@ def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str,
 
 def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: str) -> None:
     """Before dispatch: remove the capture file and incomplete marker of exactly these ids,
-    so a redispatched (or kill-shaped) attempt never mixes with an earlier one."""
+    so a redispatched (or kill-shaped) attempt never mixes with an earlier one.
+
+    ``rollout_ids`` is a collection of ids; one id given as a bare string is refused
+    (`TypeError`) rather than read as its characters.
+    """
+    if isinstance(rollout_ids, (str, bytes)):
+        raise TypeError(f"rollout_ids must be a collection of rollout ids, not one string: "
+                        f"clear_model_call_captures([{rollout_ids!r}], capture_dir)")
     CaptureStore(capture_dir).clear(rollout_ids)
 
 
@@ -70,8 +77,9 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
                               rollout_id: Optional[str] = None) -> dict[str, Any]:
     """A copy of ``rollout_record`` with ``ng_model_call_capture = {rollout_id, metrics, calls[, gaps]}``.
 
-    Every other key is left exactly as it was. The rollout id is taken from the record's
-    ``_ng_*`` fields unless given. Attached calls omit ``request``, ``response``, ``request_raw``
+    Every other key is left exactly as it was. The rollout id is taken from the record unless
+    given: ``_ng_rollout_id``, else ``_ng_task_index`` + ``_ng_rollout_index`` (and
+    ``_ng_attempt_index``); a record with neither gets ``rollout_id: null`` and a no-records gap. Attached calls omit ``request``, ``response``, ``request_raw``
     and ``response_raw``; those stay in the capture files. ``gaps`` lists what is missing, in
     NeMo Gym's form: ``{"code": "model_call_capture_no_records"}``,
     ``{"code": "model_call_capture_records_unreadable", "detail": "count=N"}``,

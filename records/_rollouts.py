@@ -58,7 +58,12 @@ def url_path_for_request(url_path: str, request_path: str, *, observability_enab
 
 
 def base_url_for_run(base_url: str, body: Mapping[str, Any], *, observability_enabled: bool) -> str:
-    """The SDK ``base_url`` for this run: ``http://host/v1`` -> ``http://host/ng-rollout/<id>/v1``."""
+    """The SDK ``base_url`` for this run: ``http://host/v1`` -> ``http://host/ng-rollout/<id>/v1``.
+
+    The id is read from the run body (`rollout_id_from_run`): ``_ng_rollout_id``, else
+    ``_ng_task_index`` + ``_ng_rollout_index`` (with ``_ng_attempt_index``). A body with neither,
+    or observability off, leaves ``base_url`` unchanged: those calls are not captured.
+    """
     rollout_id = rollout_id_from_run(body, observability_enabled=observability_enabled)
     return _prefixed_base_url(base_url, rollout_id)
 

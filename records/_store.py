@@ -116,13 +116,16 @@ class CaptureStore:
         try:
             names = os.listdir(self.capture_dir)
         except FileNotFoundError:
-            return []
+            raise FileNotFoundError(f"capture dir {self.capture_dir} does not exist (a wrong path or an unmounted "
+                                    "volume?)") from None
         ids = {name[: -len(suffix)] for name in names for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX)
                if name.endswith(suffix)}
         return sorted(rid for rid in ids if is_valid_rollout_id(rid))
 
     def clear(self, rollout_ids: Iterable[str]) -> None:
         """Remove the capture file and incomplete marker of exactly these rollout ids."""
+        if isinstance(rollout_ids, (str, bytes)):
+            raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
         for rollout_id in rollout_ids:
             for path in (self.path_for(rollout_id), self.incomplete_marker_for(rollout_id)):
                 try:
@@ -157,10 +160,17 @@ def gc_paused() -> Iterator[None]:
 
 
 def _read_locked(path: str) -> bytes:
-    """The whole file read under ``LOCK_SH``; empty when it does not exist."""
+    """The whole file read under ``LOCK_SH``; empty when it does not exist (a rollout without calls).
+
+    A capture directory that does not exist is said so (`FileNotFoundError`): a collector with a
+    wrong mount must fail, not read every rollout as empty.
+    """
     try:
         handle = open(path, "rb")
     except FileNotFoundError:
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"capture dir {directory} does not exist (a wrong path or an unmounted volume?)") from None
         return b""
     with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)

@@ -50,6 +50,8 @@ def test_ls_filters_and_sorts(captures, tmp_path):
     errors = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--error", "upstream_error").splitlines()]
     assert errors == ["rollout-0000", "rollout-0001", "rollout-0002"]
     by_calls = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--sort", "calls").splitlines()]
+    assert by_calls[-1] == "rollout-0009", "biggest first: the 2-call rollout is last"
+    by_calls = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--sort", "calls", "--reverse").splitlines()]
     assert by_calls[0] == "rollout-0009"
 
 
@@ -86,6 +88,7 @@ def test_tail_follows_new_calls(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "proxy", "tail", str(path), "--interval", "0.1"],
                                stdout=subprocess.PIPE, text=True)
     try:
+        assert process.stdout.readline().startswith("rollout #call ")  # type: ignore[union-attr]  # The header.
         time.sleep(1)
         with open(path / "r1.capture.jsonl", "ab") as handle:
             handle.write(chat_line(0) + chat_line(1, status=500, error="upstream_error"))
@@ -97,12 +100,16 @@ def test_tail_follows_new_calls(tmp_path):
     assert first.startswith("r1 #0 chat") and second.startswith("r1 #1 chat") and "upstream_error" in second
 
 
-def test_report_is_one_self_contained_file(captures, tmp_path):
+def test_report_is_a_page_with_its_payloads_beside_it(captures, tmp_path):
+    """Summaries in the page; each rollout's payloads in report_files/, loaded when a call is opened."""
     output = str(tmp_path / "report.html")
     run("report", captures, "-o", output)
     page = open(output, encoding="utf-8").read()
-    assert "http://" not in page.split('<script type="application/json"')[0] and "https://" not in page
-    assert page.count("rollout-000") >= 3 and "question 3" in page
+    assert "http://" not in page.split('<script id="data"')[0] and "https://" not in page
+    assert page.count("rollout-000") >= 3 and "question 3" not in page, "no payload in the page"
+    payloads = "".join(open(tmp_path / "report_files" / name, encoding="utf-8").read()
+                       for name in sorted(os.listdir(tmp_path / "report_files")))
+    assert "question 3" in payloads and payloads.startswith("window.mccPayloads(")
 
 
 def test_export_otel_json_spans(captures, tmp_path):

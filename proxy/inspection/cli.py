@@ -27,14 +27,45 @@ from .tables import (
     select_rollouts,
 )
 
+from capture import ERROR_CATEGORIES
+
 _SORT_KEYS = {"rollout": "rollout_id", "calls": "calls", "tokens": "tokens_in", "errors": "errors",
-              "first": "first_call_at", "last": "last_call_at"}
+              "latency": "max_latency_ms", "first": "first_call_at", "last": "last_call_at"}
+#: Sorted biggest first: a user sorting by tokens wants the heaviest rollouts on top.
+_BIGGEST_FIRST = {"calls", "tokens", "errors", "latency"}
 
 
 def _store(directory: str) -> CaptureStore:
     if not os.path.isdir(directory):
         raise click.BadParameter(f"{directory!r} is not a directory", param_hint="DIR")
     return CaptureStore(directory)
+
+
+def _rollouts_or_say_empty(store: CaptureStore, pattern: Optional[str]) -> list[str]:
+    """The selected rollouts; an empty directory is said so on stderr (a wrong mount must not look like a quiet run)."""
+    rollout_ids = select_rollouts(store, pattern)
+    if not rollout_ids:
+        what = f"no rollout matches {pattern!r} in" if pattern and store.rollout_ids() else "no capture files in"
+        click.echo(f"mcc: {what} {store.capture_dir}", err=True)
+    return rollout_ids
+
+
+def _progress(items: list[Any], label: str) -> Any:
+    """``items`` with a progress bar on a terminal for long jobs, else as they are."""
+    if len(items) > 200 and sys.stderr.isatty():
+        return click.progressbar(items, label=label, file=sys.stderr)
+    return _Plain(items)
+
+
+class _Plain:
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __enter__(self) -> list[Any]:
+        return self.items
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _time(value: Optional[float]) -> str:
@@ -55,24 +86,35 @@ def _print_table(headers: list[str], rows: list[list[str]]) -> None:
 @click.command("ls")
 @click.argument("directory", metavar="DIR")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
-@click.option("--error", "category", metavar="CATEGORY", help="Only rollouts with calls of this error category ('any' for any).")
-@click.option("--sort", "sort_key", type=click.Choice(sorted(_SORT_KEYS)), default="rollout", show_default=True)
-@click.option("--reverse", is_flag=True, help="Largest first.")
+@click.option("--error", "category", type=click.Choice(["any", *sorted(ERROR_CATEGORIES)]),
+              help="Only rollouts with calls of this error category ('any' for any).")
+@click.option("--sort", "sort_key", type=click.Choice(list(_SORT_KEYS)), default="rollout", show_default=True,
+              help="calls, tokens, errors and latency (the slowest call) put the biggest first.")
+@click.option("--reverse", is_flag=True, help="Reverse the order.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
 def ls_command(directory: str, pattern: Optional[str], category: Optional[str], sort_key: str, reverse: bool, as_json: bool) -> None:
-    """One row per rollout: calls, tokens in / out / cached, errors, first and last call, incomplete."""
+    """One row per rollout: calls, tokens in / out / cached, errors, first and last call, incomplete.
+
+    A token count no call reported is shown as - (null with --json), never as 0.
+    """
     store = _store(directory)
-    rows = [rollout_row(store, rid) for rid in select_rollouts(store, pattern)]
+    with _progress(_rollouts_or_say_empty(store, pattern), "reading") as rollout_ids:
+        rows = [rollout_row(store, rid) for rid in rollout_ids]
     if category:
         rows = [r for r in rows if (r.errors if category == "any" else r.error_categories.get(category))]
     key = _SORT_KEYS[sort_key]
-    rows.sort(key=lambda r: (getattr(r, key) is None, getattr(r, key) or 0) if key != "rollout_id" else r.rollout_id, reverse=reverse)
+    if key == "rollout_id":
+        rows.sort(key=lambda r: r.rollout_id, reverse=reverse)
+    else:  # Rows without the value go last whichever way the others are ordered.
+        biggest_first = (sort_key in _BIGGEST_FIRST) != reverse
+        present = sorted((r for r in rows if getattr(r, key) is not None), key=lambda r: getattr(r, key), reverse=biggest_first)
+        rows = present + [r for r in rows if getattr(r, key) is None]
     if as_json:
         for row in rows:
             click.echo(orjson.dumps(row.as_dict()).decode())
         return
     _print_table(["rollout", "calls", "in", "out", "cached", "errors", "first call (UTC)", "last call (UTC)", "incomplete"],
-                 [[r.rollout_id, str(r.calls), str(r.tokens_in), str(r.tokens_out), str(r.cached_tokens),
+                 [[r.rollout_id, str(r.calls), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
                    _errors(r), _time(r.first_call_at), _time(r.last_call_at), "yes" if r.incomplete else ""] for r in rows])
 
 
@@ -89,6 +131,9 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
     """The calls of one rollout in order, or one call in full with --call N."""
     store = _store(directory)
     if not os.path.exists(store.path_for(rollout_id)):
+        if store.is_incomplete(rollout_id):
+            raise click.ClickException(f"rollout {rollout_id!r} has no lines, only its .capture.incomplete marker: "
+                                       "every line of it was lost (see the sidecar's log)")
         raise click.ClickException(f"no capture file for rollout {rollout_id!r} in {directory}")
     if call_index is not None:
         try:
@@ -101,6 +146,8 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         row = call_row(rollout_id, call_index, line)
         click.echo(f"call {call_index} of {rollout_id}: {row.dialect} {row.model or ''} status {row.status_code} "
                    f"{row.error_category or 'ok'}, latency {_n(row.latency_ms)} ms, ttft {_n(row.ttft_ms)} ms")
+        if row.request_body_refused:
+            click.echo("\n--- request ---\n(the body was over --max-body-bytes: it was refused unread, and not kept)")
         for title, key in (("request", "request"), ("request (raw)", "request_raw"), ("response", "response"),
                            ("failure", "failure")):
             if line.get(key) is not None:
@@ -115,14 +162,14 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         for row in rows:
             click.echo(orjson.dumps(row.as_dict()).decode())
         return
-    _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "tool calls", "error"],
-                 [_call_cells(r) for r in rows])
+    _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "response status",
+                  "tool calls", "error"], [_call_cells(r) for r in rows])
 
 
 def _call_cells(row: CallRow) -> list[str]:
     return [str(row.call_index), row.dialect or "-", row.model or "-", _n(row.status_code), _n(row.ttft_ms), _n(row.latency_ms),
             _n(row.tokens_in), _n(row.tokens_out), _n(row.cached_tokens), row.finish_reason or "-",
-            ",".join(row.tool_calls) or "-", row.error_category or "-"]
+            row.response_status or "-", ",".join(row.tool_calls) or "-", row.error_category or "-"]
 
 
 @click.command("stats")
@@ -132,7 +179,7 @@ def _call_cells(row: CallRow) -> list[str]:
 def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None:
     """Totals across rollouts: tokens, latency and TTFT percentiles, errors, finish reasons, cache, tools."""
     store = _store(directory)
-    rollout_ids = select_rollouts(store, pattern)
+    rollout_ids = _rollouts_or_say_empty(store, pattern)
     started = time.perf_counter()
     show_progress = len(rollout_ids) > 200 and not as_json
     if show_progress:
@@ -148,18 +195,27 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
     lines = [
         f"rollouts            {stats.rollouts} ({stats.incomplete_rollouts} incomplete, {stats.unreadable_lines} unreadable lines)",
         f"calls               {stats.calls}  ({stats.calls / elapsed:,.0f} lines/s scanned)" if elapsed > 0 else "",
-        f"tokens              in {stats.tokens_in}, out {stats.tokens_out}, cached {stats.cached_tokens}, reasoning {stats.tokens_reasoning}",
+        f"tokens              in {_n(stats.tokens_in)}, out {_n(stats.tokens_out)}, cached {_n(stats.cached_tokens)}, "
+        f"reasoning {_n(stats.tokens_reasoning)} (over the {stats.calls_with_usage} calls that reported usage; "
+        f"{stats.calls - stats.calls_with_usage} did not)",
         "latency ms          " + _pcts(stats.latency_ms),
         "ttft ms             " + _pcts(stats.ttft_ms),
         "errors              " + (", ".join(f"{k} {v}" for k, v in stats.error_categories.items()) or "none"),
         "finish reasons      " + (", ".join(f"{k} {v}" for k, v in stats.finish_reasons.items()) or "-"),
+        "response statuses   " + (", ".join(f"{k} {v}" for k, v in stats.response_statuses.items()) or "-"),
         f"cut by length       {length} of {stats.calls} calls" + (f" ({length / stats.calls:.1%})" if stats.calls else ""),
-        "cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of calls, {stats.cached_token_ratio:.1%} of prompt tokens"
-                                   if stats.cache_hit_ratio is not None and stats.cached_token_ratio is not None else "not reported"),
+        "cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of the {_calls(stats.calls_with_cache_counts)} that reported cache "
+                                   f"counts ({_calls(stats.calls - stats.calls_with_cache_counts)} did not)"
+                                   + (f", {stats.cached_token_ratio:.1%} of their prompt tokens" if stats.cached_token_ratio is not None else "")
+                                   if stats.cache_hit_ratio is not None else "not reported by any call"),
         f"tool calls          {stats.tool_calls} ({stats.tool_calls_with_invalid_arguments} with arguments that are not valid JSON)",
         "turns per rollout   " + _pcts(stats.turns_per_rollout),
     ]
     click.echo("\n".join(line for line in lines if line))
+
+
+def _calls(count: int) -> str:
+    return f"{count} call" if count == 1 else f"{count} calls"
 
 
 def _pcts(values: dict[str, Optional[float]]) -> str:
@@ -176,6 +232,11 @@ def tail_command(directory: str, rollout_id: Optional[str], interval: float, fro
     store = _store(directory)
     offsets: dict[str, tuple[int, int]] = {}  # rollout -> (bytes consumed, next call index)
     first_pass = True
+    click.echo("rollout #call " + " ".join(["dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached",
+                                           "finish", "response_status", "tool_calls", "error"]))
+    if rollout_id and not os.path.exists(store.path_for(rollout_id)):
+        click.echo(f"mcc: rollout {rollout_id!r} has no capture file in {directory} yet; waiting for its first call", err=True)
+    sys.stdout.flush()
     try:
         while True:
             for rid in [rollout_id] if rollout_id else store.rollout_ids():

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Optional
 
 import click
 import orjson
 
-from .cli import _store
-from .tables import iter_call_rows, select_rollouts
+from .cli import _rollouts_or_say_empty, _store
+from .tables import iter_call_rows
 
 
 @click.command("report")
@@ -16,14 +18,50 @@ from .tables import iter_call_rows, select_rollouts
 @click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
-    """Write one self-contained HTML report (opens from disk, no network)."""
-    from .report import build_report
+    """Write an HTML report (opens from disk, no network): the page, and the calls' payloads
+    beside it in <name>_files/ (keep the two together)."""
+    from .report import payload_dir, write_report
 
+    _writable_parent(output)
     store = _store(directory)
-    rollout_ids = select_rollouts(store, pattern)
-    with open(output, "w", encoding="utf-8") as handle:
-        handle.write(build_report(store, rollout_ids))
-    click.echo(f"wrote {output}: {len(rollout_ids)} rollouts")
+    rollout_ids = _rollouts_or_say_empty(store, pattern)
+    with _bar(len(rollout_ids), "writing the report") as bar:
+        sizes = write_report(store, rollout_ids, output, bar.update)
+    click.echo(f"wrote {output} ({sizes['page_bytes'] / 1e6:.1f} MB) and {payload_dir(output)}/ "
+               f"({sizes['payload_bytes'] / 1e6:.1f} MB of payloads): {len(rollout_ids)} rollouts")
+
+
+class OneSentence(click.ClickException):
+    """A usage problem said in one line (``Error: ...``), exit status 2."""
+
+    exit_code = 2
+
+
+def _writable_parent(output: str) -> None:
+    """One sentence (exit 2) when ``output`` cannot be written, before any work is done."""
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise OneSentence(f"cannot write {output}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OneSentence(f"cannot write {output}: the directory {parent} is not writable")
+
+
+class _NoBar:
+    def update(self, _: int) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _bar(length: int, label: str):  # type: ignore[no-untyped-def]
+    """A progress bar on a terminal for long jobs (over 200 rollouts), else nothing."""
+    if length > 200 and sys.stderr.isatty():
+        return click.progressbar(length=length, label=label, file=sys.stderr)
+    return _NoBar()
 
 
 @click.command("export")
@@ -39,11 +77,16 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
 
     from .export import otel_spans, with_token_arrays, write_parquet
 
-    store = _store(directory)
-    rollout_ids = select_rollouts(store, pattern)
-    rows = [row for rid in rollout_ids for row in iter_call_rows(store, rid)]
     if token_arrays and kind != "parquet":
         raise click.UsageError("--token-arrays goes with --format parquet")
+    _writable_parent(output)
+    store = _store(directory)
+    rollout_ids = _rollouts_or_say_empty(store, pattern)
+    rows = []
+    with _bar(len(rollout_ids), "reading") as bar:
+        for rid in rollout_ids:
+            rows.extend(iter_call_rows(store, rid))
+            bar.update(1)
     if kind == "parquet":
         try:
             if token_arrays:

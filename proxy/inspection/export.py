@@ -8,6 +8,7 @@ read the file directly. The spans follow the OpenTelemetry GenAI semantic conven
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
 from records import TokenRecord
@@ -41,12 +42,19 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
     except ImportError:
         raise RuntimeError("Parquet export needs pyarrow: pip install 'model-call-capture[export]'") from None
     records = [row if isinstance(row, dict) else row.as_dict() for row in rows]
+    for record in records:  # Seconds since the epoch, UTC: Arrow wants datetimes (or ints) for timestamps.
+        for key in ("started_at", "completed_at"):
+            if record.get(key) is not None:
+                record[key] = datetime.fromtimestamp(record[key], tz=timezone.utc)
     columns = [
         ("rollout_id", pa.string()), ("call_index", pa.int64()), ("model_call_id", pa.string()), ("dialect", pa.string()),
-        ("model", pa.string()), ("status_code", pa.int64()), ("error_category", pa.string()), ("started_at", pa.float64()),
-        ("completed_at", pa.float64()), ("latency_ms", pa.float64()), ("ttft_ms", pa.float64()), ("tokens_in", pa.int64()),
+        ("model", pa.string()), ("status_code", pa.int64()), ("error_category", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")), ("completed_at", pa.timestamp("us", tz="UTC")),
+        ("latency_ms", pa.float64()), ("ttft_ms", pa.float64()), ("tokens_in", pa.int64()),
         ("tokens_out", pa.int64()), ("cached_tokens", pa.int64()), ("tokens_reasoning", pa.int64()),
-        ("finish_reason", pa.string()), ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
+        ("finish_reason", pa.string()), ("response_status", pa.string()), ("request_model", pa.string()),
+        ("response_model", pa.string()),
+        ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
         ("stream_truncated", pa.bool_()),
     ]
     if token_arrays:
@@ -72,14 +80,15 @@ def _span(row: CallRow) -> dict[str, Any]:
     attributes = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": _PROVIDERS.get(row.dialect or "", row.dialect),
-        "gen_ai.request.model": row.model,
-        "gen_ai.response.model": row.model,
+        "gen_ai.request.model": row.request_model,
+        "gen_ai.response.model": row.response_model,
         "gen_ai.response.id": None,
         "gen_ai.usage.input_tokens": row.tokens_in,
         "gen_ai.usage.output_tokens": row.tokens_out,
         "gen_ai.usage.cache_read.input_tokens": row.cached_tokens,
         "gen_ai.usage.reasoning.output_tokens": row.tokens_reasoning,
         "gen_ai.response.finish_reasons": [row.finish_reason] if row.finish_reason else None,
+        "mcc.response_status": row.response_status,
         "http.response.status_code": row.status_code,
         "error.type": row.error_category,
         "mcc.rollout_id": row.rollout_id,

@@ -39,7 +39,16 @@ class CallRow:
     tokens_out: Optional[int]
     cached_tokens: Optional[int]
     tokens_reasoning: Optional[int]
+    #: As `ModelCallRecord.finish_reason`: Anthropic ``stop_reason``, Chat ``choices[0].finish_reason``,
+    #: Responses ``incomplete_details.reason`` (None for a completed Responses call).
     finish_reason: Optional[str]
+    #: As `ModelCallRecord.response_status`: a Responses call's ``status`` (completed, incomplete, failed).
+    response_status: Optional[str] = None
+    #: The model the request asked for, and the one the reply names (OTel's request / response model).
+    request_model: Optional[str] = None
+    response_model: Optional[str] = None
+    #: The request body was refused before it was read (a 413): nothing of it was kept.
+    request_body_refused: bool = False
     tool_calls: list[str] = field(default_factory=list)
     #: Tool calls whose arguments were not valid JSON (kept as ``{"_raw": ...}``).
     invalid_tool_arguments: int = 0
@@ -54,7 +63,8 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
     request = line.get("request") if isinstance(line.get("request"), dict) else None
     facts = describe_response(response, operations=False)
     stats = extract_token_stats(response.get("usage") if response else None)
-    model = (response or {}).get("model") or (request or {}).get("model")
+    response_model, request_model = _str((response or {}).get("model")), _str((request or {}).get("model"))
+    model = response_model or request_model
     return CallRow(
         rollout_id=rollout_id, call_index=call_index, model_call_id=_str(line.get("model_call_id")),
         dialect=_str(line.get("dialect")) or facts.shape, model=_str(model), status_code=_int(line.get("status_code")),
@@ -62,7 +72,9 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         completed_at=_num(line.get("completed_at")), latency_ms=_num(line.get("latency_ms")),
         ttft_ms=_num(line.get("latency_ttft_ms")), tokens_in=stats["tokens_in"], tokens_out=stats["tokens_out"],
         cached_tokens=stats["cached_tokens"], tokens_reasoning=stats["tokens_reasoning"],
-        finish_reason=facts.finish_reason or facts.status,
+        finish_reason=facts.finish_reason, response_status=facts.status,
+        request_model=request_model, response_model=response_model,
+        request_body_refused=line.get("local_response_reason") == "body_too_large",
         tool_calls=[str(call.get("name")) for call in facts.tool_calls],
         invalid_tool_arguments=_invalid_arguments(facts.tool_calls),
         stream_truncated=line.get("stream_truncated") if isinstance(line.get("stream_truncated"), bool) else None,
@@ -74,7 +86,7 @@ def _invalid_arguments(tool_calls: list[dict[str, Any]]) -> int:
     invalid = 0
     for call in tool_calls:
         arguments = call["arguments"]
-        if len(arguments) == 1 and "_raw" in arguments:
+        if type(arguments) is dict and len(arguments) == 1 and "_raw" in arguments:
             invalid += 1
     return invalid
 
@@ -97,18 +109,25 @@ class RolloutRow:
 
     rollout_id: str
     calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cached_tokens: int = 0
+    #: Sums over the calls that reported them; None (shown ``-``) when none did, never a made-up 0.
+    tokens_in: Optional[int] = None
+    tokens_out: Optional[int] = None
+    cached_tokens: Optional[int] = None
     errors: int = 0
     error_categories: dict[str, int] = field(default_factory=dict)
     first_call_at: Optional[float] = None
     last_call_at: Optional[float] = None
     incomplete: bool = False
     unreadable_lines: int = 0
+    #: Latency of the slowest call (ms), for sorting by latency.
+    max_latency_ms: Optional[float] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _add(total: Optional[int], value: Optional[int]) -> Optional[int]:
+    return total if value is None else (total or 0) + value
 
 
 def rollout_row(store: CaptureStore, rollout_id: str) -> RolloutRow:
@@ -119,9 +138,11 @@ def rollout_row(store: CaptureStore, rollout_id: str) -> RolloutRow:
     for index, line in zip(result.call_indexes, result.lines):
         call = call_row(rollout_id, index, line)
         row.calls += 1
-        row.tokens_in += call.tokens_in or 0
-        row.tokens_out += call.tokens_out or 0
-        row.cached_tokens += call.cached_tokens or 0
+        row.tokens_in = _add(row.tokens_in, call.tokens_in)
+        row.tokens_out = _add(row.tokens_out, call.tokens_out)
+        row.cached_tokens = _add(row.cached_tokens, call.cached_tokens)
+        if call.latency_ms is not None:
+            row.max_latency_ms = max(row.max_latency_ms or 0.0, call.latency_ms)
         if call.error_category:
             categories[call.error_category] += 1
         if call.started_at is not None:
@@ -138,14 +159,20 @@ class DirectoryStats:
 
     rollouts: int = 0
     calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cached_tokens: int = 0
-    tokens_reasoning: int = 0
+    #: Sums over the calls that reported them; None when no call did (never a made-up 0).
+    tokens_in: Optional[int] = 0
+    tokens_out: Optional[int] = 0
+    cached_tokens: Optional[int] = 0
+    tokens_reasoning: Optional[int] = 0
     latency_ms: dict[str, Optional[float]] = field(default_factory=dict)
     ttft_ms: dict[str, Optional[float]] = field(default_factory=dict)
     error_categories: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    #: Responses calls by ``status`` (completed, incomplete, failed): not finish reasons.
+    response_statuses: dict[str, int] = field(default_factory=dict)
+    #: Calls whose reply reported usage, and calls that reported cache counts (the ratios' denominators).
+    calls_with_usage: int = 0
+    calls_with_cache_counts: int = 0
     #: Share of the calls that reported cache counts which hit the prefix cache.
     cache_hit_ratio: Optional[float] = None
     #: Cached prompt tokens / prompt tokens, over calls that reported both.
@@ -197,7 +224,8 @@ class _StatsAccumulator:
         self.turns: list[float] = []
         self.errors: dict[str, int] = {}  # Plain dicts: a Counter's `+=` is a slower path per line.
         self.finishes: dict[str, int] = {}
-        self.cache_reported = self.cache_hits = self.prompt_tokens_with_cache = 0
+        self.statuses: dict[str, int] = {}
+        self.cache_reported = self.cache_hits = self.prompt_tokens_with_cache = self.reasoning_reported = 0
 
     def add_line(self, line: dict[str, Any]) -> None:
         # One flat function: at 100,000 lines/s every method call and attribute store shows.
@@ -207,6 +235,7 @@ class _StatsAccumulator:
         if type(response) is dict:
             usage = response.get("usage")
             if type(usage) is dict and usage:
+                stats.calls_with_usage += 1
                 tokens_in, tokens_out, tokens_reasoning, cached = usage_counts(usage)
                 if tokens_in is not None:
                     stats.tokens_in += tokens_in
@@ -214,6 +243,7 @@ class _StatsAccumulator:
                     stats.tokens_out += tokens_out
                 if tokens_reasoning is not None:
                     stats.tokens_reasoning += tokens_reasoning
+                    self.reasoning_reported += 1
                 if cached is not None:
                     self.cache_reported += 1
                     self.cache_hits += cached > 0
@@ -221,9 +251,10 @@ class _StatsAccumulator:
                     self.prompt_tokens_with_cache += tokens_in or 0
             shape = response_shape(response)
             finish = finish_reason_of(response, shape)
-            if finish is None:
-                status = response.get("status")
-                finish = status if type(status) is str else None
+            status = response.get("status")
+            if type(status) is str:
+                statuses = self.statuses
+                statuses[status] = statuses.get(status, 0) + 1
             tool_calls = tool_calls_of(response, shape)
             if tool_calls:
                 stats.tool_calls += len(tool_calls)
@@ -252,6 +283,14 @@ class _StatsAccumulator:
         stats.ttft_ms = percentiles(self.ttfts)
         stats.error_categories = dict(Counter(self.errors).most_common())
         stats.finish_reasons = dict(Counter(self.finishes).most_common())
+        stats.response_statuses = dict(Counter(self.statuses).most_common())
+        stats.calls_with_cache_counts = self.cache_reported
+        if not stats.calls_with_usage:
+            stats.tokens_in = stats.tokens_out = None
+        if not self.cache_reported:
+            stats.cached_tokens = None
+        if not self.reasoning_reported:
+            stats.tokens_reasoning = None
         stats.cache_hit_ratio = self.cache_hits / self.cache_reported if self.cache_reported else None
         stats.cached_token_ratio = stats.cached_tokens / self.prompt_tokens_with_cache if self.prompt_tokens_with_cache else None
         stats.turns_per_rollout = {"min": min(self.turns, default=None), **percentiles(self.turns), "max": max(self.turns, default=None)}
