@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_rl.py
+	$(BIN)/python benchmarks/bench_report.py
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

@@ -114,7 +114,7 @@ def _said(dialect: str, streamed: bool, text: Any) -> None:
 
 def _print_captures(store: CaptureStore) -> int:
     header = (f"{'rollout':15} {'#':>2} {'dialect':9} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
-              f"{'ttft_ms':>8} {'total_ms':>8}  {'finish':10} {'tool calls':22} error")
+              f"{'ttft_ms':>8} {'total_ms':>8}  {'finish':10} {'resp.status':11} {'tool calls':22} error")
     print("\ncaptured calls (read back with records.read_model_call_records):")
     print(header)
     print("-" * len(header))
@@ -152,8 +152,8 @@ def _format_record(rollout: str, record: ModelCallRecord) -> str:
     tools = ",".join(f"{call['name']}({','.join(call['arguments'])})" for call in record.tool_calls) or "-"
     return (f"{rollout:15} {record.call_index:>2} {record.dialect or '-':9} {record.status_code!s:>6} "
             f"{_n(record.tokens_in):>5} {_n(record.tokens_out):>5} {_n(record.cached_tokens):>6} "
-            f"{_ms(record.latency_ttft_ms):>8} {_ms(record.latency_total_ms):>8}  {record.finish_reason or record.response_status or '-':10} "
-            f"{tools:22} {record.error_category or '-'}")
+            f"{_ms(record.latency_ttft_ms):>8} {_ms(record.latency_total_ms):>8}  {record.finish_reason or '-':10} "
+            f"{record.response_status or '-':11} {tools:22} {record.error_category or '-'}")
 
 
 def _n(value: Any) -> str:
