@@ -114,6 +114,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_only = False
         #: Set between an interim (1xx) reply's head and its end: it is skipped, never the reply.
         self._interim = False
+        #: The final reply's head is complete: header fields after it are trailers.
+        self._head_seen = False
         self.received = 0
         self.closed = False
         self.idle_since = 0.0
@@ -129,7 +131,7 @@ class UpstreamConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
         self._sink, self._early, self._headers, self._reason = None, [], [], b""
-        self._complete = self._ended = self._keep_alive = self._interim = False
+        self._complete = self._ended = self._keep_alive = self._interim = self._head_seen = False
         self._failed = None
         self._head_only = head_only
         self.received = 0
@@ -187,10 +189,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_seen:
+            return  # A trailer field of a chunked body (llhttp reports them as headers): not forwarded, as nginx.
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        self._head_seen = not 100 <= status < 200
         if 100 <= status < 200:
             # An interim reply (103 Early Hints, a 100 we never asked for): skipped, as nginx does.
             # The parser reports it as a whole message; the reply, its body and the connection's

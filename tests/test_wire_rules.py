@@ -299,3 +299,26 @@ async def test_100_continue_for_a_pipelined_request_waits_for_its_turn(raw_upstr
     writer.write(body)
     assert (await asyncio.wait_for(reader.readuntil(b"second"), 5)).startswith(b"HTTP/1.1 200 OK")
     writer.close()
+
+
+async def test_chunked_reply_with_trailers_reaches_the_client_whole_and_the_connection_stays_usable(raw_upstream, start, capture_dir):
+    """Trailers are not forwarded (nginx drops them too); the body is whole and the pooled upstream
+    connection carries the next reply intact."""
+    async def with_trailers(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                     b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc\r\n\r\n")
+        return True
+    raw_upstream.replies = [with_trailers, sized(b"next")]
+    sidecar = await start(raw_upstream.url, capture_dir=capture_dir)
+    first = await exchange(sidecar.url, b"GET /t HTTP/1.1\r\nHost: s\r\n\r\n", ends_with(b"0\r\n\r\n"))
+    head, _, body = first.partition(b"\r\n\r\n")
+    chunks, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        chunks, rest = chunks + rest[:size], rest[size + 2:]
+    assert chunks == b"hello world" and b"X-Checksum: abc" not in first
+    second = await exchange(sidecar.url, b"GET /u HTTP/1.1\r\nHost: s\r\n\r\n", ends_with(b"next"))
+    assert second.endswith(b"\r\n\r\nnext") and [n for n, _ in raw_upstream.received] == [1, 1]
