@@ -172,17 +172,8 @@ def freeze_startup_objects() -> None:
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
-#: The cyclic collector's thresholds in the sidecar. The default first threshold (700 net
-#: container allocations) runs a young collection every few chunks of a stream whose reassembly
-#: keeps ~3 containers per token (a logprob entry, its bytes and top_logprobs lists): 20% of the
-#: tap's time on a 32k-token logprob stream (issue 13, benchmarks/bench_rl.py). Parsed JSON
-#: forms no cycles. 5,000 takes most of that back (logprob / plain events/s 0.52 -> 0.62); 20,000
-#: took a little more but added ~40 µs to the time to first token at c=1 (bigger young
-#: generations, colder caches), measured A/B against the previous release.
-GC_THRESHOLDS = (5_000, 10, 10)
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -50,7 +50,7 @@ def _plain(value: Any) -> Any:
         value = value.to_dict(warnings=False)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # Our reassembly keeps logprob bytes as tuples: the same JSON.
         return [_plain(v) for v in value]
     return value
 
