@@ -27,7 +27,9 @@ from ._sse import ServerSentEvent
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
 # Top-level chunk keys with their own handling; every other key goes through `merge_unknown`.
 _KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "error"})
-_KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs"})
+# Choice keys with their own handling; vLLM's `token_ids` and `stop_reason` follow the generic rule
+# (`merge_unknown`) but are read directly: they are on every chunk of an RL stream.
+_KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "token_ids", "stop_reason"})
 # Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
 _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 # The per-token lists of a choice's ``logprobs``.
@@ -76,11 +78,12 @@ class ChatReassembler(Reassembler):
             for chunk_choice in choices:
                 if type(chunk_choice) is dict:
                     self._on_choice(chunk_choice)
-        for key in payload:
-            if key not in _KNOWN_CHUNK_KEYS:
-                value = payload[key]
-                if value is not None or key not in self._extras:
-                    self._extras[key] = value  # prompt_token_ids, provider, ...: the call's, not a piece.
+        if not payload.keys() <= _KNOWN_CHUNK_KEYS:  # One C-level check on the common chunk.
+            for key in payload:
+                if key not in _KNOWN_CHUNK_KEYS:
+                    value = payload[key]
+                    if value is not None or key not in self._extras:
+                        self._extras[key] = value  # prompt_token_ids, provider, ...: the call's, not a piece.
         if payload.get("error") is not None:
             self.error_category = "upstream_error"
             self._error = payload["error"]
@@ -102,18 +105,24 @@ class ChatReassembler(Reassembler):
                 return
             choice = choices[index] = {"index": index, "message": {"role": "assistant", "content": None},
                                        "finish_reason": None, "logprobs": None}
-        for key, value in chunk_choice.items():
-            if key == "delta":
-                if type(value) is dict and value:
-                    self._merge_delta(choice["message"], value)
-            elif key == "finish_reason":
-                if value is not None:
-                    choice["finish_reason"] = value
-            elif key == "logprobs":
-                if type(value) is dict:
-                    choice["logprobs"] = _merge_logprobs(choice["logprobs"], value)
-            elif key != "index":
-                merge_unknown(choice, key, value)  # vLLM's token_ids concatenate here.
+        get = chunk_choice.get
+        delta = get("delta")
+        if type(delta) is dict and delta:
+            self._merge_delta(choice["message"], delta)
+        finish_reason = get("finish_reason")
+        if finish_reason is not None:
+            choice["finish_reason"] = finish_reason
+        logprobs = get("logprobs")
+        if type(logprobs) is dict:
+            choice["logprobs"] = _merge_logprobs(choice["logprobs"], logprobs)
+        if "token_ids" in chunk_choice:
+            merge_unknown(choice, "token_ids", chunk_choice["token_ids"])  # vLLM's: concatenated.
+        if "stop_reason" in chunk_choice:
+            merge_unknown(choice, "stop_reason", chunk_choice["stop_reason"])
+        if not chunk_choice.keys() <= _KNOWN_CHOICE_KEYS:
+            for key, value in chunk_choice.items():
+                if key not in _KNOWN_CHOICE_KEYS:
+                    merge_unknown(choice, key, value)
 
     def _merge_delta(self, message: dict[str, Any], delta: dict[str, Any]) -> None:
         for key, piece in delta.items():
@@ -177,7 +186,13 @@ def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> di
             for entry in value:
                 if type(entry) is dict:
                     _settle(entry)
-        merge_unknown(current, key, value)
+            kept = current[key]
+            if type(kept) is list:
+                kept.extend(value)  # In place: linear in the stream.
+            else:
+                current[key] = value
+        else:
+            merge_unknown(current, key, value)
     return current
 
 
@@ -194,7 +209,10 @@ def _settle(entry: dict[str, Any]) -> None:
         entry["bytes"] = tuple(raw)
     top = entry.get("top_logprobs")
     if type(top) is list:
-        for alternative in top:
-            if type(alternative) is dict and type(alternative.get("bytes")) is list:
-                alternative["bytes"] = tuple(alternative["bytes"])
-        entry["top_logprobs"] = tuple(top)
+        if top:
+            for alternative in top:
+                if type(alternative) is dict and type(alternative.get("bytes")) is list:
+                    alternative["bytes"] = tuple(alternative["bytes"])
+            entry["top_logprobs"] = tuple(top)
+        else:
+            entry["top_logprobs"] = ()
