@@ -156,12 +156,16 @@ class Http1Connection(asyncio.Protocol):
         if self._in_head:
             # Counted as the bytes arrive: a header that never ends must not grow without bound.
             end = data.find(b"\r\n\r\n")
-            self._raw_head_bytes += len(data) if end < 0 else end + 4
-            if self._raw_head_bytes > MAX_HEAD_BYTES:
+            if end < 0:
+                self._raw_head_bytes += len(data)
+                if self._raw_head_bytes > MAX_HEAD_BYTES:
+                    self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
+                    return
+                if self._head_started is None:
+                    self._head_started = now  # Only a head that needs more than this read gets a deadline.
+            elif self._raw_head_bytes + end + 4 > MAX_HEAD_BYTES:
                 self._refuse(431, b"Request Header Fields Too Large", b"request head over 64 KiB")
                 return
-            if self._head_started is None and data:
-                self._head_started = now
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -345,7 +349,7 @@ class Http1Connection(asyncio.Protocol):
                 if not self.response_ended or not request.keep_alive or self._closing:
                     self.close()
                     return
-                if not self._pending:
+                if self._continue_owed is not None and not self._pending:
                     self._send_owed_continue()
         finally:
             self._task = None
@@ -364,9 +368,10 @@ class Http1Connection(asyncio.Protocol):
             head.append(b"%s: %s\r\n" % (name, value))
         # RFC 9112 §6.3: these replies end with their head. A HEAD reply keeps the framing header
         # the upstream gave it (it says what GET would send) but never a body or a last chunk.
-        self._no_body = self._method == "HEAD" or status in (204, 304) or 100 <= status < 200
-        if status in (204, 304) or 100 <= status < 200:
-            chunked = False
+        if status < 200 or status == 204 or status == 304:
+            self._no_body, chunked = True, False
+        else:
+            self._no_body = self._method == "HEAD"
         if chunked and self._http10:
             chunked = False  # HTTP/1.0 has no chunked coding: the body ends when we close.
             self._closing = True
