@@ -186,13 +186,7 @@ def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> di
             for entry in value:
                 if type(entry) is dict:
                     _settle(entry)
-            kept = current[key]
-            if type(kept) is list:
-                kept.extend(value)  # In place: linear in the stream.
-            else:
-                current[key] = value
-        else:
-            merge_unknown(current, key, value)
+        merge_unknown(current, key, value)
     return current
 
 

@@ -19,7 +19,7 @@ from ._capture_writer import CaptureWriter
 from ._forwarder import forward
 from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._logging import RepeatLimiter
-from ._metrics import CONTENT_TYPE, SidecarMetrics
+from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 from ._upstream import UpstreamPool
@@ -70,7 +70,7 @@ class Sidecar:
                 except OSError as exc:
                     log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
                               settings.capture_dir, exc.strerror or exc, extra={"path": settings.capture_dir, "errno": exc.errno})
-            if os.path.isdir(settings.capture_dir) and not _directory_writable(settings.capture_dir):
+            if os.path.isdir(settings.capture_dir) and not directory_writable(settings.capture_dir):
                 log.warning("capture dir %s is not writable by uid %d: calls are forwarded, their lines are lost "
                             "until it is (on Kubernetes, set the pod's fsGroup)", settings.capture_dir, os.getuid(),
                             extra={"path": settings.capture_dir})
@@ -172,7 +172,7 @@ class Sidecar:
         upstream_ok = await _upstream_reachable(self.upstream_url)
         checks: dict[str, object] = {"upstream": self.upstream_url, "upstream_reachable": upstream_ok}
         if settings.capture_on:
-            writable = _directory_writable(settings.capture_dir or "")
+            writable = directory_writable(settings.capture_dir or "")
             if not writable and self._capture_dir_was_writable:
                 log.warning("capture dir %s is not writable: calls are forwarded, their lines are lost until it is",
                             settings.capture_dir)
@@ -192,7 +192,3 @@ async def _upstream_reachable(upstream_url: str) -> bool:
         return False
     writer.close()
     return True
-
-
-def _directory_writable(path: str) -> bool:
-    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)

@@ -155,6 +155,8 @@ class Http1Connection(asyncio.Protocol):
             return
         if self._in_head:
             # Counted as the bytes arrive: a header that never ends must not grow without bound.
+            # (This counts the head a read begins or continues; `_count_head`, in the parser's
+            # callbacks, still bounds a second, pipelined head that arrives whole in the same read.)
             end = data.find(b"\r\n\r\n")
             if end < 0:
                 self._raw_head_bytes += len(data)

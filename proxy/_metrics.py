@@ -74,14 +74,16 @@ class SidecarMetrics:
               registry=registry).set_function(self._capture_dir_writable)
 
     def _capture_dir_writable(self) -> float:
-        directory = self.capture_dir
-        if directory is None:
-            return 1.0
-        return 1.0 if os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK) else 0.0
+        return 1.0 if self.capture_dir is None or directory_writable(self.capture_dir) else 0.0
 
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def directory_writable(path: str) -> bool:
+    """Can this process create and append to files in ``path``?"""
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
 def status_class(status: int | None) -> str:

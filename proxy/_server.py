@@ -11,9 +11,11 @@ import socket
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
 from aiohttp import web
 
 from ._app import Sidecar
+from ._logging import utc_timestamp
 from ._settings import Settings
 
 log = logging.getLogger("mcc")
@@ -115,9 +117,6 @@ def ready_line(url: str, log_format: str) -> str:
     """``listening on URL`` -- a JSON log line with ``--log-format json``, like every other line."""
     if log_format != "json":
         return f"listening on {url}"
-    import orjson
-
-    from ._logging import utc_timestamp
     return orjson.dumps({"time": utc_timestamp(), "level": "info", "logger": "mcc",
                          "message": f"listening on {url}", "url": url}).decode()
 
@@ -127,7 +126,6 @@ def ready_url(line: str) -> str | None:
     if line.startswith("listening on "):
         return line.split()[-1]
     if line.startswith("{"):
-        import orjson
         try:
             url = orjson.loads(line).get("url")
         except (orjson.JSONDecodeError, AttributeError):

@@ -209,8 +209,8 @@ def load_settings(
 
 #: Flags whose names are not ``--`` + the setting's name.
 _FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
-#: ``MCC_*`` variables that are not settings but are read by the sidecar or its tools.
-_OTHER_VARIABLES = {"MCC_CONFIG"}
+#: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.
+_OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS"}
 
 
 def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -> dict[str, Any]:
@@ -222,7 +222,7 @@ def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -
             found[name] = value
     known = {ENV_PREFIX + name.upper() for name in names} | _OTHER_VARIABLES
     for variable in sorted(environ):
-        if variable.startswith(ENV_PREFIX) and variable not in known and not variable.startswith(("MCC_SOAK_", "MCC_GYM_")):
+        if variable.startswith(ENV_PREFIX) and variable not in known:
             warn(f"ignoring unknown environment variable {variable} (settings: "
                  f"{', '.join(sorted(ENV_PREFIX + n.upper() for n in Settings.model_fields))})")
     return found

@@ -112,9 +112,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._ended = False
         self._failed: Optional[tuple[str, BaseException]] = None
         self._head_only = False
-        #: Set between an interim (1xx) reply's head and its end: it is skipped, never the reply.
-        self._interim = False
-        #: The final reply's head is complete: header fields after it are trailers.
+        #: The final (not 1xx) reply's head is complete: header fields after it are trailers, and a
+        #: message that ends before it was an interim reply, skipped.
         self._head_seen = False
         self.received = 0
         self.closed = False
@@ -131,7 +130,7 @@ class UpstreamConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
         self._sink, self._early, self._headers, self._reason = None, [], [], b""
-        self._complete = self._ended = self._keep_alive = self._interim = self._head_seen = False
+        self._complete = self._ended = self._keep_alive = self._head_seen = False
         self._failed = None
         self._head_only = head_only
         self.received = 0
@@ -201,7 +200,6 @@ class UpstreamConnection(asyncio.Protocol):
             # The parser reports it as a whole message; the reply, its body and the connection's
             # return to the pool all wait for the final one (a 1xx taken for the end let the next
             # client on this connection read this one's body).
-            self._interim = True
             self._headers, self._reason = [], b""
             return
         length = header_value(self._headers, b"content-length")
@@ -224,11 +222,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._early.append(body)
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-            return
-        if self._complete:
-            return
+        if not self._head_seen or self._complete:
+            return  # The end of an interim (1xx) reply, or a HEAD reply already finished.
         self._complete = True
         self._keep_alive = self._parser.should_keep_alive()  # Asked now: the parser resets after this.
         self._finish()

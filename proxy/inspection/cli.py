@@ -50,19 +50,20 @@ def _rollouts_or_say_empty(store: CaptureStore, pattern: Optional[str]) -> list[
     return rollout_ids
 
 
-def _progress(items: list[Any], label: str) -> Any:
-    """``items`` with a progress bar on a terminal for long jobs, else as they are."""
-    if len(items) > 200 and sys.stderr.isatty():
-        return click.progressbar(items, label=label, file=sys.stderr)
-    return _Plain(items)
+def progress(length: int, label: str) -> Any:
+    """A progress bar (``with ... as bar: bar.update(1)``) on a terminal for long jobs (over 200
+    rollouts), else one that shows nothing."""
+    if length > 200 and sys.stderr.isatty():
+        return click.progressbar(length=length, label=label, file=sys.stderr)
+    return _NoBar()
 
 
-class _Plain:
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
+class _NoBar:
+    def update(self, _: int) -> None:
+        pass
 
-    def __enter__(self) -> list[Any]:
-        return self.items
+    def __enter__(self) -> "_NoBar":
+        return self
 
     def __exit__(self, *exc: object) -> None:
         return None
@@ -98,8 +99,12 @@ def ls_command(directory: str, pattern: Optional[str], category: Optional[str], 
     A token count no call reported is shown as - (null with --json), never as 0.
     """
     store = _store(directory)
-    with _progress(_rollouts_or_say_empty(store, pattern), "reading") as rollout_ids:
-        rows = [rollout_row(store, rid) for rid in rollout_ids]
+    rollout_ids = _rollouts_or_say_empty(store, pattern)
+    rows = []
+    with progress(len(rollout_ids), "reading") as bar:
+        for rollout_id in rollout_ids:
+            rows.append(rollout_row(store, rollout_id))
+            bar.update(1)
     if category:
         rows = [r for r in rows if (r.errors if category == "any" else r.error_categories.get(category))]
     key = _SORT_KEYS[sort_key]

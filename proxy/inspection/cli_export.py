@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Optional
 
 import click
 import orjson
 
-from .cli import _rollouts_or_say_empty, _store
+from .cli import _rollouts_or_say_empty, _store, progress
 from .tables import iter_call_rows
 
 
@@ -25,7 +24,7 @@ def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
     _writable_parent(output)
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
-    with _bar(len(rollout_ids), "writing the report") as bar:
+    with progress(len(rollout_ids), "writing the report") as bar:
         sizes = write_report(store, rollout_ids, output, bar.update)
     click.echo(f"wrote {output} ({sizes['page_bytes'] / 1e6:.1f} MB) and {payload_dir(output)}/ "
                f"({sizes['payload_bytes'] / 1e6:.1f} MB of payloads): {len(rollout_ids)} rollouts")
@@ -44,24 +43,6 @@ def _writable_parent(output: str) -> None:
         raise OneSentence(f"cannot write {output}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise OneSentence(f"cannot write {output}: the directory {parent} is not writable")
-
-
-class _NoBar:
-    def update(self, _: int) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _bar(length: int, label: str):  # type: ignore[no-untyped-def]
-    """A progress bar on a terminal for long jobs (over 200 rollouts), else nothing."""
-    if length > 200 and sys.stderr.isatty():
-        return click.progressbar(length=length, label=label, file=sys.stderr)
-    return _NoBar()
 
 
 @click.command("export")
@@ -83,7 +64,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     rows = []
-    with _bar(len(rollout_ids), "reading") as bar:
+    with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
             rows.extend(iter_call_rows(store, rid))
             bar.update(1)

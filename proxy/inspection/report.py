@@ -18,6 +18,7 @@ HTML parser in a state where the page shows nothing.
 from __future__ import annotations
 
 import html
+import math
 import os
 from typing import Any, Callable, Iterable, Optional
 
@@ -123,7 +124,6 @@ def _histogram(values: list[float], bins: int = 24) -> list[list[float]]:
     positive = [v for v in values if v > 0]
     if not positive:
         return []
-    import math
     low, high = math.log10(min(positive)), math.log10(max(positive))
     width = (high - low) / bins or 1.0
     counts = [0] * bins

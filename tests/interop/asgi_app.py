@@ -49,6 +49,10 @@ def _messages(stream: bool) -> list[bytes]:
             event("message_stop", {})]
 
 
+#: The model routes the SDKs call: whole JSON, or the events of a stream.
+_MODEL_ROUTES = {"/v1/chat/completions": _chat, "/v1/messages": _messages}
+
+
 async def app(scope, receive, send):  # noqa: C901 -- one route table, read top to bottom
     if scope["type"] == "lifespan":
         while True:
@@ -101,18 +105,12 @@ async def app(scope, receive, send):  # noqa: C901 -- one route table, read top 
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
         raise RuntimeError("the model server died mid-stream")  # The server aborts the connection.
-    elif path == "/v1/messages":
-        request = json.loads(body or b"{}")
-        if request.get("stream"):
-            await streamed(200, [(b"content-type", b"text/event-stream")], _messages(True), delay=0.005)
+    elif path in _MODEL_ROUTES:
+        build = _MODEL_ROUTES[path]
+        if json.loads(body or b"{}").get("stream"):
+            await streamed(200, [(b"content-type", b"text/event-stream")], build(True), delay=0.005)
         else:
-            await whole(200, [(b"content-type", b"application/json")], _messages(False)[0])
-    elif path == "/v1/chat/completions":
-        request = json.loads(body or b"{}")
-        if request.get("stream"):
-            await streamed(200, [(b"content-type", b"text/event-stream")], _chat(True), delay=0.005)
-        else:
-            await whole(200, [(b"content-type", b"application/json")], _chat(False)[0])
+            await whole(200, [(b"content-type", b"application/json")], build(False)[0])
     else:
         await whole(404, [(b"content-type", b"application/json")], b'{"detail":"Not Found"}')
     del method
