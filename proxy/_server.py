@@ -101,11 +101,11 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         log.info("stand-in model server at %s", stand_in.url)
     log.info("%s", describe_startup(settings, stand_in.url if stand_in else settings.upstream))
     freeze_startup_objects()
-    print(ready_line(sidecar.url, log_format), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Before the ready line: a SIGTERM right after it drains.
         loop.add_signal_handler(signum, stop.set)
+    print(ready_line(sidecar.url, log_format), flush=True)
     await stop.wait()
     log.info("shutting down: draining in-flight calls")
     await sidecar.close()

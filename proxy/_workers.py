@@ -41,7 +41,6 @@ def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
             return code if code == 2 else 1
         threading.Thread(target=_pass_through, args=(worker,), daemon=True).start()
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(ready_line(f"http://{shown_host}:{port}", settings.log_format), flush=True)
     stopping = threading.Event()
 
     def forward(signum: int, frame: object) -> None:
@@ -49,8 +48,9 @@ def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
         for worker in workers:
             worker.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGTERM, forward)  # Before the ready line: a SIGTERM right after it is forwarded.
     signal.signal(signal.SIGINT, forward)
+    print(ready_line(f"http://{shown_host}:{port}", settings.log_format), flush=True)
     codes = [worker.wait() for worker in workers]
     return max(codes) if not stopping.is_set() or any(codes) else 0
 
