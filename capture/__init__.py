@@ -7,6 +7,7 @@ manner of h11; the appender and the group committer built on it are all that tou
 from records import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_context_length_error
 from ._chat import ChatReassembler
+from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
 from ._group_commit import SYNC_MODES, GroupCommitter
 from ._messages import MessagesReassembler
@@ -14,10 +15,13 @@ from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, ServerSentEvent, SSEParser
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object
+from ._token_fields import TOKEN_FIELDS, AddedFieldCutter, add_request_fields, token_fields_to_add
 
 __all__ = [
+    "AddedFieldCutter",
     "BodyTap",
     "ChatReassembler",
+    "CompletionsReassembler",
     "DEFAULT_MAX_EVENT_BYTES",
     "ERROR_CATEGORIES",
     "GroupCommitter",
@@ -29,12 +33,15 @@ __all__ = [
     "SSEParser",
     "ServerSentEvent",
     "StreamTap",
+    "TOKEN_FIELDS",
     "TapOutcome",
     "UnsupportedContentEncoding",
+    "add_request_fields",
     "append_capture_line",
     "categorize_status",
     "create_incomplete_marker",
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",
+    "token_fields_to_add",
 ]

@@ -85,8 +85,11 @@ class ChatReassembler(Reassembler):
                     if value is not None or key not in self._extras:
                         self._extras[key] = value  # prompt_token_ids, provider, ...: the call's, not a piece.
         if payload.get("error") is not None:
+            # The error event ends the reply for the SDK (openai raises there), whatever follows,
+            # so it is the terminal that "durable before terminal" holds back (DESIGN §10).
             self.error_category = "upstream_error"
             self._error = payload["error"]
+            self.terminal = True
 
     def _fill_envelope(self, payload: dict[str, Any]) -> None:
         """id, created, model, ... from the first chunk with an id (the SDK snapshots the first chunk)."""

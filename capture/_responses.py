@@ -22,6 +22,8 @@ _TERMINAL_EVENTS = {
     "response.incomplete": "incomplete",
     "response.failed": "upstream_error",
 }
+#: A terminal response's ``status`` that makes the call an error, whatever the event's name.
+_STATUS_CATEGORIES = {"incomplete": "incomplete", "failed": "upstream_error"}
 _SNAPSHOT_EVENTS = ("response.created", "response.in_progress", "response.queued")
 
 # delta / done event -> (container key inside the item, field in the part, is the part the item)
@@ -76,9 +78,13 @@ class ResponsesReassembler(Reassembler):
 
     def _on_terminal(self, event_type: str, payload: dict[str, Any]) -> None:
         self.terminal = True
+        response = payload.get("response")
         if self.error_category is None:
             self.error_category = _TERMINAL_EVENTS[event_type]
-        response = payload.get("response")
+            if self.error_category is None and isinstance(response, dict):
+                # vLLM 0.32 ends a capped stream with `response.completed` whose status is
+                # "incomplete" (OpenAI sends `response.incomplete`): the status decides (DESIGN §10).
+                self.error_category = _STATUS_CATEGORIES.get(response.get("status"))
         if isinstance(response, dict):
             self._final = response
             if self._text_logprobs:

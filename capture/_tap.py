@@ -15,16 +15,18 @@ import orjson
 
 from ._categories import categorize_status
 from ._chat import ChatReassembler
+from ._completions import CompletionsReassembler
 from ._decoding import Decoder, make_decoder
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
-from ._responses import ResponsesReassembler
+from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
 
 REASSEMBLERS: dict[str, type[Reassembler]] = {
     "responses": ResponsesReassembler,
     "chat": ChatReassembler,
     "messages": MessagesReassembler,
+    "completions": CompletionsReassembler,
 }
 
 
@@ -164,7 +166,7 @@ class BodyTap:
         category = categorize_status(status, body)
         if category is None and self._dialect == "responses":
             # A non-streaming Responses body says the same as the stream's terminal event would.
-            category = {"incomplete": "incomplete", "failed": "upstream_error"}.get(body.get("status"))
+            category = _STATUS_CATEGORIES.get(body.get("status"))
         return category
 
 

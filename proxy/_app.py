@@ -22,6 +22,7 @@ from ._logging import RepeatLimiter
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
+from ._token_mode import TokenMode
 from ._upstream import UpstreamPool
 
 log = logging.getLogger("mcc")
@@ -55,6 +56,8 @@ class Sidecar:
         #: The base_url mistakes already explained in the log (`_routing.base_url_mistake`).
         self.hinted: set[str] = set()
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
+        #: The token capture mode (DESIGN §11): on only with capture on.
+        self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_tokens and settings.capture_on else None
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""

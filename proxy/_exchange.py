@@ -15,7 +15,8 @@ from ._http1 import header_value
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
-    {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure"}
+    {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure",
+     "added_request_fields"}
 )
 
 
@@ -72,6 +73,8 @@ class CallExchange:
     failure: Failure | None = None
     #: The error body of a reply the sidecar wrote itself.
     local_body: dict[str, Any] | None = None
+    #: Token capture mode (DESIGN §11): the fields the sidecar added to the request sent upstream.
+    added_request_fields: dict[str, Any] | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 
@@ -125,6 +128,7 @@ class CallExchange:
         }
         fields.update(self._request_fields())
         fields.update(self._response_fields())
+        fields["added_request_fields"] = self.added_request_fields
         # Evidence keys appear only when there is something to say; the execution outcome always.
         return {key: value for key, value in fields.items() if value is not None or key not in _OMITTED_WHEN_NONE}
 

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from capture import BodyTap, StreamTap
+from capture import AddedFieldCutter, BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
 from ._headers import client_response_headers, upstream_request_headers
@@ -33,6 +33,7 @@ from ._local_replies import (
 )
 from ._metrics import status_class
 from ._routing import Route, base_url_mistake, route_request
+from ._token_mode import UpstreamBroke, WholeBody
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
 if TYPE_CHECKING:
@@ -89,6 +90,10 @@ class _Call:
         self.exchange: CallExchange | None = None
         self.persisted = False
         self.status: Optional[int] = None
+        #: Token capture mode (DESIGN §11): the fields added to this call's request and the
+        #: agent's own request, parsed; None when nothing was added.
+        self.token_fields: Optional[dict[str, object]] = None
+        self.agent_request: dict[str, object] = {}
 
     async def run(self) -> None:
         if self.request.too_large:
@@ -100,8 +105,11 @@ class _Call:
                                        message=f"request body exceeds the sidecar's limit of {self.settings.max_body_bytes} bytes")
             return
         self._open_exchange(self.request.body)
+        body = self._with_token_fields(self.request.body)
         try:
-            upstream = await self._send_upstream()
+            upstream = await self._send_upstream(body)
+            if self.token_fields is not None and self._must_resend_own_request(upstream):
+                upstream = await self._resend_own_request(upstream)
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
@@ -135,12 +143,55 @@ class _Call:
             raw_stream=self.settings.capture_raw_stream,
         )
 
-    async def _send_upstream(self) -> UpstreamReply:
+    def _with_token_fields(self, body: bytes) -> bytes:
+        """The body to send: the agent's own, or with the token capture mode's fields added."""
+        token_mode = self.sidecar.token_mode
+        if token_mode is None or self.exchange is None:
+            return body
+        plan = token_mode.plan(self.exchange.dialect, self.request.headers, body)
+        if plan is None:
+            return body
+        self.token_fields, self.agent_request, sent = plan
+        self.exchange.added_request_fields = self.token_fields
+        return sent
+
+    def _must_resend_own_request(self, upstream: UpstreamReply) -> bool:
+        """A 400 (nothing was generated: maybe an added field refused), or a success the mode
+        cannot cut (a compressed body): the agent gets the reply to its own request instead."""
+        if upstream.status == 400:
+            return True
+        encoding = upstream.header(b"content-encoding")
+        return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
+
+    async def _resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
+        """Send the agent's own request; when it fares better, the upstream refused the fields (DESIGN §11)."""
+        fields = self.token_fields or {}
+        refused_body = b""
+        if upstream.status == 400:
+            sink = WholeBody()
+            upstream.attach(sink)
+            try:
+                refused_body = await sink.done
+            except UpstreamBroke as broke:
+                refused_body = broke.partial
+        else:
+            refused_body = b"a compressed reply (Content-Encoding), which the mode cannot cut"
+        upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
+        self.token_fields = None
+        if self.exchange is not None:
+            self.exchange.added_request_fields = None
+        own = await self._send_upstream(self.request.body)
+        if own.status != 400 and self.sidecar.token_mode is not None:
+            self.sidecar.token_mode.learn_refusal(fields, refused_body, self.sidecar.upstream_url)
+            self.metrics.token_fields_refused.inc()
+        return own
+
+    async def _send_upstream(self, body: bytes) -> UpstreamReply:
         if self.exchange is not None:
             self.exchange.start()
         request = self.request
         return await self.sidecar.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
-                                                   upstream_request_headers(request.headers), request.body, request.has_body)
+                                                   upstream_request_headers(request.headers), body, request.has_body)
 
     # -- reply side ------------------------------------------------------------------------
 
@@ -163,10 +214,16 @@ class _Call:
                 log.warning("the upstream answered 404 for %s (forwarded unchanged): %s", self.route.upstream_target,
                             mistake, extra={**self._log_context(), "status": 404})
         tap = self._attach_tap(upstream, is_stream)
+        cutter = None
+        if self.token_fields is not None and 200 <= upstream.status < 300 and self.exchange is not None:
+            cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
+            if not is_stream:
+                await self._relay_cut_body(upstream, tap, cutter)
+                return
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
-        pump = _BodyPump(self, upstream, tap)  # Delivers the body bytes that came with the head.
+        pump = _BodyPump(self, upstream, tap, cutter)  # Delivers the body bytes that came with the head.
         if not pump.persisting:
             self.client.flush_head()  # Else the head waits, with the held chunk, for the line.
         try:
@@ -179,6 +236,38 @@ class _Call:
             self._client_gone_before_reply()
         elif outcome == "upstream_broke":
             self.client.abort()  # The client sees the failure as it would have directly.
+
+    async def _relay_cut_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
+                              cutter: AddedFieldCutter) -> None:
+        """A JSON body under the token capture mode: read whole, cut whole, its Content-Length
+        recomputed (DESIGN §11); the line is durable before the agent gets a byte of it."""
+        sink = WholeBody()
+        upstream.attach(sink)
+        try:
+            body = await sink.done
+        except UpstreamBroke as broke:  # As a direct call would: what came, then the cut.
+            if tap is not None:
+                tap.feed(broke.partial)
+            self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
+            self.client.write(broke.partial)
+            self.upstream_broke_then(broke.kind, self.client.abort)
+            return
+        except asyncio.CancelledError:
+            self._client_gone_before_reply()
+            raise
+        if tap is not None:
+            tap.feed(body)
+            if self.exchange is not None:
+                self.exchange.mark_first_content()
+        cut = cutter.cut_body(body)
+        headers = client_response_headers(upstream.headers)
+        if upstream.content_length is not None:
+            length = str(len(cut)).encode()
+            headers = [(name, length if name.lower() == b"content-length" else value) for name, value in headers]
+        await self._persist_now()
+        self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
+        self.client.write(cut)
+        self.client.end()
 
     def _attach_tap(self, upstream: UpstreamReply, is_stream: bool) -> StreamTap | BodyTap | None:
         if self.exchange is None:
@@ -283,11 +372,16 @@ class _BodyPump:
     ``done`` resolves to ``ended``, ``client_gone`` or ``upstream_broke``.
     """
 
-    def __init__(self, call: _Call, upstream: UpstreamReply, tap: StreamTap | BodyTap | None) -> None:
+    def __init__(self, call: _Call, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
+                 cutter: AddedFieldCutter | None = None) -> None:
         self.call = call
         self.upstream = upstream
         self.client = call.client
         self.tap = tap
+        #: Token capture mode: what the client gets is the stream with the added fields cut.
+        self.cutter = cutter
+        #: Where body bytes go: the client's socket, through the cutter when there is one.
+        self.write = call.client.write if cutter is None else self._write_cut
         self.exchange = call.exchange
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         #: Bytes still expected of a sized body (a captured BodyTap), else None.
@@ -326,9 +420,9 @@ class _BodyPump:
         if self.client.gone:
             self._finish("client_gone")
             return
-        tap, client = self.tap, self.client
+        tap, write = self.tap, self.write
         if tap is None or self.call.persisted:
-            client.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            write(batch[0] if len(batch) == 1 else b"".join(batch))
             return
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
@@ -342,13 +436,13 @@ class _BodyPump:
                 self.remaining -= len(chunk)
                 ends_reply = self.remaining <= 0
             if ends_reply:
-                client.write(b"".join(batch[start:index]))
+                write(b"".join(batch[start:index]))
                 self.held = b"".join(batch[index:])
                 self._persist_then_flush()
                 return
             if not self.first_written and not self.lookahead:
                 self.first_written = True  # The first bytes go out before the rest is parsed: TTFT.
-                client.write(chunk)
+                write(chunk)
                 start = index + 1
         batch = batch[start:]
         if not batch and not self.lookahead:
@@ -356,7 +450,7 @@ class _BodyPump:
         data = batch[0] if len(batch) == 1 else b"".join(batch)
         if self.lookahead:  # Write what came before; this read may be the body's last.
             data, self.held = self.held, data
-        client.write(data)
+        write(data)
 
     def on_end(self) -> None:
         self.ended = True
@@ -380,6 +474,9 @@ class _BodyPump:
             self.held = b""  # A lookahead chunk never completed a reply.
             self._break()
 
+    def _write_cut(self, data: bytes) -> None:
+        self.client.write(self.cutter.feed(data))  # type: ignore[union-attr]
+
     def _client_flow(self, paused: bool) -> None:
         if paused:
             self.upstream.pause()
@@ -400,21 +497,25 @@ class _BodyPump:
         if self.done.done():
             return
         if self.broken is not None:
-            self.client.write(self.held)  # What arrived before the failure, then the cut.
+            self.write(self.held)  # What arrived before the failure, then the cut.
             self.held = b""
+            if self.cutter is not None:
+                self.client.write(self.cutter.close())
             self._break()
         elif self.ended:
             self._flush_and_end()
         else:
             held, self.held = self.held, b""
-            self.client.write(held)
+            self.write(held)
             if not self.client.writing_paused:
                 self.upstream.resume()
 
     def _flush_and_end(self) -> None:
         if self.held:
-            self.client.write(self.held)
+            self.write(self.held)
             self.held = b""
+        if self.cutter is not None:
+            self.client.write(self.cutter.close())
         self.client.end()
         self._finish("ended")
 

@@ -67,6 +67,9 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+        self.token_fields_refused = Counter("mcc_token_fields_refused_total", "Calls the token capture mode resent as "
+                                            "the agent's own request because the upstream refused an added field.",
+                                            registry=registry)
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
         Gauge("mcc_capture_dir_writable", "1 when the capture dir is writable (or capture is off), 0 when capture "

@@ -15,6 +15,7 @@ OBSERVED_PATHS = {
     "/v1/responses": "responses",
     "/v1/chat/completions": "chat",
     "/v1/messages": "messages",
+    "/v1/completions": "completions",
 }
 
 

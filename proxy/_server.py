@@ -138,7 +138,8 @@ def describe_startup(settings: Settings, upstream: str | None) -> str:
     """One line that says what this sidecar will do."""
     if settings.capture_on:
         capture = (f"capture on: dir {settings.capture_dir}, sync {settings.capture_sync}, "
-                   f"raw stream {settings.capture_raw_stream}")
+                   f"raw stream {settings.capture_raw_stream}"
+                   + (", token capture mode on" if settings.capture_tokens else ""))
     elif settings.capture_dir is None:
         capture = "capture off: no capture dir (--capture-dir)"
     else:

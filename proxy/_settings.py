@@ -85,6 +85,9 @@ class Settings(BaseModel):
     #: writes), or only when reassembly failed or the stream was cut (``on-failure``): a 32k-token
     #: stream with logprobs is several MB, and ``response`` already holds all of it.
     capture_raw_stream: str = "always"
+    #: The token capture mode (DESIGN §11): add to each captured request what vLLM needs to
+    #: return the sampled token ids and their logprobs, and cut it from the agent's reply.
+    capture_tokens: bool = False
 
     @field_validator("upstream_ca")
     @classmethod
@@ -271,7 +274,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

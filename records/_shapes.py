@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any, Iterator, NamedTuple, Optional
 
 import json
+import re
 
 import orjson
 
@@ -25,12 +26,17 @@ _RESPONSES_CLIENT_TOOL_ITEMS = ("function_call", "custom_tool_call")
 
 
 def response_shape(response: Any) -> Optional[str]:
-    """``responses``, ``chat`` or ``messages`` for a response object of that shape, else None."""
+    """``responses``, ``chat``, ``completions`` or ``messages`` for a response object of that shape, else None."""
     if not isinstance(response, dict):
         return None
     if response.get("object") == "response" or isinstance(response.get("output"), list):
         return "responses"
-    if isinstance(response.get("choices"), list):
+    choices = response.get("choices")
+    if isinstance(choices, list):
+        # Completions (``text_completion``): choices carry ``text``, never a ``message``.
+        if response.get("object") == "text_completion" or (
+                choices and isinstance(choices[0], dict) and "text" in choices[0] and "message" not in choices[0]):
+            return "completions"
         return "chat"
     if response.get("type") == "message" or isinstance(response.get("content"), list):
         return "messages"
@@ -62,6 +68,10 @@ def describe_response(response: Any, operations: bool = True) -> ResponseFacts:
         return _facts((None, [], None, finish_reason_of(response, None), None, _status(response)))
     if shape == "chat":
         return _describe_chat(response, operations)
+    if shape == "completions":  # Text only: no tool calls, no reasoning.
+        texts = [_TEXT for choice in _dicts_in(response, "choices") if type(choice.get("text")) is str and choice["text"]]
+        return _facts((shape, [], None, finish_reason_of(response, shape), _numbered(texts) if operations else None,
+                       _status(response)))
     if shape == "responses":
         calls = _responses_tool_calls(response)
         return _facts((shape, calls, _joined(_responses_reasoning(response)), finish_reason_of(response, shape),
@@ -105,6 +115,10 @@ _NO_FACTS = ResponseFacts()
 _facts = partial(tuple.__new__, ResponseFacts)
 
 
+#: 19 digits in a row: possibly an integer beyond 64 bits, which only Python's json keeps exact.
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
 def _as_arguments(arguments: Any) -> Any:
     """Tool arguments, exactly as NeMo Gym 0.7.0 reads them: an object as it is; a string parsed as
     JSON whatever it holds (``"[1]"`` gives ``[1]``), or ``{"_raw": text}`` when it is not JSON
@@ -112,11 +126,14 @@ def _as_arguments(arguments: Any) -> Any:
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, str):
+        if _LONG_NUMBER.search(arguments) is None:
+            try:
+                return orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                pass
+        # Python's json keeps integers beyond 64 bits exact (orjson makes them floats: vLLM
+        # writes such arguments, DESIGN §10), and takes NaN, Infinity and lone surrogates.
         try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            pass
-        try:  # What orjson refuses and Python's json takes: NaN, Infinity, lone surrogates.
             return json.loads(arguments)
         except ValueError:
             return {"_raw": arguments}

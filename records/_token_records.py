@@ -22,6 +22,20 @@ The prompt comes from the message's ``prompt_token_ids``, else the response's to
 ``missing``; arrays that disagree (lengths, or ``token_ids`` against ``token_id:N`` tokens) are
 kept as found and described in ``problem``. Unlike Gym, which raises on the first such call,
 every call gets its record and the caller decides (`TokenRecord.usable`).
+
+Other dialects (issue 20): Responses from vLLM with ``enable_response_messages`` carry the prompt
+ids in ``input_messages[*].tokens`` and the generated ids in ``output_messages[*].tokens``, with
+log probabilities on the ``output_text`` parts (source ``vllm``); completions carry
+``prompt_token_ids`` and ``token_ids`` per choice and ``logprobs.token_logprobs``.
+
+A generation the agent did not see whole (cancelled, cut, errored, no finish reason) is never
+usable, whatever arrays it has: `TokenRecord.unusable_reason` says why.
+
+Multi-turn drift: a trainer that concatenates a rollout's turns relies on each prompt beginning
+with an earlier call's prompt + generation ids. `iter_token_records` compares each prompt with
+every earlier sequence of the rollout: ``extends`` names the latest call it begins with,
+``drift_at`` the token where it departs from the closest one (chat templates that drop
+reasoning or re-render tool calls break the prefix).
 """
 
 from __future__ import annotations
@@ -37,6 +51,11 @@ from ._store import CaptureStore, gc_paused
 TOKEN_SOURCES = ("message", "vllm", "logprob_tokens", "missing")
 _ARRAYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOKEN_ID_PREFIX = "token_id:"
+#: Categories of a call whose reply the agent still received whole (a Responses call capped by
+#: ``max_output_tokens`` ends ``incomplete``, as a chat call ends with ``finish_reason: length``).
+_SEEN_WHOLE_CATEGORIES = frozenset({"incomplete"})
+#: Finish reasons (and Responses statuses) of a generation that never ended.
+_UNFINISHED_REASONS = frozenset({"abort", "in_progress", "queued", "failed", "cancelled"})
 
 
 class TokenRecord(BaseModel):
@@ -61,11 +80,30 @@ class TokenRecord(BaseModel):
     missing: tuple[str, ...] = ()
     #: Why the arrays cannot be trusted as they are (lengths disagree, a value is not a number), or None.
     problem: Optional[str] = None
+    #: The ``call_index`` of the latest earlier call of the rollout whose prompt + generation ids
+    #: this prompt begins with (a trainer may concatenate the two), or None.
+    extends: Optional[int] = None
+    #: Where this prompt departs from the closest earlier call's prompt + generation ids (the
+    #: index of the first token that differs), or None when it extends one or shares no prefix.
+    drift_at: Optional[int] = None
+
+    @property
+    def unusable_reason(self) -> Optional[str]:
+        """Why this generation must not be trained on, or None when it may be."""
+        if self.error_category is not None and self.error_category not in _SEEN_WHOLE_CATEGORIES:
+            return f"the call ended {self.error_category}: the agent did not see this generation whole"
+        if self.finish_reason is None:
+            return "no finish reason: the generation did not end"
+        if self.finish_reason in _UNFINISHED_REASONS:
+            return f"finish reason {self.finish_reason!r}: the generation did not end"
+        if self.missing:
+            return "missing " + ", ".join(self.missing)
+        return self.problem
 
     @property
     def usable(self) -> bool:
-        """All three arrays present and consistent: safe to train on."""
-        return not self.missing and self.problem is None
+        """All three arrays present and consistent, for a generation the agent saw end: safe to train on."""
+        return self.unusable_reason is None
 
 
 def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str) -> Iterator[TokenRecord]:
@@ -75,9 +113,54 @@ def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], roll
     """
     if not isinstance(store, CaptureStore):
         store = CaptureStore(store)
+    drift = DriftTracker()
     for call_index, line in store.iter_available(rollout_id):
         if line is not None:
-            yield from token_records_of_line(line, rollout_id, call_index)
+            for record in token_records_of_line(line, rollout_id, call_index):
+                yield drift.place(record)
+
+
+class DriftTracker:
+    """Places each call's prompt against the rollout's earlier prompt + generation ids (in order).
+
+    Comparisons are list slices (C speed); the earlier sequences are kept as tuples of ints,
+    one per call and choice, which is what a trainer concatenating the turns would hold.
+    """
+
+    def __init__(self) -> None:
+        self._earlier: list[tuple[int, list[int]]] = []
+
+    def place(self, record: TokenRecord) -> TokenRecord:
+        prompt = record.prompt_token_ids
+        extends, drift_at = None, None
+        if prompt:
+            best = 0
+            for call_index, sequence in self._earlier:
+                if call_index == record.call_index:
+                    continue  # Another choice of the same call: not an earlier turn.
+                if len(sequence) <= len(prompt) and prompt[:len(sequence)] == sequence:
+                    extends = call_index  # The latest earlier call it begins with wins.
+                else:
+                    best = max(best, _common_prefix(prompt, sequence))
+            if extends is None and best > 0:
+                drift_at = best
+            if extends is not None or drift_at is not None:
+                record = record.model_copy(update={"extends": extends, "drift_at": drift_at})
+        if prompt and record.generation_token_ids:
+            self._earlier.append((record.call_index, prompt + record.generation_token_ids))
+        return record
+
+
+def _common_prefix(left: list[int], right: list[int]) -> int:
+    """The length of the longest common prefix, by bisection on slice equality (C-level compares)."""
+    low, high = 0, min(len(left), len(right))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if left[:middle] == right[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def read_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str) -> list[TokenRecord]:
@@ -106,15 +189,67 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
             index = index if isinstance(index, int) and not isinstance(index, bool) else position
             message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
             finish = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
-            records.append(_record(base, index, model, finish, top_prompt, message, choice))
+            # Completions: vLLM writes the prompt ids on each choice, not on the response.
+            prompt = choice.get("prompt_token_ids") if choice.get("prompt_token_ids") is not None else top_prompt
+            records.append(_record(base, index, model, finish, prompt, message, choice))
         return records
+    status = response.get("status") if isinstance(response.get("status"), str) else None
     # Responses: NeMo RL puts the arrays on one output item; Anthropic Messages carries none.
     for item in response.get("output") or ():
         if isinstance(item, dict) and any(item.get(name) is not None for name in _ARRAYS):
-            status = response.get("status") if isinstance(response.get("status"), str) else None
             return [_record(base, 0, model, status, top_prompt, item, None)]
+    if "output" in response:
+        return [_responses_record(base, model, response, status)]
     finish = response.get("stop_reason") if isinstance(response.get("stop_reason"), str) else None
     return [_record(base, 0, model, finish, top_prompt, None, None)]
+
+
+def _responses_record(base: dict[str, Any], model: Optional[str], response: dict[str, Any],
+                      status: Optional[str]) -> TokenRecord:
+    """vLLM's Responses arrays: ``input_messages`` / ``output_messages`` tokens (``enable_response_messages``)
+    and the ``output_text`` parts' logprobs (``include: ["message.output_text.logprobs"]``)."""
+    problems: list[str] = []
+    prompt = _message_tokens(response.get("input_messages"), "prompt_token_ids", problems)
+    ids = _message_tokens(response.get("output_messages"), "generation_token_ids", problems)
+    entries: Optional[list[Any]] = None
+    for item in response.get("output") or ():
+        for part in (item.get("content") or ()) if isinstance(item, dict) else ():
+            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("logprobs"), list):
+                entries = (entries or []) + part["logprobs"]
+    log_probs = None
+    if entries is not None:
+        log_probs = _floats([entry.get("logprob") if isinstance(entry, dict) else None for entry in entries], problems)
+    if ids is not None and log_probs is not None and len(ids) != len(log_probs):
+        problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}"
+                        " (a stop string's tokens are generated but their logprobs are cut with its text)")
+    found = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
+    source = "vllm" if ids is not None else "missing"
+    finish = _responses_finish(response, status)
+    return TokenRecord.model_construct(
+        **base, choice_index=0, model=model, finish_reason=finish, source=source,
+        missing=tuple(name for name in _ARRAYS if found[name] is None), problem="; ".join(problems) or None, **found)
+
+
+def _responses_finish(response: dict[str, Any], status: Optional[str]) -> Optional[str]:
+    """The status, or for an incomplete response its reason (``max_output_tokens``), as chat's ``length``."""
+    details = response.get("incomplete_details")
+    if status == "incomplete" and isinstance(details, dict) and isinstance(details.get("reason"), str):
+        return details["reason"]
+    return status
+
+
+def _message_tokens(messages: Any, name: str, problems: list[str]) -> Optional[list[int]]:
+    """The ``tokens`` of vLLM's ``raw_message_tokens`` entries, concatenated in order."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    ids: list[int] = []
+    for message in messages:
+        tokens = message.get("tokens") if isinstance(message, dict) else None
+        checked = _ints(tokens, name, problems)
+        if checked is None:
+            return None
+        ids.extend(checked)
+    return ids
 
 
 def _record(base: dict[str, Any], choice_index: int, model: Optional[str], finish_reason: Optional[str],
@@ -144,6 +279,12 @@ def _generation(message: dict[str, Any], choice: dict[str, Any],
     log_probs = None
     if entries is not None:
         log_probs = _floats([entry.get("logprob") if isinstance(entry, dict) else None for entry in entries], problems)
+    elif isinstance(logprobs, dict) and isinstance(logprobs.get("token_logprobs"), list):
+        # Completions: parallel lists (``tokens``, ``token_logprobs``, ...), not entries.
+        log_probs = _floats(logprobs["token_logprobs"], problems)
+        tokens = logprobs.get("tokens")
+        if isinstance(tokens, list):
+            entries = [{"token": token} for token in tokens]
     token_ids = choice.get("token_ids")
     if token_ids is not None:
         ids = _ints(token_ids, "generation_token_ids", problems)

@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import os
+import queue
 import resource
 import signal
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
+from typing import IO
+
+# A child's pipe is read by one pump thread into a queue, so a test waits for a line with a
+# deadline and fails with a message instead of blocking forever in readline() (issue 21, point 1).
+_pumps: "weakref.WeakKeyDictionary[IO[str], queue.Queue[str]]" = weakref.WeakKeyDictionary()
+
+
+def read_line(pipe: IO[str] | None, timeout: float = 30.0) -> str:
+    """The next line of a child's text pipe ('' at its end); AssertionError if none comes in time.
+
+    Once a pipe is read here, read it only here (the pump thread owns it)."""
+    assert pipe is not None, "the child's pipe was not opened (stdout=subprocess.PIPE)"
+    lines = _pumps.get(pipe)
+    if lines is None:
+        lines = _pumps[pipe] = queue.Queue()
+        threading.Thread(target=_pump, args=(pipe, lines), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no line from the child within {timeout:g} s") from None
+
+
+def _pump(pipe: IO[str], lines: "queue.Queue[str]") -> None:
+    try:
+        for line in pipe:
+            lines.put(line)
+    except ValueError:  # The pipe was closed under us (the test is over).
+        pass
+    lines.put("")
 
 
 @dataclass
@@ -30,7 +61,10 @@ class SidecarProcess:
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env={**os.environ, **(env or {})},
                                    preexec_fn=limit_file_size if file_size_limit is not None else None)
-        line = process.stdout.readline()  # type: ignore[union-attr]
+        try:
+            line = read_line(process.stdout, timeout=60)
+        except AssertionError:
+            line = "(nothing within 60 s)"
         if not line.startswith("listening on "):
             process.kill()
             raise RuntimeError(f"the sidecar did not start: {line!r} {process.stderr.read()}")  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -80,6 +81,8 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.scripts: dict[str, Script] = {}
+        #: Answers by the request itself (its body), before `scripts` is consulted; None: not this one.
+        self.responder: Callable[[ReceivedRequest], Script | None] | None = None
         self.received: list[ReceivedRequest] = []
         #: Paths whose reply could not be written to the end because the peer went away.
         self.peer_gone: list[str] = []
@@ -122,7 +125,9 @@ class ScriptedUpstream:
             return False
         self.received.append(request)
         path = request.target.partition("?")[0]
-        script = self.scripts.get(path, Script(status=404, reason="Not Found", headers=[("Content-Length", "0")]))
+        script = self.responder(request) if self.responder is not None else None
+        if script is None:
+            script = self.scripts.get(path, Script(status=404, reason="Not Found", headers=[("Content-Length", "0")]))
         try:
             return await self._send(script, reader, writer, path, head_only=request.method == "HEAD")
         except ConnectionError:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import orjson
 import pytest
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 from proxy import main
 
 from .capture_dirs import chat_line, make_capture_dir
+from .processes import read_line
 
 
 @pytest.fixture
@@ -88,12 +88,11 @@ def test_tail_follows_new_calls(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "proxy", "tail", str(path), "--interval", "0.1"],
                                stdout=subprocess.PIPE, text=True)
     try:
-        assert process.stdout.readline().startswith("rollout #call ")  # type: ignore[union-attr]  # The header.
-        time.sleep(1)
+        assert read_line(process.stdout).startswith("rollout #call ")  # The header: from here on, all is shown.
         with open(path / "r1.capture.jsonl", "ab") as handle:
             handle.write(chat_line(0) + chat_line(1, status=500, error="upstream_error"))
-        first = process.stdout.readline()  # type: ignore[union-attr]
-        second = process.stdout.readline()  # type: ignore[union-attr]
+        first = read_line(process.stdout)
+        second = read_line(process.stdout)
     finally:
         process.terminate()
         process.wait(timeout=10)

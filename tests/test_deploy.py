@@ -22,6 +22,8 @@ import yaml
 from proxy import load_settings
 from records import CaptureStore
 
+from .processes import read_line
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 KUBERNETES = os.path.join(ROOT, "deploy", "kubernetes")
 COMPOSE = os.path.join(ROOT, "deploy", "compose")
@@ -216,7 +218,7 @@ def test_wheel_entrypoint_runs_in_a_clean_venv_with_the_dockerfile_environment(t
     entrypoint = ["mcc", "serve"]
     process = subprocess.Popen(entrypoint, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = process.stdout.readline()  # type: ignore[union-attr]
+        line = read_line(process.stdout)
         assert line.startswith("listening on http://0.0.0.0:"), line + process.stderr.read()  # type: ignore[union-attr]
         port = line.rsplit(":", 1)[1].strip()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/ng-rollout/img-1/v1/chat/completions", method="POST",

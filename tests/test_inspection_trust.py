@@ -14,6 +14,7 @@ from proxy import main
 from records import clear_model_call_captures, encode_capture_line
 
 from .capture_dirs import chat_line, make_capture_dir
+from .processes import read_line
 
 
 def run(*args: str, code: int = 0) -> str:
@@ -112,10 +113,10 @@ def test_tail_prints_a_header_and_says_when_the_rollout_does_not_exist_yet(tmp_p
     process = subprocess.Popen([sys.executable, "-m", "proxy", "tail", str(directory), "later", "--interval", "0.1"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        header = process.stdout.readline()  # type: ignore[union-attr]
+        header = read_line(process.stdout)
         assert header.startswith("rollout #call dialect")
         (directory / "later.capture.jsonl").write_bytes(chat_line(0))
-        assert process.stdout.readline().startswith("later #0 chat")  # type: ignore[union-attr]
+        assert read_line(process.stdout).startswith("later #0 chat")
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=10)

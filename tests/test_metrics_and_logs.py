@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy._server import free_port
 
+from .processes import read_line
 from .scripted_upstream import json_script, sse_script
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
 from .wire import fetch, rollout_url
@@ -94,7 +95,7 @@ def test_json_logs_are_one_object_per_line(tmp_path):
                                 "--upstream", f"http://127.0.0.1:{free_port()}", "--capture-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ready = orjson.loads(process.stdout.readline())  # type: ignore[union-attr]
+        ready = orjson.loads(read_line(process.stdout))
         assert ready["message"] == f"listening on {ready['url']}" and ready["level"] == "info"
         url = ready["url"]
         request = urllib.request.Request(url + "/ng-rollout/j1/v1/chat/completions", data=CHAT_JSON_REQUEST, method="POST")

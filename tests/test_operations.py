@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from proxy import main
 from records import CaptureStore
 
-from .processes import SidecarProcess
+from .processes import SidecarProcess, read_line
 from .scripted_upstream import split_every, sse_script
 from .transcripts import CHAT_REQUEST, CHAT_STREAM
 
@@ -194,7 +194,7 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
     process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = process.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        url = read_line(process.stdout).split()[-1]
         stop, made = threading.Event(), []
 
         def load() -> None:

@@ -41,6 +41,10 @@ def _same_raw_ending(outcome):
     line ends a chunk may end between the blank line's CR (which already dispatches the event,
     WHATWG) and its LF, so that LF may or may not be in the raw text: compare without it."""
     raw = outcome.response_raw
+    if raw and '"error"' in raw:
+        # A chat error event is the terminal (the SDK stops there); the `[DONE]` after it is in
+        # the raw text only when it arrived in the same chunk.
+        raw = raw.removesuffix("data: [DONE]\n\n")
     return dataclasses.replace(outcome, response_raw=raw[:-1] if raw and raw.endswith("\r\n") else raw)
 
 

@@ -13,6 +13,8 @@ import pytest
 from proxy import ConfigError, load_settings
 from records import CaptureStore
 
+from .processes import read_line
+
 MCC = [sys.executable, "-m", "proxy"]
 
 
@@ -106,7 +108,7 @@ def test_serve_prints_the_ready_line_and_serves_with_env_settings(tmp_path):
     process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
     try:
-        line = process.stdout.readline()  # type: ignore[union-attr]
+        line = read_line(process.stdout)
         assert line.startswith("listening on http://127.0.0.1:")
         url = line.split()[-1]
         request = urllib.request.Request(url + "/ng-rollout/cli-1/v1/chat/completions", method="POST",
@@ -128,7 +130,7 @@ def test_workers_share_one_port_and_one_capture_dir(tmp_path):
     process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = process.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        url = read_line(process.stdout).split()[-1]
         for number in range(40):
             request = urllib.request.Request(url + f"/ng-rollout/w-{number % 4}/v1/chat/completions", method="POST",
                                              data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',

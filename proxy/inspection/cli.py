@@ -227,6 +227,10 @@ def _pcts(values: dict[str, Optional[float]]) -> str:
     return ", ".join(f"{k} {_n(v)}" for k, v in values.items())
 
 
+_TAIL_HEADER = "rollout #call " + " ".join(["dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached",
+                                             "finish", "response_status", "tool_calls", "error"])
+
+
 @click.command("tail")
 @click.argument("directory", metavar="DIR")
 @click.argument("rollout_id", metavar="ROLLOUT", required=False)
@@ -236,18 +240,23 @@ def tail_command(directory: str, rollout_id: Optional[str], interval: float, fro
     """Follow new calls as the sidecar writes them (all rollouts, or one). Ctrl-C stops."""
     store = _store(directory)
     offsets: dict[str, tuple[int, int]] = {}  # rollout -> (bytes consumed, next call index)
-    first_pass = True
-    click.echo("rollout #call " + " ".join(["dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached",
-                                           "finish", "response_status", "tool_calls", "error"]))
-    if rollout_id and not os.path.exists(store.path_for(rollout_id)):
+    # Without --from-start the first look, which skips what is already there, happens before the
+    # header is printed, so every line that lands after the header is shown. Looking after
+    # printing would skip, unseen, a line written in between (issue 21, point 1).
+    if from_start:
+        click.echo(_TAIL_HEADER)
+    for rid in [rollout_id] if rollout_id else store.rollout_ids():
+        _tail_one(store, rid, offsets, emit=from_start)
+    if not from_start:
+        click.echo(_TAIL_HEADER)
+    if rollout_id and rollout_id not in offsets:
         click.echo(f"mcc: rollout {rollout_id!r} has no capture file in {directory} yet; waiting for its first call", err=True)
     sys.stdout.flush()
     try:
         while True:
-            for rid in [rollout_id] if rollout_id else store.rollout_ids():
-                _tail_one(store, rid, offsets, emit=from_start or not first_pass)
-            first_pass = False
             time.sleep(interval)
+            for rid in [rollout_id] if rollout_id else store.rollout_ids():
+                _tail_one(store, rid, offsets, emit=True)
     except KeyboardInterrupt:
         pass
 

@@ -28,8 +28,9 @@ EXPECTED_CATEGORIES = {
     "text_then_tool_use_sonnet4": "stream_truncated",
     "max_tokens_mid_tool_input_sonnet37": "stream_truncated",
 }
-# Recordings that end without their dialect's terminal event.
-TRUNCATED = {"text_then_tool_use_sonnet4", "max_tokens_mid_tool_input_sonnet37", "groq_gptoss_error_midstream"}
+# Recordings that end without their dialect's terminal event. (A chat stream's error event is a
+# terminal: the SDK stops there, so groq_gptoss_error_midstream, which has no [DONE], is whole.)
+TRUNCATED = {"text_then_tool_use_sonnet4", "max_tokens_mid_tool_input_sonnet37"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""Reassembly of an OpenAI (legacy) Completions stream, ``POST /v1/completions`` (DESIGN §2, §6).
+
+The dialect token-in/token-out RL harnesses use: the prompt is text, a list of texts or token
+ids. A stream is ``text_completion`` chunks, one choice per ``index`` (n > 1 and several prompts
+kept apart), ending with ``data: [DONE]``. Per choice: ``text`` appended; ``logprobs`` in the
+completions shape (parallel lists ``tokens``, ``token_logprobs``, ``text_offset``,
+``top_logprobs``) concatenated list by list; ``finish_reason`` the last non-null. vLLM adds
+``token_ids`` (concatenated, as chat) and ``prompt_token_ids`` / ``prompt_logprobs`` (on the first
+chunk of each choice: the last non-null wins, never concatenated). Other fields follow chat's
+`merge_unknown` rule. A chunk with ``error`` ends the reply as an error, as in chat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._chat import merge_unknown
+from ._reassembler import Reassembler, grow_list
+from ._sse import ServerSentEvent
+
+_ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint")
+_KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "error"})
+#: A choice's fields that describe the prompt, not a piece of the generation.
+_WHOLE_CHOICE_KEYS = frozenset({"prompt_token_ids", "prompt_logprobs"})
+
+
+class CompletionsReassembler(Reassembler):
+    dialect = "completions"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._envelope: dict[str, Any] = {}
+        self._extras: dict[str, Any] = {}
+        self._choices: list[dict[str, Any] | None] = []
+        self._usage: Any = None
+        self._error: Any = None
+
+    def result(self) -> dict[str, Any] | None:
+        if not self._envelope and not self._choices and self._error is None:
+            return None
+        self.join_texts()
+        completion: dict[str, Any] = {"object": "text_completion", **self._envelope}
+        completion["choices"] = [choice for choice in self._choices if choice is not None]
+        if self._usage is not None:
+            completion["usage"] = self._usage
+        for key, value in self._extras.items():
+            completion.setdefault(key, value)
+        if self._error is not None:
+            completion["error"] = self._error
+        return completion
+
+    def _on_undecodable(self, event: ServerSentEvent) -> None:
+        if event.data.strip() == "[DONE]":
+            self.terminal = True
+        super()._on_undecodable(event)
+
+    def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
+        for key in _ENVELOPE_KEYS:
+            if key not in self._envelope and payload.get(key) is not None:
+                self._envelope[key] = payload[key]
+        if payload.get("usage") is not None:
+            self._usage = payload["usage"]
+        choices = payload.get("choices")
+        if type(choices) is list:
+            for chunk_choice in choices:
+                if type(chunk_choice) is dict:
+                    self._on_choice(chunk_choice)
+        for key, value in payload.items():
+            if key not in _KNOWN_CHUNK_KEYS and (value is not None or key not in self._extras):
+                self._extras[key] = value
+        if payload.get("error") is not None:  # As in chat: the error event ends the reply.
+            self.error_category = "upstream_error"
+            self._error = payload["error"]
+            self.terminal = True
+
+    def _on_choice(self, chunk_choice: dict[str, Any]) -> None:
+        index = chunk_choice.get("index", 0)
+        choices = self._choices
+        if not grow_list(choices, index):
+            return
+        choice = choices[index]
+        if choice is None:
+            choice = choices[index] = {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+        for key, value in chunk_choice.items():
+            if key == "index":
+                continue
+            if key == "text":
+                if type(value) is str and value:
+                    self.append_text(choice, "text", value)
+            elif key == "logprobs":
+                if type(value) is dict:
+                    choice["logprobs"] = _merge_logprobs(choice["logprobs"], value)
+            elif key in _WHOLE_CHOICE_KEYS or key == "finish_reason":
+                if value is not None or key not in choice:
+                    choice[key] = value
+            else:
+                merge_unknown(choice, key, value)
+
+
+def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
+    """Each of the parallel lists extended in place (linear in the stream)."""
+    if current is None:
+        return {key: (list(value) if type(value) is list else value) for key, value in chunk.items()}
+    for key, value in chunk.items():
+        merge_unknown(current, key, value)
+    return current

@@ -1,0 +1,165 @@
+"""Real vLLM 0.32.0 bytes through the sidecar: the token capture mode's byte identity, and the four
+defects the trial against a real vLLM found (issue 20), each on the recorded bytes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from capture import AddedFieldCutter, add_request_fields, token_fields_to_add
+from records import build_model_call_record, read_token_records
+from tests.scripted_upstream import Script
+from tests.wire import fetch, rollout_url
+
+from .vllm_recordings import CASES_BY_NAME, Replay, case_params, normalised, pieces, requires_vllm_recordings
+
+pytestmark = [pytest.mark.conformance, requires_vllm_recordings]
+
+
+@pytest.mark.parametrize("case", case_params(with_added=True))
+def test_the_fields_added_are_vllms_and_cutting_them_gives_the_asked_bytes(case):
+    """The request the mode sends is byte for byte the recorded "added" one, and cutting the
+    recorded added reply -- whole, byte by byte, at random points -- gives the asked reply."""
+    agent_request = orjson.loads(case.asked.request)
+    fields = token_fields_to_add(case.dialect, agent_request)
+    assert fields == case.added_fields
+    assert add_request_fields(case.asked.request, fields) == case.added.request
+    for split in ("whole", "1-byte", "random", "events"):
+        cutter = AddedFieldCutter(case.dialect, fields, agent_request)
+        if case.stream:
+            parts = [case.added.body[i:i + 1] for i in range(len(case.added.body))] if split == "1-byte" \
+                else pieces(case.added.body, split)
+            cut = b"".join(cutter.feed(part) for part in parts) + cutter.close()
+        else:
+            cut = cutter.cut_body(case.added.body)
+        assert normalised(cut) == normalised(case.asked.body), split
+
+
+@pytest.mark.parametrize("split", ["events", "7-byte", "random"])
+@pytest.mark.parametrize("case", case_params(with_added=True))
+async def test_the_agent_gets_what_vllm_sends_for_its_own_request(http, upstream, start, capture_dir, store, case, split):
+    """Through the sidecar in token capture mode, the agent's reply equals the direct reply to its
+    own request (ids and timestamps aside, which vLLM makes fresh per call), head included; the
+    upstream received the added request; the line has the arrays and says what was added."""
+    upstream.responder = Replay(split)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    direct = await fetch(http, "POST", upstream.url + case.path, case.asked.request)
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "tok", case.path), case.asked.request)
+    assert upstream.received[-1].body == case.added.request
+    assert (proxied.status, proxied.reason) == (direct.status, direct.reason)
+    assert normalised(proxied.body) == normalised(direct.body)
+    expected_headers = [(name, str(len(proxied.body)) if name.lower() == "content-length" else value)
+                        for name, value in direct.headers]
+    assert proxied.headers == expected_headers
+    (line,) = store.read("tok")
+    assert line["added_request_fields"] == case.added_fields
+    assert line["request"] == orjson.loads(case.asked.request), "the line keeps the agent's own request"
+    if case.stream:
+        assert line["response_raw"] == case.added.body.decode(), "the line keeps what the upstream sent"
+    (first, *_) = read_token_records(store, "tok")
+    assert first.prompt_token_ids and first.generation_token_ids, first
+
+
+async def test_a_field_the_upstream_refuses_is_learnt_once_and_the_agent_never_sees_it(http, upstream, start, capture_dir, store):
+    """A server that answers 400 to an added field: the agent's own request is resent, the agent
+    gets its reply, the field is not added again (one 400 in all, whatever the number of calls)."""
+    case = CASES_BY_NAME["chat"]
+    refusal = b'{"error":{"message":"Unrecognized request argument supplied: return_token_ids","type":"invalid_request_error"}}'
+
+    def refuse_added(request):
+        if b'"return_token_ids"' in request.body:
+            return Script(status=400, reason="Bad Request", pieces=[refusal],
+                          headers=[("Content-Type", "application/json"), ("Content-Length", str(len(refusal)))])
+        return case.asked.script("whole") if request.body == case.asked.request else \
+            Script(status=200, reason="OK", pieces=[case.asked.body],
+                   headers=[("Content-Type", "application/json"), ("Content-Length", str(len(case.asked.body)))])
+
+    upstream.responder = refuse_added
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    replies = [await fetch(http, "POST", rollout_url(sidecar.url, "refused", case.path), case.asked.request)
+               for _ in range(3)]
+    assert all(reply.status == 200 and reply.body == case.asked.body for reply in replies)
+    bodies = [request.body for request in upstream.received]
+    assert sum(b'"return_token_ids"' in body for body in bodies) == 1, "refused once, then never added again"
+    assert orjson.loads(bodies[1]) == orjson.loads(case.asked.request), "the agent's own request, resent"
+    lines = store.read("refused")
+    assert [line["status_code"] for line in lines] == [200, 200, 200]
+    assert "added_request_fields" not in lines[0], "the reply is to the agent's own request"
+    assert lines[1]["added_request_fields"] == {"logprobs": True}, "only the refused field is dropped"
+
+
+async def test_a_bad_request_of_the_agent_itself_is_answered_as_it_would_be(http, upstream, start, capture_dir, store):
+    """A 400 that the agent's own request gets too: forwarded as the upstream sent it, nothing learnt."""
+    refusal = b'{"error":{"message":"messages is required","type":"BadRequestError","code":400}}'
+    upstream.scripts["/v1/chat/completions"] = Script(status=400, reason="Bad Request", pieces=[refusal], headers=[
+        ("Content-Type", "application/json"), ("Content-Length", str(len(refusal)))])
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    for _ in range(2):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "bad", "/v1/chat/completions"), b'{"model":"m"}')
+        assert reply.status == 400 and reply.body == refusal
+    assert [orjson.loads(r.body) for r in upstream.received] == [
+        {"model": "m", "logprobs": True, "return_token_ids": True}, {"model": "m"}] * 2, "the fields are still added"
+    assert [line["error_category"] for line in store.read("bad")] == ["client_error", "client_error"]
+
+
+# -- the four defects of the trial, on the recorded bytes --------------------------------------
+
+async def test_a_responses_stream_vllm_ends_incomplete_is_recorded_incomplete(http, upstream, sidecar, store):
+    """vLLM 0.32 ends a capped Responses stream with `response.completed` whose status is incomplete."""
+    case = CASES_BY_NAME["responses-stream-incomplete"]
+    upstream.responder = Replay()
+    await fetch(http, "POST", rollout_url(sidecar.url, "capped", case.path), case.asked.request)
+    (line,) = store.read("capped")
+    assert line["error_category"] == "incomplete" and line["response"]["status"] == "incomplete"
+    record = build_model_call_record(line, 0)
+    assert record.finish_reason == "max_output_tokens"
+
+
+async def test_an_error_event_in_a_200_stream_is_durable_before_the_agent_sees_it(http, upstream, sidecar, store):
+    """vLLM answers `top_logprobs: 50` with 200, a `data: {"error": ...}` event, then `[DONE]`. The
+    SDK stops at the error event, so that event is the terminal the sidecar holds back."""
+    case = CASES_BY_NAME["chat-stream-error-event"]
+    error_event, done = case.asked.body.split(b"\n\n", 1)[0] + b"\n\n", case.asked.body.split(b"\n\n", 1)[1]
+    upstream.scripts[case.path] = Script(headers=[("Content-Type", "text/event-stream; charset=utf-8")], chunked=True,
+                                         pieces=[error_event], ending="hang", hang_for=5)
+    async with http.post(rollout_url(sidecar.url, "err", case.path), data=case.asked.request) as response:
+        seen = b""
+        while b"\n\n" not in seen:
+            seen += await asyncio.wait_for(response.content.readany(), 10)
+        (line,) = store.read("err")  # On disk by the time the agent has the error event.
+    assert seen == error_event and done.strip() == b"data: [DONE]"
+    assert line["error_category"] == "upstream_error" and line["response"]["error"]["param"] == "logprobs"
+
+
+async def test_tool_arguments_with_integers_beyond_64_bits_stay_exact(http, upstream, sidecar, store):
+    case = CASES_BY_NAME["chat-tools-bigint"]
+    upstream.responder = Replay()
+    await fetch(http, "POST", rollout_url(sidecar.url, "big", case.path), case.asked.request)
+    (line,) = store.read("big")
+    arguments = line["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    (call,) = build_model_call_record(line, 0).tool_calls
+    import json
+    assert call["arguments"] == json.loads(arguments) and isinstance(call["arguments"]["b"], int)
+    assert call["arguments"]["b"] > 2 ** 64
+
+
+async def test_a_generation_the_agent_did_not_see_whole_is_never_usable(upstream, start, capture_dir, store):
+    """A stream the agent left mid-way (cancelled): its arrays are there, but not usable, with the reason."""
+    case = CASES_BY_NAME["chat-stream"]
+    events = pieces(case.added.body, "events")
+    upstream.scripts[case.path] = Script(headers=[("Content-Type", "text/event-stream; charset=utf-8")], chunked=True,
+                                         pieces=events[:5], ending="hang", hang_for=5)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(rollout_url(sidecar.url, "left", case.path), data=case.added.request) as response:
+            await asyncio.wait_for(response.content.readany(), 10)
+    for _ in range(200):
+        if store.read("left"):
+            break
+        await asyncio.sleep(0.02)
+    (record,) = read_token_records(store, "left")
+    assert record.error_category == "cancelled" and record.generation_token_ids
+    assert not record.usable and "cancelled" in (record.unusable_reason or "")
