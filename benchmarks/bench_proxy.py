@@ -120,10 +120,11 @@ http {{
     return Target("nginx", port, process)
 
 
-def start_sidecar(name: str, upstream: Target, capture_dir: str | None, workers: int = 1) -> Target:
+def start_sidecar(name: str, upstream: Target, capture_dir: str | None, workers: int = 1,
+                  extra: tuple[str, ...] = ()) -> Target:
     port = free_port()
     args = [sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream.port}", "--port", str(port),
-            "--log-level", "error", "--workers", str(workers)]
+            "--log-level", "error", "--workers", str(workers), *extra]
     if capture_dir:
         args += ["--capture-dir", capture_dir]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)

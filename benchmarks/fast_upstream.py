@@ -4,7 +4,8 @@
 
 It must never be the bottleneck, so it does the least an HTTP/1.1 server can: keep-alive, a
 Content-Length or chunked request body, and one of three pre-built replies chosen by the body:
-``"stream":true`` -> 256 chat events (chunked), ``"hold":true`` -> one event then silence until the
+``"stream":true`` -> 256 chat events (chunked), ``"batch":true`` -> an 8,000-token RL stream at
+`BATCH_TOKENS_PER_S`, ``"hold":true`` -> one event then silence until the
 client leaves, ``"rl":true`` -> a vLLM-shaped 32,000-token RL stream (one logprob entry and one
 token id per chunk, `prompt_token_ids` on the first) written at `RL_TOKENS_PER_S`, anything
 else -> a 1 KB JSON chat completion.
@@ -21,6 +22,10 @@ EVENTS = 256
 RL_TOKENS = 32_000
 #: Pace of each RL stream: several times what one vLLM sequence generates, to load the sidecar.
 RL_TOKENS_PER_S = 4_000
+#: ``"batch":true``: one of 256 sequences of a full vLLM batch (issue 20), 8,000 tokens at a pace
+#: that makes 256 of them ~50k tokens/s in all (a large GPU server's decode rate).
+BATCH_TOKENS = 8_000
+BATCH_TOKENS_PER_S = 200
 #: Events written together every 1 / (RL_TOKENS_PER_S / RL_BATCH) seconds.
 RL_BATCH = 40
 
@@ -68,6 +73,7 @@ def rl_events(tokens: int = RL_TOKENS) -> list[bytes]:
 
 
 RL_CHUNKS: list[bytes] = []  # Built on first use: 13 MB.
+BATCH_CHUNKS: list[bytes] = []
 
 
 class Upstream(asyncio.Protocol):
@@ -94,7 +100,12 @@ class Upstream(asyncio.Protocol):
             self.reply(body)
 
     def reply(self, body: bytes) -> None:
-        if b'"rl":true' in body:
+        if b'"batch":true' in body:  # One sequence of a full vLLM batch: 8k tokens, at a GPU's pace.
+            if not BATCH_CHUNKS:
+                BATCH_CHUNKS.extend(_chunked(event) for event in rl_events(BATCH_TOKENS))
+            self.transport.write(HEAD)  # type: ignore[attr-defined]
+            self._pace(0, BATCH_CHUNKS, BATCH_TOKENS_PER_S)
+        elif b'"rl":true' in body:
             if not RL_CHUNKS:
                 RL_CHUNKS.extend(_chunked(event) for event in rl_events())
             self.transport.write(HEAD)  # type: ignore[attr-defined]
@@ -109,12 +120,13 @@ class Upstream(asyncio.Protocol):
             self.transport.write(JSON_REPLY)  # type: ignore[attr-defined]
 
 
-    def _pace(self, start: int) -> None:
+    def _pace(self, start: int, chunks: list[bytes] | None = None, per_second: int = RL_TOKENS_PER_S) -> None:
+        chunks = RL_CHUNKS if chunks is None else chunks
         if self.transport.is_closing():  # type: ignore[attr-defined]
             return
-        self.transport.writelines(RL_CHUNKS[start:start + RL_BATCH])  # type: ignore[attr-defined]
-        if start + RL_BATCH < len(RL_CHUNKS):
-            asyncio.get_running_loop().call_later(RL_BATCH / RL_TOKENS_PER_S, self._pace, start + RL_BATCH)
+        self.transport.writelines(chunks[start:start + RL_BATCH])  # type: ignore[attr-defined]
+        if start + RL_BATCH < len(chunks):
+            asyncio.get_running_loop().call_later(RL_BATCH / per_second, self._pace, start + RL_BATCH, chunks, per_second)
         else:
             self.transport.write(b"0\r\n\r\n")  # type: ignore[attr-defined]
 

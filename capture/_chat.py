@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from ._reassembler import Reassembler, grow_list
 from ._sse import ServerSentEvent
 
@@ -32,8 +34,6 @@ _KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "e
 _KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "token_ids", "stop_reason"})
 # Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
 _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
-# The per-token lists of a choice's ``logprobs``.
-_LOGPROB_LISTS = ("content", "refusal")
 
 
 class ChatReassembler(Reassembler):
@@ -47,13 +47,19 @@ class ChatReassembler(Reassembler):
         self._choices: list[dict[str, Any] | None] = []
         self._usage: Any = None
         self._error: Any = None
+        #: Per choice: its per-token lists (logprob entries, token ids) as JSON (`TokenArrays`).
+        self._arrays: dict[int, TokenArrays] = {}
 
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:
             return None
         self.join_texts()
         completion: dict[str, Any] = {"object": "chat.completion", **self._envelope}
-        completion["choices"] = [choice for choice in self._choices if choice is not None]
+        choices = [choice for choice in self._choices if choice is not None]
+        if self._arrays:
+            choices = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
+                       if choice["index"] in self._arrays else choice for choice in choices]
+        completion["choices"] = choices
         if self._usage is not None:
             completion["usage"] = self._usage
         for key, value in self._extras.items():
@@ -117,9 +123,14 @@ class ChatReassembler(Reassembler):
             choice["finish_reason"] = finish_reason
         logprobs = get("logprobs")
         if type(logprobs) is dict:
-            choice["logprobs"] = _merge_logprobs(choice["logprobs"], logprobs)
+            arrays = self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())
+            choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs)
         if "token_ids" in chunk_choice:
-            merge_unknown(choice, "token_ids", chunk_choice["token_ids"])  # vLLM's: concatenated.
+            token_ids = chunk_choice["token_ids"]
+            if type(token_ids) is list:  # vLLM's: concatenated.
+                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())).extend("token_ids", token_ids)
+            else:
+                merge_unknown(choice, "token_ids", token_ids)
         if "stop_reason" in chunk_choice:
             merge_unknown(choice, "stop_reason", chunk_choice["stop_reason"])
         if not chunk_choice.keys() <= _KNOWN_CHOICE_KEYS:
@@ -180,36 +191,53 @@ def merge_unknown(target: dict[str, Any], key: str, value: Any) -> None:
         target[key] = value
 
 
-def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
-    """A choice's ``logprobs``: ``content`` and ``refusal`` entries appended in place, as the SDK does."""
-    if current is None:
-        current = {name: None for name in _LOGPROB_LISTS}
-    for key, value in chunk.items():
-        if type(value) is list and key in _LOGPROB_LISTS:
-            for entry in value:
-                if type(entry) is dict:
-                    _settle(entry)
-        merge_unknown(current, key, value)
-    return current
+class TokenArrays:
+    """One choice's per-token lists, kept as the JSON text of their items, not as Python objects.
 
-
-def _settle(entry: dict[str, Any]) -> None:
-    """Make a kept logprob entry invisible to the cyclic GC: its lists become tuples (the same JSON).
-
-    A 32k-token stream keeps ~100,000 entry containers alive; each collection of the generation
-    they sit in rescans them all (a fifth of the tap's time). A dict holding only numbers, text
-    and tuples of those is untracked by the first collection that sees it, and never scanned
-    again. Nothing reads these as lists: the line is JSON.
+    A logprob entry as a dict with its lists costs ~400 bytes of Python objects; as JSON it is
+    ~80 bytes, and the cyclic GC never sees it. An RL batch is 256 streams of 8k-32k tokens at
+    once, each with a logprob entry and a token id per token (issue 20: at most 1 GiB for 256 x
+    8k), so this is what bounds the sidecar's memory. Each chunk's list is serialised by orjson
+    (C speed) and appended; `put_into` gives the lists back whole: parsed, or as `orjson.Fragment`
+    (``compact``) so the capture line embeds the JSON as it is, with no objects made at all.
     """
-    raw = entry.get("bytes")
-    if type(raw) is list:
-        entry["bytes"] = tuple(raw)
-    top = entry.get("top_logprobs")
-    if type(top) is list:
-        if top:
-            for alternative in top:
-                if type(alternative) is dict and type(alternative.get("bytes")) is list:
-                    alternative["bytes"] = tuple(alternative["bytes"])
-            entry["top_logprobs"] = tuple(top)
-        else:
-            entry["top_logprobs"] = ()
+
+    __slots__ = ("_lists",)
+
+    def __init__(self) -> None:
+        #: field -> the items of the list so far, comma-joined JSON (the list was seen: never None).
+        self._lists: dict[str, bytearray] = {}
+
+    def extend(self, field: str, items: list[Any]) -> None:
+        kept = self._lists.get(field)
+        if kept is None:
+            kept = self._lists[field] = bytearray()
+        if items:
+            if kept:
+                kept += b","
+            kept += orjson.dumps(items)[1:-1]
+
+    def merge_logprobs(self, current: dict[str, Any] | None, chunk: dict[str, Any],
+                       lists: tuple[str, ...] = ("content", "refusal")) -> dict[str, Any]:
+        """A choice's ``logprobs``: the per-token ``lists`` appended (chat: ``content`` and
+        ``refusal`` entries, as the SDK does); any other key by the generic rule."""
+        if current is None:
+            current = {name: None for name in lists}
+        for key, value in chunk.items():
+            if key in lists and type(value) is list:
+                self.extend("logprobs." + key, value)
+            else:
+                merge_unknown(current, key, value)
+        return current
+
+    def put_into(self, choice: dict[str, Any], compact: bool) -> dict[str, Any]:
+        """A copy of ``choice`` with the kept lists in their places."""
+        choice = dict(choice)
+        for field, items in self._lists.items():
+            value = orjson.Fragment(b"[" + items + b"]") if compact else orjson.loads(b"[" + items + b"]")
+            if field.startswith("logprobs."):
+                logprobs = choice["logprobs"] = dict(choice["logprobs"] or {})
+                logprobs[field[len("logprobs."):]] = value
+            else:
+                choice[field] = value
+        return choice

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._chat import merge_unknown
+from ._chat import TokenArrays, merge_unknown
 from ._reassembler import Reassembler, grow_list
 from ._sse import ServerSentEvent
 
@@ -22,6 +22,8 @@ _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint")
 _KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "error"})
 #: A choice's fields that describe the prompt, not a piece of the generation.
 _WHOLE_CHOICE_KEYS = frozenset({"prompt_token_ids", "prompt_logprobs"})
+#: The parallel per-token lists of a choice's ``logprobs`` (the completions shape).
+_LOGPROB_LISTS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
 
 
 class CompletionsReassembler(Reassembler):
@@ -34,13 +36,19 @@ class CompletionsReassembler(Reassembler):
         self._choices: list[dict[str, Any] | None] = []
         self._usage: Any = None
         self._error: Any = None
+        self._arrays: dict[int, TokenArrays] = {}
+
+    def _arrays_of(self, index: int) -> TokenArrays:
+        return self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())
 
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:
             return None
         self.join_texts()
         completion: dict[str, Any] = {"object": "text_completion", **self._envelope}
-        completion["choices"] = [choice for choice in self._choices if choice is not None]
+        completion["choices"] = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
+                                 if choice["index"] in self._arrays else choice
+                                 for choice in self._choices if choice is not None]
         if self._usage is not None:
             completion["usage"] = self._usage
         for key, value in self._extras.items():
@@ -89,7 +97,9 @@ class CompletionsReassembler(Reassembler):
                     self.append_text(choice, "text", value)
             elif key == "logprobs":
                 if type(value) is dict:
-                    choice["logprobs"] = _merge_logprobs(choice["logprobs"], value)
+                    choice["logprobs"] = self._arrays_of(index).merge_logprobs(choice["logprobs"], value, _LOGPROB_LISTS)
+            elif key == "token_ids" and type(value) is list:
+                self._arrays_of(index).extend("token_ids", value)
             elif key in _WHOLE_CHOICE_KEYS or key == "finish_reason":
                 if value is not None or key not in choice:
                     choice[key] = value
@@ -97,10 +107,3 @@ class CompletionsReassembler(Reassembler):
                 merge_unknown(choice, key, value)
 
 
-def _merge_logprobs(current: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
-    """Each of the parallel lists extended in place (linear in the stream)."""
-    if current is None:
-        return {key: (list(value) if type(value) is list else value) for key, value in chunk.items()}
-    for key, value in chunk.items():
-        merge_unknown(current, key, value)
-    return current

@@ -9,6 +9,10 @@ import orjson
 from ._sse import ServerSentEvent
 
 
+#: Pieces of one growing text joined together once this many have arrived (`append_text`).
+_JOIN_EVERY = 1024
+
+
 class Reassembler:
     """A fold over one stream's events into the object the non-streaming endpoint returns.
 
@@ -16,6 +20,9 @@ class Reassembler:
     """
 
     dialect = ""
+    #: Give per-token lists as `orjson.Fragment` (the capture line embeds them as they are) rather
+    #: than as parsed lists; set by the proxy, whose line is all that reads them.
+    compact_arrays = False
 
     def __init__(self) -> None:
         #: True once the dialect's terminal event has been seen (DESIGN §6).
@@ -80,7 +87,12 @@ class Reassembler:
             container[field] = current if type(current) is str else piece
             self._texts[key] = (container, field, [current, piece] if type(current) is str else [piece])
         else:
-            entry[2].append(piece)
+            pieces = entry[2]
+            pieces.append(piece)
+            if len(pieces) >= _JOIN_EVERY:
+                # A piece per token is ~60 bytes of objects for ~4 bytes of text: joined now and
+                # then, a 32k-token stream's text stays near its own size (amortised linear).
+                pieces[:] = ["".join(pieces)]
 
     def set_text(self, container: dict[Any, Any], field: Any, value: Any) -> None:
         """``container[field] = value``, discarding pieces not yet joined (a ``done`` event's whole text)."""

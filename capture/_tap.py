@@ -50,10 +50,20 @@ class StreamTap:
         dialect: str,
         content_encoding: str | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        compact_arrays: bool = False,
+        raw_window: int | None = None,
     ) -> None:
+        """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
+        ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
+        cleanly (``--capture-raw-stream on-failure``, where the raw text is written only for a
+        stream that failed); from the first fault on, everything is kept."""
         self._parser = SSEParser(max_event_bytes)
         self._reassembler = REASSEMBLERS[dialect]()
+        self._reassembler.compact_arrays = compact_arrays
         self._raw = bytearray()
+        self._raw_window = raw_window
+        #: Bytes of raw text dropped from the front by the window.
+        self.raw_dropped = 0
         self._failure: str | None = None
         self._saw_bytes = False
         self.terminal = False
@@ -80,6 +90,12 @@ class StreamTap:
         if data is None:
             return False
         self._raw += data  # Kept even after a parse failure: the raw text is the evidence.
+        window = self._raw_window
+        if window is not None and len(self._raw) > 2 * window and self._failure is None \
+                and not self._reassembler.undecodable_events:
+            cut = len(self._raw) - window
+            del self._raw[:cut]  # Amortised: at most once per `window` bytes.
+            self.raw_dropped += cut
         if self._failure is None:
             try:
                 plain = self._parser.feed_plain(data)
@@ -110,6 +126,8 @@ class StreamTap:
     def finish(self, status: int) -> TapOutcome:
         """The outcome for a reply with ``status`` whose body has ended (or was cut)."""
         raw = bytes(self._raw).decode("utf-8", "replace") if self._raw else ""
+        if self.raw_dropped:
+            raw = f"(the stream's first {self.raw_dropped} bytes were not kept: --capture-raw-stream on-failure keeps its end)\n" + raw
         if self._failure is not None:
             category = categorize_status(status) or "capture_parse_error"
             return TapOutcome(None, raw, category, not self.terminal, self._failure)

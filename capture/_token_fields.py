@@ -163,13 +163,15 @@ class AddedFieldCutter:
         if not cuts:
             return _UNCHANGED
         text = data.decode("utf-8", "surrogateescape")  # Round-trips every byte exactly.
-        spans = []
-        for path, replacement in cuts:
-            span = _value_span(text, path)
-            if span is None:  # The parsed payload has it, so the text must: never guess.
-                return _UNCHANGED
-            if text[span[0]:span[1]] != replacement:
-                spans.append((span[0], span[1], replacement))
+        spans = _found_spans(text, cuts, payload)
+        if spans is None:
+            spans = []
+            for path, replacement in cuts:
+                span = _value_span(text, path)
+                if span is None:  # The parsed payload has it, so the text must: never guess.
+                    return _UNCHANGED
+                if text[span[0]:span[1]] != replacement:
+                    spans.append((span[0], span[1], replacement))
         if not spans:
             return _UNCHANGED
         spans.sort()
@@ -275,6 +277,52 @@ def _is_text_part_with_logprobs(part: Any) -> bool:
     """An ``output_text`` part whose logprobs are a list: vLLM writes null there when not asked
     (``accumulated_logprobs or None``, streaming_events.py)."""
     return type(part) is dict and part.get("type") == "output_text" and type(part.get("logprobs")) is list
+
+
+def _found_spans(text: str, cuts: list[tuple[tuple[Any, ...], str]],
+                 payload: dict[str, Any]) -> Optional[list[tuple[int, int, str]]]:
+    """The cuts' spans found by searching for their keys (the fast way), or None to walk instead.
+
+    Inside a JSON string every quote is escaped, so ``"name":`` after a ``{`` or ``,`` is a key.
+    The values found for each name, in text order, must be exactly the non-null values the
+    parsed payload has at the cuts' paths, in the same order: a same-named key anywhere else
+    (vLLM writes none in these events) makes the counts or the values differ, and the caller
+    walks the paths instead.
+    """
+    by_name: dict[str, list[tuple[tuple[Any, ...], str]]] = {}
+    for cut in cuts:
+        by_name.setdefault(cut[0][-1], []).append(cut)
+    spans = []
+    for name, group in by_name.items():
+        key = f'"{name}":'
+        found = []
+        at = text.find(key)
+        while at >= 0:
+            if at > 0 and text[at - 1] in "{, \t\n\r":
+                start = at + len(key)
+                while text[start] in " \t\n\r":
+                    start += 1
+                if not text.startswith("null", start):
+                    try:
+                        value, end = _scan_value(text, start)
+                    except (StopIteration, ValueError):
+                        return None
+                    found.append((start, end, value))
+            at = text.find(key, at + len(key))
+        if len(found) != len(group):
+            return None
+        for (start, end, value), (path, replacement) in zip(found, group):
+            if value != _at(payload, path):
+                return None
+            if text[start:end] != replacement:
+                spans.append((start, end, replacement))
+    return spans
+
+
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        value = value[step]
+    return value
 
 
 def _value_span(text: str, path: tuple[Any, ...]) -> Optional[tuple[int, int]]:

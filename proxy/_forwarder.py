@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from ._app import Sidecar
 
 log = logging.getLogger("mcc.proxy")
+#: With ``--capture-raw-stream on-failure``, the raw text of a stream that parses cleanly is kept
+#: only this far back (it is written only if the stream then fails): 256 streams x 256 KiB.
+RAW_WINDOW_BYTES = 256 * 1024
 access_log = logging.getLogger("mcc.access")
 
 
@@ -181,7 +184,7 @@ class _Call:
         if self.exchange is not None:
             self.exchange.added_request_fields = None
         own = await self._send_upstream(self.request.body)
-        if own.status != 400 and self.sidecar.token_mode is not None:
+        if 200 <= own.status < 300 and self.sidecar.token_mode is not None:
             self.sidecar.token_mode.learn_refusal(fields, refused_body, self.sidecar.upstream_url)
             self.metrics.token_fields_refused.inc()
         return own
@@ -217,8 +220,8 @@ class _Call:
         cutter = None
         if self.token_fields is not None and 200 <= upstream.status < 300 and self.exchange is not None:
             cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
-            if not is_stream:
-                await self._relay_cut_body(upstream, tap, cutter)
+            if not is_stream or upstream.content_length is not None:  # A sized body: its length changes.
+                await self._relay_cut_body(upstream, tap, cutter, is_stream)
                 return
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
@@ -238,7 +241,7 @@ class _Call:
             self.client.abort()  # The client sees the failure as it would have directly.
 
     async def _relay_cut_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
-                              cutter: AddedFieldCutter) -> None:
+                              cutter: AddedFieldCutter, is_stream: bool) -> None:
         """A JSON body under the token capture mode: read whole, cut whole, its Content-Length
         recomputed (DESIGN §11); the line is durable before the agent gets a byte of it."""
         sink = WholeBody()
@@ -259,7 +262,7 @@ class _Call:
             tap.feed(body)
             if self.exchange is not None:
                 self.exchange.mark_first_content()
-        cut = cutter.cut_body(body)
+        cut = cutter.feed(body) + cutter.close() if is_stream else cutter.cut_body(body)
         headers = client_response_headers(upstream.headers)
         if upstream.content_length is not None:
             length = str(len(cut)).encode()
@@ -274,7 +277,12 @@ class _Call:
             return None
         self.exchange.status_code = self.exchange.upstream_status_code = upstream.status
         encoding = _text(upstream.header(b"content-encoding"))
-        self.exchange.tap = StreamTap(self.exchange.dialect, encoding) if is_stream else BodyTap(self.exchange.dialect, encoding)
+        if is_stream:
+            # The line is all that reads the reassembly: per-token lists stay JSON (memory, issue 20).
+            window = RAW_WINDOW_BYTES if self.settings.capture_raw_stream == "on-failure" else None
+            self.exchange.tap = StreamTap(self.exchange.dialect, encoding, compact_arrays=True, raw_window=window)
+        else:
+            self.exchange.tap = BodyTap(self.exchange.dialect, encoding)
         return self.exchange.tap
 
     # -- outcomes --------------------------------------------------------------------------

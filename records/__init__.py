@@ -49,10 +49,19 @@ from ._rollouts import (
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
 from ._store import CaptureStore, ReadResult
-from ._token_records import TOKEN_SOURCES, TokenRecord, iter_token_records, read_token_records
+from ._token_records import (
+    TOKEN_SOURCES,
+    DriftTracker,
+    TokenRecord,
+    has_token_arrays,
+    iter_token_records,
+    read_token_records,
+    token_records_of_line,
+)
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "DriftTracker",
     "ATTACHMENT_KEY",
     "CAPTURE_SUFFIX",
     "CORE_KEYS",
@@ -91,6 +100,7 @@ __all__ = [
     "create_incomplete_marker",
     "encode_capture_line",
     "extract_token_stats",
+    "has_token_arrays",
     "fsync_directory",
     "incomplete_marker_path",
     "is_valid_rollout_id",
@@ -99,6 +109,7 @@ __all__ = [
     "iter_token_records",
     "read_model_call_records",
     "read_token_records",
+    "token_records_of_line",
     "resolve_model_base_url",
     "rollout_id_from_path",
     "rollout_id_from_run",

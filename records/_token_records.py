@@ -169,6 +169,21 @@ def read_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], roll
         return list(iter_token_records(store, rollout_id))
 
 
+def has_token_arrays(response: Any) -> bool:
+    """A cheap look: does this response carry any of the arrays `token_records_of_line` reads?"""
+    if type(response) is not dict:
+        return False
+    if response.get("prompt_token_ids") is not None or response.get("input_messages") is not None:
+        return True
+    choices = response.get("choices")
+    first = choices[0] if type(choices) is list and choices and type(choices[0]) is dict else None
+    if first is None:
+        return False
+    message = first.get("message")
+    return (first.get("token_ids") is not None or first.get("prompt_token_ids") is not None
+            or (type(message) is dict and message.get("generation_token_ids") is not None))
+
+
 def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int) -> list[TokenRecord]:
     """The records of one capture line: one per choice (one for a call without choices)."""
     response = line.get("response")
@@ -221,7 +236,7 @@ def _responses_record(base: dict[str, Any], model: Optional[str], response: dict
         log_probs = _floats([entry.get("logprob") if isinstance(entry, dict) else None for entry in entries], problems)
     if ids is not None and log_probs is not None and len(ids) != len(log_probs):
         problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}"
-                        " (a stop string's tokens are generated but their logprobs are cut with its text)")
+                        " (vLLM cuts a stop string's logprobs with its text)")
     found = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
     source = "vllm" if ids is not None else "missing"
     finish = _responses_finish(response, status)

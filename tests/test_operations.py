@@ -238,7 +238,9 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
 def test_the_demo_runs_and_ends_with_what_to_try_next(tmp_path):
     done = subprocess.run([*MCC, "demo", "--capture-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "9 calls captured in 5 rollouts" in done.stdout and "source=vllm" in done.stdout
+    assert "11 calls captured in 5 rollouts" in done.stdout and "source=vllm" in done.stdout
+    assert "(!!" not in done.stdout, "the agent never sees the token data the sidecar added"
+    assert "usable=True (prompt drifts at token" in done.stdout
     tail = done.stdout[done.stdout.index("next, on these captures:"):]
     assert f"mcc ls {tmp_path}" in tail and f"mcc report {tmp_path} -o report.html" in tail
     listing = CliRunner().invoke(main, ["ls", str(tmp_path)])

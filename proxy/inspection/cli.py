@@ -13,7 +13,7 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import CaptureStore
+from records import CaptureStore, iter_token_records
 
 from .tables import (
     CallRow,
@@ -167,8 +167,26 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         for row in rows:
             click.echo(orjson.dumps(row.as_dict()).decode())
         return
+    training = _training_cells(store, rollout_id)
     _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "response status",
-                  "tool calls", "error"], [_call_cells(r) for r in rows])
+                  "tool calls", "error", "training arrays"],
+                 [[*_call_cells(r), training.get(r.call_index, "-")] for r in rows])
+
+
+def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
+    """Per call with token ids: ``usable`` or why not, then ``extends #k`` / ``drifts at N`` (issue 20)."""
+    cells: dict[int, str] = {}
+    for record in iter_token_records(store, rollout_id):
+        if record.choice_index != 0 or (record.prompt_token_ids is None and record.generation_token_ids is None):
+            continue
+        reason = record.unusable_reason
+        cell = "usable" if reason is None else "not usable: " + reason.split(":")[0]
+        if record.extends is not None:
+            cell += f", extends #{record.extends}"
+        elif record.drift_at is not None:
+            cell += f", drifts at {record.drift_at}"
+        cells[record.call_index] = cell
+    return cells
 
 
 def _call_cells(row: CallRow) -> list[str]:
@@ -215,6 +233,11 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
                                    if stats.cache_hit_ratio is not None else "not reported by any call"),
         f"tool calls          {stats.tool_calls} ({stats.tool_calls_with_invalid_arguments} with arguments that are not valid JSON)",
         "turns per rollout   " + _pcts(stats.turns_per_rollout),
+        (f"training arrays     {stats.usable_generations} of {stats.generations_with_token_ids} generations with token "
+         f"ids usable" + (" (not: " + ", ".join(f"{k} {v}" for k, v in stats.unusable_reasons.items()) + ")"
+                           if stats.unusable_reasons else "")
+         + f"; prompts extending an earlier call {stats.prompts_extending_an_earlier_call}, "
+           f"drifting from one {stats.prompts_drifting}") if stats.generations_with_token_ids else "",
     ]
     click.echo("\n".join(line for line in lines if line))
 

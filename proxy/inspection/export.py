@@ -15,7 +15,7 @@ from records import TokenRecord
 
 from .tables import CallRow
 
-_PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+_PROVIDERS = {"chat": "openai", "responses": "openai", "completions": "openai", "messages": "anthropic"}
 
 
 def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenRecord]) -> Iterator[dict[str, Any]]:
@@ -28,10 +28,14 @@ def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenReco
             values = row.as_dict()
             values.update({name: getattr(record, name, None) for name in _TOKEN_COLUMNS})
             values["choice_index"] = record.choice_index if record is not None else 0
+            values["usable"] = record.usable if record is not None else False
+            values["unusable_reason"] = record.unusable_reason if record is not None else "no token arrays captured"
+            values["missing"] = list(record.missing) if record is not None else None
             yield values
 
 
-_TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem")
+_TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem", "extends",
+                  "drift_at")
 
 
 def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False) -> int:
@@ -63,7 +67,9 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
             record["token_problem"] = record.pop("problem", None)
         columns += [("choice_index", pa.int64()), ("prompt_token_ids", pa.list_(pa.int64())),
                     ("generation_token_ids", pa.list_(pa.int64())), ("generation_log_probs", pa.list_(pa.float64())),
-                    ("token_source", pa.string()), ("token_problem", pa.string())]
+                    ("token_source", pa.string()), ("token_problem", pa.string()), ("missing", pa.list_(pa.string())),
+                    ("usable", pa.bool_()), ("unusable_reason", pa.string()), ("extends", pa.int64()),
+                    ("drift_at", pa.int64())]
     pq.write_table(pa.Table.from_pylist(records, schema=pa.schema(columns)), path)
     return len(records)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import orjson
 
-from records import CaptureStore
+from records import CaptureStore, DriftTracker, has_token_arrays, token_records_of_line
 
 from .tables import call_row, percentiles
 
@@ -69,17 +69,33 @@ def _rollout(store: CaptureStore, rollout_id: str) -> tuple[list[list[Any]], lis
     """Per call: its summary (a compact row, see `_FIELDS` in the page's script) and its payloads."""
     result = store.read_available(rollout_id)
     calls, bodies = [], []
+    drift = DriftTracker()
     for index, line in zip(result.call_indexes, result.lines):
         row = call_row(rollout_id, index, line)
         calls.append([row.call_index, row.dialect, row.model, row.status_code, row.error_category, row.started_at,
                       row.latency_ms, row.ttft_ms, row.tokens_in, row.cached_tokens, row.tokens_out,
-                      row.finish_reason or row.response_status, row.tool_calls])
+                      row.finish_reason or row.response_status, row.tool_calls, training_summary(line, index, drift)])
         request = line.get("request") if line.get("request") is not None else line.get("request_raw")
         if request is None and row.request_body_refused:
             request = "(the request body was over --max-body-bytes: refused unread, not kept)"
         response = line.get("response") if line.get("response") is not None else line.get("response_raw")
         bodies.append([_payload(request), _payload(response), _payload(line.get("failure"))])
     return calls, bodies
+
+
+def training_summary(line: dict[str, Any], call_index: int, drift: DriftTracker) -> str:
+    """The first generation's training arrays in a few words: usable or why not, and multi-turn
+    drift (issue 20); empty for a call without token ids."""
+    if not has_token_arrays(line.get("response")):
+        return ""
+    records = [drift.place(record) for record in token_records_of_line(line, "", call_index)]
+    first = records[0]
+    said = "usable" if first.usable else f"not usable ({first.unusable_reason})"
+    if first.extends is not None:
+        said += f", extends call #{first.extends}"
+    elif first.drift_at is not None:
+        said += f", prompt drifts at token {first.drift_at} from an earlier call"
+    return said
 
 
 def _payload(value: Any) -> str:
@@ -161,7 +177,7 @@ section.rollout{background:#fff;border:1px solid #dde1e7;border-radius:6px;margi
 section.rollout h2{font-size:14px;margin:0 0 6px;word-break:break-all}.meta{color:#5b6475;font-weight:normal;font-size:12px}
 .call{display:grid;grid-template-columns:40px 1fr 142px;align-items:center;gap:8px;padding:2px 0;cursor:pointer}
 @media (max-width:800px){.call{grid-template-columns:32px 1fr 90px}.axis{margin-right:90px;margin-left:40px}}
-.call:hover{background:#eef2f8}.call.selected{background:#dfe9fb}.call.error .label{color:#b3261e;font-weight:600}
+.drift{color:#a15c00;font-weight:700;margin-left:2px}.call:hover{background:#eef2f8}.call.selected{background:#dfe9fb}.call.error .label{color:#b3261e;font-weight:600}
 .track{position:relative;height:14px;background:#f0f2f5;border-radius:3px}
 .bar{position:absolute;top:2px;height:10px;border-radius:2px;min-width:2px}
 .bar.ok{background:var(--ok)}.bar.client{background:var(--client)}.bar.server{background:var(--server)}.bar.cancelled{background:var(--cancelled)}
@@ -186,7 +202,7 @@ section.rollout h2{font-size:14px;margin:0 0 6px;word-break:break-all}.meta{colo
 <script>
 "use strict";
 const DATA = JSON.parse(document.getElementById("data").textContent);
-const F = {index: 0, dialect: 1, model: 2, status: 3, category: 4, start: 5, latency: 6, ttft: 7, tin: 8, tcached: 9, tout: 10, finish: 11, tools: 12};
+const F = {index: 0, dialect: 1, model: 2, status: 3, category: 4, start: 5, latency: 6, ttft: 7, tin: 8, tcached: 9, tout: 10, finish: 11, tools: 12, train: 13};
 const PAGE = 50;
 const plural = (n, word) => `${n.toLocaleString()} ${word}${n === 1 ? "" : "s"}`;
 const num = v => v === null || v === undefined ? "-" : (typeof v === "number" ? v.toLocaleString(undefined, {maximumFractionDigits: 1}) : String(v));
@@ -265,7 +281,9 @@ function rollout(r) {
   sec.append(h);
   r.calls.forEach(c => {
     const row = el("div", "call" + (c[F.category] ? " error" : "")); row.dataset.index = c[F.index];
-    row.append(el("span", "label", "#" + c[F.index]));
+    const label = el("span", "label", "#" + c[F.index]);
+    if (c[F.train] && c[F.train].includes("drifts")) { label.append(el("span", "drift", "~")); label.title = "prompt drifts: " + c[F.train]; }
+    row.append(label);
     const track = el("div", "track"), bar = el("div", "bar " + klass(c));
     const left = c[F.start] === null ? 0 : (c[F.start] - r.start) / SPAN * 100, width = (c[F.latency] || 0) / 1000 / SPAN * 100;
     bar.style.left = left + "%"; bar.style.width = width + "%"; track.append(bar);
@@ -291,7 +309,7 @@ function show(r, c, row) {
   document.querySelectorAll(".call.selected").forEach(e => e.classList.remove("selected")); row.classList.add("selected");
   const d = document.getElementById("detail"); d.textContent = "";
   d.append(el("h3", null, `${r.id} — call ${c[F.index]}`));
-  d.append(el("p", null, `${c[F.dialect] || ""} ${c[F.model] || ""} · status ${c[F.status] ?? "-"} · ${c[F.category] || "ok"} · latency ${ms(c[F.latency])} · first token ${ms(c[F.ttft])} · tokens in ${num(c[F.tin])}, cached ${num(c[F.tcached])}, out ${num(c[F.tout])} · finish ${c[F.finish] || "-"}${c[F.tools].length ? " · tools " + c[F.tools].join(", ") : ""}`));
+  d.append(el("p", null, `${c[F.dialect] || ""} ${c[F.model] || ""} · status ${c[F.status] ?? "-"} · ${c[F.category] || "ok"} · latency ${ms(c[F.latency])} · first token ${ms(c[F.ttft])} · tokens in ${num(c[F.tin])}, cached ${num(c[F.tcached])}, out ${num(c[F.tout])} · finish ${c[F.finish] || "-"}${c[F.tools].length ? " · tools " + c[F.tools].join(", ") : ""}${c[F.train] ? " · training arrays: " + c[F.train] : ""}`));
   const at = r.calls.indexOf(c);
   withPayloads(r, bodies => {
     if (!row.classList.contains("selected")) return;

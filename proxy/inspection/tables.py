@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CaptureStore, extract_token_stats
+from records import CaptureStore, DriftTracker, extract_token_stats, has_token_arrays, token_records_of_line
 from records._shapes import describe_response, finish_reason_of, response_shape, tool_calls_of
 from records._tokens import usage_counts
 from records._store import gc_paused
@@ -182,6 +182,13 @@ class DirectoryStats:
     turns_per_rollout: dict[str, Optional[float]] = field(default_factory=dict)
     unreadable_lines: int = 0
     incomplete_rollouts: int = 0
+    #: Training arrays (issue 20): generations (a call's choices) that carry token ids, those a
+    #: trainer may use, why the others may not, and multi-turn drift (`TokenRecord.extends`).
+    generations_with_token_ids: int = 0
+    usable_generations: int = 0
+    unusable_reasons: dict[str, int] = field(default_factory=dict)
+    prompts_extending_an_earlier_call: int = 0
+    prompts_drifting: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,11 +206,12 @@ def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: A
     with gc_paused():
         for rollout_id in rollout_ids:
             lines = unreadable = 0
-            for _, line in store.iter_available(rollout_id):  # Each line is dropped once counted.
+            totals.drift = DriftTracker()
+            for call_index, line in store.iter_available(rollout_id):  # Each line is dropped once counted.
                 if line is None:
                     unreadable += 1
                 else:
-                    add_line(line)
+                    add_line(line, call_index)
                     lines += 1
             totals.add_rollout(lines, unreadable, store.is_incomplete(rollout_id))
             if progress is not None:
@@ -226,8 +234,11 @@ class _StatsAccumulator:
         self.finishes: dict[str, int] = {}
         self.statuses: dict[str, int] = {}
         self.cache_reported = self.cache_hits = self.prompt_tokens_with_cache = self.reasoning_reported = 0
+        self.unusable: dict[str, int] = {}
+        #: The current rollout's earlier prompt + generation ids.
+        self.drift = DriftTracker()
 
-    def add_line(self, line: dict[str, Any]) -> None:
+    def add_line(self, line: dict[str, Any], call_index: int = 0) -> None:
         # One flat function: at 100,000 lines/s every method call and attribute store shows.
         get, stats, response = line.get, self.stats, line.get("response")
         stats.calls += 1
@@ -255,6 +266,8 @@ class _StatsAccumulator:
             if type(status) is str:
                 statuses = self.statuses
                 statuses[status] = statuses.get(status, 0) + 1
+            if has_token_arrays(response):
+                self._add_generations(line, call_index)
             tool_calls = tool_calls_of(response, shape)
             if tool_calls:
                 stats.tool_calls += len(tool_calls)
@@ -271,6 +284,20 @@ class _StatsAccumulator:
             finishes = self.finishes
             finishes[finish] = finishes.get(finish, 0) + 1
 
+    def _add_generations(self, line: dict[str, Any], call_index: int) -> None:
+        stats = self.stats
+        for record in token_records_of_line(line, "", call_index):
+            record = self.drift.place(record)
+            stats.generations_with_token_ids += record.generation_token_ids is not None
+            reason = record.unusable_reason
+            if reason is None:
+                stats.usable_generations += 1
+            else:
+                kind = reason.split(":")[0]
+                self.unusable[kind] = self.unusable.get(kind, 0) + 1
+            stats.prompts_extending_an_earlier_call += record.extends is not None
+            stats.prompts_drifting += record.drift_at is not None
+
     def add_rollout(self, lines: int, unreadable: int, incomplete: bool) -> None:
         self.stats.rollouts += 1
         self.stats.unreadable_lines += unreadable
@@ -284,6 +311,7 @@ class _StatsAccumulator:
         stats.error_categories = dict(Counter(self.errors).most_common())
         stats.finish_reasons = dict(Counter(self.finishes).most_common())
         stats.response_statuses = dict(Counter(self.statuses).most_common())
+        stats.unusable_reasons = dict(Counter(self.unusable).most_common())
         stats.calls_with_cache_counts = self.cache_reported
         if not stats.calls_with_usage:
             stats.tokens_in = stats.tokens_out = None

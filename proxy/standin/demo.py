@@ -37,7 +37,9 @@ async def run_demo(capture_dir: str) -> int:
     store = CaptureStore(capture_dir)
     store.clear(ROLLOUTS)
     stand_in = await start_stand_in()
-    settings = Settings(upstream=stand_in.url, port=0, capture_dir=capture_dir, model_name="stand-in")
+    # The token capture mode (--capture-tokens): token ids and logprobs of every call, though the
+    # agents below never ask for them.
+    settings = Settings(upstream=stand_in.url, port=0, capture_dir=capture_dir, model_name="stand-in", capture_tokens=True)
     sidecar = await start_sidecar(settings)
     print(f"stand-in model server: {stand_in.url}\nsidecar:               {sidecar.url}  (capture dir {capture_dir})\n")
     try:
@@ -86,14 +88,22 @@ async def _drive(sidecar_url: str) -> None:
 
 
 async def _rl_generation(client: Any) -> None:
-    """What an RL harness asks vLLM for: logprobs and token ids (vLLM's `return_token_ids`)."""
-    stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Solve 6 x 7."}], stream=True,
-        logprobs=True, top_logprobs=2, stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
-    tokens = 0
+    """An RL rollout whose agent asks for no token data: two turns of chat and a completion. The
+    sidecar adds `logprobs` / `return_token_ids`, keeps the arrays and cuts them from the replies."""
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": "Solve 6 x 7."}]
+    stream = await client.chat.completions.create(model=MODEL, messages=conversation, stream=True,
+                                                  stream_options={"include_usage": True})
+    text, leaked = "", 0
     async for chunk in stream:
-        tokens += sum(len((choice.model_extra or {}).get("token_ids") or ()) for choice in chunk.choices)
-    _said("chat", True, f"{tokens} token ids and their logprobs (RL)")
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            leaked += bool(choice.logprobs) or bool((choice.model_extra or {}).get("token_ids"))
+    _said("chat", True, text + ("" if not leaked else f"  (!! {leaked} chunks with token data)"))
+    conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": "And 7 x 8?"}]
+    second = await client.chat.completions.create(model=MODEL, messages=conversation)
+    _said("chat", False, second.choices[0].message.content)
+    completion = await client.completions.create(model=MODEL, prompt="def multiply(a, b):")
+    _said("completions", False, completion.choices[0].text)
 
 
 async def _tool_round_trip(client: Any) -> None:
@@ -109,11 +119,11 @@ async def _tool_round_trip(client: Any) -> None:
 
 
 def _said(dialect: str, streamed: bool, text: Any) -> None:
-    print(f"  agent <- {dialect:9} {'stream' if streamed else 'json':6} {text!r}")
+    print(f"  agent <- {dialect:11} {'stream' if streamed else 'json':6} {text!r}")
 
 
 def _print_captures(store: CaptureStore) -> int:
-    header = (f"{'rollout':15} {'#':>2} {'dialect':9} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
+    header = (f"{'rollout':15} {'#':>2} {'dialect':11} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
               f"{'ttft_ms':>8} {'total_ms':>8}  {'finish':10} {'resp.status':11} {'tool calls':22} error")
     print("\ncaptured calls (read back with records.read_model_call_records):")
     print(header)
@@ -124,22 +134,26 @@ def _print_captures(store: CaptureStore) -> int:
             count += 1
             print(_format_record(rollout, record))
     print(f"\n{count} calls captured in {len(ROLLOUTS)} rollouts; files: {store.capture_dir}/<rollout_id>.capture.jsonl")
-    print("\ntraining arrays (records.read_token_records):")
+    print("\ntraining arrays of demo-rl, whose agent asked for none (--capture-tokens; records.read_token_records):")
     arrays = 0
     for token_record in read_token_records(store, "demo-rl"):
         arrays += token_record.usable
+        drift = (f"extends #{token_record.extends}" if token_record.extends is not None else
+                 f"prompt drifts at token {token_record.drift_at}" if token_record.drift_at is not None else "first turn")
         print(f"  demo-rl #{token_record.call_index} choice {token_record.choice_index}: source={token_record.source} "
               f"prompt_token_ids={_head(token_record.prompt_token_ids)} generation_token_ids={_head(token_record.generation_token_ids)} "
-              f"generation_log_probs={_head(token_record.generation_log_probs)}")
+              f"generation_log_probs={_head(token_record.generation_log_probs)} usable={token_record.usable} ({drift})")
+    print("  (the second turn drifts: the stand-in's chat template drops the first turn's reasoning, as Qwen3's does)")
     directory = store.capture_dir
     print(f"""
 next, on these captures:
   .venv/bin/mcc ls {directory}                      # one row per rollout
   .venv/bin/mcc show {directory} demo-tools         # the calls of one rollout, in order
+  .venv/bin/mcc show {directory} demo-rl            # ... with their training arrays and drift
   .venv/bin/mcc stats {directory}                   # totals, latency and TTFT percentiles, errors
   .venv/bin/mcc report {directory} -o report.html   # one HTML page to open in a browser
   .venv/bin/python -m records {directory}           # one JSON summary line per rollout""")
-    return 0 if count >= 9 and arrays == 1 else 1
+    return 0 if count >= 11 and arrays == 3 else 1
 
 
 def _head(values: Any) -> str:
@@ -150,7 +164,7 @@ def _head(values: Any) -> str:
 
 def _format_record(rollout: str, record: ModelCallRecord) -> str:
     tools = ",".join(f"{call['name']}({','.join(call['arguments'])})" for call in record.tool_calls) or "-"
-    return (f"{rollout:15} {record.call_index:>2} {record.dialect or '-':9} {record.status_code!s:>6} "
+    return (f"{rollout:15} {record.call_index:>2} {record.dialect or '-':11} {record.status_code!s:>6} "
             f"{_n(record.tokens_in):>5} {_n(record.tokens_out):>5} {_n(record.cached_tokens):>6} "
             f"{_ms(record.latency_ttft_ms):>8} {_ms(record.latency_total_ms):>8}  {record.finish_reason or '-':10} "
             f"{record.response_status or '-':11} {tools:22} {record.error_category or '-'}")

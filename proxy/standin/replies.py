@@ -1,4 +1,4 @@
-"""Deterministic replies of the stand-in model server, in the three dialects, whole or streamed.
+"""Deterministic replies of the stand-in model server, in the four dialects, whole or streamed.
 
 Each dialect has a ``*_reply`` that builds the object the non-streaming endpoint returns and a
 ``*_events`` that yields the SSE events a real server would send for the same reply. The reply
@@ -38,6 +38,8 @@ class Plan:
     call_id: str
     prompt_tokens: int
     cached_tokens: int
+    #: The prompt's ids when the stand-in renders it (chat: `chat_prompt_ids`), else made up.
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -64,6 +66,30 @@ class TokenOptions:
         return cls(bool(body.get("logprobs")), top if isinstance(top, int) and 0 <= top <= 20 else 0,
                    bool(body.get("return_token_ids")), bool(body.get("return_tokens_as_token_ids")))
 
+    @classmethod
+    def from_completions_request(cls, body: dict[str, Any]) -> "TokenOptions":
+        """Completions: ``logprobs`` is the number of alternatives (0: the sampled token's only)."""
+        logprobs = body.get("logprobs")
+        asked = isinstance(logprobs, int) and not isinstance(logprobs, bool) and 0 <= logprobs <= 20
+        return cls(asked, max(1, logprobs) if asked else 0, bool(body.get("return_token_ids")),
+                   bool(body.get("return_tokens_as_token_ids")))
+
+
+@dataclass(frozen=True)
+class ResponsesTokenOptions:
+    """vLLM's Responses fields: output_text logprobs via ``include``, token ids via ``enable_response_messages``."""
+
+    logprobs: bool = False
+    top_logprobs: int = 0
+    messages: bool = False
+
+    @classmethod
+    def from_request(cls, body: dict[str, Any]) -> "ResponsesTokenOptions":
+        include = body.get("include")
+        top = body.get("top_logprobs")
+        return cls(isinstance(include, list) and "message.output_text.logprobs" in include,
+                   top if isinstance(top, int) and 0 <= top <= 20 else 0, body.get("enable_response_messages") is True)
+
 
 def token_id_of(piece: str) -> int:
     """The stand-in tokenizer: a word piece's id (stable, in a 150k vocabulary)."""
@@ -74,7 +100,14 @@ def logprob_of(piece: str) -> float:
     return -((zlib.crc32(piece.encode()) >> 8) % 5000) / 1000
 
 
+def text_token_ids(text: str) -> list[int]:
+    """A text's ids under the stand-in tokenizer (word pieces)."""
+    return [token_id_of(piece) for piece in _pieces(text)] if text else []
+
+
 def prompt_token_ids(plan: "Plan", serial: int) -> list[int]:
+    if plan.prompt_ids is not None:
+        return list(plan.prompt_ids)
     return [100 + (serial * 7 + i * 31) % 150_000 for i in range(plan.prompt_tokens)]
 
 
@@ -90,19 +123,45 @@ def _logprob_entry(piece: str, options: TokenOptions) -> dict[str, Any]:
             "top_logprobs": alternatives[: options.top_logprobs]}
 
 
-def make_plan(request_bytes: int, user_text: str, tool_name: str | None, has_tool_result: bool, serial: int) -> Plan:
+def make_plan(request_bytes: int, user_text: str, tool_name: str | None, has_tool_result: bool, serial: int,
+              prompt_ids: list[int] | None = None) -> Plan:
     # A 64-token chat template precedes every prompt; its first three 16-token blocks are always
     # in the prefix cache, so every reply reports cached tokens the way vLLM does.
-    prompt_tokens = 64 + request_bytes // 4
+    prompt_tokens = len(prompt_ids) if prompt_ids is not None else 64 + request_bytes // 4
     cached = 48
+    ids = tuple(prompt_ids) if prompt_ids is not None else None
     if tool_name and not has_tool_result:
         return Plan("The user wants the weather, so I will call the tool.", None, tool_name,
-                    '{"city": "Paris", "unit": "celsius"}', f"call_standin_{serial}", prompt_tokens, cached)
+                    '{"city": "Paris", "unit": "celsius"}', f"call_standin_{serial}", prompt_tokens, cached, ids)
     if has_tool_result:
         text = "It is sunny and 22 degrees Celsius in Paris."
     else:
         text = f"Hello from the stand-in model. You said: {user_text[:80]}"
-    return Plan("A short answer is enough here.", text, None, "", f"call_standin_{serial}", prompt_tokens, cached)
+    return Plan("A short answer is enough here.", text, None, "", f"call_standin_{serial}", prompt_tokens, cached, ids)
+
+
+#: The stand-in chat template's markers (ChatML-like): a message is START, role, text, END.
+_START, _END = 1, 2
+_ROLES = {"system": 3, "developer": 3, "user": 4, "assistant": 5, "tool": 6}
+#: The fixed 64-token system preamble every rendered prompt begins with.
+_PREAMBLE = [10 + i for i in range(64)]
+
+
+def chat_prompt_ids(messages: list[Any], text_of: Any) -> list[int]:
+    """The prompt as the stand-in's chat template renders it, like vLLM's: every message's role and
+    text (an assistant's tool calls as their arguments; its reasoning is not rendered, as Qwen3's
+    template drops it), then the generation prompt. So a second turn begins with the first turn's
+    prompt, then departs where the first generation's reasoning was: multi-turn drift, shown."""
+    ids = list(_PREAMBLE)
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        ids += [_START, _ROLES.get(str(message.get("role")), 7)] + text_token_ids(text_of(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                ids += text_token_ids(str(call["function"].get("arguments") or ""))
+        ids.append(_END)
+    return ids + [_START, _ROLES["assistant"]]
 
 
 def _pieces(text: str) -> list[str]:
@@ -116,13 +175,18 @@ def sse(event: str | None, payload: Any) -> bytes:
 
 # -- Responses ---------------------------------------------------------------------------------
 
-def responses_reply(plan: Plan, serial: int, created: int) -> dict[str, Any]:
+def responses_reply(plan: Plan, serial: int, created: int,
+                    tokens: ResponsesTokenOptions = ResponsesTokenOptions()) -> dict[str, Any]:
+    """As vLLM writes it: ``top_logprobs``, the parts' ``logprobs`` and ``input_messages`` /
+    ``output_messages`` always present, null unless asked (vllm/entrypoints/openai/responses)."""
     output: list[dict[str, Any]] = [
         {"id": f"rs_{serial}", "type": "reasoning", "summary": [{"type": "summary_text", "text": plan.reasoning}]}
     ]
     if plan.text is not None:
+        # As vLLM: the text part carries the logprobs of every generated token, reasoning included.
+        logprobs = [_responses_logprob(piece, tokens) for piece in _generated_pieces(plan)] if tokens.logprobs else None
         output.append({"id": f"msg_{serial}", "type": "message", "role": "assistant", "status": "completed",
-                       "content": [{"type": "output_text", "text": plan.text, "annotations": []}]})
+                       "content": [{"type": "output_text", "text": plan.text, "annotations": [], "logprobs": logprobs}]})
     else:
         output.append({"id": f"fc_{serial}", "type": "function_call", "status": "completed", "call_id": plan.call_id,
                        "name": plan.tool_name, "arguments": plan.tool_arguments})
@@ -130,12 +194,23 @@ def responses_reply(plan: Plan, serial: int, created: int) -> dict[str, Any]:
         "id": f"resp_standin_{serial}", "object": "response", "created_at": created, "status": "completed",
         "model": STAND_IN_MODEL, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
         "tools": [], "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
-        "temperature": 1.0, "top_p": 1.0,
+        "temperature": 1.0, "top_logprobs": tokens.top_logprobs if tokens.logprobs else None, "top_p": 1.0,
         "usage": {"input_tokens": plan.prompt_tokens, "input_tokens_details": {"cached_tokens": plan.cached_tokens},
                   "output_tokens": plan.output_tokens,
                   "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
                   "total_tokens": plan.prompt_tokens + plan.output_tokens},
+        "input_messages": [{"message": "", "tokens": prompt_token_ids(plan, serial), "type": "raw_message_tokens"}]
+        if tokens.messages else None,
+        "output_messages": [{"message": "", "tokens": [token_id_of(p) for p in _generated_pieces(plan)],
+                             "type": "raw_message_tokens"}] if tokens.messages else None,
     }
+
+
+def _responses_logprob(piece: str, tokens: ResponsesTokenOptions) -> dict[str, Any]:
+    logprob = logprob_of(piece)
+    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode()),
+            "top_logprobs": [{"token": f"{piece}~{k}", "logprob": round(logprob - k, 3), "bytes": list(f"{piece}~{k}".encode())}
+                             for k in range(1, tokens.top_logprobs + 1)]}
 
 
 def responses_events(reply: dict[str, Any]) -> Iterator[bytes]:
@@ -144,7 +219,9 @@ def responses_events(reply: dict[str, Any]) -> Iterator[bytes]:
     def event(kind: str, **fields: Any) -> bytes:
         return sse(kind, {"type": kind, "sequence_number": next(sequence), **fields})
 
-    started = {**reply, "status": "in_progress", "output": [], "usage": None}
+    # As vLLM: the token messages only on the terminal response.
+    started = {**reply, "status": "in_progress", "output": [], "usage": None, "input_messages": None,
+               "output_messages": None}
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     for index, item in enumerate(reply["output"]):
@@ -165,9 +242,12 @@ def _responses_item_events(event: Any, index: int, item: dict[str, Any]) -> Iter
     elif item["type"] == "message":
         yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
         part = item["content"][0]
-        yield event("response.content_part.added", **base, content_index=0, part={**part, "text": ""})
-        for piece in _pieces(part["text"]):
-            yield event("response.output_text.delta", **base, content_index=0, delta=piece, logprobs=[])
+        yield event("response.content_part.added", **base, content_index=0, part={**part, "text": "", "logprobs": []})
+        text_pieces = _pieces(part["text"])
+        text_logprobs = (part["logprobs"] or [])[-len(text_pieces):] if part["logprobs"] else []
+        for position, piece in enumerate(text_pieces):
+            logprobs = [text_logprobs[position]] if text_logprobs else []
+            yield event("response.output_text.delta", **base, content_index=0, delta=piece, logprobs=logprobs)
         yield event("response.output_text.done", **base, content_index=0, text=part["text"], logprobs=[])
         yield event("response.content_part.done", **base, content_index=0, part=part)
     else:
@@ -185,13 +265,13 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
     if plan.tool_name:
         message["tool_calls"] = [{"id": plan.call_id, "type": "function",
                                   "function": {"name": plan.tool_name, "arguments": plan.tool_arguments}}]
-    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                              "finish_reason": "tool_calls" if plan.tool_name else "stop"}
     generated = _generated_pieces(plan)
-    if tokens.logprobs:
-        choice["logprobs"] = {"content": [_logprob_entry(piece, tokens) for piece in generated]}
-    if tokens.return_token_ids:
-        choice["token_ids"] = [token_id_of(piece) for piece in generated]
+    # vLLM writes every key, null where nothing was asked (chat_completion/protocol.py).
+    choice: dict[str, Any] = {
+        "index": 0, "message": message,
+        "logprobs": {"content": [_logprob_entry(piece, tokens) for piece in generated]} if tokens.logprobs else None,
+        "finish_reason": "tool_calls" if plan.tool_name else "stop",
+        "token_ids": [token_id_of(piece) for piece in generated] if tokens.return_token_ids else None}
     reply = {
         "id": f"chatcmpl-standin-{serial}", "object": "chat.completion", "created": created, "model": STAND_IN_MODEL,
         "choices": [choice],
@@ -200,8 +280,7 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
                   "prompt_tokens_details": {"cached_tokens": plan.cached_tokens},
                   "completion_tokens_details": {"reasoning_tokens": plan.reasoning_tokens}},
     }
-    if tokens.return_token_ids:
-        reply["prompt_token_ids"] = prompt_token_ids(plan, serial)
+    reply["prompt_token_ids"] = prompt_token_ids(plan, serial) if tokens.return_token_ids else None
     return reply
 
 
@@ -216,16 +295,16 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
     message = reply["choices"][0]["message"]
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, piece: str | None = None, **extra: Any) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        if tokens.logprobs and piece is not None:
-            choice["logprobs"] = {"content": [_logprob_entry(piece, tokens)]}
-        if tokens.return_token_ids:
-            choice["token_ids"] = [token_id_of(piece)] if piece is not None else []
+        choice: dict[str, Any] = {
+            "index": 0, "delta": delta,
+            "logprobs": {"content": [_logprob_entry(piece, tokens)]} if tokens.logprobs and piece is not None else None,
+            "finish_reason": finish_reason,
+            "token_ids": ([token_id_of(piece)] if piece is not None else []) if tokens.return_token_ids else None}
         return sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [choice], **extra})
 
-    first_extra = {"prompt_token_ids": reply["prompt_token_ids"]} if tokens.return_token_ids else {}
     yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}], **first_extra})
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+        "prompt_token_ids": reply["prompt_token_ids"]})
     for piece in _pieces(message["reasoning_content"]):
         yield chunk({"reasoning_content": piece}, piece=piece)
     for piece in _pieces(message["content"]) if message["content"] else ():
@@ -238,6 +317,63 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
     yield chunk({}, reply["choices"][0]["finish_reason"])
     if include_usage:
         yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [], "usage": reply["usage"]})
+    yield sse(None, "[DONE]")
+
+
+# -- Completions -------------------------------------------------------------------------------
+
+def completions_reply(plan: Plan, serial: int, created: int, prompts: list[list[int]], n: int,
+                      tokens: TokenOptions = TokenOptions()) -> dict[str, Any]:
+    """A ``text_completion`` as vLLM writes it (completion/protocol.py): one choice per prompt and
+    sample, ``logprobs`` in the completions shape, ``token_ids`` / ``prompt_token_ids`` per choice."""
+    pieces = _pieces(plan.text or "")
+    choices = []
+    for prompt_index, prompt in enumerate(prompts):
+        for sample in range(n):
+            choices.append({
+                "index": prompt_index * n + sample, "text": "".join(pieces),
+                "logprobs": _completions_logprobs(pieces, 0, tokens) if tokens.logprobs else None,
+                "finish_reason": "length", "stop_reason": None,
+                "token_ids": [token_id_of(piece) for piece in pieces] if tokens.return_token_ids else None,
+                "prompt_logprobs": None, "prompt_token_ids": prompt if tokens.return_token_ids else None})
+    prompt_total = sum(len(prompt) for prompt in prompts)
+    return {"id": f"cmpl-standin-{serial}", "object": "text_completion", "created": created, "model": STAND_IN_MODEL,
+            "choices": choices, "service_tier": None, "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_total, "total_tokens": prompt_total + len(pieces) * len(choices),
+                      "completion_tokens": len(pieces) * len(choices), "prompt_tokens_details": None},
+            "kv_transfer_params": None}
+
+
+def _completions_logprobs(pieces: list[str], offset: int, tokens: TokenOptions) -> dict[str, Any]:
+    text_offset, position = [], offset
+    for piece in pieces:
+        text_offset.append(position)
+        position += len(piece)
+    return {"text_offset": text_offset, "token_logprobs": [logprob_of(piece) for piece in pieces],
+            "tokens": [f"token_id:{token_id_of(p)}" if tokens.return_tokens_as_token_ids else p for p in pieces],
+            "top_logprobs": [{piece: logprob_of(piece), **{f"{piece}~{k}": round(logprob_of(piece) - k, 3)
+                                                           for k in range(1, tokens.top_logprobs)}}
+                             for piece in pieces]}
+
+
+def completions_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions = TokenOptions()) -> Iterator[bytes]:
+    """One chunk per token and choice (choices interleaved, as vLLM sends n > 1), ``[DONE]`` last."""
+    envelope = {key: reply[key] for key in ("id", "object", "created", "model")}
+    pieces = _pieces(reply["choices"][0]["text"]) if reply["choices"] else []
+    offsets = {choice["index"]: 0 for choice in reply["choices"]}
+    for position, piece in enumerate(pieces):
+        for choice in reply["choices"]:
+            last = position == len(pieces) - 1
+            index = choice["index"]
+            yield sse(None, {**envelope, "choices": [{
+                "index": index, "text": piece,
+                "logprobs": _completions_logprobs([piece], offsets[index], tokens) if tokens.logprobs else None,
+                "finish_reason": choice["finish_reason"] if last else None, "stop_reason": None,
+                "token_ids": [token_id_of(piece)] if tokens.return_token_ids else None, "prompt_logprobs": None,
+                "prompt_token_ids": choice["prompt_token_ids"] if position == 0 else None}], "usage": None})
+            offsets[index] += len(piece)
+    if include_usage:
+        yield sse(None, {**envelope, "choices": [], "usage": reply["usage"]})
     yield sse(None, "[DONE]")
 
 

@@ -1,4 +1,4 @@
-"""The built-in stand-in model server: speaks Responses, Chat Completions and Anthropic Messages.
+"""The built-in stand-in model server: speaks Responses, Chat Completions, Completions and Anthropic Messages.
 
 It is what `mcc demo` and `mcc serve --stand-in` put behind the sidecar, so the product can be
 tried with the real SDK clients on any machine, without a GPU. Replies are deterministic.
@@ -15,14 +15,19 @@ from aiohttp import web
 from .replies import (
     STAND_IN_MODEL,
     Plan,
+    ResponsesTokenOptions,
     TokenOptions,
     chat_events,
+    chat_prompt_ids,
     chat_reply,
+    completions_events,
+    completions_reply,
     make_plan,
     messages_events,
     messages_reply,
     responses_events,
     responses_reply,
+    text_token_ids,
 )
 
 #: Replies carry this fixed creation time (2026-01-01T00:00:00Z) so equal requests get equal bytes.
@@ -34,6 +39,7 @@ def create_stand_in_app() -> web.Application:
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
+    app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     return app
@@ -46,7 +52,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     plan = _plan(raw, _last_user_text(items),
                  _first_tool_name(body, lambda tool: tool.get("name")),
                  any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items))
-    reply = responses_reply(plan, _serial(raw), STAND_IN_CREATED)
+    reply = responses_reply(plan, _serial(raw), STAND_IN_CREATED, ResponsesTokenOptions.from_request(body))
     if body.get("stream"):
         return await _stream(request, responses_events(reply))
     return web.json_response(reply, dumps=_dumps)
@@ -55,15 +61,48 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 async def _chat(request: web.Request) -> web.StreamResponse:
     body, raw = await _json_body(request)
     messages = body.get("messages") or []
-    plan = _plan(raw, _last_user_text(messages),
-                 _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
-                 any(isinstance(m, dict) and m.get("role") == "tool" for m in messages))
+    plan = make_plan(len(raw), _last_user_text(messages),
+                     _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
+                     any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw),
+                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of))
     tokens = TokenOptions.from_request(body)
     reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, chat_events(reply, include_usage, tokens))
     return web.json_response(reply, dumps=_dumps)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    """The legacy completions dialect: a prompt as text, a list of texts, token ids or lists of them."""
+    body, raw = await _json_body(request)
+    prompts = _prompts(body.get("prompt"))
+    if prompts is None:
+        raise web.HTTPBadRequest(text='{"error": {"message": "prompt must be text, a list of texts, token ids or '
+                                      'lists of token ids", "type": "BadRequestError", "code": 400}}',
+                                 content_type="application/json")
+    n = body.get("n") if isinstance(body.get("n"), int) and 1 <= body["n"] <= 16 else 1
+    tokens = TokenOptions.from_completions_request(body)
+    plan = _plan(raw, body["prompt"] if isinstance(body.get("prompt"), str) else "", None, False)
+    reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, prompts, n, tokens)
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await _stream(request, completions_events(reply, include_usage, tokens))
+    return web.json_response(reply, dumps=_dumps)
+
+
+def _prompts(prompt: Any) -> list[list[int]] | None:
+    """Each prompt as token ids (text through the stand-in tokenizer)."""
+    if isinstance(prompt, str):
+        return [text_token_ids(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+            return [prompt]
+        if all(isinstance(item, str) for item in prompt):
+            return [text_token_ids(item) for item in prompt]
+        if all(isinstance(item, list) and item and all(isinstance(i, int) for i in item) for item in prompt):
+            return prompt
+    return None
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
@@ -97,13 +136,24 @@ async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamRe
 
 
 async def _json_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
+    """The body parsed, and the bytes its reply's ids and sizes are derived from."""
     raw = await request.read()
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise web.HTTPBadRequest(text='{"error": {"message": "body is not JSON", "type": "invalid_request_error"}}',
                                  content_type="application/json") from None
-    return (body if isinstance(body, dict) else {}), raw
+    body = body if isinstance(body, dict) else {}
+    if any(name in body for name in _RETURN_FIELDS):
+        # What is asked back (token ids, logprobs) never changes what is generated, as on vLLM
+        # with a fixed seed: the reply's ids and sizes come from the request without those fields.
+        raw = orjson.dumps({key: value for key, value in body.items() if key not in _RETURN_FIELDS})
+    return body, raw
+
+
+#: Request fields that say what to return, not what to generate.
+_RETURN_FIELDS = frozenset({"logprobs", "top_logprobs", "return_token_ids", "return_tokens_as_token_ids", "include",
+                            "enable_response_messages"})
 
 
 def _plan(raw: bytes, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:

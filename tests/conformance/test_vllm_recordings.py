@@ -163,3 +163,15 @@ async def test_a_generation_the_agent_did_not_see_whole_is_never_usable(upstream
     (record,) = read_token_records(store, "left")
     assert record.error_category == "cancelled" and record.generation_token_ids
     assert not record.usable and "cancelled" in (record.unusable_reason or "")
+
+
+async def test_a_stream_with_a_content_length_is_cut_whole_and_its_length_recomputed(http, upstream, start, capture_dir):
+    """vLLM streams chunked; a server that sizes its stream gets it cut whole, with the new length."""
+    case = CASES_BY_NAME["chat-stream"]
+    sized = [("content-type", "text/event-stream; charset=utf-8"), ("content-length", str(len(case.added.body)))]
+    upstream.responder = lambda request: Script(headers=sized, pieces=pieces(case.added.body, "random")) \
+        if request.body == case.added.request else None
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "sized", case.path), case.asked.request)
+    assert normalised(proxied.body) == normalised(case.asked.body)
+    assert proxied.header("content-length") == str(len(proxied.body))

@@ -1,0 +1,190 @@
+"""A full vLLM batch through the sidecar in token capture mode (issue 20's targets).
+
+    python benchmarks/bench_batch.py [--quick]
+
+The agent asks for nothing (no ``logprobs``, no ``return_token_ids``); the sidecar runs with
+``--capture-tokens``, so it adds both to every request, captures the arrays and cuts them from
+every chunk the agent gets. The upstream (`fast_upstream`, ``"batch":true``) sends vLLM-shaped
+streams of 8,000 tokens, each token a chunk with its logprob entry and token id, 200 tokens/s per
+stream: 256 at once is ~50k tokens/s, a large GPU server's decode rate.
+
+1. 256 such streams at once (``--capture-raw-stream on-failure``, then ``always``): the sidecar's
+   peak RSS, and its CPU time per streamed token (user + system, from /proc, over the batch).
+2. Short JSON calls (64 clients): p50 alone, then while the 256 streams run, and the ratio.
+3. The bytes of one captured line of a 32,000-token call without ``response_raw``, and what
+   takes the room.
+
+Prints markdown tables and writes them to benchmarks/results/batch.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import orjson  # noqa: E402
+
+import bench_proxy as bp  # noqa: E402
+from bench_rl import sample_rss, short_calls  # noqa: E402
+from fast_upstream import BATCH_TOKENS, BATCH_TOKENS_PER_S, RL_TOKENS  # noqa: E402
+
+AGENT_BODY = b'{"model":"bench","stream":true,"batch":true,"messages":[{"role":"user","content":"solve"}]}'
+AGENT_BODY_32K = b'{"model":"bench","stream":true,"rl":true,"messages":[{"role":"user","content":"solve"}]}'
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
+
+
+async def streams(port: int, count: int, body: bytes, rollout: str = "batch") -> list[int]:
+    """``count`` streams at once, each read to its end; returns the bytes each agent received."""
+    async def one(n: int) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+        path = f"/ng-rollout/{rollout}-{n}/v1/chat/completions".encode()
+        writer.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (path, len(body), body))
+        received, tail = 0, b""
+        try:
+            while not tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+                data = await reader.read(1 << 16)
+                if not data:
+                    raise RuntimeError("the stream ended early")
+                received += len(data)
+                if b'"token_ids":[' in data:
+                    raise RuntimeError("the agent received token ids it did not ask for")
+                tail = (tail + data)[-64:]
+            return received
+        finally:
+            writer.close()
+
+    return list(await asyncio.gather(*(one(n) for n in range(count))))
+
+
+async def batch_alone(raw_stream: str, count: int, workdir: str) -> dict[str, float]:
+    upstream = bp.start_upstream()
+    capture_dir = os.path.join(workdir, f"captures-{raw_stream}")
+    os.makedirs(capture_dir)
+    sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=("--capture-tokens", "--capture-raw-stream", raw_stream))
+    try:
+        await short_calls(sidecar.port, 8, 0.5)
+        idle = sidecar.rss_bytes()
+        pid = sidecar.process.pid  # type: ignore[union-attr]
+        cpu_before, started = cpu_seconds(pid), time.perf_counter()
+        stop = asyncio.Event()
+        rss_task = asyncio.create_task(sample_rss(sidecar, stop))
+        received = await streams(sidecar.port, count, AGENT_BODY)
+        stop.set()
+        peak = await rss_task
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
+    finally:
+        sidecar.stop()
+        upstream.stop()
+    with open(os.path.join(capture_dir, "batch-0.capture.jsonl"), "rb") as handle:
+        line = handle.readline()
+    parsed = orjson.loads(line)
+    assert parsed["added_request_fields"] == {"logprobs": True, "return_token_ids": True}
+    tokens = count * BATCH_TOKENS
+    return {"idle": idle, "peak": peak, "cpu": cpu, "elapsed": elapsed, "tokens": tokens,
+            "received": statistics.mean(received), "line": len(line)}
+
+
+async def short_calls_during_batch(count: int, workdir: str) -> dict[str, float]:
+    upstream = bp.start_upstream()
+    capture_dir = os.path.join(workdir, "captures-latency")
+    os.makedirs(capture_dir)
+    sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=("--capture-tokens", "--capture-raw-stream", "on-failure"))
+    try:
+        await short_calls(sidecar.port, 64, 1.0)
+        alone_before = await short_calls(sidecar.port, 64, 3.0)
+        batch = asyncio.create_task(streams(sidecar.port, count, AGENT_BODY))
+        await asyncio.sleep(2.0)  # Every stream open and flowing.
+        during: list[float] = []
+        while not batch.done():
+            during += await short_calls(sidecar.port, 64, 1.0)
+        await batch
+        alone_after = await short_calls(sidecar.port, 64, 3.0)
+    finally:
+        sidecar.stop()
+        upstream.stop()
+    alone = statistics.mean([bp.pct(alone_before, 50), bp.pct(alone_after, 50)])
+    return {"alone": alone, "during": bp.pct(during, 50), "during_p99": bp.pct(during, 99)}
+
+
+async def line_of_32k(workdir: str) -> dict[str, int]:
+    upstream = bp.start_upstream()
+    capture_dir = os.path.join(workdir, "captures-32k")
+    os.makedirs(capture_dir)
+    sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=("--capture-tokens", "--capture-raw-stream", "on-failure"))
+    try:
+        await streams(sidecar.port, 1, AGENT_BODY_32K, rollout="long")
+    finally:
+        sidecar.stop()
+        upstream.stop()
+    with open(os.path.join(capture_dir, "long-0.capture.jsonl"), "rb") as handle:
+        line = handle.readline()
+    parsed = orjson.loads(line)
+    choice = parsed["response"]["choices"][0]
+    parts = {
+        "the whole line": len(line),
+        "logprobs.content (one entry per token: token, logprob, bytes, top_logprobs)": len(orjson.dumps(choice["logprobs"])),
+        "token_ids": len(orjson.dumps(choice["token_ids"])),
+        "prompt_token_ids": len(orjson.dumps(parsed["response"].get("prompt_token_ids"))),
+        "message (the text)": len(orjson.dumps(choice["message"])),
+        "request": len(orjson.dumps(parsed["request"])),
+    }
+    parts["everything else"] = parts["the whole line"] - sum(v for k, v in parts.items() if k != "the whole line")
+    return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="64 streams instead of 256")
+    count = 64 if parser.parse_args().quick else 256
+    bp.ensure_tools()
+    mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+    out = [f"# A full vLLM batch in token capture mode (issue 20), Python {sys.version.split()[0]}, {os.cpu_count()} cores", ""]
+    with tempfile.TemporaryDirectory() as workdir:
+        runs = {mode: asyncio.run(batch_alone(mode, count, workdir)) for mode in ("on-failure", "always")}
+        latency = asyncio.run(short_calls_during_batch(count, workdir))
+        line = asyncio.run(line_of_32k(workdir))
+    out += [f"## {count} streams of {BATCH_TOKENS:,} tokens at once ({BATCH_TOKENS_PER_S} tokens/s each), logprobs and "
+            "token ids added by the sidecar, captured, and cut from every chunk", "",
+            "| --capture-raw-stream | sidecar RSS idle (MiB) | peak RSS (MiB) | target | CPU µs per streamed token | target | "
+            "seconds | bytes each agent received | bytes per captured line |",
+            "|---|---:|---:|---|---:|---|---:|---:|---:|"]
+    for mode, run in runs.items():
+        out.append(f"| {mode} | {mib(run['idle'])} | {mib(run['peak'])} | <= 1,024 | {run['cpu'] / run['tokens'] * 1e6:.2f} | "
+                   f"<= 10 | {run['elapsed']:.1f} | {run['received']:,.0f} | {run['line']:,} |")
+    ms = lambda s: f"{s * 1000:.2f}"  # noqa: E731
+    out += ["", f"## Short JSON calls (64 clients) alone and while the {count} streams run (on-failure)", "",
+            "| measure | value |", "|---|---:|",
+            f"| p50 alone (ms), mean of before and after | {ms(latency['alone'])} |",
+            f"| p50 during the batch (ms) | {ms(latency['during'])} |",
+            f"| ratio during / alone (target <= 2) | {latency['during'] / latency['alone']:.2f} |",
+            f"| p99 during the batch (ms) | {ms(latency['during_p99'])} |", "",
+            f"## One captured line of a {RL_TOKENS:,}-token call, without response_raw (on-failure)", "",
+            "| part | bytes | share |", "|---|---:|---:|"]
+    for part, size in line.items():
+        out.append(f"| {part} | {size:,} | {size / line['the whole line']:.0%} |")
+    out.append("")
+    text = "\n".join(out)
+    print(text)
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "batch.md"), "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

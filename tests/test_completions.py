@@ -1,0 +1,91 @@
+"""`/v1/completions`, the fourth dialect (issue 20): reassembly of vLLM-shaped streams (whole, byte by
+byte, at random points, event by event), records, training arrays, and the inspection commands."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from proxy import main
+from proxy.standin.replies import Plan, TokenOptions, completions_events, completions_reply, text_token_ids
+from records import build_model_call_record, read_model_call_records, read_token_records
+
+from .test_reassembly import run_everywhere
+from .wire import fetch, rollout_url
+
+_PLAN = Plan("", "def add(a, b): return a + b", None, "", "call_1", 12, 0)
+
+
+def _stream_and_whole(prompts: list[list[int]], n: int, tokens: TokenOptions) -> tuple[bytes, dict]:
+    whole = completions_reply(_PLAN, 7, 1767225600, prompts, n, tokens)
+    return b"".join(completions_events(whole, include_usage=True, tokens=tokens)), whole
+
+
+@pytest.mark.parametrize("tokens", [TokenOptions(), TokenOptions(True, 1, True), TokenOptions(True, 3, True, True)],
+                         ids=["plain", "logprobs-and-ids", "top3-as-token-ids"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_reassembles_to_the_whole_reply(tokens, n):
+    """Choices interleaved as vLLM sends n > 1; text, the completions logprobs lists, token ids and
+    the per-choice prompt ids come out as the non-streamed reply has them."""
+    stream, whole = _stream_and_whole([text_token_ids("def add(a, b):")], n, tokens)
+    outcome = run_everywhere("completions", stream)
+    assert outcome.error_category is None and outcome.stream_truncated is False
+    rebuilt = outcome.response
+    assert rebuilt["object"] == "text_completion" and rebuilt["usage"] == whole["usage"]
+    for mine, expected in zip(rebuilt["choices"], whole["choices"], strict=True):
+        for key in ("index", "text", "finish_reason", "token_ids", "prompt_token_ids", "logprobs"):
+            assert mine[key] == expected[key], key
+
+
+def test_several_prompts_give_a_choice_each():
+    stream, whole = _stream_and_whole([[1, 2, 3], [4, 5]], 1, TokenOptions(False, 0, True))
+    rebuilt = run_everywhere("completions", stream).response
+    assert [choice["prompt_token_ids"] for choice in rebuilt["choices"]] == [[1, 2, 3], [4, 5]]
+
+
+def test_an_error_event_ends_the_reply_as_an_error():
+    error = b'data: {"error": {"message": "boom", "type": "BadRequestError", "param": null, "code": 400}}\n\n'
+    outcome = run_everywhere("completions", error + b"data: [DONE]\n\n")
+    assert outcome.error_category == "upstream_error" and outcome.stream_truncated is False
+
+
+def test_a_cut_stream_is_truncated_and_its_generation_not_usable(tmp_path):
+    stream, _ = _stream_and_whole([[1, 2]], 1, TokenOptions(True, 1, True))
+    cut = b"\n\n".join(stream.split(b"\n\n")[:4]) + b"\n\n"
+    outcome = run_everywhere("completions", cut)
+    assert outcome.error_category == "stream_truncated"
+    line = {"model_call_id": "c", "dialect": "completions", "status_code": 200, "error_category": "stream_truncated",
+            "response": outcome.response}
+    (tmp_path / "r.capture.jsonl").write_bytes(orjson.dumps(line) + b"\n")
+    (record,) = read_token_records(str(tmp_path), "r")
+    assert record.generation_token_ids and not record.usable and "stream_truncated" in record.unusable_reason
+
+
+def test_a_record_of_a_completion():
+    _, whole = _stream_and_whole([[1, 2, 3]], 2, TokenOptions(True, 1, True))
+    record = build_model_call_record({"dialect": "completions", "status_code": 200, "response": whole}, 0)
+    assert (record.dialect, record.finish_reason, record.tokens_in, record.tokens_out) == ("completions", "length", 3, 14)
+    assert record.tool_calls == [] and [op.kind for op in record.model_operations] == ["text", "text"]
+
+
+async def test_captured_through_the_sidecar_and_seen_by_the_cli(http, stand_in, sidecar_on_stand_in, store, capture_dir):
+    for body in ({"model": "m", "prompt": "def add(a, b):"},
+                 {"model": "m", "prompt": [5, 6, 7], "stream": True, "logprobs": 0, "return_token_ids": True}):
+        reply = await fetch(http, "POST", rollout_url(sidecar_on_stand_in.url, "cmp", "/v1/completions"), orjson.dumps(body))
+        assert reply.status == 200
+    records = read_model_call_records(store, "cmp")
+    assert [(r.dialect, r.error_category, r.finish_reason) for r in records] == [("completions", None, "length")] * 2
+    (_, tokens) = read_token_records(store, "cmp")
+    assert tokens.usable and tokens.prompt_token_ids == [5, 6, 7]
+    runner = CliRunner()
+    shown = runner.invoke(main, ["show", capture_dir, "cmp"]).output.splitlines()
+    assert [row.split()[:2] for row in shown[1:]] == [["0", "completions"], ["1", "completions"]]
+    assert shown[1].split()[-1] == "-" and shown[2].split()[-1] == "usable", "arrays only where asked for"
+    stats = runner.invoke(main, ["stats", capture_dir]).output
+    assert "finish reasons      length 2" in stats and "1 of 1 generations with token ids usable" in stats
+
+
+@pytest.fixture
+async def sidecar_on_stand_in(start, stand_in, capture_dir):
+    return await start(stand_in.url, capture_dir=capture_dir)

@@ -1,0 +1,149 @@
+"""A real vLLM 0.32.0 behind the sidecar, every dialect, with and without the token capture mode
+(issue 20). Run by `make vllm-conformance` (and `.ci/run`); skipped, with the reason, where vLLM
+cannot be installed. ``MCC_VLLM_URL`` points the tier at a vLLM already running instead.
+
+Every reply through the sidecar is compared with a direct call to the same server made right
+beside it. vLLM makes ids and timestamps fresh per call, and under load its API server may merge
+several tokens into one delta (SOURCES.md of the recordings), so the bytes are compared with ids
+and timestamps normalised, and a mismatch is retried a few times before it counts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+import pytest
+
+from records import build_model_call_record, read_token_records
+from tests.conformance.vllm_recordings import normalised
+from tests.wire import fetch, rollout_url
+
+from .vllm_server import SERVED_NAME, VllmUnavailable, running_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
+
+_SYSTEM = {"role": "system", "content": "You are terse."}
+_USER = {"role": "user", "content": "Write a small Python function."}
+_TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a name up.", "parameters": {
+    "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}
+_SAMPLING = {"temperature": 1.0, "seed": 7}
+_PROMPT = "def add(a, b):\n"
+
+#: What agents send, by case: (path, body). None of them asks for token ids or logprobs.
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"model": SERVED_NAME, "messages": [_SYSTEM, _USER], "max_tokens": 24, **_SAMPLING}),
+    "chat-stream": ("/v1/chat/completions", {"model": SERVED_NAME, "messages": [_SYSTEM, _USER], "max_tokens": 24,
+                                             "stream": True, "stream_options": {"include_usage": True}, **_SAMPLING}),
+    "chat-n2-stream": ("/v1/chat/completions", {"model": SERVED_NAME, "messages": [_USER], "max_tokens": 12, "n": 2,
+                                                "stream": True, **_SAMPLING}),
+    "chat-tools-required-stream": ("/v1/chat/completions", {
+        "model": SERVED_NAME, "messages": [_USER], "tools": [_TOOL], "tool_choice": "required", "max_tokens": 60,
+        "stream": True, **_SAMPLING}),
+    "completions": ("/v1/completions", {"model": SERVED_NAME, "prompt": _PROMPT, "max_tokens": 16, **_SAMPLING}),
+    "completions-stream": ("/v1/completions", {"model": SERVED_NAME, "prompt": _PROMPT, "max_tokens": 16, "stream": True,
+                                               "stream_options": {"include_usage": True}, **_SAMPLING}),
+    "completions-n2": ("/v1/completions", {"model": SERVED_NAME, "prompt": _PROMPT, "max_tokens": 8, "n": 2, **_SAMPLING}),
+    "responses": ("/v1/responses", {"model": SERVED_NAME, "input": "Write a small Python function.",
+                                    "max_output_tokens": 24, **_SAMPLING}),
+    "responses-stream": ("/v1/responses", {"model": SERVED_NAME, "input": "Write a small Python function.",
+                                           "max_output_tokens": 24, "stream": True, **_SAMPLING}),
+    # vLLM's Anthropic endpoint has no ``seed``: greedy, so that two calls agree.
+    "messages": ("/v1/messages", {"model": SERVED_NAME, "max_tokens": 24, "messages": [_USER], "temperature": 0}),
+    "messages-stream": ("/v1/messages", {"model": SERVED_NAME, "max_tokens": 24, "messages": [_USER], "stream": True,
+                                         "temperature": 0}),
+}
+#: The fields the mode adds on vLLM 0.32, by dialect (DESIGN §11, capture/_token_fields.py).
+ADDED = {"/v1/chat/completions": {"logprobs": True, "return_token_ids": True},
+         "/v1/completions": {"logprobs": 0, "return_token_ids": True},
+         "/v1/responses": {"include": ["message.output_text.logprobs"], "enable_response_messages": True},
+         "/v1/messages": None}
+_TRIES = 6
+_JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def vllm_url():
+    if os.environ.get("MCC_VLLM_URL"):
+        yield os.environ["MCC_VLLM_URL"].rstrip("/")
+        return
+    server = running_vllm()
+    try:
+        url = server.__enter__()
+    except VllmUnavailable as exc:
+        pytest.skip(f"real vLLM is not available here: {exc}")
+    yield url
+    server.__exit__(None, None, None)
+
+
+async def _beside(http, sidecar_url: str, vllm_url: str, path: str, body: bytes, rollout: str):
+    """A direct call and a call through the sidecar, retried until the two agree (or tries run out)."""
+    for attempt in range(_TRIES):
+        direct = await fetch(http, "POST", vllm_url + path, body, headers=_JSON)
+        proxied = await fetch(http, "POST", rollout_url(sidecar_url, f"{rollout}-{attempt}", path), body, headers=_JSON)
+        if normalised(proxied.body) == normalised(direct.body):
+            break
+    return direct, proxied, f"{rollout}-{attempt}"
+
+
+def _first_difference(proxied: bytes, direct: bytes) -> str:
+    left, right = normalised(proxied), normalised(direct)
+    at = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b), min(len(left), len(right)))
+    return f"through the sidecar: {left[max(0, at - 300):at + 200]!r}\ndirect: {right[max(0, at - 300):at + 200]!r}"
+
+
+@pytest.mark.parametrize("mode", ["plain", "token-capture"])
+@pytest.mark.parametrize("case", list(CASES))
+async def test_every_dialect_through_the_sidecar_is_what_vllm_sends(vllm_url, http, start, capture_dir, store, case, mode):
+    path, request = CASES[case]
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=mode == "token-capture")
+    body = orjson.dumps(request)
+    direct, proxied, rollout = await _beside(http, sidecar.url, vllm_url, path, body, case)
+    assert (proxied.status, proxied.reason) == (direct.status, direct.reason) == (200, "OK")
+    assert normalised(proxied.body) == normalised(direct.body), _first_difference(proxied.body, direct.body)
+    assert [name for name, _ in proxied.headers] == [name for name, _ in direct.headers]
+    (line,) = store.read(rollout)
+    assert line["error_category"] in (None, "incomplete"), line.get("failure")
+    record = build_model_call_record(line, 0)
+    if not request.get("stream") or request.get("stream_options") or path in ("/v1/responses", "/v1/messages"):
+        assert record.tokens_out is not None and record.tokens_out > 0  # Usage where vLLM sends it.
+    added = ADDED[path] if mode == "token-capture" else None
+    assert line.get("added_request_fields") == added
+    if added is None:
+        return
+    tokens = read_token_records(store, rollout)
+    assert len(tokens) == request.get("n", 1)
+    for token_record in tokens:
+        assert token_record.prompt_token_ids and token_record.generation_token_ids, token_record
+        assert token_record.source == "vllm"
+        if path != "/v1/responses":  # Responses: a stop string's logprobs are cut with its text (SOURCES.md).
+            assert token_record.usable, token_record.unusable_reason
+            assert len(token_record.generation_log_probs or ()) == len(token_record.generation_token_ids)
+
+
+async def test_prompt_ids_equal_vllms_own_tokenize(vllm_url, http, start, capture_dir, store):
+    """The prompt ids the mode captures are what vLLM's /tokenize makes of the same messages and tools."""
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True)
+    path, request = CASES["chat-tools-required-stream"]
+    await fetch(http, "POST", rollout_url(sidecar.url, "tok", path), orjson.dumps(request), headers=_JSON)
+    (record,) = read_token_records(store, "tok")
+    tokenized = await fetch(http, "POST", vllm_url + "/tokenize", orjson.dumps(
+        {"model": SERVED_NAME, "messages": request["messages"], "tools": request["tools"], "add_generation_prompt": True}),
+        headers=_JSON)
+    assert record.prompt_token_ids == orjson.loads(tokenized.body)["tokens"]
+
+
+async def test_a_second_turn_extends_the_first_or_says_where_it_drifts(vllm_url, http, start, capture_dir, store):
+    """Multi-turn drift on a real chat template: the second call's prompt begins with the first
+    call's prompt and generation, or `drift_at` says where it departs."""
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True)
+    path, first = CASES["chat"]
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "turns", path), orjson.dumps(first), headers=_JSON)
+    said = orjson.loads(reply.body)["choices"][0]["message"]["content"]
+    second = {**first, "messages": [*first["messages"], {"role": "assistant", "content": said},
+                                    {"role": "user", "content": "Again."}]}
+    await fetch(http, "POST", rollout_url(sidecar.url, "turns", path), orjson.dumps(second), headers=_JSON)
+    earlier, later = read_token_records(store, "turns")
+    assert later.extends == 0 or (later.drift_at is not None and later.drift_at <= len(earlier.prompt_token_ids or ()) +
+                                  len(earlier.generation_token_ids or ()))
