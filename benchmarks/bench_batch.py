@@ -38,6 +38,9 @@ from bench_rl import sample_rss, short_calls  # noqa: E402
 from fast_upstream import BATCH_TOKENS, BATCH_TOKENS_PER_S, RL_TOKENS  # noqa: E402
 
 AGENT_BODY = b'{"model":"bench","stream":true,"batch":true,"messages":[{"role":"user","content":"solve"}]}'
+#: The baseline: an agent that asks for the arrays itself, the sidecar without the mode (same upstream bytes).
+ASKING_BODY = (b'{"model":"bench","stream":true,"batch":true,"logprobs":true,"return_token_ids":true,'
+               b'"messages":[{"role":"user","content":"solve"}]}')
 AGENT_BODY_32K = b'{"model":"bench","stream":true,"rl":true,"messages":[{"role":"user","content":"solve"}]}'
 _CLK = os.sysconf("SC_CLK_TCK")
 
@@ -50,6 +53,8 @@ def cpu_seconds(pid: int) -> float:
 
 async def streams(port: int, count: int, body: bytes, rollout: str = "batch") -> list[int]:
     """``count`` streams at once, each read to its end; returns the bytes each agent received."""
+    asking = b'"logprobs":true' in body
+
     async def one(n: int) -> int:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
         path = f"/ng-rollout/{rollout}-{n}/v1/chat/completions".encode()
@@ -62,7 +67,7 @@ async def streams(port: int, count: int, body: bytes, rollout: str = "batch") ->
                 if not data:
                     raise RuntimeError("the stream ended early")
                 received += len(data)
-                if b'"token_ids":[' in data:
+                if not asking and b'"token_ids":[' in data:
                     raise RuntimeError("the agent received token ids it did not ask for")
                 tail = (tail + data)[-64:]
             return received
@@ -72,11 +77,12 @@ async def streams(port: int, count: int, body: bytes, rollout: str = "batch") ->
     return list(await asyncio.gather(*(one(n) for n in range(count))))
 
 
-async def batch_alone(raw_stream: str, count: int, workdir: str) -> dict[str, float]:
+async def batch_alone(raw_stream: str, count: int, workdir: str, mode: bool = True) -> dict[str, float]:
     upstream = bp.start_upstream()
-    capture_dir = os.path.join(workdir, f"captures-{raw_stream}")
+    capture_dir = os.path.join(workdir, f"captures-{raw_stream}-{mode}")
     os.makedirs(capture_dir)
-    sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=("--capture-tokens", "--capture-raw-stream", raw_stream))
+    extra = ("--capture-tokens",) if mode else ()
+    sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=(*extra, "--capture-raw-stream", raw_stream))
     try:
         await short_calls(sidecar.port, 8, 0.5)
         idle = sidecar.rss_bytes()
@@ -84,7 +90,7 @@ async def batch_alone(raw_stream: str, count: int, workdir: str) -> dict[str, fl
         cpu_before, started = cpu_seconds(pid), time.perf_counter()
         stop = asyncio.Event()
         rss_task = asyncio.create_task(sample_rss(sidecar, stop))
-        received = await streams(sidecar.port, count, AGENT_BODY)
+        received = await streams(sidecar.port, count, AGENT_BODY if mode else ASKING_BODY)
         stop.set()
         peak = await rss_task
         elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
@@ -94,7 +100,7 @@ async def batch_alone(raw_stream: str, count: int, workdir: str) -> dict[str, fl
     with open(os.path.join(capture_dir, "batch-0.capture.jsonl"), "rb") as handle:
         line = handle.readline()
     parsed = orjson.loads(line)
-    assert parsed["added_request_fields"] == {"logprobs": True, "return_token_ids": True}
+    assert parsed.get("added_request_fields") == ({"logprobs": True, "return_token_ids": True} if mode else None)
     tokens = count * BATCH_TOKENS
     return {"idle": idle, "peak": peak, "cpu": cpu, "elapsed": elapsed, "tokens": tokens,
             "received": statistics.mean(received), "line": len(line)}
@@ -148,6 +154,38 @@ async def line_of_32k(workdir: str) -> dict[str, int]:
     return parts
 
 
+def tap_level(quick: bool) -> list[str]:
+    """Like bench_rl's tap table (the issue's "plain logprob capture 5-9 µs"), per event of an
+    8,000-token stream read 40 events at a time: the tap alone (an agent that asks for the arrays,
+    no mode) against the tap and the cutter (the mode: capture, then cut what was added)."""
+    from capture import AddedFieldCutter, StreamTap
+    from fast_upstream import rl_events
+
+    events = rl_events(BATCH_TOKENS)
+    chunks = [b"".join(events[i:i + 40]) for i in range(0, len(events), 40)]
+
+    def per_event(mode: bool) -> float:
+        best = float("inf")
+        for _ in range(3 if quick else 7):
+            started = time.perf_counter()
+            cutter = AddedFieldCutter("chat", {"logprobs": True, "return_token_ids": True}, {}) if mode else None
+            tap = StreamTap("chat", compact_arrays=True, raw_window=256 * 1024, cutter=cutter)
+            for chunk in chunks:
+                tap.feed(chunk)
+                tap.take_output()
+            tap.finish(200)
+            best = min(best, time.perf_counter() - started)
+        return best / len(events) * 1e6
+
+    rows = [(per_event(False), per_event(True)) for _ in range(2)]  # Interleaved: the machine is noisy.
+    plain, mode = min(r[0] for r in rows), min(r[1] for r in rows)
+    return ["## Per streamed token, in process (best of several; one core)", "",
+            "| path | µs per token | target |", "|---|---:|---|",
+            f"| capture of an agent that asks for logprobs + token ids (the tap) | {plain:.2f} | (the baseline) |",
+            f"| token capture mode: the same capture, plus cutting what was added | {mode:.2f} | <= 10 |",
+            f"| the cutting alone | {mode - plain:.2f} | |", ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="64 streams instead of 256")
@@ -155,18 +193,23 @@ def main() -> None:
     bp.ensure_tools()
     mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
     out = [f"# A full vLLM batch in token capture mode (issue 20), Python {sys.version.split()[0]}, {os.cpu_count()} cores", ""]
+    out += tap_level(count < 256)
     with tempfile.TemporaryDirectory() as workdir:
         runs = {mode: asyncio.run(batch_alone(mode, count, workdir)) for mode in ("on-failure", "always")}
+        baseline = asyncio.run(batch_alone("on-failure", count, workdir, mode=False))
         latency = asyncio.run(short_calls_during_batch(count, workdir))
         line = asyncio.run(line_of_32k(workdir))
     out += [f"## {count} streams of {BATCH_TOKENS:,} tokens at once ({BATCH_TOKENS_PER_S} tokens/s each), logprobs and "
             "token ids added by the sidecar, captured, and cut from every chunk", "",
-            "| --capture-raw-stream | sidecar RSS idle (MiB) | peak RSS (MiB) | target | CPU µs per streamed token | target | "
+            "| --capture-raw-stream | sidecar RSS idle (MiB) | peak RSS (MiB) | target | sidecar CPU µs per streamed token | | "
             "seconds | bytes each agent received | bytes per captured line |",
             "|---|---:|---:|---|---:|---|---:|---:|---:|"]
-    for mode, run in runs.items():
+    for mode, run in [*runs.items(), ("on-failure, no mode: the agent asks for the arrays itself", baseline)]:
         out.append(f"| {mode} | {mib(run['idle'])} | {mib(run['peak'])} | <= 1,024 | {run['cpu'] / run['tokens'] * 1e6:.2f} | "
-                   f"<= 10 | {run['elapsed']:.1f} | {run['received']:,.0f} | {run['line']:,} |")
+                   f"(whole process) | {run['elapsed']:.1f} | {run['received']:,.0f} | {run['line']:,} |")
+    out += ["", "CPU per streamed token here is the whole sidecar process (reading, parsing, capturing, cutting, "
+                "writing, both sockets) over the batch; the last row is the same bytes from the upstream without "
+                "the mode, for the mode's own share.", ""]
     ms = lambda s: f"{s * 1000:.2f}"  # noqa: E731
     out += ["", f"## Short JSON calls (64 clients) alone and while the {count} streams run (on-failure)", "",
             "| measure | value |", "|---|---:|",

@@ -122,13 +122,16 @@ class ChatReassembler(Reassembler):
         if finish_reason is not None:
             choice["finish_reason"] = finish_reason
         logprobs = get("logprobs")
+        written = self.written
         if type(logprobs) is dict:
             arrays = self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())
-            choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs)
+            choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs, written=written.get(id(logprobs))
+                                                       if written else None)
         if "token_ids" in chunk_choice:
             token_ids = chunk_choice["token_ids"]
             if type(token_ids) is list:  # vLLM's: concatenated.
-                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())).extend("token_ids", token_ids)
+                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())).extend(
+                    "token_ids", token_ids, written.get(id(token_ids)) if written else None)
             else:
                 merge_unknown(choice, "token_ids", token_ids)
         if "stop_reason" in chunk_choice:
@@ -208,21 +211,26 @@ class TokenArrays:
         #: field -> the items of the list so far, comma-joined JSON (the list was seen: never None).
         self._lists: dict[str, bytearray] = {}
 
-    def extend(self, field: str, items: list[Any]) -> None:
+    def extend(self, field: str, items: list[Any], written: bytes | None = None) -> None:
+        """Append ``items``; ``written``: their list's JSON, when someone already wrote it."""
         kept = self._lists.get(field)
         if kept is None:
             kept = self._lists[field] = bytearray()
         if items:
             if kept:
                 kept += b","
-            kept += orjson.dumps(items)[1:-1]
+            kept += (written or orjson.dumps(items))[1:-1]
 
     def merge_logprobs(self, current: dict[str, Any] | None, chunk: dict[str, Any],
-                       lists: tuple[str, ...] = ("content", "refusal")) -> dict[str, Any]:
+                       lists: tuple[str, ...] = ("content", "refusal"), written: bytes | None = None) -> dict[str, Any]:
         """A choice's ``logprobs``: the per-token ``lists`` appended (chat: ``content`` and
-        ``refusal`` entries, as the SDK does); any other key by the generic rule."""
+        ``refusal`` entries, as the SDK does); any other key by the generic rule. ``written``:
+        the chunk's JSON when someone already wrote it (vLLM's is ``{"content":[...]}``)."""
         if current is None:
             current = {name: None for name in lists}
+        if written is not None and len(chunk) == 1 and written.startswith(b'{"content":[') and written.endswith(b"]}"):
+            self.extend("logprobs.content", chunk["content"], written[11:-1])
+            return current
         for key, value in chunk.items():
             if key in lists and type(value) is list:
                 self.extend("logprobs." + key, value)

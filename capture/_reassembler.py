@@ -23,6 +23,10 @@ class Reassembler:
     #: Give per-token lists as `orjson.Fragment` (the capture line embeds them as they are) rather
     #: than as parsed lists; set by the proxy, whose line is all that reads them.
     compact_arrays = False
+    #: JSON the token capture mode's cutter already wrote for a value of the event being folded,
+    #: by ``id(value)`` (`AddedFieldCutter.written`): per-token lists reuse it instead of
+    #: serialising the same value twice.
+    written: dict[int, bytes] | None = None
 
     def __init__(self) -> None:
         #: True once the dialect's terminal event has been seen (DESIGN §6).
@@ -63,6 +67,11 @@ class Reassembler:
             self.feed_event(ServerSentEvent(event_type, data.decode("utf-8", "replace")))
             return
         self._fold(event_type, payload)
+
+    def feed_payload(self, event_type: str, payload: dict[str, Any]) -> None:
+        """`feed_data` for an event whose data the caller already parsed (a JSON object)."""
+        if not self.terminal:
+            self._fold(event_type, payload)
 
     def _fold(self, event_type: str, payload: dict[str, Any]) -> None:
         # The event name decides; a stream without names (or a proxy that drops them) falls back

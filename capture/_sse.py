@@ -108,8 +108,8 @@ class SSEParser:
             self._extend_partial_line(tail)
         return events
 
-    def feed_plain(self, chunk: bytes) -> list[tuple[str, bytes]] | None:
-        """The events of ``chunk`` as (type, data), when it is nothing but whole events of the
+    def feed_plain(self, chunk: bytes) -> list[tuple[str, bytes, bytes]] | None:
+        """The events of ``chunk`` as (type, data, lines), when it is nothing but whole events of the
         plain shape servers write -- ``data: VALUE`` or ``event: NAME`` + ``data: VALUE``, each
         line ending in LF, each event in a blank line -- and the parser is between events.
         Otherwise None, with nothing consumed: the chunk then goes to `feed`.
@@ -141,7 +141,7 @@ class SSEParser:
                 return None  # A comment, an id or retry field, a blank line, ...
             if len(data) + 6 > self._max_event_bytes:
                 return None  # `feed` drops and counts it.
-            events.append((kind, data))
+            events.append((kind, data, part))
         self.field_lines += field_lines
         self._irregular = self._at_stream_start = False
         return events

@@ -9,7 +9,7 @@ capture line. Neither ever raises into the proxy's pump: a bug becomes ``capture
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -21,6 +21,9 @@ from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
+
+if TYPE_CHECKING:
+    from ._token_fields import AddedFieldCutter
 
 REASSEMBLERS: dict[str, type[Reassembler]] = {
     "responses": ResponsesReassembler,
@@ -52,14 +55,21 @@ class StreamTap:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         compact_arrays: bool = False,
         raw_window: int | None = None,
+        cutter: "AddedFieldCutter | None" = None,
     ) -> None:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
         cleanly (``--capture-raw-stream on-failure``, where the raw text is written only for a
-        stream that failed); from the first fault on, everything is kept."""
+        stream that failed); from the first fault on, everything is kept. ``cutter``: the token
+        capture mode's (DESIGN §11): each event is parsed once for both, and `take_output` gives
+        the bytes for the client, the added fields cut."""
         self._parser = SSEParser(max_event_bytes)
         self._reassembler = REASSEMBLERS[dialect]()
         self._reassembler.compact_arrays = compact_arrays
+        self._cutter = cutter
+        self._output: list[bytes] = []
+        if cutter is not None:
+            self._reassembler.written = cutter.written
         self._raw = bytearray()
         self._raw_window = raw_window
         #: Bytes of raw text dropped from the front by the window.
@@ -81,8 +91,15 @@ class StreamTap:
         """True once a non-comment line arrived (the moment that defines TTFT, DESIGN §3)."""
         return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
 
+    def take_output(self) -> bytes:
+        """With a cutter: the client's bytes for the chunks fed since the last call."""
+        output, self._output = self._output, []
+        return output[0] if len(output) == 1 else b"".join(output)
+
     def feed(self, chunk: bytes) -> bool:
         """Observe one chunk; True when it completed the stream's terminal event."""
+        if self._cutter is not None:
+            return self._feed_and_cut(chunk)
         if self.terminal:
             return False
         self._saw_bytes = True
@@ -101,7 +118,7 @@ class StreamTap:
                 plain = self._parser.feed_plain(data)
                 if plain is not None:
                     feed_data = self._reassembler.feed_data
-                    for event_type, event_data in plain:
+                    for event_type, event_data, _ in plain:
                         feed_data(event_type, event_data)
                 else:
                     feed_event = self._reassembler.feed_event
@@ -112,6 +129,75 @@ class StreamTap:
                 return False
             self.terminal = self._reassembler.terminal
         return self.terminal
+
+    def _feed_and_cut(self, chunk: bytes) -> bool:
+        """`feed` with the cutter: every byte fed comes out (cut) in `take_output`, whatever the
+        parsing does. The cutter sees each plain event with the payload parsed here, and before
+        the fold, so its JSON of a value can be reused by the fold (`Reassembler.written`)."""
+        cutter = self._cutter
+        assert cutter is not None
+        if self.terminal or self._decode is not None or self._failure is not None or cutter.pending:
+            self._output.append(cutter.feed(chunk))
+            return self._observe(chunk) if not self.terminal and self._failure is None else False
+        self._saw_bytes = True
+        self._keep_raw(chunk)
+        try:
+            plain = self._parser.feed_plain(chunk)
+        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+            self._failure = f"{type(exc).__name__}: {exc}"
+            plain = None
+        if plain is None:
+            self._output.append(cutter.feed(chunk))
+            if self._failure is None:
+                self._parse_events(chunk)
+            return self.terminal
+        reassembler, output, written = self._reassembler, self._output, cutter.written
+        for event_type, event_data, part in plain:
+            try:
+                payload = orjson.loads(event_data)
+            except orjson.JSONDecodeError:
+                payload = None
+            output.append(cutter.cut_part(part, event_type, event_data, payload))
+            if self._failure is None:
+                try:
+                    if type(payload) is dict:
+                        reassembler.feed_payload(event_type, payload)
+                    else:
+                        reassembler.feed_data(event_type, event_data)
+                except Exception as exc:  # The output above is complete whatever happens here.
+                    self._failure = f"{type(exc).__name__}: {exc}"
+            written.clear()
+        self.terminal = self._reassembler.terminal
+        return self.terminal
+
+    def _observe(self, chunk: bytes) -> bool:
+        """The tap's part of `feed` for a chunk the cutter handled on its own."""
+        self._saw_bytes = True
+        data = chunk if self._decode is None else self._decoded(chunk)
+        if data is None:
+            return False
+        self._keep_raw(data)
+        if self._failure is None:
+            self._parse_events(data)
+        return self.terminal
+
+    def _keep_raw(self, data: bytes) -> None:
+        self._raw += data  # Kept even after a parse failure: the raw text is the evidence.
+        window = self._raw_window
+        if window is not None and len(self._raw) > 2 * window and self._failure is None \
+                and not self._reassembler.undecodable_events:
+            cut = len(self._raw) - window
+            del self._raw[:cut]  # Amortised: at most once per `window` bytes.
+            self.raw_dropped += cut
+
+    def _parse_events(self, data: bytes) -> None:
+        try:
+            feed_event = self._reassembler.feed_event
+            for event in self._parser.feed(data):
+                feed_event(event)
+        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+            self._failure = f"{type(exc).__name__}: {exc}"
+        self.terminal = self._reassembler.terminal
 
     def _decoded(self, chunk: bytes) -> bytes | None:
         if self._undecodable or self._decode is None:

@@ -82,6 +82,9 @@ class AddedFieldCutter:
         self.dialect = dialect
         self.added = added
         self._pending = b""
+        #: The JSON this cutter wrote of a value of the current event, by ``id(value)``: the tap's
+        #: fold reuses it for the per-token lists (`Reassembler.written`); cleared per event.
+        self.written: dict[int, bytes] = {}
         #: Events dropped whole and values cut, for the line and the tests.
         self.dropped_events = 0
         self.cut_values = 0
@@ -93,17 +96,46 @@ class AddedFieldCutter:
 
     # -- streams ---------------------------------------------------------------------------
 
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished event are waiting for the rest of it."""
+        return bool(self._pending)
+
+    def cut_part(self, part: bytes, event_type: str, data: bytes, payload: Any) -> bytes:
+        """One whole event the caller already framed and parsed (`SSEParser.feed_plain`: its
+        ``lines``, its ``data``, the data parsed or None), cut, with its blank line."""
+        if type(payload) is not dict:
+            return part + b"\n\n"
+        cut = self._cut_parsed(data, event_type, payload)
+        if cut is None:
+            self.dropped_events += 1
+            return b""
+        if cut is _UNCHANGED:
+            return part + b"\n\n"
+        return part[:len(part) - len(data)] + cut + b"\n\n"
+
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
         out: list[bytes] = []
         start = 0
-        while True:
-            match = _EVENT_END.search(data, start)
-            if match is None:
-                break
-            out.append(self._event(data[start:match.end()]))
-            start = match.end()
+        if b"\r" not in data:  # LF line ends, as vLLM writes: a plain search per event.
+            while True:
+                end = data.find(b"\n\n", start)
+                if end < 0:
+                    break
+                out.append(self._event(data[start:end + 2]))
+                start = end + 2
+        else:
+            while True:
+                match = _EVENT_END.search(data, start)
+                if match is None:
+                    break
+                out.append(self._event(data[start:match.end()]))
+                start = match.end()
         self._pending = data[start:]
+        # What was written here was of payloads this cutter parsed itself: nobody else may see them
+        # (an id is reused once its object is gone).
+        self.written.clear()
         return b"".join(out) if len(out) != 1 else out[0]
 
     def close(self) -> bytes:
@@ -113,6 +145,12 @@ class AddedFieldCutter:
 
     def _event(self, block: bytes) -> bytes:
         """One SSE event (its lines and blank line): the JSON of its single ``data`` line cut."""
+        if block[:6] == b"data: " and block.find(b"\n", 6) == len(block) - 2 and block[-2:] == b"\n\n":
+            cut = self._cut_json(block[6:-2], "message")  # The shape vLLM writes: one line, LF.
+            if cut is None:
+                self.dropped_events += 1
+                return b""
+            return block if cut is _UNCHANGED else b"data: " + cut + b"\n\n"
         data_at = block.find(b"data:")
         if data_at < 0 or (data_at > 0 and block[data_at - 1] not in b"\r\n"):
             return block
@@ -143,6 +181,7 @@ class AddedFieldCutter:
     def cut_body(self, body: bytes) -> bytes:
         """A whole JSON body with the added fields' values cut (never dropped)."""
         cut = self._cut_json(body, "body")
+        self.written.clear()
         return body if cut is None or cut is _UNCHANGED else cut
 
     # -- the cutting -----------------------------------------------------------------------
@@ -155,33 +194,66 @@ class AddedFieldCutter:
             return _UNCHANGED
         if type(payload) is not dict:
             return _UNCHANGED
+        return self._cut_parsed(data, event_type, payload)
+
+    def _cut_parsed(self, data: bytes, event_type: str, payload: dict[str, Any]) -> Any:
         if event_type == "message" and type(payload.get("type")) is str:
             event_type = payload["type"]
         if self._drop_empty_chunks and _only_token_data(payload):
             return None
+        if self.dialect == "chat":
+            cut = self._chat_token_chunk(data, payload)
+            if cut is not None:
+                return cut
         cuts = self._rules(event_type, payload)
         if not cuts:
             return _UNCHANGED
+        found = _found_spans(data, cuts, payload)
+        if found is not None:
+            self.cut_values += len(found)
+            return _spliced(data, found)
         text = data.decode("utf-8", "surrogateescape")  # Round-trips every byte exactly.
-        spans = _found_spans(text, cuts, payload)
-        if spans is None:
-            spans = []
-            for path, replacement in cuts:
-                span = _value_span(text, path)
-                if span is None:  # The parsed payload has it, so the text must: never guess.
-                    return _UNCHANGED
-                if text[span[0]:span[1]] != replacement:
-                    spans.append((span[0], span[1], replacement))
+        spans = []
+        for path, replacement in cuts:
+            span = _value_span(text, path)
+            if span is None:  # The parsed payload has it, so the text must: never guess.
+                return _UNCHANGED
+            if text[span[0]:span[1]] != replacement:
+                spans.append((span[0], span[1], replacement))
         if not spans:
             return _UNCHANGED
-        spans.sort()
-        pieces, position = [], 0
-        for start, end, replacement in spans:
-            pieces += (text[position:start], replacement)
-            position = end
-        pieces.append(text[position:])
         self.cut_values += len(spans)
-        return "".join(pieces).encode("utf-8", "surrogateescape")
+        return _spliced(text, spans).encode("utf-8", "surrogateescape")
+
+    def _chat_token_chunk(self, data: bytes, payload: dict[str, Any]) -> Optional[bytes]:
+        """The hot path: a chat chunk of one choice, as vLLM writes one per token -- its
+        ``logprobs`` and ``token_ids`` values cut where the key, right after a ``,``, is followed
+        by exactly the value the parse found (orjson writes vLLM's compact JSON the same way),
+        and no second key of either name is in the event. None: take the general way."""
+        choices = payload.get("choices")
+        if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict \
+                or payload.get("prompt_token_ids") is not None:
+            return None
+        choice = choices[0]
+        logprobs = choice.get("logprobs") if "logprobs" in self.added else None
+        token_ids = choice.get("token_ids") if "return_token_ids" in self.added else None
+        if logprobs is None and token_ids is None:
+            return _UNCHANGED if not _has_non_null(data, choice, self.added) else None
+        spans = []
+        for key, value in ((b',"logprobs":', logprobs), (b',"token_ids":', token_ids)):
+            if value is None:
+                continue
+            written = self.written[id(value)] = orjson.dumps(value)
+            at = data.find(key + written)
+            if at < 0 or data.find(key[1:]) != at + 1 or data.find(key[1:], at + len(key)) >= 0:
+                return None
+            spans.append((at + len(key), at + len(key) + len(written)))
+        self.cut_values += len(spans)
+        if len(spans) == 1:
+            (start, end), = spans
+            return data[:start] + b"null" + data[end:]
+        (start, end), (start2, end2) = sorted(spans)
+        return data[:start] + b"null" + data[end:start2] + b"null" + data[end2:]
 
     def _chat_cuts(self, event_type: str, payload: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
         cuts = []
@@ -237,6 +309,11 @@ def _no_cuts(event_type: str, payload: dict[str, Any]) -> list[tuple[tuple[Any, 
     return []
 
 
+def _has_non_null(data: bytes, choice: dict[str, Any], added: dict[str, Any]) -> bool:
+    """Whether the general way is needed after all: an added field's key elsewhere in the event."""
+    return ("logprobs" in added and b'"logprobs":{' in data) or ("return_token_ids" in added and b'"token_ids":[' in data)
+
+
 def _only_token_data(payload: dict[str, Any]) -> bool:
     """A chat chunk whose every choice has an empty delta and no finish reason, without usage:
     it exists only to carry a token's logprobs / ids (vLLM serving.py, ``delta_message is None``)."""
@@ -279,44 +356,52 @@ def _is_text_part_with_logprobs(part: Any) -> bool:
     return type(part) is dict and part.get("type") == "output_text" and type(part.get("logprobs")) is list
 
 
-def _found_spans(text: str, cuts: list[tuple[tuple[Any, ...], str]],
-                 payload: dict[str, Any]) -> Optional[list[tuple[int, int, str]]]:
-    """The cuts' spans found by searching for their keys (the fast way), or None to walk instead.
+def _found_spans(data: bytes, cuts: list[tuple[tuple[Any, ...], str]],
+                 payload: dict[str, Any]) -> Optional[list[tuple[int, int, bytes]]]:
+    """The cuts' spans found by searching for each key with its value (the fast way), or None
+    to walk instead.
 
-    Inside a JSON string every quote is escaped, so ``"name":`` after a ``{`` or ``,`` is a key.
-    The values found for each name, in text order, must be exactly the non-null values the
-    parsed payload has at the cuts' paths, in the same order: a same-named key anywhere else
-    (vLLM writes none in these events) makes the counts or the values differ, and the caller
-    walks the paths instead.
+    Each value is looked for as ``"name":`` + the value as orjson writes it, right after a ``{``
+    or ``,``: inside a JSON string every quote is escaped, so that is a key, never text; and the
+    bytes are vLLM's compact JSON, which orjson writes the same way (a difference in a float's
+    digits or an escape only sends the event to the walk). Each such key-and-value must occur
+    exactly as many times as there are cuts for it, or the event is walked.
     """
-    by_name: dict[str, list[tuple[tuple[Any, ...], str]]] = {}
-    for cut in cuts:
-        by_name.setdefault(cut[0][-1], []).append(cut)
     spans = []
-    for name, group in by_name.items():
-        key = f'"{name}":'
-        found = []
-        at = text.find(key)
-        while at >= 0:
-            if at > 0 and text[at - 1] in "{, \t\n\r":
-                start = at + len(key)
-                while text[start] in " \t\n\r":
-                    start += 1
-                if not text.startswith("null", start):
-                    try:
-                        value, end = _scan_value(text, start)
-                    except (StopIteration, ValueError):
-                        return None
-                    found.append((start, end, value))
-            at = text.find(key, at + len(key))
-        if len(found) != len(group):
+    next_from: dict[bytes, int] = {}
+    for path, replacement in cuts:
+        key = _KEYS.get(path[-1]) or b'"' + path[-1].encode() + b'":'
+        pattern = key + orjson.dumps(_at(payload, path))
+        at = data.find(pattern, next_from.get(pattern, 0))
+        if at <= 0 or data[at - 1] not in _KEY_BEFORE:
             return None
-        for (start, end, value), (path, replacement) in zip(found, group):
-            if value != _at(payload, path):
-                return None
-            if text[start:end] != replacement:
-                spans.append((start, end, replacement))
+        end = at + len(pattern)
+        next_from[pattern] = end
+        spans.append((at + len(key), end, replacement.encode()))
+    for pattern, end in next_from.items():
+        if data.find(pattern, end) >= 0:
+            return None  # One more than there are cuts: which is which is not known.
     return spans
+
+
+#: The keys the mode cuts, as they appear in compact JSON.
+_KEYS = {name: b'"' + name.encode() + b'":' for name in (
+    "logprobs", "token_ids", "prompt_token_ids", "top_logprobs", "input_messages", "output_messages")}
+
+
+def _spliced(data: Any, spans: list[tuple[int, int, Any]]) -> Any:
+    """``data`` (bytes or text) with each span replaced."""
+    spans.sort()
+    pieces, position = [], 0
+    for start, end, replacement in spans:
+        pieces += (data[position:start], replacement)
+        position = end
+    pieces.append(data[position:])
+    return data[:0].join(pieces)
+
+
+#: What precedes a key in compact JSON (vLLM writes no spaces between members): ``{`` and ``,``.
+_KEY_BEFORE = frozenset(b"{,")
 
 
 def _at(value: Any, path: tuple[Any, ...]) -> Any:

@@ -216,13 +216,13 @@ class _Call:
                 self.sidecar.hinted.add(mistake)
                 log.warning("the upstream answered 404 for %s (forwarded unchanged): %s", self.route.upstream_target,
                             mistake, extra={**self._log_context(), "status": 404})
-        tap = self._attach_tap(upstream, is_stream)
         cutter = None
         if self.token_fields is not None and 200 <= upstream.status < 300 and self.exchange is not None:
             cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
-            if not is_stream or upstream.content_length is not None:  # A sized body: its length changes.
-                await self._relay_cut_body(upstream, tap, cutter, is_stream)
-                return
+        tap = self._attach_tap(upstream, is_stream, cutter)
+        if cutter is not None and (not is_stream or upstream.content_length is not None):
+            await self._relay_cut_body(upstream, tap, cutter, is_stream)  # A sized body: its length changes.
+            return
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
@@ -272,7 +272,8 @@ class _Call:
         self.client.write(cut)
         self.client.end()
 
-    def _attach_tap(self, upstream: UpstreamReply, is_stream: bool) -> StreamTap | BodyTap | None:
+    def _attach_tap(self, upstream: UpstreamReply, is_stream: bool,
+                    cutter: AddedFieldCutter | None = None) -> StreamTap | BodyTap | None:
         if self.exchange is None:
             return None
         self.exchange.status_code = self.exchange.upstream_status_code = upstream.status
@@ -280,7 +281,8 @@ class _Call:
         if is_stream:
             # The line is all that reads the reassembly: per-token lists stay JSON (memory, issue 20).
             window = RAW_WINDOW_BYTES if self.settings.capture_raw_stream == "on-failure" else None
-            self.exchange.tap = StreamTap(self.exchange.dialect, encoding, compact_arrays=True, raw_window=window)
+            self.exchange.tap = StreamTap(self.exchange.dialect, encoding, compact_arrays=True, raw_window=window,
+                                          cutter=cutter)
         else:
             self.exchange.tap = BodyTap(self.exchange.dialect, encoding)
         return self.exchange.tap
@@ -397,6 +399,8 @@ class _BodyPump:
         #: Lookahead for a captured body of unknown length: its last chunk is held to the end.
         self.lookahead = isinstance(tap, BodyTap) and upstream.content_length is None
         self.held = b""
+        #: Token capture mode: the held terminal chunk's bytes, already cut (they go out first).
+        self.held_ready = b""
         #: Chunks of the current upstream read, handled together at `flush`.
         self.batch: list[bytes] = []
         self.first_written = False
@@ -435,6 +439,9 @@ class _BodyPump:
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
             return
+        if self.cutter is not None:
+            self._flush_cut(batch, tap)  # type: ignore[arg-type]
+            return
         exchange, start = self.exchange, 0
         for index, chunk in enumerate(batch):
             ends_reply = tap.feed(chunk)
@@ -459,6 +466,26 @@ class _BodyPump:
         if self.lookahead:  # Write what came before; this read may be the body's last.
             data, self.held = self.held, data
         write(data)
+
+    def _flush_cut(self, batch: list[bytes], tap: StreamTap) -> None:
+        """`flush` in the token capture mode: the tap parses each chunk once for the capture and
+        the cut (DESIGN §11), and what goes out is its output; the terminal chunk's is held."""
+        exchange, client, pieces = self.exchange, self.client, []
+        for index, chunk in enumerate(batch):
+            ends_reply = tap.feed(chunk)
+            pieces.append(tap.take_output())
+            if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+                exchange.mark_first_content()
+            if ends_reply:
+                client.write(b"".join(pieces[:-1]))
+                self.held_ready = pieces[-1]
+                self.held = b"".join(batch[index + 1:])  # Not fed to the tap: cut when written.
+                self._persist_then_flush()
+                return
+            if not self.first_written:
+                self.first_written = True  # The first bytes go out before the rest is parsed: TTFT.
+                client.write(pieces.pop())
+        client.write(b"".join(pieces))
 
     def on_end(self) -> None:
         self.ended = True
@@ -505,6 +532,7 @@ class _BodyPump:
         if self.done.done():
             return
         if self.broken is not None:
+            self._write_ready()
             self.write(self.held)  # What arrived before the failure, then the cut.
             self.held = b""
             if self.cutter is not None:
@@ -513,12 +541,19 @@ class _BodyPump:
         elif self.ended:
             self._flush_and_end()
         else:
+            self._write_ready()
             held, self.held = self.held, b""
             self.write(held)
             if not self.client.writing_paused:
                 self.upstream.resume()
 
+    def _write_ready(self) -> None:
+        if self.held_ready:
+            self.client.write(self.held_ready)
+            self.held_ready = b""
+
     def _flush_and_end(self) -> None:
+        self._write_ready()
         if self.held:
             self.write(self.held)
             self.held = b""

@@ -109,7 +109,8 @@ def parse_preferring_plain(pieces: list[bytes], **kwargs) -> tuple[list[ServerSe
             events += parser.feed(piece)
         else:
             events += [ServerSentEvent(kind, data.decode("utf-8", "replace"), parser.last_event_id, parser.retry)
-                       for kind, data in plain]
+                       for kind, data, lines in plain]
+            assert [lines + b"\n\n" for _, _, lines in plain] == [part + b"\n\n" for part in piece[:-2].split(b"\n\n")]
     events += parser.close()
     return events, parser
 
@@ -133,8 +134,9 @@ def test_plain_fast_path_takes_plain_chunks_and_refuses_the_rest():
     assert with_bom.feed_plain(b"\xef\xbb\xbfdata: 1\n\n") is None  # A first line with a BOM: `feed`.
     assert with_bom.feed(b"\xef\xbb\xbfdata: 1\n\n") == [ServerSentEvent(data="1")]
     parser = SSEParser(max_event_bytes=100)
-    assert parser.feed_plain(b"data: 1\n\n") == [("message", b"1")]  # The first chunk too (TTFT).
-    assert parser.feed_plain(b"event: a\ndata: {}\n\ndata: 2\n\n") == [("a", b"{}"), ("message", b"2")]
+    assert parser.feed_plain(b"data: 1\n\n") == [("message", b"1", b"data: 1")]  # The first chunk too (TTFT).
+    assert parser.feed_plain(b"event: a\ndata: {}\n\ndata: 2\n\n") == [("a", b"{}", b"event: a\ndata: {}"),
+                                                                       ("message", b"2", b"data: 2")]
     assert parser.field_lines == 4
     for other in (b"data: 1\r\n\r\n", b"data: 1\ndata: 2\n\n", b": ping\n\n", b"id: 3\ndata: 1\n\n", b"data: 1\n",
                   b"data: 1\n\n\n", b"data:1\n\n", b"data: " + b"x" * 100 + b"\n\n"):

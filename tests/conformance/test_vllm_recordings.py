@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from capture import AddedFieldCutter, add_request_fields, token_fields_to_add
+from capture import AddedFieldCutter, StreamTap, add_request_fields, token_fields_to_add
 from records import build_model_call_record, read_token_records
 from tests.scripted_upstream import Script
 from tests.wire import fetch, rollout_url
@@ -33,6 +33,16 @@ def test_the_fields_added_are_vllms_and_cutting_them_gives_the_asked_bytes(case)
             parts = [case.added.body[i:i + 1] for i in range(len(case.added.body))] if split == "1-byte" \
                 else pieces(case.added.body, split)
             cut = b"".join(cutter.feed(part) for part in parts) + cutter.close()
+            # As the proxy runs it: inside the tap, one parse for the capture and the cut.
+            alone, joint_cutter = StreamTap(case.dialect), AddedFieldCutter(case.dialect, fields, agent_request)
+            joint = StreamTap(case.dialect, cutter=joint_cutter)
+            out = []
+            for part in parts:
+                alone.feed(part)
+                joint.feed(part)
+                out.append(joint.take_output())
+            assert normalised(b"".join(out) + joint_cutter.close()) == normalised(case.asked.body), split
+            assert joint.finish(200) == alone.finish(200), "the capture is the same with the cutter inside"
         else:
             cut = cutter.cut_body(case.added.body)
         assert normalised(cut) == normalised(case.asked.body), split
