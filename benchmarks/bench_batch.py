@@ -10,7 +10,10 @@ stream: 256 at once is ~50k tokens/s, a large GPU server's decode rate.
 
 1. 256 such streams at once (``--capture-raw-stream on-failure``, then ``always``): the sidecar's
    peak RSS, and its CPU time per streamed token (user + system, from /proc, over the batch).
-2. Short JSON calls (64 clients): p50 alone, then while the 256 streams run, and the ratio.
+2. Short JSON calls (64 clients): p50 alone, then while 256 streams run at a GPU's pace (50
+   tokens/s each: an 8B model on an H100 at that batch size), and the ratio. (At 200 tokens/s
+   each, 51k tokens/s in all, one sidecar process is past one core with the mode on: use
+   ``--workers``; see deploy/README.md.)
 3. The bytes of one captured line of a 32,000-token call without ``response_raw``, and what
    takes the room.
 
@@ -35,9 +38,10 @@ import orjson  # noqa: E402
 
 import bench_proxy as bp  # noqa: E402
 from bench_rl import sample_rss, short_calls  # noqa: E402
-from fast_upstream import BATCH_TOKENS, BATCH_TOKENS_PER_S, RL_TOKENS  # noqa: E402
+from fast_upstream import BATCH_TOKENS, BATCH_TOKENS_PER_S, GPU_TOKENS_PER_S, RL_TOKENS  # noqa: E402
 
 AGENT_BODY = b'{"model":"bench","stream":true,"batch":true,"messages":[{"role":"user","content":"solve"}]}'
+GPU_PACED_BODY = b'{"model":"bench","stream":true,"batch":true,"gpu_pace":true,"messages":[{"role":"user","content":"solve"}]}'
 #: The baseline: an agent that asks for the arrays itself, the sidecar without the mode (same upstream bytes).
 ASKING_BODY = (b'{"model":"bench","stream":true,"batch":true,"logprobs":true,"return_token_ids":true,'
                b'"messages":[{"role":"user","content":"solve"}]}')
@@ -107,6 +111,8 @@ async def batch_alone(raw_stream: str, count: int, workdir: str, mode: bool = Tr
 
 
 async def short_calls_during_batch(count: int, workdir: str) -> dict[str, float]:
+    """Short calls alone, then while ``count`` streams run at a GPU's pace (`GPU_TOKENS_PER_S`),
+    for 20 s (the streams are then left: what matters is the sidecar while they flow)."""
     upstream = bp.start_upstream()
     capture_dir = os.path.join(workdir, "captures-latency")
     os.makedirs(capture_dir)
@@ -114,12 +120,15 @@ async def short_calls_during_batch(count: int, workdir: str) -> dict[str, float]
     try:
         await short_calls(sidecar.port, 64, 1.0)
         alone_before = await short_calls(sidecar.port, 64, 3.0)
-        batch = asyncio.create_task(streams(sidecar.port, count, AGENT_BODY))
-        await asyncio.sleep(2.0)  # Every stream open and flowing.
-        during: list[float] = []
-        while not batch.done():
-            during += await short_calls(sidecar.port, 64, 1.0)
-        await batch
+        batch = asyncio.create_task(streams(sidecar.port, count, GPU_PACED_BODY))
+        await asyncio.sleep(3.0)  # Every stream open and flowing.
+        during = await short_calls(sidecar.port, 64, 20.0)
+        batch.cancel()
+        try:
+            await batch
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(2.0)  # The cut streams' lines written.
         alone_after = await short_calls(sidecar.port, 64, 3.0)
     finally:
         sidecar.stop()
@@ -211,7 +220,8 @@ def main() -> None:
                 "writing, both sockets) over the batch; the last row is the same bytes from the upstream without "
                 "the mode, for the mode's own share.", ""]
     ms = lambda s: f"{s * 1000:.2f}"  # noqa: E731
-    out += ["", f"## Short JSON calls (64 clients) alone and while the {count} streams run (on-failure)", "",
+    out += ["", f"## Short JSON calls (64 clients) alone and while {count} streams run at a GPU's pace ({GPU_TOKENS_PER_S} tokens/s "
+                f"each, {count * GPU_TOKENS_PER_S:,} in all), token capture mode, on-failure", "",
             "| measure | value |", "|---|---:|",
             f"| p50 alone (ms), mean of before and after | {ms(latency['alone'])} |",
             f"| p50 during the batch (ms) | {ms(latency['during'])} |",

@@ -209,11 +209,17 @@ class StreamTap:
             self._failure = f"cannot decode the body: {type(exc).__name__}: {exc}"
             return None
 
-    def finish(self, status: int) -> TapOutcome:
-        """The outcome for a reply with ``status`` whose body has ended (or was cut)."""
+    def raw_text(self) -> str:
+        """The stream's raw text as kept (with a note when the window dropped its start)."""
         raw = bytes(self._raw).decode("utf-8", "replace") if self._raw else ""
         if self.raw_dropped:
             raw = f"(the stream's first {self.raw_dropped} bytes were not kept: --capture-raw-stream on-failure keeps its end)\n" + raw
+        return raw
+
+    def finish(self, status: int, with_raw: bool = True) -> TapOutcome:
+        """The outcome for a reply with ``status`` whose body has ended (or was cut).
+        ``with_raw=False``: ``response_raw`` is None (`raw_text` gives it if it is wanted after all)."""
+        raw = self.raw_text() if with_raw else None
         if self._failure is not None:
             category = categorize_status(status) or "capture_parse_error"
             return TapOutcome(None, raw, category, not self.terminal, self._failure)

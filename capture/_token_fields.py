@@ -89,6 +89,8 @@ class AddedFieldCutter:
         self.dropped_events = 0
         self.cut_values = 0
         asked_token_data = bool(request.get("logprobs")) or bool(request.get("return_token_ids"))
+        self._cut_logprobs = "logprobs" in added
+        self._cut_token_ids = "return_token_ids" in added
         self._drop_empty_chunks = dialect == "chat" and not asked_token_data
         self._rules: Callable[[str, dict[str, Any]], list[tuple[tuple[Any, ...], str]]] = {
             "chat": self._chat_cuts, "completions": self._completions_cuts, "responses": self._responses_cuts,
@@ -197,14 +199,14 @@ class AddedFieldCutter:
         return self._cut_parsed(data, event_type, payload)
 
     def _cut_parsed(self, data: bytes, event_type: str, payload: dict[str, Any]) -> Any:
-        if event_type == "message" and type(payload.get("type")) is str:
-            event_type = payload["type"]
-        if self._drop_empty_chunks and _only_token_data(payload):
-            return None
         if self.dialect == "chat":
+            if self._drop_empty_chunks and _only_token_data(payload):
+                return None
             cut = self._chat_token_chunk(data, payload)
             if cut is not None:
                 return cut
+        elif event_type == "message" and type(payload.get("type")) is str:
+            event_type = payload["type"]
         cuts = self._rules(event_type, payload)
         if not cuts:
             return _UNCHANGED
@@ -229,31 +231,40 @@ class AddedFieldCutter:
         """The hot path: a chat chunk of one choice, as vLLM writes one per token -- its
         ``logprobs`` and ``token_ids`` values cut where the key, right after a ``,``, is followed
         by exactly the value the parse found (orjson writes vLLM's compact JSON the same way),
-        and no second key of either name is in the event. None: take the general way."""
+        and no other key of that name is in the event. None: take the general way."""
         choices = payload.get("choices")
-        if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict \
-                or payload.get("prompt_token_ids") is not None:
+        if type(choices) is not list or len(choices) != 1 or payload.get("prompt_token_ids") is not None:
             return None
         choice = choices[0]
-        logprobs = choice.get("logprobs") if "logprobs" in self.added else None
-        token_ids = choice.get("token_ids") if "return_token_ids" in self.added else None
-        if logprobs is None and token_ids is None:
-            return _UNCHANGED if not _has_non_null(data, choice, self.added) else None
-        spans = []
-        for key, value in ((b',"logprobs":', logprobs), (b',"token_ids":', token_ids)):
-            if value is None:
-                continue
-            written = self.written[id(value)] = orjson.dumps(value)
-            at = data.find(key + written)
-            if at < 0 or data.find(key[1:]) != at + 1 or data.find(key[1:], at + len(key)) >= 0:
+        if type(choice) is not dict:
+            return None
+        find, dumps, written = data.find, orjson.dumps, self.written
+        first = second = None
+        logprobs = choice.get("logprobs") if self._cut_logprobs else None
+        if logprobs is not None:
+            text = written[id(logprobs)] = dumps(logprobs)
+            at = find(_LOGPROBS_AFTER_COMMA + text)
+            if at < 0 or find(_LOGPROBS) != at + 1 or find(_LOGPROBS, at + 12) >= 0:
                 return None
-            spans.append((at + len(key), at + len(key) + len(written)))
-        self.cut_values += len(spans)
-        if len(spans) == 1:
-            (start, end), = spans
+            first = (at + 12, at + 12 + len(text))
+        token_ids = choice.get("token_ids") if self._cut_token_ids else None
+        if token_ids is not None:
+            text = written[id(token_ids)] = dumps(token_ids)
+            at = find(_TOKEN_IDS_AFTER_COMMA + text)
+            if at < 0 or find(_TOKEN_IDS) != at + 1 or find(_TOKEN_IDS, at + 13) >= 0:
+                return None
+            second = (at + 13, at + 13 + len(text))
+        if first is None and second is None:
+            return None if (self._cut_logprobs and _LOGPROBS_OBJECT in data) or (
+                self._cut_token_ids and _TOKEN_IDS_LIST in data) else _UNCHANGED
+        if first is None or second is None:
+            start, end = first or second  # type: ignore[misc]
+            self.cut_values += 1
             return data[:start] + b"null" + data[end:]
-        (start, end), (start2, end2) = sorted(spans)
-        return data[:start] + b"null" + data[end:start2] + b"null" + data[end2:]
+        if second[0] < first[0]:
+            first, second = second, first
+        self.cut_values += 2
+        return data[:first[0]] + b"null" + data[first[1]:second[0]] + b"null" + data[second[1]:]
 
     def _chat_cuts(self, event_type: str, payload: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
         cuts = []
@@ -309,9 +320,8 @@ def _no_cuts(event_type: str, payload: dict[str, Any]) -> list[tuple[tuple[Any, 
     return []
 
 
-def _has_non_null(data: bytes, choice: dict[str, Any], added: dict[str, Any]) -> bool:
-    """Whether the general way is needed after all: an added field's key elsewhere in the event."""
-    return ("logprobs" in added and b'"logprobs":{' in data) or ("return_token_ids" in added and b'"token_ids":[' in data)
+_LOGPROBS, _LOGPROBS_AFTER_COMMA, _LOGPROBS_OBJECT = b'"logprobs":', b',"logprobs":', b'"logprobs":{'
+_TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA, _TOKEN_IDS_LIST = b'"token_ids":', b',"token_ids":', b'"token_ids":['
 
 
 def _only_token_data(payload: dict[str, Any]) -> bool:

@@ -154,11 +154,16 @@ class CallExchange:
         failure = self.failure
         fields: dict[str, Any] = {"response": self.local_body, "error_category": self.category_override}
         if self.tap is not None and self.status_code is not None and self.response_source == "upstream":
-            outcome = self.tap.finish(self.status_code)
-            fields["response"] = outcome.response
-            fields["response_raw"] = outcome.response_raw
-            if self.raw_stream == "on-failure" and type(self.tap) is StreamTap and _reassembled_whole(outcome):
-                fields["response_raw"] = None
+            tap = self.tap
+            if self.raw_stream == "on-failure" and type(tap) is StreamTap:
+                # The raw text is made (a copy of the stream) only for a stream that failed.
+                outcome = tap.finish(self.status_code, with_raw=False)
+                fields["response"] = outcome.response
+                fields["response_raw"] = None if _reassembled_whole(outcome) else tap.raw_text()
+            else:
+                outcome = tap.finish(self.status_code)
+                fields["response"] = outcome.response
+                fields["response_raw"] = outcome.response_raw
             fields["stream_truncated"] = outcome.stream_truncated
             fields["error_category"] = self.category_override or outcome.error_category
             if failure is None and outcome.parse_failure is not None:
