@@ -166,7 +166,8 @@ class StreamTap:
                         reassembler.feed_data(event_type, event_data)
                 except Exception as exc:  # The output above is complete whatever happens here.
                     self._failure = f"{type(exc).__name__}: {exc}"
-            written.clear()
+            if written:
+                written.clear()
         self.terminal = self._reassembler.terminal
         return self.terminal
 

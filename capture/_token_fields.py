@@ -108,6 +108,13 @@ class AddedFieldCutter:
         ``lines``, its ``data``, the data parsed or None), cut, with its blank line."""
         if type(payload) is not dict:
             return part + b"\n\n"
+        if self.dialect == "chat":  # The hot path, on the event's own lines (no key is before its data).
+            cut = self._chat_token_chunk(part, payload)
+            if cut is _DROP:
+                self.dropped_events += 1
+                return b""
+            if cut is not None:
+                return (part if cut is _UNCHANGED else cut) + b"\n\n"
         cut = self._cut_parsed(data, event_type, payload)
         if cut is None:
             self.dropped_events += 1
@@ -203,6 +210,8 @@ class AddedFieldCutter:
             if self._drop_empty_chunks and _only_token_data(payload):
                 return None
             cut = self._chat_token_chunk(data, payload)
+            if cut is _DROP:
+                return None
             if cut is not None:
                 return cut
         elif event_type == "message" and type(payload.get("type")) is str:
@@ -238,20 +247,23 @@ class AddedFieldCutter:
         choice = choices[0]
         if type(choice) is not dict:
             return None
+        if self._drop_empty_chunks and choice.get("delta") == {} and choice.get("finish_reason") is None \
+                and payload.get("usage") is None and payload.get("error") is None:
+            return _DROP  # A token's logprob / id alone: the agent's own request has no such chunk.
         find, dumps, written = data.find, orjson.dumps, self.written
         first = second = None
         logprobs = choice.get("logprobs") if self._cut_logprobs else None
         if logprobs is not None:
             text = written[id(logprobs)] = dumps(logprobs)
             at = find(_LOGPROBS_AFTER_COMMA + text)
-            if at < 0 or find(_LOGPROBS) != at + 1 or find(_LOGPROBS, at + 12) >= 0:
+            if at < 0 or data.count(_LOGPROBS) != 1:
                 return None
             first = (at + 12, at + 12 + len(text))
         token_ids = choice.get("token_ids") if self._cut_token_ids else None
         if token_ids is not None:
             text = written[id(token_ids)] = dumps(token_ids)
             at = find(_TOKEN_IDS_AFTER_COMMA + text)
-            if at < 0 or find(_TOKEN_IDS) != at + 1 or find(_TOKEN_IDS, at + 13) >= 0:
+            if at < 0 or data.count(_TOKEN_IDS) != 1:
                 return None
             second = (at + 13, at + 13 + len(text))
         if first is None and second is None:
@@ -314,6 +326,7 @@ class AddedFieldCutter:
 
 
 _UNCHANGED = object()
+_DROP = object()
 
 
 def _no_cuts(event_type: str, payload: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
