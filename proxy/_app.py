@@ -93,7 +93,8 @@ class Sidecar:
     async def handle(self, request: ServerRequest, client: Http1Connection) -> None:
         if request.method in _ADMIN_METHODS and request.target.startswith(b"/-/"):
             path = request.target.partition(b"?")[0]
-            admin = {b"/-/healthy": self._healthy, b"/-/ready": self._ready, b"/-/metrics": self._metrics}.get(path)
+            admin = {b"/-/healthy": self._healthy, b"/-/health": self._healthy, b"/-/ready": self._ready,
+                     b"/-/metrics": self._metrics}.get(path)  # /-/health: what people type for /-/healthy.
             if admin is not None:
                 status, content_type, body = await admin()
                 client.reply(status, b"OK" if status == 200 else b"Service Unavailable",

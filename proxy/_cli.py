@@ -49,7 +49,11 @@ def main() -> None:
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
 @click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")
 def serve(**options: Any) -> None:
-    """Run the sidecar until SIGINT or SIGTERM."""
+    """Run the sidecar until SIGINT or SIGTERM.
+
+    \b
+    Its own endpoints (everything else is forwarded): /-/healthy (or /-/health), /-/ready, /-/metrics.
+    """
     warnings: list[str] = []
     settings = _settings_or_exit(options, warnings.append)
     configure_logging(settings.log_level, settings.log_format)

@@ -54,11 +54,15 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
     try:
         target = request.target.decode("latin-1")
         if not target.startswith("/"):
-            # An absolute-form target (`GET http://elsewhere/`) would name another host: refused,
-            # so only the configured upstream is ever reached.
-            send_local_reply(client, BAD_REQUEST_TARGET, "openai",
-                             "the request target must be a path; this sidecar only forwards to its configured upstream")
-            return
+            # RFC 9112 §3.2.2: a server MUST accept the absolute-form (`GET http://host/v1/models`).
+            # Its path is what is forwarded; its host is not: only the configured upstream is
+            # ever reached, whatever the client names.
+            target = origin_form(target)  # type: ignore[assignment]
+            if target is None:
+                send_local_reply(client, BAD_REQUEST_TARGET, "openai",
+                                 "the request target must be a path or an http(s) URL; this sidecar only forwards "
+                                 "to its configured upstream")
+                return
         route = route_request(request.method, target)
         if route.invalid_rollout_id is not None:
             message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
@@ -585,6 +589,17 @@ def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseE
         category = "stream_truncated"
     exchange.category_override = category
     exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)
+
+
+def origin_form(target: str) -> str | None:
+    """The path and query of an absolute-form target (``http://host/p?q`` -> ``/p?q``), else None."""
+    scheme, separator, rest = target.partition("://")
+    if not separator or scheme.lower() not in ("http", "https") or not rest or rest[0] in "/?#":
+        return None
+    cut = min((at for at in (rest.find("/"), rest.find("?")) if at >= 0), default=-1)
+    if cut < 0:
+        return "/"
+    return rest[cut:] if rest[cut] == "/" else "/" + rest[cut:]
 
 
 def _errno_of(exc: BaseException | None) -> int | None:

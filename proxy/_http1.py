@@ -237,9 +237,18 @@ class Http1Connection(asyncio.Protocol):
         self._current = request
         version = parser.get_http_version()
         request.http10 = version == "1.0"
+        hosts = sum(1 for name, _ in self._headers if name.lower() == b"host")
         if version not in ("1.0", "1.1"):
             # llhttp reads a request line without a version as HTTP/0.9; a model call never is one.
             self._refuse_in_turn(request, 400, b"Bad Request", b"only HTTP/1.0 and HTTP/1.1 requests are served")
+        elif hosts > 1 or (hosts == 0 and not request.http10):
+            # RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header,
+            # or to any request with more than one (nginx does the same).
+            self._refuse_in_turn(request, 400, b"Bad Request", b"a request must carry exactly one Host header")
+        elif request.http10 and request.value(b"transfer-encoding") is not None:
+            # HTTP/1.0 has no transfer codings: such a body's framing cannot be trusted (RFC 9112
+            # §6.1; nginx answers 400).
+            self._refuse_in_turn(request, 400, b"Bad Request", b"an HTTP/1.0 request cannot use Transfer-Encoding")
         elif request.method == "CONNECT" or parser.should_upgrade():
             # Not a proxy for tunnels or other protocols: 501 in this request's turn, nothing
             # upstream, no byte after it read (what follows would be the other protocol's).

@@ -18,8 +18,10 @@ from .wire import assert_same_reply, fetch, rollout_url
 CHAT = "/v1/chat/completions"
 
 
-async def test_healthy_and_ready_when_all_is_well(http, sidecar):
+async def test_healthy_and_ready_when_all_is_well(http, sidecar, upstream):
     assert (await fetch(http, "GET", sidecar.url + "/-/healthy")).status == 200
+    assert (await fetch(http, "GET", sidecar.url + "/-/health")).status == 200, "what people type: served, not forwarded"
+    assert upstream.received == []
     ready = await fetch(http, "GET", sidecar.url + "/-/ready")
     assert ready.status == 200 and orjson.loads(ready.body)["capture_dir_writable"] is True
 

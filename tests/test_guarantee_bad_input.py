@@ -44,10 +44,15 @@ CASES.update({
     "two different Content-Lengths": (post(f"/ng-rollout/b1{CHAT}", extra="Content-Length: 5\r\n"), "rejected"),
     "obfuscated Transfer-Encoding": (b"POST /ng-rollout/b1/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                      b"Transfer-Encoding: xchunked\r\nConnection: close\r\n\r\n0\r\n\r\n", "rejected"),
+    # RFC 9112 §3.2.2: accepted; its path goes to the configured upstream, never to the host it names.
     "absolute-form target": (b"GET http://elsewhere.invalid/v1/models HTTP/1.1\r\nHost: elsewhere.invalid\r\n"
-                             b"Connection: close\r\n\r\n", "rejected"),
+                             b"Connection: close\r\n\r\n", "only upstream"),
     "absolute-form with prefix": (b"POST http://elsewhere.invalid/ng-rollout/b1/v1/chat/completions HTTP/1.1\r\n"
-                                  b"Host: elsewhere.invalid\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", "rejected"),
+                                  b"Host: elsewhere.invalid\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", "only upstream"),
+    "no Host (HTTP/1.1)": (b"GET /v1/models HTTP/1.1\r\nConnection: close\r\n\r\n", "rejected"),
+    "two Hosts": (b"GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n", "rejected"),
+    "HTTP/1.0 with Transfer-Encoding": (b"POST /ng-rollout/b1/v1/chat/completions HTTP/1.0\r\nHost: x\r\n"
+                                        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "rejected"),
     "spoofed Host": (post(f"/ng-rollout/b1{CHAT}", extra="").replace(b"Host: sidecar", b"Host: evil.example"), "only upstream"),
     "not HTTP at all": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + os.urandom(64), "rejected"),
     "SSE garbage from upstream": (post("/ng-rollout/b2/v1/responses"), "forwarded"),

@@ -163,3 +163,7 @@ def test_clear_refuses_one_bare_id(tmp_path):
     with pytest.raises(TypeError, match=r"clear_model_call_captures\(\['abc'\], capture_dir\)"):
         clear_model_call_captures("abc", str(tmp_path))
     assert os.path.exists(tmp_path / "a.capture.jsonl"), "nothing was walked character by character"
+
+
+def test_tail_help_shows_the_rollout_as_optional():
+    assert run("tail", "--help").splitlines()[0].endswith(" tail [OPTIONS] DIR [ROLLOUT]")

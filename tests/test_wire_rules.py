@@ -322,3 +322,14 @@ async def test_chunked_reply_with_trailers_reaches_the_client_whole_and_the_conn
     assert chunks == b"hello world" and b"X-Checksum: abc" not in first
     second = await exchange(sidecar.url, b"GET /u HTTP/1.1\r\nHost: s\r\n\r\n", ends_with(b"next"))
     assert second.endswith(b"\r\n\r\nnext") and [n for n, _ in raw_upstream.received] == [1, 1]
+
+
+@pytest.mark.parametrize("target, path", [
+    ("http://h/v1/models", "/v1/models"), ("HTTPS://h:8443/a?b=1", "/a?b=1"), ("http://h", "/"), ("http://h?x=1", "/?x=1"),
+    ("http://h/ng-rollout/r1/v1/chat/completions", "/ng-rollout/r1/v1/chat/completions"),
+    ("ftp://h/x", None), ("*", None), ("h/x", None), ("http:///x", None),
+])
+def test_the_path_of_an_absolute_form_target(target, path):
+    """RFC 9112 §3.2.2: the absolute-form is accepted; only its path and query are forwarded."""
+    from proxy._forwarder import origin_form
+    assert origin_form(target) == path

@@ -256,7 +256,7 @@ _TAIL_HEADER = "rollout #call " + " ".join(["dialect", "model", "status", "ttft_
 
 @click.command("tail")
 @click.argument("directory", metavar="DIR")
-@click.argument("rollout_id", metavar="ROLLOUT", required=False)
+@click.argument("rollout_id", metavar="[ROLLOUT]", required=False)
 @click.option("--interval", type=float, default=0.5, show_default=True, help="Seconds between looks at the files.")
 @click.option("--from-start", is_flag=True, help="Print the calls already there first.")
 def tail_command(directory: str, rollout_id: Optional[str], interval: float, from_start: bool) -> None:

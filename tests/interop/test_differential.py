@@ -409,3 +409,27 @@ def test_framing_matches_nginx_in_front_of_the_same_upstream(upstreams, sidecars
             assert ours[3] == reference[3] == b""
         else:
             assert ours[1:] == reference[1:], (ours, reference)
+
+
+@requires_nginx
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /json HTTP/1.1\r\nConnection: close\r\n\r\n",  # RFC 9112 §3.2: no Host in HTTP/1.1
+    b"GET /json HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",  # two Hosts
+    b"POST /json HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",  # 1.0 + chunked
+    b"GET http://elsewhere.invalid/json HTTP/1.1\r\nHost: elsewhere.invalid\r\nConnection: close\r\n\r\n",  # absolute-form
+    b"GET /json HTTP/1.0\r\n\r\n",  # HTTP/1.0 without Host: allowed
+], ids=["no-host", "two-hosts", "http10-transfer-encoding", "absolute-form", "http10-no-host"])
+def test_the_status_of_an_irregular_request_is_nginxs(upstreams, sidecars, tmp_path, request_bytes):
+    """RFC 9112's last gaps (issue 21, point 9): what nginx refuses with 400 the sidecar refuses, and
+    an absolute-form target is served (its path, from the configured upstream), as nginx serves it."""
+    name = "uvicorn-h11"
+    nginx = start_nginx(str(tmp_path / "nginx"), f"proxy_pass {upstreams[name].url}; proxy_http_version 1.1; "
+                                                  "proxy_set_header Connection \"\"; proxy_buffering off;")
+    try:
+        ours = _framing(_raw(sidecars[name].url, request_bytes))
+        reference = _framing(_raw(nginx.url, request_bytes))
+    finally:
+        nginx.stop()
+    assert ours[0].split(" ", 2)[1] == reference[0].split(" ", 2)[1], (ours[0], reference[0])
+    if ours[0].split(" ", 2)[1] == "200":
+        assert ours[3] == reference[3], "the same body, from the configured upstream"
