@@ -55,6 +55,8 @@ class Sidecar:
         self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
         #: The base_url mistakes already explained in the log (`_routing.base_url_mistake`).
         self.hinted: set[str] = set()
+        #: The URL this sidecar listens on (set by `start`).
+        self.url = ""
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
         #: The token capture mode (DESIGN §11): on only with capture on.
         self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_tokens and settings.capture_on else None
@@ -67,9 +69,18 @@ class Sidecar:
         if settings.capture_on:
             assert settings.capture_dir is not None
             if not os.path.isdir(settings.capture_dir):
+                parent = os.path.dirname(settings.capture_dir.rstrip("/")) or "/"
+                parent_missing = not os.path.isdir(parent)
                 try:
                     os.makedirs(settings.capture_dir, exist_ok=True)
-                    log.info("created the capture dir %s", settings.capture_dir, extra={"path": settings.capture_dir})
+                    if parent_missing:
+                        # Not even the parent existed: an unmounted volume or a typo, whose captures
+                        # would land on the container's ephemeral storage.
+                        log.warning("the capture dir %s did not exist, nor did its parent %s: created both; if a volume "
+                                    "should be mounted there, it is not (captures go to local storage)",
+                                    settings.capture_dir, parent, extra={"path": settings.capture_dir})
+                    else:
+                        log.info("created the capture dir %s", settings.capture_dir, extra={"path": settings.capture_dir})
                 except OSError as exc:
                     log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
                               settings.capture_dir, exc.strerror or exc, extra={"path": settings.capture_dir, "errno": exc.errno})
@@ -88,7 +99,8 @@ class Sidecar:
         self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
-        return f"http://{host}:{port}"
+        self.url = f"http://{host}:{port}"
+        return self.url
 
     async def handle(self, request: ServerRequest, client: Http1Connection) -> None:
         if request.method in _ADMIN_METHODS and request.target.startswith(b"/-/"):

@@ -20,6 +20,7 @@ from capture import GroupCommitter, create_incomplete_marker
 from records import capture_path, encode_capture_line, incomplete_marker_path
 
 from ._exchange import CallExchange
+from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
 
 log = logging.getLogger("mcc.capture")
@@ -34,7 +35,9 @@ class CaptureWriter:
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self._committer = GroupCommitter(sync_mode, directory=capture_dir)
-        self._logged: set[tuple[str, str]] = set()
+        #: A read-only or full volume fails every rollout's lines: said once per kind of failure,
+        #: then as a count a minute (10k rollouts are not 10k log lines; issue 21).
+        self._repeated = RepeatLimiter(log, interval=60.0)
         #: Capture file path by rollout id, for the rollouts of the last while.
         self._paths: dict[str, str] = {}
         self._failing: set[asyncio.Task[None]] = set()
@@ -105,11 +108,11 @@ class CaptureWriter:
         kind = failure_kind(exc)
         self.failures[kind] += 1
         self._metrics.capture_failures.labels(kind).inc()
-        if (rollout_id, kind) not in self._logged:
-            self._logged.add((rollout_id, kind))
-            log.error("capture failed for rollout %s (%s): %s; the call was forwarded unchanged, "
-                      "further %s failures of this rollout are only counted", rollout_id, kind, exc, kind,
-                      extra={"rollout_id": rollout_id, "errno": getattr(exc, "errno", None)})
+        self._repeated.error(kind, "capture failed for rollout %s (%s) in %s: %s; the call was forwarded unchanged; "
+                             "further %s failures are counted (mcc_capture_failures_total) and said once a minute",
+                             rollout_id, kind, self.capture_dir, exc, kind,
+                             extra={"rollout_id": rollout_id, "errno": getattr(exc, "errno", None),
+                                    "path": self.capture_dir, "kind": kind})
         marker = incomplete_marker_path(self.capture_dir, rollout_id)
         loop = asyncio.get_running_loop()
         try:

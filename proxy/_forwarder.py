@@ -32,7 +32,7 @@ from ._local_replies import (
     send_local_reply,
 )
 from ._metrics import status_class
-from ._routing import Route, base_url_mistake, route_request
+from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 from ._token_mode import UpstreamBroke, WholeBody
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
@@ -69,6 +69,8 @@ async def forward(sidecar: "Sidecar", request: ServerRequest, client: Http1Conne
                        "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
             send_local_reply(client, INVALID_ROLLOUT_ID, route.error_dialect, message)
             return
+        if route.rollout_id is None and sidecar.capture_writer is not None and request.method == "POST":
+            _say_uncaptured(sidecar, route)
         call = _Call(sidecar, request, client, route)
         await call.run()
     finally:
@@ -589,6 +591,21 @@ def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseE
         category = "stream_truncated"
     exchange.category_override = category
     exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)
+
+
+def _say_uncaptured(sidecar: "Sidecar", route: Route) -> None:
+    """A model call without the rollout prefix, with capture on: forwarded, not captured. Said once
+    (with the base_url to use), then counted: an agent pointed at the bare URL loses every call."""
+    path = route.upstream_target.partition("?")[0]
+    if path not in OBSERVED_PATHS:
+        return
+    sidecar.metrics.uncaptured_calls.inc()
+    if "uncaptured" not in sidecar.hinted:
+        sidecar.hinted.add("uncaptured")
+        log.warning("POST %s came without the /ng-rollout/<rollout_id>/ prefix: forwarded, NOT captured (counted in "
+                    "mcc_uncaptured_calls_total from now on); point the agent's base_url at "
+                    "%s/ng-rollout/<rollout_id>/v1", path, sidecar.url or "http://<sidecar>",
+                    extra={"path": path})
 
 
 def origin_form(target: str) -> str | None:

@@ -12,7 +12,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 #: Fields a log call may attach with ``extra=``; JSON lines carry them as keys of their own.
-CONTEXT_FIELDS = ("rollout_id", "status", "errno", "path", "count", "upstream", "method")
+CONTEXT_FIELDS = ("rollout_id", "status", "errno", "path", "kind", "count", "upstream", "method")
 
 
 def utc_timestamp(created: float | None = None) -> str:
@@ -66,6 +66,12 @@ class RepeatLimiter:
         self._suppressed: dict[object, int] = {}
 
     def warning(self, key: object, message: str, *args: object, extra: dict[str, object] | None = None) -> None:
+        self.log(logging.WARNING, key, message, *args, extra=extra)
+
+    def error(self, key: object, message: str, *args: object, extra: dict[str, object] | None = None) -> None:
+        self.log(logging.ERROR, key, message, *args, extra=extra)
+
+    def log(self, level: int, key: object, message: str, *args: object, extra: dict[str, object] | None = None) -> None:
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:
@@ -75,4 +81,4 @@ class RepeatLimiter:
         self._last[key] = now
         if suppressed:
             message += f" ({suppressed} more in the last {self.interval:g}s)"
-        self.logger.warning(message, *args, extra={**(extra or {}), "count": suppressed + 1})
+        self.logger.log(level, message, *args, extra={**(extra or {}), "count": suppressed + 1})

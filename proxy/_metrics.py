@@ -67,6 +67,9 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+        self.uncaptured_calls = Counter("mcc_uncaptured_calls_total", "Model calls forwarded without capture, with "
+                                        "capture on, because their path had no /ng-rollout/<id>/ prefix.",
+                                        registry=registry)
         self.token_fields_refused = Counter("mcc_token_fields_refused_total", "Calls the token capture mode resent as "
                                             "the agent's own request because the upstream refused an added field.",
                                             registry=registry)

@@ -10,6 +10,7 @@ import signal
 import socket
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -84,6 +85,20 @@ async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> AppServer:
     return await start_app(create_stand_in_app(), host, port)
 
 
+async def _warn_if_the_upstream_does_not_resolve(upstream: str | None) -> None:
+    """A WARNING, not an exit: the model server's name may resolve later (a Service whose pods are
+    not up yet); every call gets a clear 502 until it does, and readiness says 503."""
+    host = urlsplit(upstream or "").hostname
+    if not host:
+        return
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, None), 5)
+    except (OSError, asyncio.TimeoutError) as exc:
+        log.warning("the upstream host %r does not resolve (%s): calls get a 502 and /-/ready says 503 until it "
+                    "does; check --upstream / MCC_UPSTREAM", host, getattr(exc, "strerror", None) or type(exc).__name__,
+                    extra={"upstream": upstream})
+
+
 class CannotServe(Exception):
     """The sidecar cannot listen where it was told to (port in use, unknown host): one sentence."""
 
@@ -99,6 +114,8 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         raise CannotServe(_why_not_listening(settings, exc)) from None
     if stand_in is not None:
         log.info("stand-in model server at %s", stand_in.url)
+    else:
+        await _warn_if_the_upstream_does_not_resolve(settings.upstream)
     log.info("%s", describe_startup(settings, stand_in.url if stand_in else settings.upstream))
     freeze_startup_objects()
     stop = asyncio.Event()

@@ -105,6 +105,8 @@ class Settings(BaseModel):
     def _absolute_capture_dir(cls, value: str | None) -> str | None:
         if value is not None and not os.path.isabs(value):
             raise ValueError("must be an absolute path")
+        if value is not None and os.path.exists(value) and not os.path.isdir(value):
+            raise ValueError("is a file, not a directory")
         return value
 
     @field_validator("upstream")
@@ -210,6 +212,8 @@ def load_settings(
         raise ConfigError(_one_sentence(exc, origins, merged, hints)) from None
 
 
+#: Settings the supervisor of ``--workers`` sets for its workers: never suggested to users.
+_INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir"})
 #: Flags whose names are not ``--`` + the setting's name.
 _FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
 #: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.
@@ -226,8 +230,8 @@ def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -
     known = {ENV_PREFIX + name.upper() for name in names} | _OTHER_VARIABLES
     for variable in sorted(environ):
         if variable.startswith(ENV_PREFIX) and variable not in known:
-            warn(f"ignoring unknown environment variable {variable} (settings: "
-                 f"{', '.join(sorted(ENV_PREFIX + n.upper() for n in Settings.model_fields))})")
+            listed = sorted(ENV_PREFIX + n.upper() for n in Settings.model_fields if n not in _INTERNAL_SETTINGS)
+            warn(f"ignoring unknown environment variable {variable} (settings: {', '.join(listed)})")
     return found
 
 

@@ -12,6 +12,7 @@ from capture import REASSEMBLERS, ChatReassembler
 from proxy._server import free_port
 
 from .scripted_upstream import json_script, split_every, sse_script
+from .test_metrics_and_logs import scrape, value
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
 from .wire import assert_same_reply, fetch, rollout_url
 
@@ -107,3 +108,26 @@ async def test_reassembler_bug_never_reaches_the_client(http, upstream, sidecar,
     assert line["error_category"] == "capture_parse_error" and line["response"] is None
     assert line["response_raw"] == CHAT_STREAM.decode()
     assert line["failure"]["stage"] == "capture" and "reassembler bug" in line["failure"]["message"]
+
+
+async def test_a_call_without_the_rollout_prefix_is_said_once_then_counted(http, upstream, sidecar, store, caplog):
+    """Issue 21, point 4: with capture on, an agent pointed at the bare URL would lose every call
+    in silence. The first is logged with the base_url to use; every one is counted."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    with caplog.at_level(logging.WARNING, logger="mcc.proxy"):
+        for _ in range(3):
+            direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_JSON_REQUEST)
+            assert_same_reply(direct, await fetch(http, "POST", sidecar.url + CHAT, CHAT_JSON_REQUEST))
+        await fetch(http, "GET", sidecar.url + "/v1/models")  # Not a model call: not counted.
+    said = [r.getMessage() for r in caplog.records if "NOT captured" in r.getMessage()]
+    assert len(said) == 1 and f"{sidecar.url}/ng-rollout/<rollout_id>/v1" in said[0]
+    assert value(await scrape(http, sidecar), "mcc_uncaptured_calls_total") == 3
+    assert store.rollout_ids() == []
+
+
+async def test_the_stand_in_takes_the_bodies_the_sidecar_takes(http, stand_in, start, capture_dir):
+    """A 2 MiB prompt (over aiohttp's 1 MiB default) passes the sidecar and is served by the stand-in."""
+    sidecar = await start(stand_in.url, capture_dir=capture_dir)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (2 << 20)}]})
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "big", CHAT), body)
+    assert reply.status == 200, reply.body[:200]

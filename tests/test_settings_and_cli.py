@@ -149,3 +149,38 @@ def test_workers_share_one_port_and_one_capture_dir(tmp_path):
     finally:
         process.terminate()
         assert process.wait(timeout=60) == 0
+
+
+def test_a_capture_dir_that_is_a_file_is_a_configuration_error(tmp_path):
+    """Issue 21, point 4: one sentence, exit 2, before serving."""
+    target = tmp_path / "captures"
+    target.write_text("not a directory")
+    done = subprocess.run([*MCC, "serve", "--upstream", "http://127.0.0.1:9", "--capture-dir", str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is a file, not a directory" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "listening on" not in done.stdout
+
+
+def test_startup_warns_of_a_capture_dir_without_its_parent_and_an_upstream_that_does_not_resolve(tmp_path):
+    """An unmounted volume (or a typo) and a wrong upstream name are WARNINGs that name them; the
+    sidecar still serves (the name may resolve later, the volume be mounted at the next start)."""
+    capture_dir = tmp_path / "not-mounted" / "model-calls"
+    process = subprocess.Popen([*MCC, "serve", "--port", "0", "--upstream", "http://no-such-host.invalid:8000",
+                                "--capture-dir", str(capture_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert read_line(process.stdout, timeout=60).startswith("listening on ")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    stderr = process.stderr.read()  # type: ignore[union-attr]
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line.upper()]
+    assert any(str(capture_dir) in line and "nor did its parent" in line for line in warnings), stderr
+    assert any("'no-such-host.invalid' does not resolve" in line for line in warnings), stderr
+    assert capture_dir.is_dir()
+
+
+def test_the_workers_own_settings_are_never_suggested():
+    warnings: list[str] = []
+    load_settings({"upstream": "http://u:1"}, {"MCC_UPSTRAEM": "x"}, warnings.append)
+    (said,) = warnings
+    assert "MCC_UPSTREAM" in said and "MCC_METRICS_DIR" not in said and "MCC_REUSE_PORT" not in said

@@ -34,8 +34,12 @@ from .replies import (
 STAND_IN_CREATED = 1767225600
 
 
+#: As large as the sidecar's default --max-body-bytes: a long prompt the sidecar forwards is served.
+STAND_IN_MAX_BODY = 256 * 1024 * 1024
+
+
 def create_stand_in_app() -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=STAND_IN_MAX_BODY)
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
