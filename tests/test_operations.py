@@ -121,7 +121,7 @@ def test_startup_says_what_it_will_do(tmp_path):
         assert sidecar.terminate() == 0
     log = "".join(sidecar.stderr_lines)
     assert "ignoring unknown environment variable MCC_CAPTUR_DIR" in log
-    assert f"created the capture dir {capture_dir}" in log
+    assert f"WARNING mcc: the capture dir {capture_dir} did not exist, nor did its parent" in log
     (startup,) = [line for line in sidecar.stderr_lines if "forwarding to " in line]
     assert (f"capture on: dir {capture_dir}, sync auto, raw stream always; workers 1; drain timeout 25s" in startup)
 
