@@ -24,11 +24,11 @@ from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 from ._token_mode import TokenMode
 from ._upstream import UpstreamPool
+from ._upstream_checks import upstream_problem
 
 log = logging.getLogger("mcc")
 
 #: A readiness probe must answer quickly even when the upstream is down.
-READY_PROBE_TIMEOUT_S = 2.0
 _ADMIN_METHODS = ("GET", "HEAD")
 
 
@@ -57,6 +57,8 @@ class Sidecar:
         self.hinted: set[str] = set()
         #: The URL this sidecar listens on (set by `start`).
         self.url = ""
+        #: Set during --shutdown-delay: still serving, /-/ready says 503.
+        self.shutting_down = False
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
         #: The token capture mode (DESIGN §11): on only with capture on.
         self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_tokens and settings.capture_on else None
@@ -134,6 +136,7 @@ class Sidecar:
                 pass
         for connection in list(self.connections):
             connection.shut_down()  # Idle ones close now, busy ones after their reply.
+        busy_at_start = sum(1 for c in self.connections if c.busy)
         deadline = asyncio.get_running_loop().time() + timeout
         while any(c.busy for c in self.connections) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
@@ -151,6 +154,8 @@ class Sidecar:
         self.upstream.close()
         if self.capture_writer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture_writer.close)
+        log.info("drained: %d call%s finished, %d cut; exit 0", busy_at_start - len(in_flight),
+                 "" if busy_at_start - len(in_flight) == 1 else "s", len(in_flight))
 
     # -- admin endpoints --------------------------------------------------------------------
 
@@ -185,8 +190,11 @@ class Sidecar:
         for a capture fault, which must never hurt a call (DESIGN §5).
         """
         settings = self.settings
-        upstream_ok = await _upstream_reachable(self.upstream_url)
+        problem = await upstream_problem(self.upstream_url, self.upstream.ssl)
+        upstream_ok = problem is None
         checks: dict[str, object] = {"upstream": self.upstream_url, "upstream_reachable": upstream_ok}
+        if problem is not None:
+            checks["upstream_problem"] = problem
         if settings.capture_on:
             writable = directory_writable(settings.capture_dir or "")
             if not writable and self._capture_dir_was_writable:
@@ -195,16 +203,9 @@ class Sidecar:
             self._capture_dir_was_writable = writable
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
                           capture="ok" if writable else "failing")
+        if self.shutting_down:
+            checks["status"] = "shutting down"
+            return 503, b"application/json", orjson.dumps(checks)
         checks["status"] = "ready" if upstream_ok else "not ready"
         return (200 if upstream_ok else 503), b"application/json", orjson.dumps(checks)
 
-
-async def _upstream_reachable(upstream_url: str) -> bool:
-    parts = urlsplit(upstream_url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), READY_PROBE_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    return True

@@ -34,6 +34,7 @@ def main() -> None:
               help="Default info. [MCC_LOG_LEVEL]")
 @click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False), help="Default text. [MCC_LOG_FORMAT]")
 @click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
+@click.option("--shutdown-delay", type=float, help="Seconds to keep accepting after SIGTERM while /-/ready says 503, before draining (rolling updates; default 0). [MCC_SHUTDOWN_DELAY]")
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
 @click.option("--capture-sync", type=click.Choice(["auto", "fsync"], case_sensitive=False),
               help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")

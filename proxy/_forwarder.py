@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -34,7 +35,9 @@ from ._local_replies import (
 from ._metrics import status_class
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 from ._token_mode import UpstreamBroke, WholeBody
+from ._upstream_checks import certificate_problem
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
+
 
 if TYPE_CHECKING:
     from ._app import Sidecar
@@ -358,6 +361,14 @@ class _Call:
 
     async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
+        certificate = _certificate_error(exc)
+        if certificate is not None:
+            # Not retryable: every call fails the same way until the sidecar is given the CA.
+            message = f"the upstream model server at {self.sidecar.upstream_url}: {certificate_problem(certificate)}"
+            self.sidecar.repeated_warnings.warning(("before-reply", "tls"), "%s", message,
+                                                   extra={**self._log_context(), "status": reply.status})
+            await self._answer_locally(reply, stage, certificate, retryable=False, message=message)
+            return
         self.sidecar.repeated_warnings.warning(("before-reply", kind), "upstream %s failed before replying (%s): %s: %s",
                                    self.sidecar.upstream_url, kind, type(exc).__name__, exc,
                                    extra={**self._log_context(), "status": reply.status, "errno": _errno_of(exc)})
@@ -617,6 +628,15 @@ def origin_form(target: str) -> str | None:
     if cut < 0:
         return "/"
     return rest[cut:] if rest[cut] == "/" else "/" + rest[cut:]
+
+
+def _certificate_error(exc: BaseException | None) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure ``exc`` is or was raised from, if any."""
+    while exc is not None:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _errno_of(exc: BaseException | None) -> int | None:

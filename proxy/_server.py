@@ -124,6 +124,13 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         loop.add_signal_handler(signum, stop.set)
     print(ready_line(sidecar.url, log_format), flush=True)
     await stop.wait()
+    if settings.shutdown_delay > 0:
+        # A rolling update: the endpoint is being removed, but calls may still be routed here for
+        # a moment. Keep serving them, and say "not ready" so no new route is made to us.
+        sidecar.sidecar.shutting_down = True
+        log.info("SIGTERM: still accepting for %gs while /-/ready says 503 (--shutdown-delay), then draining",
+                 settings.shutdown_delay)
+        await asyncio.sleep(settings.shutdown_delay)
     log.info("shutting down: draining in-flight calls")
     await sidecar.close()
     if stand_in is not None:

@@ -61,6 +61,9 @@ class Settings(BaseModel):
     log_format: str = "text"
     #: Seconds in-flight calls get to finish after SIGTERM before the sidecar exits.
     drain_timeout: float = Field(DEFAULT_DRAIN_TIMEOUT_S, ge=0)
+    #: Seconds the sidecar keeps accepting after SIGTERM, with /-/ready saying 503, before it
+    #: drains: the time a rolling update takes to stop routing to it (endpoints propagate).
+    shutdown_delay: float = Field(0.0, ge=0)
     stand_in: bool = False
     #: Seconds a pooled upstream connection may sit idle and still be reused: below the upstream's
     #: own keep-alive (uvicorn, which vLLM runs on, closes idle connections after 5 s).

@@ -70,3 +70,30 @@ async def test_sigterm_drains_in_flight_streams_then_exits_zero(upstream, tmp_pa
     assert await asyncio.to_thread(sidecar.process.wait, 30) == 0
     for number in range(5):
         assert (tmp_path / f"drain-{number}.capture.jsonl").read_bytes().count(b"\n") == 1
+
+
+def test_a_rolling_update_keeps_serving_through_the_shutdown_delay(tmp_path):
+    """Issue 21, point 5: after SIGTERM, --shutdown-delay keeps the listener open (calls routed during
+    endpoint propagation are served and captured) while /-/ready says 503; then the drain, and a
+    last line that says how it ended."""
+    import signal as signals
+    import time
+    import urllib.error
+    import urllib.request
+
+    sidecar = SidecarProcess.start("--stand-in", "--shutdown-delay", "3", "--capture-dir", str(tmp_path))
+    sidecar.process.send_signal(signals.SIGTERM)
+    time.sleep(0.5)
+    try:
+        urllib.request.urlopen(sidecar.url + "/-/ready", timeout=10)
+        raise AssertionError("/-/ready must say 503 while shutting down")
+    except urllib.error.HTTPError as error:
+        assert error.code == 503 and b'"shutting down"' in error.read()
+    request = urllib.request.Request(sidecar.url + "/ng-rollout/late/v1/chat/completions", method="POST",
+                                     data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200, "a call routed during the delay is served"
+    assert sidecar.process.wait(timeout=60) == 0
+    time.sleep(0.2)
+    assert any("drained: 0 calls finished, 0 cut; exit 0" in line for line in sidecar.stderr_lines), sidecar.stderr_lines
+    assert (tmp_path / "late.capture.jsonl").stat().st_size > 0

@@ -31,6 +31,7 @@ import httpx
 import pytest
 import requests
 
+from records import CaptureStore
 from tests.processes import SidecarProcess
 
 from . import asgi_app
@@ -312,7 +313,7 @@ def test_an_https_upstream_with_a_private_ca(tmp_path):
     authority.cert_pem.write_to_path(str(cafile))
     server = start_asgi("uvicorn-httptools", certfile=str(certfile), keyfile=str(keyfile))
     sidecar = SidecarProcess.start("--upstream", server.url, "--upstream-ca", str(cafile), "--capture-dir", str(tmp_path / "c"))
-    untrusting = SidecarProcess.start("--upstream", server.url)
+    untrusting = SidecarProcess.start("--upstream", server.url, "--capture-dir", str(tmp_path / "u"))
     try:
         for path in ("/json", "/sse", "/big", "/v1/chat/completions"):
             method, body = ("POST", b'{"model": "m", "stream": true}') if path.startswith("/v1/") else ("GET", None)
@@ -322,8 +323,15 @@ def test_an_https_upstream_with_a_private_ca(tmp_path):
             proxied = with_httpx(sidecar.url + (f"/ng-rollout/tls{path}" if path.startswith("/v1/") else path), method, body)
             assert proxied == view(direct.status_code, direct.reason_phrase,
                                    ((k.decode(), v.decode()) for k, v in direct.headers.raw), direct.content)
-        refused = with_httpx(untrusting.url + "/json")
-        assert refused.status == 502 and b"CERTIFICATE_VERIFY_FAILED" in refused.body, "no CA: a clear 502, never plain text"
+        refused = with_httpx(untrusting.url + "/ng-rollout/tls/v1/chat/completions", "POST", b'{"model": "m"}')
+        assert refused.status == 502 and b"--upstream-ca" in refused.body, "no CA: a clear 502 that names the flag"
+        # Issue 21, point 3: readiness tells the truth (every call would fail), and the line says
+        # the failure is not worth retrying.
+        ready = with_httpx(untrusting.url + "/-/ready")
+        assert ready.status == 503 and b"--upstream-ca" in ready.body and b"does not verify" in ready.body
+        (line,) = CaptureStore(str(tmp_path / "u")).read("tls")
+        assert line["failure"]["retryable"] is False and "--upstream-ca" in line["failure"]["message"]
+        assert with_httpx(sidecar.url + "/-/ready").status == 200, "with the CA: ready"
     finally:
         sidecar.terminate()
         untrusting.terminate()
