@@ -38,7 +38,7 @@ def _yaml(path: str) -> dict:
 def _manifests() -> dict[str, dict]:
     """Every manifest, by its path under deploy/kubernetes (the Job under jobs/)."""
     found = {}
-    for folder in ("", "jobs"):
+    for folder in ("", "jobs", "examples"):
         for name in sorted(os.listdir(os.path.join(KUBERNETES, folder))):
             if name.endswith(".yaml") and name != "kustomization.yaml":
                 found[os.path.join(folder, name)] = _yaml(os.path.join(KUBERNETES, folder, name))
@@ -54,7 +54,7 @@ def test_kustomization_lists_every_manifest_but_the_job():
     """The collector Job runs once, after the rollouts, and its template is immutable: applied with
     the rest it would run before any rollout exists and make every later apply fail."""
     resources = _yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]
-    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith("jobs/"))
+    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith(("jobs/", "examples/")))
     assert all(manifest["kind"] != "Job" for name, manifest in _manifests().items() if name in resources)
     job = _manifests()["jobs/collector-job.yaml"]
     assert "generateName" in job["metadata"], "`kubectl create` it again without deleting the last one"
@@ -231,3 +231,26 @@ def test_wheel_entrypoint_runs_in_a_clean_venv_with_the_dockerfile_environment(t
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
+
+
+def test_deploy_files_keep_what_their_comments_promise():
+    """Issue 21, point 7: vLLM pinned in compose too, with shared memory and a model cache; no
+    service-account token where nothing needs the API; a NetworkPolicy example for the port that
+    serves /-/metrics; the image's dependencies pinned through a constraints file."""
+    compose = _yaml(os.path.join(COMPOSE, "compose.yaml"))
+    vllm = compose["services"]["vllm"]
+    assert not vllm["image"].endswith(":latest") and ":" in vllm["image"]
+    assert vllm.get("ipc") == "host" or "shm_size" in vllm
+    assert any(volume.startswith("model-cache:") for volume in vllm["volumes"]) and "model-cache" in compose["volumes"]
+    manifests = _manifests()
+    assert manifests["deployment.yaml"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert manifests["jobs/collector-job.yaml"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    policy = manifests["examples/networkpolicy.yaml"]
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
+    runs = [args for name, args in _dockerfile() if name == "RUN" and "pip " in args]
+    assert all("--constraint" in args or "--no-index" in args for args in runs) and any("==" in args for args in runs)
+    with open(os.path.join(ROOT, "deploy", "docker", "constraints.txt"), encoding="utf-8") as handle:
+        pinned = {line.split("==")[0] for line in handle.read().splitlines() if line and not line.startswith("#")}
+    from importlib.metadata import requires
+    dependencies = [r for r in requires("model-call-capture") or () if "extra ==" not in r or '"fast"' in r]
+    assert {re.split(r"[<>=;\[ ]", dependency)[0].lower() for dependency in dependencies} <= pinned
