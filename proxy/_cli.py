@@ -49,6 +49,8 @@ def main() -> None:
 @click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
 @click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
 @click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")
+@click.option("--worker-index", type=int, hidden=True, help="This worker's slot (set for workers).")
+@click.option("--worker-count", type=int, hidden=True, help="How many workers (set for workers).")
 def serve(**options: Any) -> None:
     """Run the sidecar until SIGINT or SIGTERM.
 

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import gc
 import logging
+import os
 import signal
 import socket
 from dataclasses import dataclass
@@ -116,7 +117,10 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         log.info("stand-in model server at %s", stand_in.url)
     else:
         await _warn_if_the_upstream_does_not_resolve(settings.upstream)
-    log.info("%s", describe_startup(settings, stand_in.url if stand_in else settings.upstream))
+    startup = describe_startup(settings, stand_in.url if stand_in else settings.upstream)
+    if settings.worker_index is not None:
+        startup = f"worker {settings.worker_index}/{settings.worker_count} (pid {os.getpid()}): {startup}"
+    log.info("%s", startup)
     freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

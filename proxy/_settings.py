@@ -80,6 +80,9 @@ class Settings(BaseModel):
     reuse_port: bool = False
     #: Where the processes of ``--workers`` share their metrics (set by the supervisor).
     metrics_dir: str | None = None
+    #: This worker's slot and the number of workers (set by the supervisor, for the logs).
+    worker_index: int | None = None
+    worker_count: int | None = None
     #: Durability barrier of a batch of lines: ``auto`` (one fsync, or one syncfs of the capture
     #: filesystem when the batch spans several files) or ``fsync`` (file by file; for a capture
     #: dir on a filesystem shared with heavy writers, whose flushes syncfs would wait for).
@@ -216,7 +219,7 @@ def load_settings(
 
 
 #: Settings the supervisor of ``--workers`` sets for its workers: never suggested to users.
-_INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir"})
+_INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir", "worker_index", "worker_count"})
 #: Flags whose names are not ``--`` + the setting's name.
 _FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
 #: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.

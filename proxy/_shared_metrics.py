@@ -36,6 +36,29 @@ def write_snapshot(directory: str, exposition: bytes) -> None:
     os.replace(temporary, path)
 
 
+def retire(directory: str, pid: int) -> None:
+    """A worker died: keep its counters and histograms in the sums (counters never go down), drop
+    its gauges (in-flight counts it no longer has) and its ``mcc_worker_info`` sample."""
+    path = os.path.join(directory, f"{pid}{_SUFFIX}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return
+    kept = [family for family in text_string_to_metric_families(text) if family.type != "gauge"]
+    registry = CollectorRegistry()
+    registry.register(_Merged(kept))
+    retired = os.path.join(directory, f"retired-{pid}{_SUFFIX}")
+    with open(retired + ".tmp", "wb") as handle:
+        handle.write(generate_latest(registry))
+    os.replace(retired + ".tmp", retired)
+    os.unlink(path)
+    try:
+        os.unlink(path + ".tmp")
+    except FileNotFoundError:
+        pass
+
+
 def merged_exposition(directory: str) -> bytes:
     """The sum of every worker's last snapshot, in the Prometheus text format."""
     texts = []

@@ -112,7 +112,7 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
     settings = load_settings(environ=env)
     assert settings.capture_on and pod["terminationGracePeriodSeconds"] > settings.drain_timeout
     assert pod["enableServiceLinks"] is False
-    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {settings.capture_dir}
+    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {settings.capture_dir, "/tmp"}, "/tmp: --workers' metrics"
     claim = manifests["pvc.yaml"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]

@@ -12,6 +12,7 @@ import time
 
 import aiohttp
 import orjson
+import pytest
 from click.testing import CliRunner
 
 from proxy import main
@@ -254,3 +255,83 @@ def test_make_demo_installs_only_what_the_demo_needs():
     demo_recipe = makefile[makefile.index("$(DEMO_STAMP): pyproject.toml"):makefile.index("\ndemo:")]
     assert "-e '.[demo,fast]'" in demo_recipe and ",test" not in demo_recipe
     assert "demo: $(DEMO_STAMP)" in makefile
+
+
+def _metrics_text(url: str) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url + "/-/metrics", timeout=30) as reply:
+        return reply.read().decode()
+
+
+def _requests_total(text: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mcc_requests_total{"))
+
+
+def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
+    """Issue 21, point 2: the supervisor notices at once, says so, restarts the worker; the dead pid
+    leaves mcc_worker_info, its counters stay in the sums (never going down)."""
+    import urllib.request
+    process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = read_line(process.stdout).split()[-1]
+        for number in range(10):
+            request = urllib.request.Request(url + f"/ng-rollout/k-{number}/v1/chat/completions", method="POST",
+                                             data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+                                             headers={"Connection": "close"})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                reply.read()
+        time.sleep(1.5)  # Every worker's snapshot is at most a second old.
+        before = _metrics_text(url)
+        pids = {line.split('"')[1] for line in before.splitlines() if line.startswith("mcc_worker_info{")}
+        assert len(pids) == 2
+        victim = sorted(pids)[0]
+        os.kill(int(victim), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        after = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = _metrics_text(url)
+            now = {line.split('"')[1] for line in after.splitlines() if line.startswith("mcc_worker_info{")}
+            if victim not in now and len(now) == 2:
+                break
+        else:
+            raise AssertionError(f"the dead worker {victim} is still in the scrape, or none replaced it: {after}")
+        assert _requests_total(after) >= _requests_total(before) == 10, "its counts stay: counters never go down"
+        with urllib.request.urlopen(url + "/-/ready", timeout=30) as reply:
+            assert reply.status == 200
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+    stderr = process.stderr.read()  # type: ignore[union-attr]
+    assert f"(pid {victim}) died (signal 9)" in stderr and "restarted as pid" in stderr
+    assert "2 workers on :" in stderr and "worker 1/2 (pid" in stderr and "worker 2/2 (pid" in stderr
+
+
+def test_workers_find_a_writable_metrics_dir_or_say_why_not(tmp_path):
+    """A read-only /tmp (the shipped Kubernetes sidecar without its emptyDir): the next candidate
+    is used; with none writable, one sentence (exit 2 from `mcc serve`)."""
+    from proxy._settings import Settings
+    from proxy._workers import NoMetricsDir, make_metrics_dir
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(read_only)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        settings = Settings(upstream="http://u:1", workers=2)
+        with pytest.raises(NoMetricsDir, match="needs a writable directory for the workers' metrics"):
+            make_metrics_dir(settings, [str(read_only)])
+        writable = tmp_path / "rw"
+        writable.mkdir()
+        assert make_metrics_dir(settings, [str(read_only), str(writable)]).startswith(str(writable))
+        process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(read_only)})
+        try:
+            assert read_line(process.stdout, timeout=60).startswith("listening on "), "served with /tmp read-only"
+        finally:
+            process.terminate()
+            assert process.wait(timeout=60) == 0
+    finally:
+        subprocess.run(["umount", "-l", str(read_only)], check=False)
