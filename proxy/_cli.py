@@ -19,7 +19,19 @@ def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
 
 
-@main.command()
+class _ServeCommand(click.Command):
+    """`serve`, whose typo suggestions leave out the options the supervisor sets for its workers."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            hidden = {name for param in self.params if getattr(param, "hidden", False) for name in param.opts}
+            shown = [name for name in exc.possibilities or () if name not in hidden]
+            raise click.NoSuchOption(exc.option_name, possibilities=shown, ctx=ctx) from None
+
+
+@main.command(cls=_ServeCommand)
 @click.option("--upstream", metavar="URL", help="Model server to forward to, e.g. http://127.0.0.1:8000. [MCC_UPSTREAM]")
 @click.option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 in a container). [MCC_HOST]")
 @click.option("--port", type=int, help="Port to bind (default 8080; 0 picks a free port). [MCC_PORT]")

@@ -184,3 +184,11 @@ def test_the_workers_own_settings_are_never_suggested():
     load_settings({"upstream": "http://u:1"}, {"MCC_UPSTRAEM": "x"}, warnings.append)
     (said,) = warnings
     assert "MCC_UPSTREAM" in said and "MCC_METRICS_DIR" not in said and "MCC_REUSE_PORT" not in said
+
+
+def test_a_typo_is_never_answered_with_an_option_only_the_supervisor_uses():
+    for typo in ("--reuse", "--metrics", "--worker"):
+        done = subprocess.run([*MCC, "serve", typo], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "No such option" in done.stderr
+        assert not any(hidden in done.stderr for hidden in ("--reuse-port", "--metrics-dir", "--worker-index",
+                                                             "--worker-count")), done.stderr
