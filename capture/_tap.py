@@ -106,13 +106,7 @@ class StreamTap:
         data = chunk if self._decode is None else self._decoded(chunk)
         if data is None:
             return False
-        self._raw += data  # Kept even after a parse failure: the raw text is the evidence.
-        window = self._raw_window
-        if window is not None and len(self._raw) > 2 * window and self._failure is None \
-                and not self._reassembler.undecodable_events:
-            cut = len(self._raw) - window
-            del self._raw[:cut]  # Amortised: at most once per `window` bytes.
-            self.raw_dropped += cut
+        self._keep_raw(data)
         if self._failure is None:
             try:
                 plain = self._parser.feed_plain(data)
