@@ -186,7 +186,7 @@ def tap_level(quick: bool) -> list[str]:
             best = min(best, time.perf_counter() - started)
         return best / len(events) * 1e6
 
-    rows = [(per_event(False), per_event(True)) for _ in range(2)]  # Interleaved: the machine is noisy.
+    rows = [(per_event(False), per_event(True)) for _ in range(2 if quick else 5)]  # Interleaved: the machine is noisy.
     plain, mode = min(r[0] for r in rows), min(r[1] for r in rows)
     return ["## Per streamed token, in process (best of several; one core)", "",
             "| path | µs per token | target |", "|---|---:|---|",
