@@ -106,6 +106,13 @@ class CannotServe(Exception):
 
 async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     """`mcc serve`: start, print the ready line, run until SIGINT / SIGTERM, then drain."""
+    # The handlers go in first: the listener is open (and the metrics snapshot written) before the
+    # ready line, and a SIGTERM from then on must drain, never kill (a supervisor stopping a
+    # worker it has just restarted, a rolling update right after a start).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     stand_in = await start_stand_in() if settings.stand_in else None
     try:
         sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
@@ -122,10 +129,6 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         startup = f"worker {settings.worker_index}/{settings.worker_count} (pid {os.getpid()}): {startup}"
     log.info("%s", startup)
     freeze_startup_objects()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # Before the ready line: a SIGTERM right after it drains.
-        loop.add_signal_handler(signum, stop.set)
     print(ready_line(sidecar.url, log_format), flush=True)
     await stop.wait()
     if settings.shutdown_delay > 0:

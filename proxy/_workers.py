@@ -128,8 +128,10 @@ def _watch(workers: _Workers, metrics_dir: str, stopping: threading.Event) -> in
     deaths: list[float] = []
     while True:
         if stopping.is_set():
+            # A worker the forwarded signal ended before it could drain (still starting) stopped as asked.
             codes = [worker.wait() for worker in workers.processes]
-            return 0 if not any(codes) else max(max(codes), 1)
+            failed = [code for code in codes if code not in (0, -signal.SIGTERM, -signal.SIGINT)]
+            return 0 if not failed else max(max(failed), 1)
         for slot, worker in enumerate(list(workers.processes), start=1):
             code = worker.poll()
             if code is None or stopping.is_set():

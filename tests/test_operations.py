@@ -302,8 +302,9 @@ def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
             assert reply.status == 200
     finally:
         process.terminate()
-        assert process.wait(timeout=60) == 0
+        code = process.wait(timeout=60)
     stderr = process.stderr.read()  # type: ignore[union-attr]
+    assert code == 0, stderr
     assert f"(pid {victim}) died (signal 9)" in stderr and "restarted as pid" in stderr
     assert "2 workers on :" in stderr and "worker 1/2 (pid" in stderr and "worker 2/2 (pid" in stderr
 
