@@ -24,7 +24,6 @@ from typing import Any
 import orjson
 
 from ._reassembler import Reassembler, grow_list
-from ._sse import ServerSentEvent
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
 # Top-level chunk keys with their own handling; every other key goes through `merge_unknown`.
@@ -37,6 +36,7 @@ _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 
 
 class ChatReassembler(Reassembler):
+    done_is_terminal = True
     dialect = "chat"
 
     def __init__(self) -> None:
@@ -67,11 +67,6 @@ class ChatReassembler(Reassembler):
         if self._error is not None:
             completion["error"] = self._error
         return completion
-
-    def _on_undecodable(self, event: ServerSentEvent) -> None:
-        if event.data.strip() == "[DONE]":
-            self.terminal = True
-        super()._on_undecodable(event)
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         if self._envelope_missing:

@@ -16,7 +16,6 @@ from typing import Any
 
 from ._chat import TokenArrays, merge_unknown
 from ._reassembler import Reassembler, grow_list
-from ._sse import ServerSentEvent
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint")
 _KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "error"})
@@ -27,6 +26,7 @@ _LOGPROB_LISTS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
 
 
 class CompletionsReassembler(Reassembler):
+    done_is_terminal = True
     dialect = "completions"
 
     def __init__(self) -> None:
@@ -56,11 +56,6 @@ class CompletionsReassembler(Reassembler):
         if self._error is not None:
             completion["error"] = self._error
         return completion
-
-    def _on_undecodable(self, event: ServerSentEvent) -> None:
-        if event.data.strip() == "[DONE]":
-            self.terminal = True
-        super()._on_undecodable(event)
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         for key in _ENVELOPE_KEYS:

@@ -118,10 +118,15 @@ class Reassembler:
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    #: ``data: [DONE]`` ends the stream (chat, completions); elsewhere it is only tolerated.
+    done_is_terminal = False
+
     def _on_undecodable(self, event: ServerSentEvent) -> None:
         # OpenAI-compatible servers (OpenRouter) end Responses streams with Chat's `[DONE]` too.
         if event.data.strip() != "[DONE]":
             self.undecodable_events += 1
+        elif self.done_is_terminal:
+            self.terminal = True
 
 
 def grow_list(items: list[Any], index: Any, filler: Any = None) -> bool:

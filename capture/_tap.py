@@ -100,29 +100,7 @@ class StreamTap:
         """Observe one chunk; True when it completed the stream's terminal event."""
         if self._cutter is not None:
             return self._feed_and_cut(chunk)
-        if self.terminal:
-            return False
-        self._saw_bytes = True
-        data = chunk if self._decode is None else self._decoded(chunk)
-        if data is None:
-            return False
-        self._keep_raw(data)
-        if self._failure is None:
-            try:
-                plain = self._parser.feed_plain(data)
-                if plain is not None:
-                    feed_data = self._reassembler.feed_data
-                    for event_type, event_data, _ in plain:
-                        feed_data(event_type, event_data)
-                else:
-                    feed_event = self._reassembler.feed_event
-                    for event in self._parser.feed(data):
-                        feed_event(event)
-            except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
-                self._failure = f"{type(exc).__name__}: {exc}"
-                return False
-            self.terminal = self._reassembler.terminal
-        return self.terminal
+        return self._observe(chunk)
 
     def _feed_and_cut(self, chunk: bytes) -> bool:
         """`feed` with the cutter: every byte fed comes out (cut) in `take_output`, whatever the
@@ -132,7 +110,7 @@ class StreamTap:
         assert cutter is not None
         if self.terminal or self._decode is not None or self._failure is not None or cutter.pending:
             self._output.append(cutter.feed(chunk))
-            return self._observe(chunk) if not self.terminal and self._failure is None else False
+            return self._observe(chunk)
         self._saw_bytes = True
         self._keep_raw(chunk)
         try:
@@ -166,13 +144,26 @@ class StreamTap:
         return self.terminal
 
     def _observe(self, chunk: bytes) -> bool:
-        """The tap's part of `feed` for a chunk the cutter handled on its own."""
+        """Keep and parse one chunk (`feed` without a cutter, or a chunk the cutter cut alone)."""
+        if self.terminal:
+            return False
         self._saw_bytes = True
         data = chunk if self._decode is None else self._decoded(chunk)
         if data is None:
             return False
         self._keep_raw(data)
         if self._failure is None:
+            try:
+                plain = self._parser.feed_plain(data)
+                if plain is not None:
+                    feed_data = self._reassembler.feed_data
+                    for event_type, event_data, _ in plain:
+                        feed_data(event_type, event_data)
+                    self.terminal = self._reassembler.terminal
+                    return self.terminal
+            except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+                self._failure = f"{type(exc).__name__}: {exc}"
+                return False
             self._parse_events(data)
         return self.terminal
 
@@ -192,6 +183,7 @@ class StreamTap:
                 feed_event(event)
         except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
             self._failure = f"{type(exc).__name__}: {exc}"
+            return
         self.terminal = self._reassembler.terminal
 
     def _decoded(self, chunk: bytes) -> bytes | None:

@@ -75,6 +75,8 @@ class CallExchange:
     local_body: dict[str, Any] | None = None
     #: Token capture mode (DESIGN §11): the fields the sidecar added to the request sent upstream.
     added_request_fields: dict[str, Any] | None = None
+    #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
+    parsed_request: dict[str, Any] | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 
@@ -141,6 +143,8 @@ class CallExchange:
         self.request_headers = None
 
     def _request_fields(self) -> dict[str, Any]:
+        if self.parsed_request is not None:
+            return {"request": self.parsed_request}
         try:
             body = make_decoder(self.request_encoding)(self.request_body)
         except Exception:

@@ -165,6 +165,7 @@ class _Call:
             return body
         self.token_fields, self.agent_request, sent = plan
         self.exchange.added_request_fields = self.token_fields
+        self.exchange.parsed_request = self.agent_request
         return sent
 
     def _must_resend_own_request(self, upstream: UpstreamReply) -> bool:
