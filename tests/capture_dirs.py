@@ -38,3 +38,70 @@ def make_capture_dir(path: str, rollouts: int, calls: int) -> None:
                                    finish="length" if i % 4 == 0 else "stop", tool_arguments=tool))
         with open(os.path.join(path, f"rollout-{r:04d}.capture.jsonl"), "wb") as handle:
             handle.write(b"".join(lines))
+
+
+#: One agent turn per dialect: a system prompt, a user question, the model's earlier tool call and
+#: the tool's result, then a reply with reasoning and a new tool call (issue 22's conversations).
+CONVERSATIONS: dict[str, tuple[dict, dict]] = {
+    "chat": (
+        {"model": "policy", "tools": [{"type": "function", "function": {"name": "search", "parameters": {}}}],
+         "messages": [{"role": "system", "content": "You are terse."},
+                      {"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"id": "call_a", "type": "function", "function": {"name": "search", "arguments": '{"q": "paris"}'}}]},
+                      {"role": "tool", "tool_call_id": "call_a", "content": "18 C and sunny"}]},
+        {"id": "chatcmpl-1", "object": "chat.completion", "model": "policy",
+         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+             "role": "assistant", "content": "Checking the forecast.", "reasoning_content": "The user wants tomorrow too.",
+             "tool_calls": [{"id": "call_b", "type": "function", "function": {"name": "forecast", "arguments": '{"city": "Paris"}'}}]}}],
+         "usage": {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}}),
+    "responses": (
+        {"model": "policy", "instructions": "You are terse.", "tools": [{"type": "function", "name": "search"}],
+         "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+                   {"type": "function_call", "call_id": "call_a", "name": "search", "arguments": '{"q": "paris"}'},
+                   {"type": "function_call_output", "call_id": "call_a", "output": "18 C and sunny"}]},
+        {"id": "resp_1", "object": "response", "model": "policy", "status": "completed",
+         "output": [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "The user wants tomorrow too."}]},
+                    {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                     "content": [{"type": "output_text", "text": "Checking the forecast.", "annotations": []}]},
+                    {"type": "function_call", "id": "fc_1", "call_id": "call_b", "name": "forecast", "arguments": '{"city": "Paris"}'}],
+         "usage": {"input_tokens": 40, "output_tokens": 12, "total_tokens": 52}}),
+    "messages": (
+        {"model": "policy", "max_tokens": 64, "system": "You are terse.", "tools": [{"name": "search", "input_schema": {}}],
+         "messages": [{"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "search", "input": {"q": "paris"}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": "18 C and sunny"}]}]},
+        {"id": "msg_1", "type": "message", "role": "assistant", "model": "policy", "stop_reason": "tool_use",
+         "content": [{"type": "thinking", "thinking": "The user wants tomorrow too.", "signature": "sig"},
+                     {"type": "text", "text": "Checking the forecast."},
+                     {"type": "tool_use", "id": "toolu_b", "name": "forecast", "input": {"city": "Paris"}}],
+         "usage": {"input_tokens": 40, "output_tokens": 12}}),
+    "completions": (
+        {"model": "policy", "prompt": "Weather in Paris? Answer:", "max_tokens": 8},
+        {"id": "cmpl-1", "object": "text_completion", "model": "policy",
+         "choices": [{"index": 0, "text": " Checking the forecast.", "finish_reason": "stop", "logprobs": None}],
+         "usage": {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}}),
+}
+
+
+def make_conversation_dir(path: str) -> None:
+    """One rollout per dialect (``conv-<dialect>``): call 0 the turn of `CONVERSATIONS`, call 1 the
+    same request whose 200 stream was cut (``stream_truncated``), call 2 a 429."""
+    os.makedirs(path, exist_ok=True)
+    for dialect, (request, response) in CONVERSATIONS.items():
+        base = {"dialect": dialect, "model_ref": {"type": "responses_api_models", "name": "policy"}, "request": request}
+        lines = [
+            {**base, "model_call_id": f"{dialect}-0", "started_at": 1767225600.0, "completed_at": 1767225601.0,
+             "latency_ms": 1000.0, "latency_ttft_ms": 120.0, "status_code": 200, "response": response,
+             "stream_truncated": False},
+            {**base, "model_call_id": f"{dialect}-1", "started_at": 1767225602.0, "completed_at": 1767225602.5,
+             "latency_ms": 500.0, "latency_ttft_ms": 90.0, "status_code": 200, "error_category": "stream_truncated",
+             "response": None, "stream_truncated": True, "response_source": "upstream", "upstream_status_code": 200,
+             "failure": {"stage": "stream", "category": "stream_truncated", "message": "the upstream closed mid-stream",
+                         "exception_type": None, "retryable": True}},
+            {**base, "model_call_id": f"{dialect}-2", "started_at": 1767225603.0, "completed_at": 1767225603.1,
+             "latency_ms": 100.0, "latency_ttft_ms": None, "status_code": 429, "error_category": "rate_limit",
+             "response": {"error": {"message": "slow down"}}, "response_source": "upstream", "upstream_status_code": 429},
+        ]
+        with open(os.path.join(path, f"conv-{dialect}.capture.jsonl"), "wb") as handle:
+            handle.write(b"".join(encode_capture_line(line) for line in lines))

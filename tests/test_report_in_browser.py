@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from proxy import main
 
-from .capture_dirs import make_capture_dir
+from .capture_dirs import CONVERSATIONS, make_capture_dir, make_conversation_dir
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -102,12 +102,14 @@ class Browser:
         await self.process.wait()
 
 
-async def open_page(tools: DevTools, path: str, width: int = 1400, height: int = 1000) -> None:
+async def open_page(tools: DevTools, path: str, width: int = 1400, height: int = 1000, fragment: str = "") -> None:
+    """Load the page afresh (a blank page first, so the same page with another fragment loads too)."""
     await tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                      mobile=width < 800)
-    tools.events.clear()
-    await tools.call("Page.navigate", url=f"file://{path}")
-    await tools.wait_for_event("Page.loadEventFired")
+    for url in ("about:blank", f"file://{path}{fragment}"):
+        tools.events.clear()
+        await tools.call("Page.navigate", url=url)
+        await tools.wait_for_event("Page.loadEventFired")
 
 
 async def click(tools: DevTools, selector: str) -> None:
@@ -152,12 +154,14 @@ async def test_report_loads_offline_and_a_click_opens_a_call(tmp_path):
         assert await tools.evaluate("document.querySelector('section.rollout .meta').innerText") == "12 calls, 1 error, 11.5 s"
         await click(tools, 'section[data-rollout="rollout-0001"] .call[data-index="3"] .track')
         detail = await detail_text(tools, "question 3")
-        assert "rollout-0001 — call 3" in detail and "chatcmpl-3" in detail
+        assert "rollout-0001 — call 3" in detail and "answer 3" in detail
+        await tools.evaluate("document.querySelector('#detail details summary').click()")
+        assert '"model": "policy"' in await detail_text(tools, "raw request JSON\n{"), "the raw JSON is one click away"
         # Sorted by errors first, filtered, then a link from the summary opens the slowest call.
         await tools.evaluate("document.getElementById('filter').value = '0002';"
                              "document.getElementById('filter').dispatchEvent(new Event('input'))")
         assert await tools.evaluate("[...document.querySelectorAll('section.rollout')].map(s => s.dataset.rollout)") == ["rollout-0002"]
-        await click(tools, "#summary ol a")
+        await click(tools, "#slowest ol a")
         assert "call 11" in await detail_text(tools, "question 11")
         assert_offline_and_clean(tools)
 
@@ -223,4 +227,181 @@ async def test_screenshots_at_desktop_and_phone_width(tmp_path):
             if keep:
                 with open(os.path.join(keep, f"report-{name}.png"), "wb") as handle:
                     handle.write(base64.b64decode(shot["data"]))
+        assert_offline_and_clean(tools)
+
+
+WIDTHS = (("desktop", 1400, 1000), ("phone", 390, 844))
+
+
+async def detail_in_view(tools: DevTools) -> bool:
+    """The detail pane is where the reader looks: in the viewport, and on top at its middle."""
+    return await tools.evaluate("(() => { const d = document.querySelector('#detail'), r = d.getBoundingClientRect();"
+                                "const hit = document.elementFromPoint(innerWidth > 800 ? r.x + r.width / 2 : innerWidth / 2,"
+                                " Math.min(innerHeight, r.bottom) - 40);"
+                                "return r.top >= -1 && r.top < innerHeight / 2 && d.contains(hit); })()")
+
+
+@pytest.fixture
+def conversation_report(tmp_path):
+    captures = str(tmp_path / "captures")
+    make_conversation_dir(captures)
+    make_capture_dir(captures, rollouts=60, calls=12)
+    report = str(tmp_path / "report.html")
+    assert CliRunner().invoke(main, ["report", captures, "-o", report]).exit_code == 0
+    return report
+
+
+@pytest.mark.parametrize("name,width,height", WIDTHS)
+async def test_a_call_reads_as_a_conversation_in_every_dialect(tmp_path, conversation_report, name, width, height):
+    """Issue 22, point 1: roles, tool calls with arguments, the results that answer them, reasoning
+    apart from the answer, the reply; the raw JSON one click away. Opened by its link."""
+    async with Browser(tmp_path) as tools:
+        for dialect in CONVERSATIONS:
+            await open_page(tools, conversation_report, width, height, f"#call=conv-{dialect}/0")
+            text = await detail_text(tools, "REPLY")
+            assert text.startswith(("← back", f"conv-{dialect} — call 0")) and f"conv-{dialect} — call 0" in text
+            assert "Checking the forecast." in text
+            if dialect == "completions":
+                assert "PROMPT" in text and "Weather in Paris? Answer:" in text and "COMPLETION" in text
+            else:
+                for said in ("SYSTEM\nYou are terse.", "USER\nWeather in Paris?", "tools offered: search",
+                             "tool call search", '"q": "paris"', "tool result of search", "18 C and sunny",
+                             "reasoning\nThe user wants tomorrow too.", "tool call forecast", '"city": "Paris"'):
+                    assert said in text, (dialect, said, text)
+                kinds = await tools.evaluate("[...document.querySelectorAll('#detail .msg.reply .part')].map(p => p.className)")
+                assert kinds == ["part reasoning", "part text", "part tool_call"], (dialect, kinds)
+            assert await detail_in_view(tools), f"{dialect}: the call is not in view at {width}px"
+            await tools.evaluate("document.querySelectorAll('#detail details summary')[1].click()")
+            assert '"policy"' in await detail_text(tools, "raw response JSON\n{")
+        overflow = await tools.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"the page scrolls sideways at {width}px"
+        assert_offline_and_clean(tools)
+
+
+async def facet_options(tools: DevTools, facet: str) -> list[str]:
+    return await tools.evaluate(f"[...document.getElementById('facet-{facet}').options].map(o => o.text)")
+
+
+async def choose(tools: DevTools, element_id: str, value: str) -> None:
+    await tools.evaluate(f"(() => {{ const e = document.getElementById({element_id!r}); e.value = {value!r};"
+                         "e.dispatchEvent(new Event('input')); })()")
+
+
+async def shown_rollouts(tools: DevTools) -> list[str]:
+    return await tools.evaluate("[...document.querySelectorAll('section.rollout')].map(s => s.dataset.rollout)")
+
+
+@pytest.mark.parametrize("name,width,height", WIDTHS)
+async def test_filters_combine_and_count_and_links_open_calls(tmp_path, conversation_report, name, width, height):
+    """Issue 22, point 2: each filter, combined, with counts; the id filter ignores case; a link
+    opens its call (and the phone shows it), a rollout link its rollout; back returns to the list."""
+    async with Browser(tmp_path) as tools:
+        await open_page(tools, conversation_report, width, height)
+        matching = "document.querySelector('#rollouts').dataset.matching"
+        assert await tools.evaluate(matching) == str(60 * 12 + 4 * 3)
+        assert await facet_options(tools, "category") == ["any", "ok (664)", "upstream_error (60)",
+                                                          "rate_limit (4)", "stream_truncated (4)"]
+        await choose(tools, "facet-category", "upstream_error")
+        assert await tools.evaluate(matching) == "60"
+        assert len(await shown_rollouts(tools)) == 50, "a page of 50, the rest behind 'show more'"
+        assert "60 of 60 rollouts" not in await tools.evaluate("document.querySelector('#shown').innerText")
+        await click(tools, "#more")
+        assert len(await shown_rollouts(tools)) == 60
+        assert await tools.evaluate("document.querySelectorAll('.call:not(.dim)').length") == 60
+        # Counts follow the other filters: with upstream_error chosen, every such call is chat and status 500.
+        assert await facet_options(tools, "dialect") == ["any", "chat (60)"]
+        assert await facet_options(tools, "status") == ["any", "500 (60)"]
+        await choose(tools, "facet-category", "")
+        await choose(tools, "facet-dialect", "messages")
+        assert await shown_rollouts(tools) == ["conv-messages"]
+        await choose(tools, "facet-status", "429")
+        assert await tools.evaluate(matching) == "1"
+        assert await facet_options(tools, "finish") == ["any", "none (1)"]
+        await choose(tools, "facet-finish", "none")
+        await choose(tools, "facet-model", "policy")
+        assert await tools.evaluate(matching) == "1", "five filters combined"
+        for facet in ("dialect", "status", "finish", "model"):
+            await choose(tools, f"facet-{facet}", "")
+        await choose(tools, "filter", "ROLLOUT-0042")
+        assert await shown_rollouts(tools) == ["rollout-0042"], "the id filter ignores case"
+        await choose(tools, "filter", "")
+        # A link from the summary opens its call wherever it is in the list.
+        await tools.evaluate("location.hash = '#call=rollout-0057/9'")
+        text = await detail_text(tools, "question 9")
+        assert "rollout-0057 — call 9" in text and await detail_in_view(tools)
+        assert await tools.evaluate("document.querySelector('.call.selected').closest('section').dataset.rollout") == "rollout-0057"
+        if width < 800:
+            await click(tools, "#detail .back")
+            for _ in range(50):
+                if not await tools.evaluate("document.querySelector('#detail').classList.contains('open')"):
+                    break
+                await asyncio.sleep(0.05)
+            assert not await detail_in_view(tools), "back closes the call"
+            top = await tools.evaluate("document.querySelector('section[data-rollout=\"rollout-0057\"]').getBoundingClientRect().top")
+            assert -2 <= top < height, "back shows the call's rollout"
+        await open_page(tools, conversation_report, width, height, "#rollout=conv-responses")
+        top = await tools.evaluate("document.querySelector('section.target').getBoundingClientRect().top")
+        assert await tools.evaluate("document.querySelector('section.target').dataset.rollout") == "conv-responses"
+        assert -2 <= top < height
+        await open_page(tools, conversation_report, width, height, "#call=no-such-rollout/1")
+        assert "No rollout no-such-rollout in this report." in await detail_text(tools, "No rollout")
+        assert_offline_and_clean(tools)
+
+
+@pytest.mark.parametrize("name,width,height", WIDTHS)
+async def test_cut_streams_have_their_colour_and_every_failure_is_reachable(tmp_path, conversation_report, name, width, height):
+    """Issue 22, point 3: a 200 whose stream was cut is not a client error; failed calls grouped
+    by category with counts, each group's 'show all' reaching every call of it."""
+    async with Browser(tmp_path) as tools:
+        await open_page(tools, conversation_report, width, height)
+        colour = ("(sel => getComputedStyle(document.querySelector(sel)).backgroundColor)")
+        cut = await tools.evaluate(colour + "('section[data-rollout=\"conv-chat\"] .call[data-index=\"1\"] .bar')")
+        limited = await tools.evaluate(colour + "('section[data-rollout=\"conv-chat\"] .call[data-index=\"2\"] .bar')")
+        assert cut == "rgb(123, 31, 162)" and limited == "rgb(239, 108, 0)"
+        legend = await tools.evaluate("document.querySelector('.legend').innerText")
+        assert "200, stream cut or incomplete" in legend
+        failed = await tools.evaluate("document.querySelector('#failed').innerText")
+        assert failed.index("upstream_error: 60") < failed.index("rate_limit: 4") < failed.index("stream_truncated: 4"), \
+            "categories by count"
+        groups = await tools.evaluate("[...document.querySelectorAll('#failed .group')].length")
+        assert groups == 3
+        await click(tools, "#failed .group:nth-of-type(1) a")  # "show all" of upstream_error
+        assert await tools.evaluate("document.getElementById('facet-category').value") == "upstream_error"
+        assert await tools.evaluate("document.querySelector('#rollouts').dataset.matching") == "60"
+        await click(tools, "#failed .group:nth-of-type(3) li a")
+        assert "conv-chat — call 1" in await detail_text(tools, "FAILURE")
+        assert "the upstream closed mid-stream" in await detail_text(tools, "FAILURE")
+        assert await detail_in_view(tools)
+        run = await tools.evaluate("document.querySelector('#run').innerText")
+        assert "from 2026-01-01 00:00:00 UTC" in run and "to 2026-01-01 00:00:11 UTC" in run, run
+        assert_offline_and_clean(tools)
+
+
+async def test_durations_past_a_minute_read_as_hours_minutes_seconds_and_axis_labels_never_overlap(tmp_path):
+    """Issue 22, points 3 and 4: 69,156 s is 19:12:36; at 390 px the time axis keeps its labels apart."""
+    from records import encode_capture_line
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    for number, latency_ms in enumerate((69_156_000.0, 65_000.0, 900.0)):
+        (captures / f"long-{number}.capture.jsonl").write_bytes(encode_capture_line(
+            {"model_call_id": str(number), "dialect": "chat", "status_code": 200, "started_at": 1767225600.0,
+             "completed_at": 1767225600.0 + latency_ms / 1000, "latency_ms": latency_ms, "latency_ttft_ms": None,
+             "request": {"model": "m", "messages": []}, "response": None}))
+    report = str(tmp_path / "report.html")
+    assert CliRunner().invoke(main, ["report", str(captures), "-o", report]).exit_code == 0
+    async with Browser(tmp_path) as tools:
+        for _, width, height in WIDTHS:
+            await open_page(tools, report, width, height)
+            metas = await tools.evaluate("[...document.querySelectorAll('section.rollout .meta')].map(m => m.innerText)")
+            assert "1 call, 0 errors, 19:12:36" in metas and "1 call, 0 errors, 0:01:05" in metas and "1 call, 0 errors, 900 ms" in metas
+            assert "wall clock 19:12:36" in await tools.evaluate("document.querySelector('#run').innerText")
+            boxes = await tools.evaluate("[...document.querySelectorAll('.axis span')].map(s => { const r = s.getBoundingClientRect();"
+                                         " return [r.left, r.right]; })")
+            assert len(boxes) >= 2
+            for (_, right), (left, _) in zip(boxes, boxes[1:]):
+                assert right + 4 <= left, f"axis labels overlap at {width}px: {boxes}"
+            await open_page(tools, report, width, height, "#call=long-0/0")
+            assert "no first token" in await detail_text(tools, "latency 19:12:36")
+            overflow = await tools.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 1, f"the page scrolls sideways at {width}px"
         assert_offline_and_clean(tools)
