@@ -9,11 +9,40 @@ from typing import Any
 
 import click
 
+from records import RecordsError
+
 from ._logging import configure_logging
 from ._settings import ConfigError, Settings, load_settings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Mcc(click.Group):
+    """The ``mcc`` group: every error is one line starting ``mcc:`` (never click's ``Error:``,
+    never a traceback for a file that cannot be read), with its exit status (2 for usage)."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _fail(exc.format_message() + hint, exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("stopped", 1)
+        except (OSError, RecordsError) as exc:  # An unreadable file or directory: said, not a traceback.
+            _fail(str(exc), 1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _fail(message: str, status: int) -> None:
+    click.echo(f"mcc: {message}", err=True)
+    sys.exit(status)
+
+
+@click.group(cls=_Mcc, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="model-call-capture", prog_name="mcc")
 def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""

@@ -76,7 +76,7 @@ def test_otel_models_come_from_request_and_reply_and_parquet_times_are_timestamp
                                                       response={"model": "Qwen/Qwen3-8B", "choices": []}))
     spans_file, parquet_file = tmp_path / "s.json", tmp_path / "c.parquet"
     run("export", str(directory), "--format", "otel-json", "-o", str(spans_file))
-    span = orjson.loads(spans_file.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span = orjson.loads(spans_file.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"][1]  # [0] is the rollout
     attributes = {a["key"]: a["value"] for a in span["attributes"]}
     assert attributes["gen_ai.request.model"] == {"stringValue": "alias"}
     assert attributes["gen_ai.response.model"] == {"stringValue": "Qwen/Qwen3-8B"}

@@ -6,6 +6,7 @@ These commands read capture files through `records`; they never start the proxy.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from typing import Any, Optional
@@ -13,14 +14,13 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import CaptureStore, iter_token_records
+from records import CAPTURE_SUFFIX, CaptureStore, is_valid_rollout_id, iter_token_records
 
 from .tables import (
     CallRow,
     RolloutRow,
     call_row,
     directory_stats,
-    iter_call_rows,
     pretty_json,
     read_call,
     rollout_row,
@@ -33,6 +33,29 @@ _SORT_KEYS = {"rollout": "rollout_id", "calls": "calls", "tokens": "tokens_in", 
               "latency": "max_latency_ms", "first": "first_call_at", "last": "last_call_at"}
 #: Sorted biggest first: a user sorting by tokens wants the heaviest rollouts on top.
 _BIGGEST_FIRST = {"calls", "tokens", "errors", "latency"}
+
+
+class OneSentence(click.ClickException):
+    """A usage problem said in one line (``mcc: ...``), exit status 2."""
+
+    exit_code = 2
+
+
+def _rollout_id(store: CaptureStore, rollout_id: str) -> str:
+    """``rollout_id`` when it is one; a glob or a path is a usage problem said in one sentence
+    that names the command which finds the rollout (issue 22, point 7)."""
+    if is_valid_rollout_id(rollout_id):
+        return rollout_id
+    directory = shlex.quote(store.capture_dir)
+    if any(char in rollout_id for char in "*?["):
+        raise OneSentence(f"{rollout_id!r} is a pattern, not a rollout id: "
+                          f"mcc ls {directory} --rollout {shlex.quote(rollout_id)} lists the rollouts it matches")
+    name = os.path.basename(rollout_id.rstrip("/"))
+    if name.endswith(CAPTURE_SUFFIX) and is_valid_rollout_id(name[: -len(CAPTURE_SUFFIX)]):
+        raise OneSentence(f"{rollout_id!r} is a path, not a rollout id: its rollout id is "
+                          f"{name[: -len(CAPTURE_SUFFIX)]!r} (mcc ls {directory} --rollout 'GLOB' lists them)")
+    raise OneSentence(f"{rollout_id!r} is not a rollout id (1-200 of A-Z a-z 0-9 . _ -, starting with a letter or "
+                      f"digit): mcc ls {directory} --rollout 'GLOB' lists the rollouts")
 
 
 def _store(directory: str) -> CaptureStore:
@@ -74,11 +97,28 @@ def _time(value: Optional[float]) -> str:
 
 
 def _n(value: Any) -> str:
-    return "-" if value is None else (f"{value:.1f}" if isinstance(value, float) else str(value))
+    """A number with thousands separators; ``-`` for one nobody reported."""
+    return "-" if value is None else (f"{value:,.1f}" if isinstance(value, float) else f"{value:,}")
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters: both ends of a long id stay readable
+    (``--json`` prints it whole)."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep - keep // 2] + "…" + text[len(text) - keep // 2:]
+
+
+#: Widest a table cell grows before it is cut (`_cut`).
+ID_WIDTH, CELL_WIDTH = 48, 32
 
 
 def _print_table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    """Columns as wide as their widest cell; a shorter row (a note, such as an unreadable line)
+    runs its last cell on past the columns without widening them."""
+    full = [r for r in rows if len(r) == len(headers)]
+    widths = [max(len(h), *(len(r[i]) for r in full)) if full else len(h) for i, h in enumerate(headers)]
     click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -118,13 +158,17 @@ def ls_command(directory: str, pattern: Optional[str], category: Optional[str], 
         for row in rows:
             click.echo(orjson.dumps(row.as_dict()).decode())
         return
-    _print_table(["rollout", "calls", "in", "out", "cached", "errors", "first call (UTC)", "last call (UTC)", "incomplete"],
-                 [[r.rollout_id, str(r.calls), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
-                   _errors(r), _time(r.first_call_at), _time(r.last_call_at), "yes" if r.incomplete else ""] for r in rows])
+    _print_table(["rollout", "calls", "in", "out", "cached", "errors", "unreadable", "first call (UTC)", "last call (UTC)",
+                  "incomplete"],
+                 [[_cut(r.rollout_id, ID_WIDTH), _n(r.calls), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
+                   _errors(r), _n(r.unreadable_lines) if r.unreadable_lines else "", _time(r.first_call_at),
+                   _time(r.last_call_at), "yes" if r.incomplete else ""] for r in rows])
 
 
 def _errors(row: RolloutRow) -> str:
-    return str(row.errors) + (f" ({', '.join(f'{k}:{v}' for k, v in row.error_categories.items())})" if row.errors else "")
+    """``3 (upstream_error:2, timeout:1)``: the categories by count, the most frequent first."""
+    ordered = sorted(row.error_categories.items(), key=lambda kv: (-kv[1], kv[0]))
+    return _n(row.errors) + (f" ({', '.join(f'{k}:{v:,}' for k, v in ordered)})" if row.errors else "")
 
 
 @click.command("show")
@@ -135,6 +179,7 @@ def _errors(row: RolloutRow) -> str:
 def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_json: bool) -> None:
     """The calls of one rollout in order, or one call in full with --call N."""
     store = _store(directory)
+    rollout_id = _rollout_id(store, rollout_id)
     if not os.path.exists(store.path_for(rollout_id)):
         if store.is_incomplete(rollout_id):
             raise click.ClickException(f"rollout {rollout_id!r} has no lines, only its .capture.incomplete marker: "
@@ -145,12 +190,16 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
             line = read_call(store, rollout_id, call_index)
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from None
+        if line is None:
+            raise click.ClickException(f"call {call_index} of {rollout_id} is an unreadable line (not one JSON object: "
+                                       "torn by a crash, or damaged); the capture file keeps its bytes")
         if as_json:
             click.echo(orjson.dumps(line).decode())
             return
         row = call_row(rollout_id, call_index, line)
         click.echo(f"call {call_index} of {rollout_id}: {row.dialect} {row.model or ''} status {row.status_code} "
-                   f"{row.error_category or 'ok'}, latency {_n(row.latency_ms)} ms, ttft {_n(row.ttft_ms)} ms")
+                   f"{row.error_category or 'ok'}, latency {_n(row.latency_ms)} ms, "
+                   + (f"ttft {_n(row.ttft_ms)} ms" if row.ttft_ms is not None else "no first token"))
         if row.request_body_refused:
             click.echo("\n--- request ---\n(the body was over --max-body-bytes: it was refused unread, and not kept)")
         for title, key in (("request", "request"), ("request (raw)", "request_raw"), ("response", "response"),
@@ -162,15 +211,19 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
             click.echo("\n--- response (raw) ---")
             click.echo(line["response_raw"])
         return
-    rows = list(iter_call_rows(store, rollout_id))
+    # An unreadable line keeps its place (its index is its position in the file: DESIGN §3).
+    rows = [call_row(rollout_id, index, line) if line is not None else index
+            for index, line in store.iter_available(rollout_id)]
     if as_json:
         for row in rows:
-            click.echo(orjson.dumps(row.as_dict()).decode())
+            click.echo(orjson.dumps(row.as_dict() if isinstance(row, CallRow) else
+                                    {"rollout_id": rollout_id, "call_index": row, "unreadable": True}).decode())
         return
     training = _training_cells(store, rollout_id)
     _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "response status",
                   "tool calls", "error", "training arrays"],
-                 [[*_call_cells(r), training.get(r.call_index, "-")] for r in rows])
+                 [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
+                  [str(r), _UNREADABLE] for r in rows])
 
 
 def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
@@ -189,10 +242,14 @@ def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
     return cells
 
 
+_UNREADABLE = "(unreadable line: not one JSON object; the capture file keeps its bytes)"
+
+
 def _call_cells(row: CallRow) -> list[str]:
-    return [str(row.call_index), row.dialect or "-", row.model or "-", _n(row.status_code), _n(row.ttft_ms), _n(row.latency_ms),
-            _n(row.tokens_in), _n(row.tokens_out), _n(row.cached_tokens), row.finish_reason or "-",
-            row.response_status or "-", ",".join(row.tool_calls) or "-", row.error_category or "-"]
+    return [str(row.call_index), row.dialect or "-", _cut(row.model or "-", CELL_WIDTH), str(row.status_code or "-"),
+            _n(row.ttft_ms), _n(row.latency_ms), _n(row.tokens_in), _n(row.tokens_out), _n(row.cached_tokens),
+            row.finish_reason or "-", row.response_status or "-", _cut(",".join(row.tool_calls) or "-", CELL_WIDTH),
+            row.error_category or "-"]
 
 
 @click.command("stats")
@@ -204,46 +261,42 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     started = time.perf_counter()
-    show_progress = len(rollout_ids) > 200 and not as_json
-    if show_progress:
-        with click.progressbar(length=len(rollout_ids), label="scanning", file=sys.stderr) as bar:
-            stats = directory_stats(store, rollout_ids, bar)
-    else:
-        stats = directory_stats(store, rollout_ids)
+    with progress(len(rollout_ids) if not as_json else 0, "scanning") as bar:  # Quiet unless stderr is a terminal.
+        stats = directory_stats(store, rollout_ids, bar)
     elapsed = time.perf_counter() - started
     if as_json:
         click.echo(orjson.dumps({**stats.as_dict(), "scan_seconds": round(elapsed, 3)}).decode())
         return
     length = stats.finish_reasons.get("length", 0)
     lines = [
-        f"rollouts            {stats.rollouts} ({stats.incomplete_rollouts} incomplete, {stats.unreadable_lines} unreadable lines)",
-        f"calls               {stats.calls}  ({stats.calls / elapsed:,.0f} lines/s scanned)" if elapsed > 0 else "",
+        f"rollouts            {stats.rollouts:,} ({stats.incomplete_rollouts:,} incomplete, {stats.unreadable_lines:,} unreadable lines)",
+        f"calls               {stats.calls:,}  ({stats.calls / elapsed:,.0f} lines/s scanned)" if elapsed > 0 else "",
         f"tokens              in {_n(stats.tokens_in)}, out {_n(stats.tokens_out)}, cached {_n(stats.cached_tokens)}, "
-        f"reasoning {_n(stats.tokens_reasoning)} (over the {stats.calls_with_usage} calls that reported usage; "
-        f"{stats.calls - stats.calls_with_usage} did not)",
+        f"reasoning {_n(stats.tokens_reasoning)} (over the {stats.calls_with_usage:,} calls that reported usage; "
+        f"{stats.calls - stats.calls_with_usage:,} did not)",
         "latency ms          " + _pcts(stats.latency_ms),
-        "ttft ms             " + _pcts(stats.ttft_ms),
-        "errors              " + (", ".join(f"{k} {v}" for k, v in stats.error_categories.items()) or "none"),
-        "finish reasons      " + (", ".join(f"{k} {v}" for k, v in stats.finish_reasons.items()) or "-"),
-        "response statuses   " + (", ".join(f"{k} {v}" for k, v in stats.response_statuses.items()) or "-"),
-        f"cut by length       {length} of {stats.calls} calls" + (f" ({length / stats.calls:.1%})" if stats.calls else ""),
+        "ttft ms             " + (_pcts(stats.ttft_ms) if stats.ttft_ms.get("p50") is not None else "no call had a first token"),
+        "errors              " + (", ".join(f"{k} {v:,}" for k, v in stats.error_categories.items()) or "none"),
+        "finish reasons      " + (", ".join(f"{k} {v:,}" for k, v in stats.finish_reasons.items()) or "-"),
+        "response statuses   " + (", ".join(f"{k} {v:,}" for k, v in stats.response_statuses.items()) or "-"),
+        f"cut by length       {length:,} of {stats.calls:,} calls" + (f" ({length / stats.calls:.1%})" if stats.calls else ""),
         "cache hit ratio     " + (f"{stats.cache_hit_ratio:.1%} of the {_calls(stats.calls_with_cache_counts)} that reported cache "
                                    f"counts ({_calls(stats.calls - stats.calls_with_cache_counts)} did not)"
                                    + (f", {stats.cached_token_ratio:.1%} of their prompt tokens" if stats.cached_token_ratio is not None else "")
                                    if stats.cache_hit_ratio is not None else "not reported by any call"),
-        f"tool calls          {stats.tool_calls} ({stats.tool_calls_with_invalid_arguments} with arguments that are not valid JSON)",
+        f"tool calls          {stats.tool_calls:,} ({stats.tool_calls_with_invalid_arguments:,} with arguments that are not valid JSON)",
         "turns per rollout   " + _pcts(stats.turns_per_rollout),
-        (f"training arrays     {stats.usable_generations} of {stats.generations_with_token_ids} generations with token "
-         f"ids usable" + (" (not: " + ", ".join(f"{k} {v}" for k, v in stats.unusable_reasons.items()) + ")"
+        (f"training arrays     {stats.usable_generations:,} of {stats.generations_with_token_ids:,} generations with token "
+         f"ids usable" + (" (not: " + ", ".join(f"{k} {v:,}" for k, v in stats.unusable_reasons.items()) + ")"
                            if stats.unusable_reasons else "")
-         + f"; prompts extending an earlier call {stats.prompts_extending_an_earlier_call}, "
-           f"drifting from one {stats.prompts_drifting}") if stats.generations_with_token_ids else "",
+         + f"; prompts extending an earlier call {stats.prompts_extending_an_earlier_call:,}, "
+           f"drifting from one {stats.prompts_drifting:,}") if stats.generations_with_token_ids else "",
     ]
     click.echo("\n".join(line for line in lines if line))
 
 
 def _calls(count: int) -> str:
-    return f"{count} call" if count == 1 else f"{count} calls"
+    return f"{count:,} call" if count == 1 else f"{count:,} calls"
 
 
 def _pcts(values: dict[str, Optional[float]]) -> str:
@@ -262,6 +315,8 @@ _TAIL_HEADER = "rollout #call " + " ".join(["dialect", "model", "status", "ttft_
 def tail_command(directory: str, rollout_id: Optional[str], interval: float, from_start: bool) -> None:
     """Follow new calls as the sidecar writes them (all rollouts, or one). Ctrl-C stops."""
     store = _store(directory)
+    if rollout_id is not None:
+        rollout_id = _rollout_id(store, rollout_id)
     offsets: dict[str, tuple[int, int]] = {}  # rollout -> (bytes consumed, next call index)
     # Without --from-start the first look, which skips what is already there, happens before the
     # header is printed, so every line that lands after the header is shown. Looking after
@@ -300,9 +355,9 @@ def _tail_one(store: CaptureStore, rollout_id: str, offsets: dict[str, tuple[int
         if emit:
             try:
                 row = call_row(rollout_id, index, orjson.loads(raw))
-                click.echo(f"{rollout_id} #{index} " + " ".join(_call_cells(row)[1:]), nl=True)
+                click.echo(f"{_cut(rollout_id, ID_WIDTH)} #{index} " + " ".join(_call_cells(row)[1:]), nl=True)
             except orjson.JSONDecodeError:
-                click.echo(f"{rollout_id} #{index} (unreadable line)")
+                click.echo(f"{_cut(rollout_id, ID_WIDTH)} #{index} {_UNREADABLE}")
             sys.stdout.flush()
         index += 1
     offsets[rollout_id] = (consumed + len(complete), index)

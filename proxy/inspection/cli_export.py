@@ -8,8 +8,7 @@ from typing import Optional
 import click
 import orjson
 
-from .cli import _rollouts_or_say_empty, _store, progress
-from .tables import iter_call_rows
+from .cli import OneSentence, _rollouts_or_say_empty, _store, progress
 
 
 @click.command("report")
@@ -30,12 +29,6 @@ def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
                f"({sizes['payload_bytes'] / 1e6:.1f} MB of payloads): {len(rollout_ids)} rollouts")
 
 
-class OneSentence(click.ClickException):
-    """A usage problem said in one line (``Error: ...``), exit status 2."""
-
-    exit_code = 2
-
-
 def _writable_parent(output: str) -> None:
     """One sentence (exit 2) when ``output`` cannot be written, before any work is done."""
     parent = os.path.dirname(os.path.abspath(output))
@@ -47,38 +40,47 @@ def _writable_parent(output: str) -> None:
 
 @click.command("export")
 @click.argument("directory", metavar="DIR")
-@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json"]), required=True)
+@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json"]), required=True,
+              help="parquet: one row per call (columns in the README). otel-json: OTLP/JSON NDJSON, one "
+                   "ExportTraceServiceRequest per line (a rollout, or up to 1,000 of its spans), for a collector's /v1/traces.")
 @click.option("-o", "--output", required=True, help="The file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 @click.option("--token-arrays", is_flag=True,
               help="Parquet: add prompt_token_ids, generation_token_ids, generation_log_probs (one row per call and choice; large).")
-def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool) -> None:
-    """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP JSON."""
+@click.option("--output-text", is_flag=True, help="Parquet: add output_text, the reply's answer text (large).")
+def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
+                   output_text: bool) -> None:
+    """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines."""
     from records import iter_token_records
 
-    from .export import otel_spans, with_token_arrays, write_parquet
+    from .export import call_rows, otel_lines, with_token_arrays, write_parquet
 
-    if token_arrays and kind != "parquet":
-        raise click.UsageError("--token-arrays goes with --format parquet")
+    if (token_arrays or output_text) and kind != "parquet":
+        raise click.UsageError("--token-arrays and --output-text go with --format parquet")
     _writable_parent(output)
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
+    if kind == "otel-json":
+        count = 0
+        with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:
+            for rid in rollout_ids:
+                rows = list(call_rows(store, rid))
+                handle.writelines(otel_lines([(rid, rows)]))
+                count += len(rows)
+                bar.update(1)
+        click.echo(f"wrote {output}: {count:,} calls in {len(rollout_ids):,} traces")
+        return
     rows = []
     with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
-            rows.extend(iter_call_rows(store, rid))
+            rows.extend(call_rows(store, rid, output_text=output_text))
             bar.update(1)
-    if kind == "parquet":
-        try:
-            if token_arrays:
-                tokens = (record for rid in rollout_ids for record in iter_token_records(store, rid))
-                count = write_parquet(list(with_token_arrays(rows, tokens)), output, token_arrays=True)
-            else:
-                count = write_parquet(rows, output)
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from None
-    else:
-        with open(output, "wb") as handle:
-            handle.write(orjson.dumps(otel_spans(rows)))
-        count = len(rows)
-    click.echo(f"wrote {output}: {count} calls")
+    try:
+        if token_arrays:
+            tokens = (record for rid in rollout_ids for record in iter_token_records(store, rid))
+            count = write_parquet(list(with_token_arrays(rows, tokens)), output, token_arrays=True, output_text=output_text)
+        else:
+            count = write_parquet(rows, output, output_text=output_text)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {output}: {count:,} rows")

@@ -1,19 +1,24 @@
-"""`mcc export`: captures as Parquet (one row per call) or OpenTelemetry GenAI spans (OTLP JSON).
+"""`mcc export`: captures as Parquet (one row per call) or OpenTelemetry GenAI spans (OTLP/JSON).
 
-Parquet needs pyarrow (``pip install 'model-call-capture[export]'``); DuckDB, Spark and Ray Data
-read the file directly. The spans follow the OpenTelemetry GenAI semantic conventions
-(``gen_ai.*`` attributes), one trace per rollout, one CLIENT span per call.
+Parquet needs pyarrow; DuckDB, Spark and Ray Data read the file directly (its columns are a
+table in the README). The spans follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``
+attributes): one trace per rollout, its root span the rollout and one CLIENT span per call under
+it, written as NDJSON with one OTLP ``ExportTraceServiceRequest`` per line, which a collector's
+``/v1/traces`` takes as it is.
 """
 
 from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
-from records import TokenRecord
+import orjson
 
-from .tables import CallRow
+from records import CaptureStore, TokenRecord
+
+from .conversation import reply_text
+from .tables import CallRow, call_row
 
 _PROVIDERS = {"chat": "openai", "responses": "openai", "completions": "openai", "messages": "anthropic"}
 
@@ -30,21 +35,39 @@ def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenReco
             values["choice_index"] = record.choice_index if record is not None else 0
             values["usable"] = record.usable if record is not None else False
             values["unusable_reason"] = record.unusable_reason if record is not None else "no token arrays captured"
-            values["missing"] = list(record.missing) if record is not None else None
+            values["missing"] = list(record.missing) if record is not None else list(_ARRAYS)
             yield values
 
 
+_ARRAYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem", "extends",
                   "drift_at")
 
 
-def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False) -> int:
-    """One row per call; with ``token_arrays`` (rows from `with_token_arrays`), per call and choice."""
+def call_rows(store: CaptureStore, rollout_id: str, output_text: bool = False) -> Iterator[CallRow]:
+    """The rollout's rows; with ``output_text``, each row's ``output_text`` is its reply's answer."""
+    result = store.read_available(rollout_id)
+    for index, line in zip(result.call_indexes, result.lines):
+        row = call_row(rollout_id, index, line)
+        if output_text:
+            row.output_text = reply_text(line)
+        yield row
+
+
+#: Said when pyarrow is missing: the package is not on PyPI, so name what works from a clone too.
+PYARROW_HINT = ("Parquet export needs pyarrow: pip install pyarrow (in the environment mcc runs from; "
+                "from a clone, make install or .venv/bin/pip install pyarrow)")
+
+
+def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False,
+                  output_text: bool = False) -> int:
+    """One row per call; with ``token_arrays`` (rows from `with_token_arrays`), per call and choice;
+    with ``output_text``, the reply's text (rows from `call_rows(..., output_text=True)`)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise RuntimeError("Parquet export needs pyarrow: pip install 'model-call-capture[export]'") from None
+        raise RuntimeError(PYARROW_HINT) from None
     records = [row if isinstance(row, dict) else row.as_dict() for row in rows]
     for record in records:  # Seconds since the epoch, UTC: Arrow wants datetimes (or ints) for timestamps.
         for key in ("started_at", "completed_at"):
@@ -59,8 +82,12 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
         ("finish_reason", pa.string()), ("response_status", pa.string()), ("request_model", pa.string()),
         ("response_model", pa.string()),
         ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
-        ("stream_truncated", pa.bool_()),
+        ("stream_truncated", pa.bool_()), ("response_source", pa.string()), ("local_response_reason", pa.string()),
+        ("upstream_status_code", pa.int64()), ("upstream_attempted", pa.bool_()), ("failure_stage", pa.string()),
+        ("failure_message", pa.string()), ("client_session_id", pa.string()), ("client_assistant_message_id", pa.string()),
     ]
+    if output_text:
+        columns.append(("output_text", pa.string()))
     if token_arrays:
         for record in records:
             record["token_source"] = record.pop("source", None)
@@ -74,47 +101,98 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
     return len(records)
 
 
-def otel_spans(rows: Iterable[CallRow]) -> dict[str, Any]:
-    spans = [_span(row) for row in rows]
+#: Spans per OTLP request line: a collector's request size stays bounded however long a rollout is.
+SPANS_PER_LINE = 1000
+
+
+def otel_lines(rollouts: Iterable[tuple[str, list[CallRow]]], spans_per_line: int = SPANS_PER_LINE) -> Iterator[bytes]:
+    """OTLP/JSON, one ``ExportTraceServiceRequest`` per line (NDJSON): each rollout a trace whose
+    root span (the rollout) has its calls as children, a rollout over ``spans_per_line`` calls
+    continuing on the next lines. Each line can be POSTed as it is to a collector's ``/v1/traces``."""
+    for rollout_id, rows in rollouts:
+        trace_id = hashlib.md5(rollout_id.encode()).hexdigest()  # One trace per rollout, the same every export.
+        root_id = _span_id(f"rollout/{rollout_id}")
+        spans = [_rollout_span(rollout_id, rows, trace_id, root_id)]
+        spans.extend(_call_span(row, trace_id, root_id) for row in rows)
+        for first in range(0, len(spans), spans_per_line):
+            yield orjson.dumps(_export_request(spans[first:first + spans_per_line]), option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _export_request(spans: list[dict[str, Any]]) -> dict[str, Any]:
     return {"resourceSpans": [{
         "resource": {"attributes": [_attribute("service.name", "model-call-capture")]},
         "scopeSpans": [{"scope": {"name": "model-call-capture"}, "spans": spans}],
     }]}
 
 
-def _span(row: CallRow) -> dict[str, Any]:
+def _span_id(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()[:16]
+
+
+def _nanos(seconds: Optional[float]) -> str:
+    return str(int((seconds or 0) * 1e9))  # OTLP/JSON writes 64-bit integers as strings.
+
+
+def _rollout_span(rollout_id: str, rows: list[CallRow], trace_id: str, span_id: str) -> dict[str, Any]:
+    """The rollout as the trace's root: from its first call's start to its last call's end."""
+    starts = [row.started_at for row in rows if row.started_at is not None]
+    ends = [row.completed_at or row.started_at for row in rows if (row.completed_at or row.started_at) is not None]
+    errors = sum(1 for row in rows if row.error_category)
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": rollout_id,
+                  "mcc.rollout_id": rollout_id, "mcc.calls": len(rows), "mcc.errors": errors}
+    return {
+        "traceId": trace_id, "spanId": span_id, "name": f"rollout {rollout_id}", "kind": 1,  # SPAN_KIND_INTERNAL
+        "startTimeUnixNano": _nanos(min(starts, default=None)), "endTimeUnixNano": _nanos(max(ends, default=None)),
+        "attributes": _attributes(attributes),
+        "status": {"code": 2, "message": f"{errors} of {len(rows)} calls failed"} if errors else {"code": 1},
+    }
+
+
+_OPERATIONS = {"completions": "text_completion"}
+
+
+def _call_span(row: CallRow, trace_id: str, parent_id: str) -> dict[str, Any]:
+    operation = _OPERATIONS.get(row.dialect or "", "chat")
     attributes = {
-        "gen_ai.operation.name": "chat",
+        "gen_ai.operation.name": operation,
         "gen_ai.provider.name": _PROVIDERS.get(row.dialect or "", row.dialect),
+        "gen_ai.conversation.id": row.rollout_id,
         "gen_ai.request.model": row.request_model,
         "gen_ai.response.model": row.response_model,
-        "gen_ai.response.id": None,
         "gen_ai.usage.input_tokens": row.tokens_in,
         "gen_ai.usage.output_tokens": row.tokens_out,
         "gen_ai.usage.cache_read.input_tokens": row.cached_tokens,
         "gen_ai.usage.reasoning.output_tokens": row.tokens_reasoning,
         "gen_ai.response.finish_reasons": [row.finish_reason] if row.finish_reason else None,
-        "mcc.response_status": row.response_status,
         "http.response.status_code": row.status_code,
         "error.type": row.error_category,
         "mcc.rollout_id": row.rollout_id,
         "mcc.call_index": row.call_index,
+        "mcc.model_call_id": row.model_call_id,
         "mcc.dialect": row.dialect,
+        "mcc.response_status": row.response_status,
+        "mcc.response_source": row.response_source,
+        "mcc.local_response_reason": row.local_response_reason,
         "mcc.ttft_ms": row.ttft_ms,
+        "mcc.stream_truncated": row.stream_truncated,
         "mcc.tool_calls": row.tool_calls or None,
     }
-    start = int((row.started_at or 0) * 1e9)
-    end = int((row.completed_at or row.started_at or 0) * 1e9)
+    model = row.request_model or row.model
     return {
-        "traceId": hashlib.md5(row.rollout_id.encode()).hexdigest(),  # One trace per rollout.
-        "spanId": (row.model_call_id or hashlib.md5(f"{row.rollout_id}/{row.call_index}".encode()).hexdigest())[:16],
-        "name": f"chat {row.model}" if row.model else "chat",
+        "traceId": trace_id,
+        "spanId": _span_id(f"{row.rollout_id}/{row.call_index}"),
+        "parentSpanId": parent_id,
+        "name": f"{operation} {model}" if model else operation,
         "kind": 3,  # SPAN_KIND_CLIENT
-        "startTimeUnixNano": str(start),
-        "endTimeUnixNano": str(end),
-        "attributes": [_attribute(key, value) for key, value in attributes.items() if value is not None],
-        "status": {"code": 2, "message": row.error_category} if row.error_category else {"code": 1},
+        "startTimeUnixNano": _nanos(row.started_at),
+        "endTimeUnixNano": _nanos(row.completed_at or row.started_at),
+        "attributes": _attributes(attributes),
+        "status": {"code": 2, "message": row.failure_message or row.error_category} if row.error_category else {"code": 1},
     }
+
+
+def _attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_attribute(key, value) for key, value in values.items() if value is not None]
 
 
 def _attribute(key: str, value: Any) -> dict[str, Any]:

@@ -52,7 +52,22 @@ class CallRow:
     tool_calls: list[str] = field(default_factory=list)
     #: Tool calls whose arguments were not valid JSON (kept as ``{"_raw": ...}``).
     invalid_tool_arguments: int = 0
-    stream_truncated: Optional[bool] = None
+    #: The stream ended without its terminal event; False for a JSON reply (never null).
+    stream_truncated: bool = False
+    #: Who wrote the reply: ``upstream``, or ``local`` (the sidecar itself, `local_response_reason`
+    #: says why); the status the upstream sent (None when it sent none), and whether it was tried.
+    response_source: Optional[str] = None
+    local_response_reason: Optional[str] = None
+    upstream_status_code: Optional[int] = None
+    upstream_attempted: Optional[bool] = None
+    #: The line's ``failure`` (DESIGN §4): where it went wrong and what was said.
+    failure_stage: Optional[str] = None
+    failure_message: Optional[str] = None
+    #: Correlation headers (DESIGN §2): evidence the client sent, not authentication.
+    client_session_id: Optional[str] = None
+    client_assistant_message_id: Optional[str] = None
+    #: The reply's answer text: filled only when asked for (``mcc export --output-text``; it is large).
+    output_text: Optional[str] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +80,7 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
     stats = extract_token_stats(response.get("usage") if response else None)
     response_model, request_model = _str((response or {}).get("model")), _str((request or {}).get("model"))
     model = response_model or request_model
+    failure = line.get("failure") if isinstance(line.get("failure"), dict) else {}
     return CallRow(
         rollout_id=rollout_id, call_index=call_index, model_call_id=_str(line.get("model_call_id")),
         dialect=_str(line.get("dialect")) or facts.shape, model=_str(model), status_code=_int(line.get("status_code")),
@@ -77,7 +93,13 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         request_body_refused=line.get("local_response_reason") == "body_too_large",
         tool_calls=[str(call.get("name")) for call in facts.tool_calls],
         invalid_tool_arguments=_invalid_arguments(facts.tool_calls),
-        stream_truncated=line.get("stream_truncated") if isinstance(line.get("stream_truncated"), bool) else None,
+        stream_truncated=line.get("stream_truncated") is True,
+        response_source=_str(line.get("response_source")), local_response_reason=_str(line.get("local_response_reason")),
+        upstream_status_code=_int(line.get("upstream_status_code")),
+        upstream_attempted=line.get("upstream_attempted") if type(line.get("upstream_attempted")) is bool else None,
+        failure_stage=_str(failure.get("stage")), failure_message=_str(failure.get("message")),
+        client_session_id=_str(line.get("client_session_id")),
+        client_assistant_message_id=_str(line.get("client_assistant_message_id")),
     )
 
 
@@ -334,9 +356,9 @@ def percentiles(values: list[float]) -> dict[str, Optional[float]]:
     return result
 
 
-def read_call(store: CaptureStore, rollout_id: str, call_index: int) -> dict[str, Any]:
-    result = store.read_available(rollout_id)
-    for index, line in zip(result.call_indexes, result.lines):
+def read_call(store: CaptureStore, rollout_id: str, call_index: int) -> Optional[dict[str, Any]]:
+    """The line at ``call_index``: None when that line is unreadable; KeyError when there is none."""
+    for index, line in store.iter_available(rollout_id):
         if index == call_index:
             return line
     raise KeyError(f"rollout {rollout_id} has no call {call_index}")
