@@ -207,26 +207,29 @@ def json_string(text: str) -> str:
 
 
 async def test_screenshots_at_desktop_and_phone_width(tmp_path):
-    """The page at 1400x1000 and at a phone's 390x844; kept in benchmarks/results/ when MCC_REPORT_SCREENSHOTS names a dir."""
+    """The summary and a conversation with tool calls at 1400x1000 and at a phone's 390x844; kept
+    in benchmarks/results/report-{summary,conversation}-{desktop,phone}.png when
+    MCC_REPORT_SCREENSHOTS names a directory."""
     import base64
     captures = str(tmp_path / "captures")
+    make_conversation_dir(captures)
     make_capture_dir(captures, rollouts=6, calls=12)
     report = str(tmp_path / "report.html")
     assert CliRunner().invoke(main, ["report", captures, "-o", report]).exit_code == 0
     keep = os.environ.get("MCC_REPORT_SCREENSHOTS")
     async with Browser(tmp_path) as tools:
         for name, width, height in (("desktop", 1400, 1000), ("phone", 390, 844)):
-            await open_page(tools, report, width, height)
-            await click(tools, 'section[data-rollout="rollout-0000"] .call[data-index="9"] .track')
-            await detail_text(tools, "boom")
-            overflow = await tools.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-            assert overflow <= 1, f"the page scrolls sideways at {width}px"
-            await tools.evaluate("window.scrollTo(0, 0)")
-            shot = await tools.call("Page.captureScreenshot", format="png")
-            assert len(shot["data"]) > 1000
-            if keep:
-                with open(os.path.join(keep, f"report-{name}.png"), "wb") as handle:
-                    handle.write(base64.b64decode(shot["data"]))
+            for view, fragment in (("summary", ""), ("conversation", "#call=conv-chat/0")):
+                await open_page(tools, report, width, height, fragment)
+                if fragment:
+                    await detail_text(tools, "tool call forecast")
+                overflow = await tools.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+                assert overflow <= 1, f"the page scrolls sideways at {width}px"
+                shot = await tools.call("Page.captureScreenshot", format="png")
+                assert len(shot["data"]) > 1000
+                if keep:
+                    with open(os.path.join(keep, f"report-{view}-{name}.png"), "wb") as handle:
+                        handle.write(base64.b64decode(shot["data"]))
         assert_offline_and_clean(tools)
 
 

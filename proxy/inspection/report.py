@@ -446,7 +446,7 @@ function route() {
   const index = Number(found[3]), c = r.calls.find(x => x[F.index] === index), row = sec.querySelector(`.call[data-index="${index}"]`);
   if (!c || !row) { detail.textContent = ""; detail.append(el("p", "hint", `${r.id} has no call ${index}.`)); return; }
   // A call opened by a link is brought to the top, its detail beside it; a clicked one stays put.
-  if (innerWidth > 800) row.scrollIntoView({block: clicked ? "nearest" : "start"});
+  if (innerWidth > 800) row.scrollIntoView({block: clicked ? "nearest" : "center"});
   clicked = false;
   show(r, c, row);
 }
