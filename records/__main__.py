@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     try:
         for rollout_id in rollout_ids:
             result = store.read_available(rollout_id)
-            summary = aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles=(50, 99))
+            summary = aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles=(50, 99), extended=True)
             summary = {"rollout_id": rollout_id, **summary, "unreadable_lines": result.malformed,
                        "incomplete": store.is_incomplete(rollout_id)}
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")

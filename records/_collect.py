@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._record import RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
+from ._record import EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
 from ._models import ModelCallRecord
 from ._rollouts import rollout_id_from_run
 from ._store import CaptureStore, gc_paused
@@ -54,10 +54,10 @@ def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCa
     return records, unreadable
 
 
-def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str,
-                                 percentiles: Iterable[float] = ()) -> dict[str, Any]:
-    """Totals over the rollout's calls (see `aggregate_model_call_records`)."""
-    return aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles)
+def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str, percentiles: Iterable[float] = (), *,
+                                 extended: bool = False) -> dict[str, Any]:
+    """Totals over the rollout's calls: Gym's keys, more when asked (see `aggregate_model_call_records`)."""
+    return aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles, extended=extended)
 
 
 def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: str) -> None:
@@ -74,7 +74,7 @@ def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: str) -> N
 
 
 def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: str,
-                              rollout_id: Optional[str] = None) -> dict[str, Any]:
+                              rollout_id: Optional[str] = None, *, extended: bool = False) -> dict[str, Any]:
     """A copy of ``rollout_record`` with ``ng_model_call_capture = {rollout_id, metrics, calls[, gaps]}``.
 
     Every other key is left exactly as it was. The rollout id is taken from the record unless
@@ -84,21 +84,26 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
     NeMo Gym's form: ``{"code": "model_call_capture_no_records"}``,
     ``{"code": "model_call_capture_records_unreadable", "detail": "count=N"}``,
     ``{"code": "model_call_capture_incomplete"}``.
+
+    The attachment has NeMo Gym 0.7.0's shape exactly; ``extended=True`` adds, in the same places,
+    what Gym's has not (the calls' ``stream_truncated``, ``failure_report``, ``model_operations``,
+    ``client_assistant_message_id``; the extended metrics).
     """
     if rollout_id is None:
         rollout_id = rollout_id_from_run(rollout_record, observability_enabled=True)
     attached = dict(rollout_record)
     if rollout_id is None:
-        attached[ATTACHMENT_KEY] = {"rollout_id": None, "metrics": aggregate_model_call_records([]), "calls": [],
+        attached[ATTACHMENT_KEY] = {"rollout_id": None, "metrics": aggregate_model_call_records([], extended=extended), "calls": [],
                                     "gaps": [{"code": GAP_NO_RECORDS}]}
         return attached
-    attached[ATTACHMENT_KEY] = _attachment(CaptureStore(capture_dir), rollout_id, include_payloads=False)
+    attached[ATTACHMENT_KEY] = _attachment(CaptureStore(capture_dir), rollout_id, False, extended)
     return attached
 
 
 def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[str | os.PathLike[str]],
-                                         include_payloads: bool = False) -> dict[str, Any]:
-    """NeMo Gym's entry point, with its signature: attach in place and return ``record``.
+                                         include_payloads: bool = False, *, extended: bool = False) -> dict[str, Any]:
+    """NeMo Gym's entry point, with its signature and its attachment's shape: attach in place and
+    return ``record`` (``extended=True``: as `attach_model_call_capture`'s).
 
     The rollout's captures are looked for in each of ``capture_dirs`` in turn (the first that
     holds its file or its incomplete marker); no directories, or a record without a rollout id,
@@ -113,10 +118,10 @@ def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: S
                   if os.path.exists(CaptureStore(d).path_for(rollout_id)) or CaptureStore(d).is_incomplete(rollout_id)),
                  None)
     if store is None:
-        record[ATTACHMENT_KEY] = {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([]), "calls": [],
-                                  "gaps": [{"code": GAP_NO_RECORDS}]}
+        record[ATTACHMENT_KEY] = {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([], extended=extended),
+                                  "calls": [], "gaps": [{"code": GAP_NO_RECORDS}]}
     else:
-        record[ATTACHMENT_KEY] = _attachment(store, rollout_id, include_payloads)
+        record[ATTACHMENT_KEY] = _attachment(store, rollout_id, include_payloads, extended)
     return record
 
 
@@ -129,18 +134,18 @@ def clear_model_call_captures_for_rollouts(records: Iterable[Mapping[str, Any]],
         CaptureStore(directory).clear(rollout_ids)
 
 
-def _attachment(store: CaptureStore, rollout_id: str, include_payloads: bool) -> dict[str, Any]:
+def _attachment(store: CaptureStore, rollout_id: str, include_payloads: bool, extended: bool) -> dict[str, Any]:
     try:
         records, unreadable = _read_tolerantly(store, rollout_id)
     except OSError as exc:  # A directory gone or unreadable: a gap, never an exception in a collector.
         log.warning("cannot read the model-call capture of rollout %s: %s", rollout_id, exc)
-        return {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([]), "calls": [],
+        return {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([], extended=extended), "calls": [],
                 "gaps": [{"code": GAP_UNREADABLE}]}
-    exclude = None if include_payloads else RAW_PAYLOAD_FIELDS
+    exclude = (set() if include_payloads else set(RAW_PAYLOAD_FIELDS)) | (set() if extended else set(EXTENDED_CALL_FIELDS))
     attachment: dict[str, Any] = {
         "rollout_id": rollout_id,
-        "metrics": aggregate_model_call_records(records),
-        "calls": [record.model_dump(mode="json", exclude=exclude) for record in records],
+        "metrics": aggregate_model_call_records(records, extended=extended),
+        "calls": [record.model_dump(mode="json", exclude=exclude or None) for record in records],
     }
     gaps = _gaps(store, rollout_id, records, unreadable)
     if gaps:

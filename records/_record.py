@@ -19,11 +19,11 @@ from ._models import (
 from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
 from ._tokens import extract_token_stats
 
-#: Fields summed by `aggregate_model_call_records`; a sum over no reported value stays None.
-SUMMED_FIELDS = ("tokens_in", "tokens_out", "tokens_total", "tokens_reasoning", "cached_tokens",
-                 "cache_creation_tokens", "latency_total_ms")
 #: Raw payload fields; attached calls leave them out (they stay in the capture files).
 RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_raw"})
+#: Record fields NeMo Gym 0.7.0's record does not have (the seed's newer ones, and ours): an
+#: attached call leaves them out unless asked (``extended=True``), so it has Gym's shape.
+EXTENDED_CALL_FIELDS = frozenset({"client_assistant_message_id", "failure_report", "model_operations", "stream_truncated"})
 _UNSUCCESSFUL_STATUSES = frozenset({"failed", "cancelled"})
 
 
@@ -157,23 +157,33 @@ def tool_request_evidence(response: Any, status_code: int | None = None,
     return ToolRequestEvidence("available", call_ids)
 
 
-def aggregate_model_call_records(calls: Iterable[ModelCallRecord],
-                                 percentiles: Iterable[float] = ()) -> dict[str, Any]:
+#: NeMo Gym 0.7.0's metrics, in its order: what `aggregate_model_call_records` returns by default,
+#: so a row attached by us and one attached by Gym have one shape (issue 23).
+GYM_METRICS = ("tokens_in", "tokens_out", "tokens_reasoning", "tokens_total", "cached_tokens", "latency_total_ms",
+               "num_calls")
+
+
+def aggregate_model_call_records(calls: Iterable[ModelCallRecord], percentiles: Iterable[float] = (), *,
+                                 extended: bool = False) -> dict[str, Any]:
     """Aggregate token and latency values from model-call records.
 
-    Sums of the values that were reported (None when none was), ``num_calls``, error-category
-    counts, cache hits, tool calls; and, for each requested percentile p, ``latency_ms_p<p>`` and
-    ``ttft_ms_p<p>`` (nearest-rank).
+    By default exactly NeMo Gym 0.7.0's keys (`GYM_METRICS`): sums of the values that were
+    reported (None when none was) and ``num_calls``. ``extended=True`` adds
+    ``cache_creation_tokens``, ``num_cache_hits``, ``num_tool_calls``, ``num_errors`` and
+    ``error_categories``; each requested percentile p adds ``latency_ms_p<p>`` and ``ttft_ms_p<p>``
+    (nearest-rank). Additions are asked for, never implied, so Gym's consumers see Gym's shape.
     """
     calls = list(calls)
-    totals: dict[str, Any] = {"num_calls": len(calls)}
-    for name in SUMMED_FIELDS:
+    totals: dict[str, Any] = {}
+    for name in GYM_METRICS[:-1] + (("cache_creation_tokens",) if extended else ()):
         values = [getattr(call, name) for call in calls if getattr(call, name) is not None]
         totals[name] = sum(values) if values else None
-    totals["num_cache_hits"] = sum(1 for call in calls if call.cache_hit)
-    totals["num_tool_calls"] = sum(len(call.tool_calls) for call in calls)
-    totals["num_errors"] = sum(1 for call in calls if call.error_category is not None)
-    totals["error_categories"] = dict(Counter(call.error_category for call in calls if call.error_category))
+    totals["num_calls"] = len(calls)
+    if extended:
+        totals["num_cache_hits"] = sum(1 for call in calls if call.cache_hit)
+        totals["num_tool_calls"] = sum(len(call.tool_calls) for call in calls)
+        totals["num_errors"] = sum(1 for call in calls if call.error_category is not None)
+        totals["error_categories"] = dict(Counter(call.error_category for call in calls if call.error_category))
     for p in percentiles:
         label = f"{p:g}".replace(".", "_")
         totals[f"latency_ms_p{label}"] = _percentile([c.latency_total_ms for c in calls], p)

@@ -42,6 +42,12 @@ class ReadResult:
     def malformed(self) -> int:
         return len(self.malformed_indexes)
 
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as NeMo Gym's ``read_available`` result, ``([(call_index, line), ...], unreadable)``,
+        so Gym's own ``read_available_model_call_records(store, rollout_id)`` reads a `CaptureStore`."""
+        yield list(zip(self.call_indexes, self.lines))
+        yield self.malformed
+
 
 class CaptureStore:
     """A directory of ``<rollout_id>.capture.jsonl`` files (NeMo Gym's ``CaptureStore`` surface).
@@ -88,7 +94,9 @@ class CaptureStore:
         return lines
 
     def read_available(self, rollout_id: str) -> ReadResult:
-        """Every intact line; malformed lines and a torn last line are skipped and reported."""
+        """Every intact line; malformed lines and a torn last line are skipped and reported.
+
+        ``pairs, unreadable = store.read_available(rollout_id)`` works too, as with Gym's store."""
         data = _read_locked(self.path_for(rollout_id))
         result = ReadResult(torn_last_line=bool(data) and not data.endswith(b"\n"))
         with gc_paused():

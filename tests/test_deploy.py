@@ -156,7 +156,8 @@ async def test_gym_harness_and_collector_examples_work_together(start, stand_in,
     """The examples as written, on Gym's real run rows (`responses_create_params`, `_ng_*`): the
     harness's calls are captured under each row's rollout id, a retry's apart from the first
     attempt's, and the collector attaches them."""
-    harness, collector = _load(os.path.join(GYM, "agent_harness.py")), _load(os.path.join(GYM, "collector.py"))
+    harness = _load(os.path.join(GYM, "responses_api_agents", "mcc_sdk_agent", "agent_harness.py"))
+    collector = _load(os.path.join(GYM, "collector.py"))
     sidecar = await start(stand_in.url, capture_dir=capture_dir)
     config = {**_yaml(os.path.join(GYM, "gym_config.yaml")), "mcc_base_url": sidecar.url + "/v1"}
 
@@ -171,6 +172,18 @@ async def test_gym_harness_and_collector_examples_work_together(start, stand_in,
     assert [r["ng_model_call_capture"]["metrics"]["num_calls"] for r in records] == [1, 1, 1]
     assert all(r["response"]["status"] == "completed" and "gaps" not in r["ng_model_call_capture"] for r in records)
     assert CaptureStore(capture_dir).rollout_ids() == ["0-0", "0-1", "0-1-a1"]
+
+
+def test_the_gym_harness_sends_only_what_the_task_set():
+    """Issue 23: given the row as a Gym agent server dumps it (every unset parameter an explicit
+    None), the harness sends the task's parameters and the policy model, no null."""
+    harness = _load(os.path.join(GYM, "responses_api_agents", "mcc_sdk_agent", "agent_harness.py"))
+    dumped = {"input": [{"role": "user", "content": "hi"}], "model": None, "temperature": None, "tools": None,
+              "max_output_tokens": 64, "metadata": None, "store": None}
+    params = harness.request_params({"responses_create_params": dumped}, {"policy_model_name": "policy"})
+    assert params == {"input": [{"role": "user", "content": "hi"}], "max_output_tokens": 64, "model": "policy"}
+    chosen = harness.request_params({"responses_create_params": {**dumped, "model": "mine"}}, {"policy_model_name": "policy"})
+    assert chosen["model"] == "mine"
 
 
 # -- Docker image -----------------------------------------------------------------------------

@@ -149,3 +149,29 @@ def test_gyms_entry_points_with_gyms_signatures(tmp_path):
     (first / "17-3-a1.capture.jsonl").write_bytes(line)
     clear_model_call_captures_for_rollouts([RUN, {**RUN, "_ng_attempt_index": "1"}, {"no": "ids"}], [first, second])
     assert list(first.iterdir()) == [] and list(second.iterdir()) == []
+
+
+GYM_070_CALL_FIELDS = {"cache_creation_tokens", "cache_hit", "cached_tokens", "call_index", "client_session_id",
+                       "completed_at", "dialect", "error_category", "finish_reason", "latency_total_ms", "latency_ttft_ms",
+                       "local_response_reason", "model", "model_call_id", "model_ref", "reasoning_content", "response_id",
+                       "response_source", "response_status", "started_at", "status_code", "tokens_in", "tokens_out",
+                       "tokens_reasoning", "tokens_total", "tool_calls", "upstream_attempted", "upstream_status_code"}
+
+
+def test_the_attachment_has_gyms_shape_unless_more_is_asked(tmp_path):
+    """Issue 23: `merge_model_call_capture_into_record` attaches exactly NeMo Gym 0.7.0's keys (its
+    calls without payloads, its seven metrics); ``extended=True`` adds ours in the same places."""
+    from records import merge_model_call_capture_into_record
+    (tmp_path / "17-3.capture.jsonl").write_bytes(encode_capture_line(
+        {"model_call_id": "a", "dialect": "chat", "status_code": 200, "request": {"model": "m"},
+         "response": {"object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 5}}, "stream_truncated": False}))
+    gyms = merge_model_call_capture_into_record({**RUN}, [str(tmp_path)])["ng_model_call_capture"]
+    assert set(gyms) == {"rollout_id", "metrics", "calls"}
+    assert set(gyms["calls"][0]) == GYM_070_CALL_FIELDS
+    assert list(gyms["metrics"]) == ["tokens_in", "tokens_out", "tokens_reasoning", "tokens_total", "cached_tokens",
+                                     "latency_total_ms", "num_calls"]
+    ours = merge_model_call_capture_into_record({**RUN}, [str(tmp_path)], extended=True)["ng_model_call_capture"]
+    assert set(ours["calls"][0]) - GYM_070_CALL_FIELDS == {"client_assistant_message_id", "failure_report",
+                                                            "model_operations", "stream_truncated"}
+    assert {"num_errors", "error_categories", "num_tool_calls"} <= set(ours["metrics"])
+    assert attach_model_call_capture(RUN, str(tmp_path))["ng_model_call_capture"] == gyms

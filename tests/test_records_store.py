@@ -81,7 +81,11 @@ def test_clear_touches_only_the_named_ids(tmp_path):
 def test_aggregate_metrics_sum_reported_values_only(tmp_path):
     _write(tmp_path / "r.capture.jsonl", _line(1), _line(2),
            encode_capture_line({"model_call_id": "x", "status_code": 502, "error_category": "connection", "response": None}))
-    metrics = aggregate_model_call_metrics(CaptureStore(tmp_path), "r", percentiles=(50, 99))
+    gyms = aggregate_model_call_metrics(CaptureStore(tmp_path), "r")
+    assert list(gyms) == ["tokens_in", "tokens_out", "tokens_reasoning", "tokens_total", "cached_tokens",
+                          "latency_total_ms", "num_calls"], "NeMo Gym 0.7.0's keys, in its order, by default"
+    metrics = aggregate_model_call_metrics(CaptureStore(tmp_path), "r", percentiles=(50, 99), extended=True)
+    assert {k: metrics[k] for k in gyms} == gyms
     assert metrics["num_calls"] == 3 and metrics["tokens_in"] == 20 and metrics["tokens_out"] == 3
     assert metrics["cached_tokens"] == 8 and metrics["num_cache_hits"] == 2
     assert metrics["tokens_reasoning"] is None
@@ -137,3 +141,15 @@ def test_whole_file_parse_reads_exactly_what_the_line_reader_reads(tmp_path, mon
     monkeypatch.undo()
     monkeypatch.setattr(_store, "_BLOCK_BYTES", 9)  # Blocks of a line or two: bounds inside the file.
     assert store.read_available("r") == fast, "in small blocks"
+
+
+def test_read_available_unpacks_as_gyms_pair(tmp_path):
+    """NeMo Gym's `read_available_model_call_records(store, id)` unpacks `store.read_available`
+    as ``(pairs, unreadable)``: ours does both (issue 23)."""
+    _write(tmp_path / "r.capture.jsonl", _line(1))
+    with open(tmp_path / "r.capture.jsonl", "ab") as handle:
+        handle.write(b"garbage\n" + _line(2))
+    result = CaptureStore(tmp_path).read_available("r")
+    pairs, unreadable = result
+    assert [index for index, _ in pairs] == [0, 2] and unreadable == 1
+    assert [line for _, line in pairs] == result.lines and result.malformed == 1

@@ -192,3 +192,32 @@ def test_a_typo_is_never_answered_with_an_option_only_the_supervisor_uses():
         assert done.returncode == 2 and "No such option" in done.stderr
         assert not any(hidden in done.stderr for hidden in ("--reuse-port", "--metrics-dir", "--worker-index",
                                                              "--worker-count")), done.stderr
+
+
+def test_the_stand_in_runs_alone_on_a_chosen_port_and_waits_as_asked():
+    """`mcc stand-in --port N` (issue 23: Gym's policy_model points at :8000): it says where it
+    listens, answers every dialect, waits --delay before a reply, stops on SIGTERM; a port in
+    use is one sentence, exit 2."""
+    import json
+    import signal
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "stand-in", "--port", str(port), "--delay", "0.3"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert read_line(process.stdout).startswith(f"stand-in model server listening on http://127.0.0.1:{port}")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/responses", method="POST",
+                                         data=b'{"model": "m", "input": "hi"}', headers={"Content-Type": "application/json"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert json.loads(reply.read())["status"] == "completed"
+        assert time.monotonic() - started >= 0.3, "--delay holds each reply"
+        taken = subprocess.run([sys.executable, "-m", "proxy", "stand-in", "--port", str(port)], capture_output=True,
+                               text=True, timeout=30)
+        assert taken.returncode == 2 and taken.stderr.startswith(f"mcc: cannot listen on 127.0.0.1:{port}")
+        assert taken.stderr.count("\n") == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0

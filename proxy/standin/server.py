@@ -6,6 +6,7 @@ tried with the real SDK clients on any machine, without a GPU. Replies are deter
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Any, Callable, Iterable
 
@@ -38,8 +39,10 @@ STAND_IN_CREATED = 1767225600
 STAND_IN_MAX_BODY = 256 * 1024 * 1024
 
 
-def create_stand_in_app() -> web.Application:
-    app = web.Application(client_max_size=STAND_IN_MAX_BODY)
+def create_stand_in_app(delay: float = 0.0) -> web.Application:
+    """The stand-in's routes; ``delay`` seconds pass before each model reply (a generation's time,
+    so calls are seen in flight: `mcc stand-in --delay`)."""
+    app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
@@ -47,6 +50,15 @@ def create_stand_in_app() -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     return app
+
+
+def _delayed(delay: float) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            await asyncio.sleep(delay)
+        return await handler(request)
+    return middleware
 
 
 async def _responses(request: web.Request) -> web.StreamResponse:
