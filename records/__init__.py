@@ -11,6 +11,7 @@ from ._appender import (
     fsync_directory,
     open_capture_file,
 )
+from ._call_rows import CALL_COLUMNS, CallRow, call_row
 from ._collect import (
     ATTACHMENT_KEY,
     aggregate_model_call_metrics,
@@ -41,6 +42,7 @@ from ._record import aggregate_model_call_records, build_model_call_record, tool
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
 from ._rollouts import (
     base_url_for_run,
+    split_attempt,
     resolve_model_base_url,
     rollout_id_from_path,
     rollout_id_from_run,
@@ -48,6 +50,7 @@ from ._rollouts import (
     url_path_for_run,
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
+from ._datasets import TOKEN_COLUMNS, capture_files, ray_dataset
 from ._store import CaptureStore, ReadResult
 from ._token_records import (
     TOKEN_SOURCES,
@@ -61,6 +64,8 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "CALL_COLUMNS",
+    "CallRow",
     "DriftTracker",
     "ATTACHMENT_KEY",
     "CAPTURE_SUFFIX",
@@ -76,6 +81,7 @@ __all__ = [
     "OPTIONAL_KEYS",
     "ROLLOUT_ID_PATTERN",
     "ReadResult",
+    "TOKEN_COLUMNS",
     "TOKEN_SOURCES",
     "TokenRecord",
     "RecordsError",
@@ -94,6 +100,8 @@ __all__ = [
     "attach_model_call_capture",
     "base_url_for_run",
     "build_model_call_record",
+    "call_row",
+    "capture_files",
     "capture_path",
     "clear_model_call_captures",
     "clear_model_call_captures_for_rollouts",
@@ -108,11 +116,13 @@ __all__ = [
     "open_capture_file",
     "iter_token_records",
     "read_model_call_records",
+    "ray_dataset",
     "read_token_records",
     "token_records_of_line",
     "resolve_model_base_url",
     "rollout_id_from_path",
     "rollout_id_from_run",
+    "split_attempt",
     "tool_request_evidence",
     "url_path_for_request",
     "url_path_for_run",

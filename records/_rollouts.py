@@ -9,6 +9,7 @@ id the caller already has (an inbound prefix, an explicit id), whatever the flag
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
@@ -85,6 +86,16 @@ def resolve_model_base_url(name: str, rollout_id: Optional[str] = None, servers:
     if rollout_id is None:
         return base_url
     return _prefixed_base_url(base_url, validate_rollout_id(rollout_id))
+
+
+_ATTEMPT_SUFFIX = re.compile(r"^(.+)-a([1-9][0-9]*)$")
+
+
+def split_attempt(rollout_id: str) -> tuple[str, int]:
+    """``("17-3", 2)`` for ``"17-3-a2"``, ``("17-3", 0)`` for the first attempt: the rollout and
+    which attempt of it a capture file holds (the ``-a<n>`` suffix of `rollout_id_from_run`)."""
+    found = _ATTEMPT_SUFFIX.match(rollout_id)
+    return (found.group(1), int(found.group(2))) if found else (rollout_id, 0)
 
 
 def rollout_id_from_path(path: str) -> Optional[str]:

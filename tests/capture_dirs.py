@@ -105,3 +105,41 @@ def make_conversation_dir(path: str) -> None:
         ]
         with open(os.path.join(path, f"conv-{dialect}.capture.jsonl"), "wb") as handle:
             handle.write(b"".join(encode_capture_line(line) for line in lines))
+
+
+def token_line(prompt: list[int], generated: list[int], *, n: int = 1, error: str | None = None,
+               finish: str = "stop", call_id: str = "c") -> bytes:
+    """A chat call as vLLM answers with ``return_token_ids`` and ``logprobs`` (choice i generates
+    ``generated`` shifted by i)."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": finish,
+                "token_ids": [g + i for g in generated],
+                "logprobs": {"content": [{"token": "x", "logprob": -0.25 - i} for _ in generated]}} for i in range(n)]
+    return encode_capture_line({
+        "model_call_id": call_id, "dialect": "chat", "status_code": 200, "error_category": error,
+        "started_at": 1767225600.0, "completed_at": 1767225601.0, "latency_ms": 1000.0,
+        "request": {"model": "policy", "messages": [{"role": "user", "content": "q"}]},
+        "response": {"object": "chat.completion", "model": "policy", "prompt_token_ids": prompt, "choices": choices,
+                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}}})
+
+
+def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: str = "rl") -> None:
+    """``rollouts`` multi-turn rollouts of ``calls`` calls, each generating ``tokens`` ids: each
+    prompt extends the previous prompt + generation, except after calls 1, 4, 7..., whose next
+    prompt lost the first token call 0 generated (it drifts at ``tokens``); every fourth rollout
+    has n=2 and every fifth a torn last line, an incomplete marker and a retried attempt (``-a1``)."""
+    os.makedirs(path, exist_ok=True)
+    for r in range(rollouts):
+        prompt, lines = list(range(1, 1 + tokens)), []
+        for c in range(calls):
+            generated = [100_000 + r * 1000 + c * 10 + k for k in range(tokens)]
+            lines.append(token_line(prompt, generated, n=2 if r % 4 == 3 else 1, call_id=f"{r}-{c}"))
+            prompt = prompt + generated + [7]
+            if c % 3 == 1:  # The template drops the first token call 0 generated (its reasoning, say).
+                prompt = prompt[:tokens] + prompt[tokens + 1:]
+        rollout_id = f"{name}-{r:05d}"
+        with open(os.path.join(path, f"{rollout_id}.capture.jsonl"), "wb") as handle:
+            handle.write(b"".join(lines) + (b'{"torn' if r % 5 == 4 else b""))
+        if r % 5 == 4:
+            open(os.path.join(path, f"{rollout_id}.capture.incomplete"), "wb").close()
+            with open(os.path.join(path, f"{rollout_id}-a1.capture.jsonl"), "wb") as handle:
+                handle.write(b"".join(lines))

@@ -10,12 +10,13 @@ it, written as NDJSON with one OTLP ``ExportTraceServiceRequest`` per line, whic
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CaptureStore, TokenRecord
+from records import CALL_COLUMNS, CaptureStore, TokenRecord
+from records._call_rows import with_arrow_times
+from records._datasets import arrow_schema
 
 from .conversation import reply_text
 from .tables import CallRow, call_row
@@ -68,36 +69,19 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
         import pyarrow.parquet as pq
     except ImportError:
         raise RuntimeError(PYARROW_HINT) from None
-    records = [row if isinstance(row, dict) else row.as_dict() for row in rows]
-    for record in records:  # Seconds since the epoch, UTC: Arrow wants datetimes (or ints) for timestamps.
-        for key in ("started_at", "completed_at"):
-            if record.get(key) is not None:
-                record[key] = datetime.fromtimestamp(record[key], tz=timezone.utc)
-    columns = [
-        ("rollout_id", pa.string()), ("call_index", pa.int64()), ("model_call_id", pa.string()), ("dialect", pa.string()),
-        ("model", pa.string()), ("status_code", pa.int64()), ("error_category", pa.string()),
-        ("started_at", pa.timestamp("us", tz="UTC")), ("completed_at", pa.timestamp("us", tz="UTC")),
-        ("latency_ms", pa.float64()), ("ttft_ms", pa.float64()), ("tokens_in", pa.int64()),
-        ("tokens_out", pa.int64()), ("cached_tokens", pa.int64()), ("tokens_reasoning", pa.int64()),
-        ("finish_reason", pa.string()), ("response_status", pa.string()), ("request_model", pa.string()),
-        ("response_model", pa.string()),
-        ("tool_calls", pa.list_(pa.string())), ("invalid_tool_arguments", pa.int64()),
-        ("stream_truncated", pa.bool_()), ("response_source", pa.string()), ("local_response_reason", pa.string()),
-        ("upstream_status_code", pa.int64()), ("upstream_attempted", pa.bool_()), ("failure_stage", pa.string()),
-        ("failure_message", pa.string()), ("client_session_id", pa.string()), ("client_assistant_message_id", pa.string()),
-    ]
+    records = [with_arrow_times(row if isinstance(row, dict) else row.as_dict()) for row in rows]
+    columns = list(CALL_COLUMNS)
     if output_text:
-        columns.append(("output_text", pa.string()))
+        columns.append(("output_text", "string"))
     if token_arrays:
         for record in records:
             record["token_source"] = record.pop("source", None)
             record["token_problem"] = record.pop("problem", None)
-        columns += [("choice_index", pa.int64()), ("prompt_token_ids", pa.list_(pa.int64())),
-                    ("generation_token_ids", pa.list_(pa.int64())), ("generation_log_probs", pa.list_(pa.float64())),
-                    ("token_source", pa.string()), ("token_problem", pa.string()), ("missing", pa.list_(pa.string())),
-                    ("usable", pa.bool_()), ("unusable_reason", pa.string()), ("extends", pa.int64()),
-                    ("drift_at", pa.int64())]
-    pq.write_table(pa.Table.from_pylist(records, schema=pa.schema(columns)), path)
+        columns += [("choice_index", "int64"), ("prompt_token_ids", "list<int64>"),
+                    ("generation_token_ids", "list<int64>"), ("generation_log_probs", "list<float64>"),
+                    ("token_source", "string"), ("token_problem", "string"), ("missing", "list<string>"),
+                    ("usable", "bool"), ("unusable_reason", "string"), ("extends", "int64"), ("drift_at", "int64")]
+    pq.write_table(pa.Table.from_pylist(records, schema=arrow_schema(columns)), path)
     return len(records)
 
 

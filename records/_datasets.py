@@ -1,0 +1,244 @@
+"""Capture files as a Ray Data dataset: a whole run, read in parallel across a cluster (issue 24).
+
+``ray_dataset(paths, kind="calls")`` is one row per call with the Parquet export's columns
+(`CALL_COLUMNS`); ``kind="tokens"`` one row per call and choice with the `TokenRecord` fields
+(`TOKEN_COLUMNS`: the arrays, ``usable`` and why not, multi-turn drift). The rows are what
+`records`' own readers give for the same files -- the same tolerant read (a torn or malformed
+line is skipped, and counted in ``rollout_unreadable_lines``), the same drift tracking within a
+rollout -- plus what a run-wide dataset needs to tell rollouts apart: ``rollout_incomplete`` (the
+``.capture.incomplete`` marker) and the rollout id split into ``rollout_base`` and ``attempt``
+(``-a<n>``, `split_attempt`).
+
+Files are listed once, by the caller, then read by Ray tasks: a task reads a group of whole files
+(grouped up to ``target_bytes_per_task``, so small rollouts do not each cost a task, and split
+finer when Ray asks for more parallelism), one file at a time, yielding Arrow blocks of bounded
+size. A task's memory is therefore bounded by its largest file and one block, never by the run.
+Every node reads the paths itself: the capture volume must be mounted at the same path on each.
+
+Ray and pyarrow are imported when a dataset is made (the ``ray`` extra:
+``pip install 'model-call-capture[ray]'``); `records` itself never needs them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence, Union
+
+from ._call_rows import CALL_COLUMNS, call_row, with_arrow_times
+from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
+from ._rollout_ids import is_valid_rollout_id
+from ._rollouts import split_attempt
+from ._store import CaptureStore, gc_paused
+from ._token_records import DriftTracker, TokenRecord, token_records_of_line
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow
+    import ray.data
+
+#: Columns every row of both kinds ends with: which rollout and attempt, and what its file said.
+ROLLOUT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rollout_base", "string"), ("attempt", "int64"), ("rollout_incomplete", "bool"),
+    ("rollout_unreadable_lines", "int64"),
+)
+#: The columns of ``kind="tokens"``: `TokenRecord`'s fields (``missing`` as a list), then
+#: ``usable`` and ``unusable_reason`` as `TokenRecord` computes them.
+TOKEN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rollout_id", "string"), ("model_call_id", "string"), ("call_index", "int64"), ("choice_index", "int64"),
+    ("model", "string"), ("prompt_token_ids", "list<int64>"), ("generation_token_ids", "list<int64>"),
+    ("generation_log_probs", "list<float64>"), ("finish_reason", "string"), ("error_category", "string"),
+    ("source", "string"), ("missing", "list<string>"), ("problem", "string"), ("extends", "int64"),
+    ("drift_at", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
+)
+KINDS = ("calls", "tokens")
+#: A read task's files add up to at most this much (one larger file is a task of its own).
+TARGET_BYTES_PER_TASK = 64 * 1024 * 1024
+#: A block is yielded once it holds this many rows, or this many token ids and logprobs.
+BLOCK_ROWS, BLOCK_VALUES = 4096, 4_000_000
+
+
+def arrow_schema(columns: Iterable[tuple[str, str]]) -> "pyarrow.Schema":
+    """The Arrow schema of `CALL_COLUMNS`, `TOKEN_COLUMNS` or `ROLLOUT_COLUMNS` (timestamps in UTC)."""
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
+             "timestamp": pa.timestamp("us", tz="UTC"), "list<string>": pa.list_(pa.string()),
+             "list<int64>": pa.list_(pa.int64()), "list<float64>": pa.list_(pa.float64())}
+    return pa.schema([(name, types[kind]) for name, kind in columns])
+
+
+def capture_files(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]) -> list[tuple[str, int]]:
+    """Every capture file (and marker-only rollout) under ``paths``, as ``(path, bytes)``, sorted.
+
+    A path may be a capture directory or one ``.capture.jsonl`` file. A rollout with only its
+    ``.capture.incomplete`` marker is listed by its would-be file (0 bytes): it has no rows, as
+    with `records`' readers, but its loss is not silent (`mcc ls` and the attachment's gaps show it).
+    A path that does not exist raises `FileNotFoundError`, as `CaptureStore` does.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    found: dict[str, int] = {}
+    for path in map(os.fspath, paths):
+        if os.path.isdir(path):
+            for name in os.listdir(path):
+                for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX):
+                    if name.endswith(suffix) and is_valid_rollout_id(name[: -len(suffix)]):
+                        file = os.path.join(path, name[: -len(suffix)] + CAPTURE_SUFFIX)
+                        found.setdefault(file, _size(file))
+        elif path.endswith(CAPTURE_SUFFIX) and os.path.exists(path):
+            found[path] = _size(path)
+        else:
+            raise FileNotFoundError(f"{path} is neither a capture directory nor a {CAPTURE_SUFFIX} file "
+                                    "(a wrong path, or a volume not mounted here?)")
+    return sorted(found.items())
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
+def group_files(files: list[tuple[str, int]], parallelism: int,
+                target_bytes: int = TARGET_BYTES_PER_TASK) -> list[list[tuple[str, int]]]:
+    """Files in read groups of at most ``target_bytes`` (finer when ``parallelism`` asks for more
+    groups than that makes, but never below 1 MiB a group); a file is never split."""
+    total = sum(size for _, size in files)
+    if parallelism > 0 and total:
+        target_bytes = min(target_bytes, max(1 << 20, math.ceil(total / parallelism)))
+    groups: list[list[tuple[str, int]]] = []
+    size_of_last = 0
+    for file, size in files:
+        if not groups or size_of_last + size > target_bytes:
+            groups.append([])
+            size_of_last = 0
+        groups[-1].append((file, size))
+        size_of_last += size
+    return groups
+
+
+def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
+    """What one read task does: its files' rows as Arrow tables of bounded size (`BLOCK_ROWS`,
+    `BLOCK_VALUES`), one file at a time."""
+    import pyarrow as pa
+
+    columns = (CALL_COLUMNS if kind == "calls" else TOKEN_COLUMNS) + ROLLOUT_COLUMNS
+    schema = arrow_schema(columns)
+    names = [name for name, _ in columns]
+    block: dict[str, list[Any]] = {name: [] for name in names}
+    rows = values = 0
+    for path in files:
+        directory, name = os.path.split(path)
+        rollout_id = name[: -len(CAPTURE_SUFFIX)]
+        rollout_rows, unreadable = (_call_rows if kind == "calls" else _token_rows)(CaptureStore(directory), rollout_id)
+        base, attempt = split_attempt(rollout_id)
+        incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
+        for row in rollout_rows:
+            row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete,
+                       rollout_unreadable_lines=unreadable)
+            for column in names:
+                block[column].append(row[column])
+            rows += 1
+            if kind == "tokens":
+                values += sum(len(row[key] or ()) for key in ("prompt_token_ids", "generation_token_ids",
+                                                              "generation_log_probs"))
+            if rows >= BLOCK_ROWS or values >= BLOCK_VALUES:
+                yield pa.Table.from_pydict(block, schema=schema)
+                block, rows, values = {name: [] for name in names}, 0, 0
+    if rows:
+        yield pa.Table.from_pydict(block, schema=schema)
+
+
+def _call_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
+    rows, unreadable = [], 0
+    with gc_paused():
+        for index, line in store.iter_available(rollout_id):
+            if line is None:
+                unreadable += 1
+            else:
+                rows.append(with_arrow_times(call_row(rollout_id, index, line).as_dict()))
+    return rows, unreadable
+
+
+def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
+    """As `iter_token_records`, with the unreadable lines counted."""
+    rows, unreadable = [], 0
+    drift = DriftTracker()
+    for index, line in store.iter_available(rollout_id):
+        if line is None:
+            unreadable += 1
+            continue
+        for record in token_records_of_line(line, rollout_id, index):
+            rows.append(token_row(drift.place(record)))
+    return rows, unreadable
+
+
+def token_row(record: TokenRecord) -> dict[str, Any]:
+    """A `TokenRecord` as a row of ``kind="tokens"``."""
+    row = {name: getattr(record, name) for name, _ in TOKEN_COLUMNS if name not in ("usable", "unusable_reason")}
+    row["missing"] = list(record.missing)
+    reason = record.unusable_reason
+    row["usable"], row["unusable_reason"] = reason is None, reason
+    return row
+
+
+def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]], kind: str = "calls", *,
+                target_bytes_per_task: int = TARGET_BYTES_PER_TASK, override_num_blocks: Optional[int] = None,
+                ray_remote_args: Optional[dict[str, Any]] = None) -> "ray.data.Dataset":
+    """A Ray Data dataset of the captures under ``paths`` (directories or capture files).
+
+    ``kind="calls"``: one row per call (`CALL_COLUMNS` + `ROLLOUT_COLUMNS`); ``kind="tokens"``:
+    one row per call and choice (`TOKEN_COLUMNS` + `ROLLOUT_COLUMNS`). Lazy, as Ray datasets are:
+    the files are listed now, read when the dataset executes. Needs Ray (the ``ray`` extra) and
+    a cluster (``ray.init()``; a local one is started when none is).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    try:
+        import ray.data
+    except ImportError:
+        raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (the model-call-capture[ray] extra)") from None
+    source = _capture_datasource()(capture_files(paths), kind, target_bytes_per_task)
+    options: dict[str, Any] = {}
+    if override_num_blocks is not None:
+        options["override_num_blocks"] = override_num_blocks
+    if ray_remote_args:
+        options["ray_remote_args"] = ray_remote_args
+    return ray.data.read_datasource(source, **options)
+
+
+def _capture_datasource() -> type:
+    """The `Datasource` class, made on first use so that Ray is imported only then."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    metadata_takes = set(inspect.signature(BlockMetadata).parameters)
+    task_takes = set(inspect.signature(ReadTask.__init__).parameters)
+
+    class CaptureDatasource(Datasource):
+        def __init__(self, files: list[tuple[str, int]], kind: str, target_bytes: int) -> None:
+            self.files, self.kind, self.target_bytes = files, kind, target_bytes
+
+        def get_name(self) -> str:
+            return f"ModelCallCapture({self.kind})"
+
+        def estimate_inmemory_data_size(self) -> Optional[int]:
+            return sum(size for _, size in self.files) or None
+
+        def get_read_tasks(self, parallelism: int, **options: Any) -> list[ReadTask]:
+            schema = arrow_schema((CALL_COLUMNS if self.kind == "calls" else TOKEN_COLUMNS) + ROLLOUT_COLUMNS)
+            tasks = []
+            for group in group_files(self.files, parallelism, self.target_bytes):
+                paths = [path for path, _ in group]
+                details = {"num_rows": None, "size_bytes": sum(size for _, size in group),
+                           "input_files": paths, "exec_stats": None, "schema": schema}
+                metadata = BlockMetadata(**{k: v for k, v in details.items() if k in metadata_takes})
+                extra = {"schema": schema} if "schema" in task_takes else {}
+                if options.get("per_task_row_limit") is not None and "per_task_row_limit" in task_takes:
+                    extra["per_task_row_limit"] = options["per_task_row_limit"]
+                tasks.append(ReadTask(lambda paths=paths, kind=self.kind: read_group(paths, kind), metadata, **extra))
+            return tasks
+
+    return CaptureDatasource

@@ -1,0 +1,189 @@
+"""`records.ray_dataset` on a local Ray (issue 24): the rows and arrays `records`' own readers give,
+read tasks over grouped files, and a directory several sidecars write while the dataset reads it.
+
+Ray runs here as users run it on one machine (``ray.init`` with 2 CPUs, on loopback); the
+cluster case differs only in ``ray.init(address=...)`` and the volume mounted on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from records import (
+    CALL_COLUMNS,
+    TOKEN_COLUMNS,
+    CaptureStore,
+    call_row,
+    capture_files,
+    iter_token_records,
+    ray_dataset,
+    split_attempt,
+)
+from records._datasets import ROLLOUT_COLUMNS, group_files, read_group, token_row
+
+from .capture_dirs import make_capture_dir, make_token_dir
+
+#: Calls each of the 8 agents makes in the several-sidecars test.
+TURNS = 30
+
+ray = pytest.importorskip("ray", reason="Ray Data is the optional extra model-call-capture[ray] (make install has it)")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+    from ray.data import DataContext
+    context = DataContext.get_current()
+    context.enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def expected_token_rows(directory: str) -> list[dict]:
+    """What `records`' readers say, in the dataset's row form."""
+    store, rows = CaptureStore(directory), []
+    for rollout_id in store.rollout_ids():
+        result = store.read_available(rollout_id)
+        base, attempt = split_attempt(rollout_id)
+        for record in iter_token_records(store, rollout_id):
+            rows.append({**token_row(record), "rollout_base": base, "attempt": attempt,
+                         "rollout_incomplete": store.is_incomplete(rollout_id),
+                         "rollout_unreadable_lines": result.malformed})
+    return rows
+
+
+def sort_key(row: dict) -> tuple:
+    return row["rollout_id"], row["call_index"], row.get("choice_index", 0)
+
+
+def test_token_rows_and_arrays_equal_records_readers(tmp_path, local_ray):
+    directory = str(tmp_path / "captures")
+    make_token_dir(directory, rollouts=12, calls=4, tokens=50)
+    (tmp_path / "captures" / "lost-0.capture.incomplete").write_bytes(b"")  # A rollout with no line at all.
+    rows = sorted(ray_dataset(directory, kind="tokens", target_bytes_per_task=20_000).take_all(), key=sort_key)
+    expected = sorted(expected_token_rows(directory), key=sort_key)
+    assert len(rows) == len(expected) == 12 * 4 + 3 * 4 + 2 * 4  # n=2 in 3 rollouts; 2 retried attempts
+    for got, want in zip(rows, expected):
+        assert {k: (list(v) if isinstance(v, tuple) else v) for k, v in got.items()} == want
+    torn = [r for r in rows if r["rollout_id"] == "rl-00004"]
+    assert {(r["rollout_incomplete"], r["rollout_unreadable_lines"]) for r in torn} == {(True, 1)}
+    retried = [r for r in rows if r["rollout_id"] == "rl-00004-a1"]
+    assert {(r["rollout_base"], r["attempt"], r["rollout_unreadable_lines"]) for r in retried} == {("rl-00004", 1, 0)}
+    first = [r for r in rows if r["rollout_id"] == "rl-00000"]
+    assert [(r["extends"], r["drift_at"]) for r in first] == [(None, None), (0, None), (None, 50), (2, None)]
+    assert all(r["usable"] for r in rows) and not any(r["rollout_id"] == "lost-0" for r in rows)
+
+
+def test_call_rows_equal_the_parquet_exports_columns(tmp_path, local_ray):
+    directory = str(tmp_path / "captures")
+    make_capture_dir(directory, rollouts=7, calls=9)
+    with open(os.path.join(directory, "rollout-0003.capture.jsonl"), "ab") as handle:
+        handle.write(b"not json\n")
+    dataset = ray_dataset([directory], kind="calls", override_num_blocks=3)
+    rows = sorted(dataset.take_all(), key=sort_key)
+    assert list(rows[0]) == [name for name, _ in CALL_COLUMNS + ROLLOUT_COLUMNS]
+    store = CaptureStore(directory)
+    expected = sorted((call_row(rid, index, line).as_dict() for rid in store.rollout_ids()
+                       for index, line in zip(store.read_available(rid).call_indexes, store.read_available(rid).lines)),
+                      key=sort_key)
+    assert len(rows) == len(expected) == 63
+    for got, want in zip(rows, expected):
+        for name, _ in CALL_COLUMNS:
+            value = got[name]
+            if name in ("started_at", "completed_at"):
+                value = value.timestamp() if value is not None else None
+            assert value == want[name] or (isinstance(value, list) and value == list(want[name])), (name, got, want)
+    assert {r["rollout_unreadable_lines"] for r in rows if r["rollout_id"] == "rollout-0003"} == {1}
+
+
+def test_small_files_are_grouped_and_a_task_reads_in_bounded_blocks(tmp_path):
+    directory = str(tmp_path / "captures")
+    make_token_dir(directory, rollouts=40, calls=2, tokens=20)
+    files = capture_files(directory)
+    assert len(files) == 48, "40 rollouts and 8 retried attempts"
+    groups = group_files(files, parallelism=4, target_bytes=64 << 20)
+    assert len(groups) == 1, "files smaller than 1 MiB in all: one task, not 48"
+    assert [p for g in group_files(files, parallelism=4, target_bytes=30_000) for p, _ in g] == [p for p, _ in files]
+    assert all(sum(size for _, size in g) <= 30_000 or len(g) == 1 for g in group_files(files, 4, 30_000))
+    import records._datasets as datasets
+    before = datasets.BLOCK_ROWS
+    datasets.BLOCK_ROWS = 7
+    try:
+        blocks = list(read_group([p for p, _ in files], "tokens"))
+    finally:
+        datasets.BLOCK_ROWS = before
+    # 40 rollouts x 2 calls, a second choice in 10 of them; 8 retried attempts (2 of them with n=2).
+    assert max(block.num_rows for block in blocks) <= 7 and sum(b.num_rows for b in blocks) == 80 + 20 + 16 + 4
+    with pytest.raises(FileNotFoundError, match="neither a capture directory"):
+        capture_files(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ray_dataset(directory, kind="rows")
+
+
+def test_training_rows_filter_and_write_parquet(tmp_path, local_ray):
+    """The README's recipe: usable, drift-free generations to Parquet, read back by pyarrow."""
+    import pyarrow.parquet as pq
+    directory = str(tmp_path / "captures")
+    make_token_dir(directory, rollouts=8, calls=3, tokens=30)
+    dataset = ray_dataset(directory, kind="tokens")
+    training = dataset.filter(lambda row: row["usable"] and row["drift_at"] is None)
+    training.write_parquet(str(tmp_path / "training"))
+    table = pq.read_table(str(tmp_path / "training"))
+    expected = [r for r in expected_token_rows(directory) if r["usable"] and r["drift_at"] is None]
+    assert table.num_rows == len(expected) > 0
+    assert sorted(table.column("generation_token_ids").to_pylist()) == sorted(r["generation_token_ids"] for r in expected)
+
+
+async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(tmp_path, local_ray):
+    """Three sidecar processes append to the same rollouts' files in one directory (flock + fsync,
+    DESIGN §3) while the dataset reads it again and again: every read sees whole lines only, never
+    fewer calls than the last, and the last read equals records' readers and every call sent."""
+    import aiohttp
+
+    from proxy._server import start_stand_in
+
+    from .processes import SidecarProcess
+
+    stand_in = await start_stand_in(delay=0.1)  # A generation's time, so the writing lasts a few seconds.
+    capture_dir = str(tmp_path / "shared")
+    sidecars = [await asyncio.to_thread(SidecarProcess.start, "--upstream", stand_in.url, "--capture-dir", capture_dir)
+                for _ in range(3)]
+    sent = 0
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def agent(number: int) -> int:
+                calls = 0
+                for turn in range(TURNS):
+                    sidecar = sidecars[(number + turn) % 3]
+                    url = f"{sidecar.url}/ng-rollout/run-{number % 4}/v1/chat/completions"
+                    body = {"model": "m", "messages": [{"role": "user", "content": f"agent {number} turn {turn}"}],
+                            "stream": turn % 2 == 0}
+                    async with http.post(url, json=body) as reply:
+                        assert reply.status == 200
+                        await reply.read()
+                    calls += 1
+                return calls
+
+            agents = asyncio.gather(*(agent(number) for number in range(8)))
+            seen = []
+            while not agents.done():
+                rows = await asyncio.to_thread(lambda: ray_dataset(capture_dir, kind="calls").take_all())
+                assert all(row["rollout_unreadable_lines"] == 0 for row in rows), "a reader saw a partial line"
+                seen.append(len(rows))
+                await asyncio.sleep(0.05)
+            sent = sum(await agents)
+    finally:
+        for sidecar in sidecars:
+            assert sidecar.terminate() == 0
+        await stand_in.close()
+    assert len(seen) >= 2 and seen == sorted(seen), f"read while they wrote, the calls on disk only growing: {seen}"
+    rows = ray_dataset(capture_dir, kind="calls").take_all()
+    store = CaptureStore(capture_dir)
+    assert len(rows) == sent == 8 * TURNS == sum(len(store.read_available(rid).lines) for rid in store.rollout_ids())
+    assert sorted(r["model_call_id"] for r in rows) == sorted(
+        line["model_call_id"] for rid in store.rollout_ids() for line in store.read_available(rid).lines)
+    assert len({r["model_call_id"] for r in rows}) == 8 * TURNS
