@@ -55,7 +55,7 @@ KINDS = ("calls", "tokens")
 #: A read task's files add up to at most this much (one larger file is a task of its own).
 TARGET_BYTES_PER_TASK = 64 * 1024 * 1024
 #: A block is yielded once it holds this many rows, or this many token ids and logprobs.
-BLOCK_ROWS, BLOCK_VALUES = 4096, 4_000_000
+BLOCK_ROWS, BLOCK_VALUES = 4096, 1_000_000
 
 
 def arrow_schema(columns: Iterable[tuple[str, str]]) -> "pyarrow.Schema":
@@ -101,13 +101,18 @@ def _size(path: str) -> int:
         return 0
 
 
+#: However much parallelism Ray asks for, a task reads at least this much (when there is): below
+#: it, a task's own cost (scheduling, a worker's start of the read) shows beside its work.
+MIN_BYTES_PER_TASK = 16 * 1024 * 1024
+
+
 def group_files(files: list[tuple[str, int]], parallelism: int,
                 target_bytes: int = TARGET_BYTES_PER_TASK) -> list[list[tuple[str, int]]]:
     """Files in read groups of at most ``target_bytes`` (finer when ``parallelism`` asks for more
-    groups than that makes, but never below 1 MiB a group); a file is never split."""
+    groups than that makes, but not below `MIN_BYTES_PER_TASK`); a file is never split."""
     total = sum(size for _, size in files)
     if parallelism > 0 and total:
-        target_bytes = min(target_bytes, max(1 << 20, math.ceil(total / parallelism)))
+        target_bytes = min(target_bytes, max(MIN_BYTES_PER_TASK, math.ceil(total / parallelism)))
     groups: list[list[tuple[str, int]]] = []
     size_of_last = 0
     for file, size in files:
@@ -145,10 +150,34 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
                 values += sum(len(row[key] or ()) for key in ("prompt_token_ids", "generation_token_ids",
                                                               "generation_log_probs"))
             if rows >= BLOCK_ROWS or values >= BLOCK_VALUES:
-                yield pa.Table.from_pydict(block, schema=schema)
+                yield to_arrow(block, schema)
                 block, rows, values = {name: [] for name in names}, 0, 0
     if rows:
-        yield pa.Table.from_pydict(block, schema=schema)
+        yield to_arrow(block, schema)
+
+
+def to_arrow(block: dict[str, list[Any]], schema: "pyarrow.Schema") -> "pyarrow.Table":
+    """``block`` (a list per column) as an Arrow table. Lists of numbers go through numpy: Arrow's
+    own conversion of Python ints is ~15x slower, and the token arrays are most of the data."""
+    import numpy as np
+    import pyarrow as pa
+
+    arrays = []
+    for field in schema:
+        values = block[field.name]
+        if pa.types.is_list(field.type) and pa.types.is_integer(field.type.value_type) or (
+                pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)):
+            dtype = np.int64 if pa.types.is_integer(field.type.value_type) else np.float64
+            lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+            offsets = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            present = [np.asarray(v, dtype=dtype) for v in values if v]
+            flat = np.concatenate(present) if present else np.empty(0, dtype=dtype)
+            mask = pa.array([v is None for v in values], type=pa.bool_())
+            arrays.append(pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask).cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _call_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
@@ -166,12 +195,13 @@ def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, An
     """As `iter_token_records`, with the unreadable lines counted."""
     rows, unreadable = [], 0
     drift = DriftTracker()
-    for index, line in store.iter_available(rollout_id):
-        if line is None:
-            unreadable += 1
-            continue
-        for record in token_records_of_line(line, rollout_id, index):
-            rows.append(token_row(drift.place(record)))
+    with gc_paused():  # Token rows are many big lists: a collection pass per few hundred is pure cost.
+        for index, line in store.iter_available(rollout_id):
+            if line is None:
+                unreadable += 1
+                continue
+            for record in token_records_of_line(line, rollout_id, index):
+                rows.append(token_row(drift.place(record)))
     return rows, unreadable
 
 

@@ -48,15 +48,31 @@ def _writable_parent(output: str) -> None:
 @click.option("--token-arrays", is_flag=True,
               help="Parquet: add prompt_token_ids, generation_token_ids, generation_log_probs (one row per call and choice; large).")
 @click.option("--output-text", is_flag=True, help="Parquet: add output_text, the reply's answer text (large).")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Parquet, for a directory too big for one process: read it with records.ray_dataset on this Ray "
+                   "cluster ('auto', 'ray://head:10001', or 'local' to start one here) and write -o as a directory "
+                   "of Parquet files (rows as ray_dataset's; needs the ray extra).")
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
-                   output_text: bool) -> None:
-    """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines."""
+                   output_text: bool, ray_address: Optional[str]) -> None:
+    """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
+
+    This reads in one process. For a whole training run (millions of calls, many sidecars) use
+    --ray, or records.ray_dataset in your own Ray job (README, "A whole run on Ray Data").
+    """
     from records import iter_token_records
 
     from .export import call_rows, otel_lines, with_token_arrays, write_parquet
 
     if (token_arrays or output_text) and kind != "parquet":
         raise click.UsageError("--token-arrays and --output-text go with --format parquet")
+    if ray_address is not None:
+        if kind != "parquet" or output_text or pattern:
+            raise click.UsageError("--ray writes Parquet, without --output-text or --rollout")
+        _writable_parent(output)
+        _store(directory)
+        count = _export_on_ray(directory, output, ray_address, "tokens" if token_arrays else "calls")
+        click.echo(f"wrote {output}/: {count:,} rows")
+        return
     _writable_parent(output)
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
@@ -84,3 +100,19 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}: {count:,} rows")
+
+
+def _export_on_ray(directory: str, output: str, address: str, kind: str) -> int:
+    """`records.ray_dataset` written as a directory of Parquet files; the rows written."""
+    try:
+        import pyarrow.parquet as pq
+        import ray
+    except ImportError:
+        raise click.ClickException("--ray needs Ray Data: pip install 'ray[data]' (the ray extra)") from None
+    from records import ray_dataset
+
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, log_to_driver=False)
+    ray_dataset(directory, kind=kind).write_parquet(output)
+    return sum(pq.ParquetFile(os.path.join(output, name)).metadata.num_rows
+               for name in os.listdir(output) if name.endswith(".parquet"))
