@@ -227,13 +227,18 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     try:
+        import ray
         import ray.data
     except ImportError:
         raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (the model-call-capture[ray] extra)") from None
-    source = _capture_datasource()(capture_files(paths), kind, target_bytes_per_task)
-    options: dict[str, Any] = {}
-    if override_num_blocks is not None:
-        options["override_num_blocks"] = override_num_blocks
+    files = capture_files(paths)
+    if override_num_blocks is None:
+        # As many blocks as read tasks: asked for more, Ray Data would split every task's output
+        # (SplitBlocks), and its per-block cost shows beside a read this light.
+        cpus = ray.cluster_resources().get("CPU", 1) if ray.is_initialized() else (os.cpu_count() or 1)
+        override_num_blocks = max(1, len(group_files(files, int(2 * cpus), target_bytes_per_task)))
+    source = _capture_datasource()(files, kind, target_bytes_per_task)
+    options: dict[str, Any] = {"override_num_blocks": override_num_blocks}
     if ray_remote_args:
         options["ray_remote_args"] = ray_remote_args
     return ray.data.read_datasource(source, **options)
