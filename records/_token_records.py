@@ -41,6 +41,7 @@ reasoning or re-render tool calls break the prefix).
 from __future__ import annotations
 
 import os
+from itertools import repeat
 from typing import Any, Iterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
@@ -134,16 +135,19 @@ class DriftTracker:
         prompt = record.prompt_token_ids
         extends, drift_at = None, None
         if prompt:
-            best = 0
-            for call_index, sequence in self._earlier:
-                if call_index == record.call_index:
-                    continue  # Another choice of the same call: not an earlier turn.
+            # The latest earlier call it begins with wins, so look from the latest back and stop
+            # there: a rollout without drift costs one comparison a call, not one per earlier
+            # call (that would grow with the square of the turns). Only a prompt that extends
+            # none is measured against every earlier sequence, for where it departs.
+            earlier = [(call_index, sequence) for call_index, sequence in self._earlier
+                       if call_index != record.call_index]  # Another choice of this call is no earlier turn.
+            for call_index, sequence in reversed(earlier):
                 if len(sequence) <= len(prompt) and prompt[:len(sequence)] == sequence:
-                    extends = call_index  # The latest earlier call it begins with wins.
-                else:
-                    best = max(best, _common_prefix(prompt, sequence))
-            if extends is None and best > 0:
-                drift_at = best
+                    extends = call_index
+                    break
+            else:
+                best = max((_common_prefix(prompt, sequence) for _, sequence in earlier), default=0)
+                drift_at = best or None
             if extends is not None or drift_at is not None:
                 record = record.model_copy(update={"extends": extends, "drift_at": drift_at})
         if prompt and record.generation_token_ids:
@@ -233,7 +237,11 @@ def _responses_record(base: dict[str, Any], model: Optional[str], response: dict
                 entries = (entries or []) + part["logprobs"]
     log_probs = None
     if entries is not None:
-        log_probs = _floats([entry.get("logprob") if isinstance(entry, dict) else None for entry in entries], problems)
+        try:  # dict.get mapped over the entries runs in C; an entry that is not a dict takes the slow path.
+            picked = list(map(dict.get, entries, repeat("logprob")))
+        except TypeError:
+            picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
+        log_probs = _floats(picked, problems)
     if ids is not None and log_probs is not None and len(ids) != len(log_probs):
         problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}"
                         " (vLLM cuts a stop string's logprobs with its text)")
@@ -293,7 +301,11 @@ def _generation(message: dict[str, Any], choice: dict[str, Any],
     entries = entries if isinstance(entries, list) else None
     log_probs = None
     if entries is not None:
-        log_probs = _floats([entry.get("logprob") if isinstance(entry, dict) else None for entry in entries], problems)
+        try:  # dict.get mapped over the entries runs in C; an entry that is not a dict takes the slow path.
+            picked = list(map(dict.get, entries, repeat("logprob")))
+        except TypeError:
+            picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
+        log_probs = _floats(picked, problems)
     elif isinstance(logprobs, dict) and isinstance(logprobs.get("token_logprobs"), list):
         # Completions: parallel lists (``tokens``, ``token_logprobs``, ...), not entries.
         log_probs = _floats(logprobs["token_logprobs"], problems)
