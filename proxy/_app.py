@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
 import orjson
 

@@ -127,8 +127,6 @@ def group_files(files: list[tuple[str, int]], parallelism: int,
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
     """What one read task does: its files' rows as Arrow tables of bounded size (`BLOCK_ROWS`,
     `BLOCK_VALUES`), one file at a time."""
-    import pyarrow as pa
-
     columns = (CALL_COLUMNS if kind == "calls" else TOKEN_COLUMNS) + ROLLOUT_COLUMNS
     schema = arrow_schema(columns)
     names = [name for name, _ in columns]

@@ -14,7 +14,6 @@ import pytest
 
 from records import (
     CALL_COLUMNS,
-    TOKEN_COLUMNS,
     CaptureStore,
     call_row,
     capture_files,

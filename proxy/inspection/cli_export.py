@@ -6,7 +6,6 @@ import os
 from typing import Optional
 
 import click
-import orjson
 
 from .cli import OneSentence, _rollouts_or_say_empty, _store, progress
 
