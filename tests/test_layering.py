@@ -18,6 +18,14 @@ def test_package_imports_without_aiohttp(package):
     assert done.stdout.strip() == ""
 
 
+def test_records_imports_ray_and_pyarrow_only_for_a_dataset():
+    """`records` stays pure Python (pydantic + orjson): Ray, pyarrow and numpy come with a dataset."""
+    code = ("import sys, records; "
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pyarrow', 'numpy'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""
+
+
 def test_records_does_not_import_capture():
     code = "import sys, records; print('capture' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

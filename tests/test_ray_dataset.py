@@ -77,6 +77,37 @@ def test_token_rows_and_arrays_equal_records_readers(tmp_path, local_ray):
     assert all(r["usable"] for r in rows) and not any(r["rollout_id"] == "lost-0" for r in rows)
 
 
+def expected_call_rows(directory: str) -> list[dict]:
+    store, rows = CaptureStore(directory), []
+    for rollout_id in store.rollout_ids():
+        result = store.read_available(rollout_id)
+        for index, line in zip(result.call_indexes, result.lines):
+            rows.append(call_row(rollout_id, index, line).as_dict())
+    return rows
+
+
+def test_every_dialect_reads_as_records_reads_it(tmp_path, local_ray):
+    """Chat, Responses, Messages and Completions calls, cut streams and 429s beside token lines:
+    both kinds of rows equal what `records`' readers give for the same files."""
+    from .capture_dirs import make_conversation_dir
+    directory = str(tmp_path / "captures")
+    make_conversation_dir(directory)
+    make_token_dir(directory, rollouts=3, calls=2, tokens=10)
+    tokens = sorted(ray_dataset(directory, kind="tokens").take_all(), key=sort_key)
+    assert [{k: (list(v) if isinstance(v, tuple) else v) for k, v in row.items()} for row in tokens] == \
+        sorted(expected_token_rows(directory), key=sort_key)
+    calls = sorted(ray_dataset(directory, kind="calls").take_all(), key=sort_key)
+    expected = sorted(expected_call_rows(directory), key=sort_key)
+    assert len(calls) == len(expected) == 4 * 3 + 3 * 2
+    for got, want in zip(calls, expected):
+        for name, _ in CALL_COLUMNS:
+            value = got[name]
+            if name in ("started_at", "completed_at") and value is not None:
+                value = value.timestamp()
+            assert value == want[name], (name, got["rollout_id"], got["call_index"])
+    assert {row["dialect"] for row in calls} == {"chat", "responses", "messages", "completions"}
+
+
 def test_call_rows_equal_the_parquet_exports_columns(tmp_path, local_ray):
     directory = str(tmp_path / "captures")
     make_capture_dir(directory, rollouts=7, calls=9)
