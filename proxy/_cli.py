@@ -26,6 +26,9 @@ class _Mcc(click.Group):
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # A bare `mcc`: the help itself, as click shows it.
+                click.echo(exc.format_message(), err=True)
+                sys.exit(exc.exit_code)
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             _fail(exc.format_message() + hint, exc.exit_code)
         except click.ClickException as exc:

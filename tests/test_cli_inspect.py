@@ -255,6 +255,9 @@ def test_the_cli_says_what_is_wrong_in_one_line_never_a_traceback(captures, tmp_
     assert_one_sentence(invoke("tail", captures, "x?"), 2, "is a pattern", "mcc ls")
     assert_one_sentence(invoke("ls", str(tmp_path / "missing")), 2, "is not a directory")
     assert_one_sentence(invoke("ls", captures, "--sort", "size"), 2, "'size' is not one of", "see 'mcc ls --help'")
+    assert_one_sentence(invoke("ls"), 2, "Missing argument 'DIR'", "see 'mcc ls --help'")
+    bare = invoke()
+    assert bare.exit_code == 2 and bare.output.startswith("Usage: mcc") and "mcc: " not in bare.output, "bare mcc: its help"
     assert_one_sentence(invoke("show", captures, "rollout-0000", "--call", "99"), 1, "has no call 99")
     assert_one_sentence(invoke("show", captures, "rollout-0001", "--call", "20"), 1, "unreadable line")
     assert_one_sentence(invoke("export", captures, "--format", "otel-json", "--output-text", "-o", str(tmp_path / "x")), 2,
