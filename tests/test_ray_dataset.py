@@ -77,6 +77,27 @@ def test_token_rows_and_arrays_equal_records_readers(tmp_path, local_ray):
     assert all(r["usable"] for r in rows) and not any(r["rollout_id"] == "lost-0" for r in rows)
 
 
+def test_malformed_id_lists_read_as_records_reads_them(tmp_path):
+    """A bool, a float, a string, a null or a nested list among the ids: the dataset's rows carry
+    the reader's own verdict (and 0 and 1 stay ids like any other)."""
+    import orjson
+
+    from .capture_dirs import token_line
+    directory = tmp_path / "captures"
+    directory.mkdir()
+    bad = [[1, True, 3], [1, 2.0, 3], [1, "2", 3], [1, None], [[1], [2]], [True, False], [0, 1, 1]]
+    for number, ids in enumerate(bad):
+        line = orjson.loads(token_line([5, 6], [7, 8, 9]))
+        line["response"]["prompt_token_ids"] = ids
+        (directory / f"bad-{number}.capture.jsonl").write_bytes(orjson.dumps(line) + b"\n" + token_line([5, 6, 7, 8, 9, 4], [1]))
+    files = [path for path, _ in capture_files(str(directory))]
+    rows = sorted((row for table in read_group(files, "tokens") for row in table.to_pylist()), key=sort_key)
+    assert rows == sorted(expected_token_rows(str(directory)), key=sort_key)
+    verdicts = {row["rollout_id"]: row["problem"] for row in rows if row["call_index"] == 0}
+    assert [verdicts[f"bad-{n}"] for n in range(6)] == ["prompt_token_ids is not a list of integers"] * 6
+    assert verdicts["bad-6"] is None, "0 and 1 are token ids like any other"
+
+
 def expected_call_rows(directory: str) -> list[dict]:
     store, rows = CaptureStore(directory), []
     for rollout_id in store.rollout_ids():
