@@ -250,22 +250,17 @@ class AddedFieldCutter:
         if self._drop_empty_chunks and choice.get("delta") == {} and choice.get("finish_reason") is None \
                 and payload.get("usage") is None and payload.get("error") is None:
             return _DROP  # A token's logprob / id alone: the agent's own request has no such chunk.
-        find, dumps, written = data.find, orjson.dumps, self.written
         first = second = None
         logprobs = choice.get("logprobs") if self._cut_logprobs else None
         if logprobs is not None:
-            text = written[id(logprobs)] = dumps(logprobs)
-            at = find(_LOGPROBS_AFTER_COMMA + text)
-            if at < 0 or data.count(_LOGPROBS) != 1:
+            first = _span_after_key(data, self.written, logprobs, _LOGPROBS, _LOGPROBS_AFTER_COMMA)
+            if first is None:
                 return None
-            first = (at + 12, at + 12 + len(text))
         token_ids = choice.get("token_ids") if self._cut_token_ids else None
         if token_ids is not None:
-            text = written[id(token_ids)] = dumps(token_ids)
-            at = find(_TOKEN_IDS_AFTER_COMMA + text)
-            if at < 0 or data.count(_TOKEN_IDS) != 1:
+            second = _span_after_key(data, self.written, token_ids, _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA)
+            if second is None:
                 return None
-            second = (at + 13, at + 13 + len(text))
         if first is None and second is None:
             return None if (self._cut_logprobs and _LOGPROBS_OBJECT in data) or (
                 self._cut_token_ids and _TOKEN_IDS_LIST in data) else _UNCHANGED
@@ -323,6 +318,18 @@ class AddedFieldCutter:
         elif event_type == "response.output_item.done" and type(payload.get("item")) is dict:
             cuts += _item_cuts(payload["item"], ("item",))
         return cuts
+
+
+def _span_after_key(data: bytes, written: dict[int, bytes], value: Any, key: bytes,
+                    key_after_comma: bytes) -> Optional[tuple[int, int]]:
+    """Where ``value``, as orjson writes it (kept in ``written`` for the capture), stands right
+    after ``,<key>`` in ``data``, the key occurring only there; None when it does not."""
+    text = written[id(value)] = orjson.dumps(value)
+    at = data.find(key_after_comma + text)
+    if at < 0 or data.count(key) != 1:
+        return None
+    start = at + len(key_after_comma)
+    return start, start + len(text)
 
 
 _UNCHANGED = object()

@@ -93,3 +93,17 @@ class SidecarProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+
+#: A one-message chat request, the body the process-level tests send through the sidecar.
+CHAT_HI = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def post_chat(base_url: str, rollout_id: str, *, close: bool = False, timeout: float = 30) -> tuple[int, bytes]:
+    """POST `CHAT_HI` to ``base_url``'s chat endpoint under ``rollout_id``; (status, body)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{base_url}/ng-rollout/{rollout_id}/v1/chat/completions", method="POST",
+                                     data=CHAT_HI, headers={"Connection": "close"} if close else {})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.status, reply.read()

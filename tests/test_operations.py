@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from proxy import main
 from records import CaptureStore
 
-from .processes import SidecarProcess, read_line
+from .processes import SidecarProcess, post_chat, read_line
 from .scripted_upstream import split_every, sse_script
 from .transcripts import CHAT_REQUEST, CHAT_STREAM
 
@@ -200,11 +200,7 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
 
         def load() -> None:
             while not stop.is_set():
-                request = urllib.request.Request(url + f"/ng-rollout/m-{len(made) % 3}/v1/chat/completions", method="POST",
-                                                 data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
-                                                 headers={"Connection": "close"})
-                with urllib.request.urlopen(request, timeout=30) as reply:
-                    reply.read()
+                post_chat(url, f"m-{len(made) % 3}", close=True)
                 made.append(1)
 
         def scrape() -> tuple[float, set[str]]:
@@ -276,11 +272,7 @@ def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
     try:
         url = read_line(process.stdout).split()[-1]
         for number in range(10):
-            request = urllib.request.Request(url + f"/ng-rollout/k-{number}/v1/chat/completions", method="POST",
-                                             data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
-                                             headers={"Connection": "close"})
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                reply.read()
+            post_chat(url, f"k-{number}", close=True)
         time.sleep(1.5)  # Every worker's snapshot is at most a second old.
         before = _metrics_text(url)
         pids = {line.split('"')[1] for line in before.splitlines() if line.startswith("mcc_worker_info{")}

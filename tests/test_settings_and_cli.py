@@ -13,7 +13,7 @@ import pytest
 from proxy import ConfigError, load_settings
 from records import CaptureStore
 
-from .processes import read_line
+from .processes import post_chat, read_line
 
 MCC = [sys.executable, "-m", "proxy"]
 
@@ -132,11 +132,7 @@ def test_workers_share_one_port_and_one_capture_dir(tmp_path):
     try:
         url = read_line(process.stdout).split()[-1]
         for number in range(40):
-            request = urllib.request.Request(url + f"/ng-rollout/w-{number % 4}/v1/chat/completions", method="POST",
-                                             data=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
-                                             headers={"Connection": "close"})
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                reply.read()
+            post_chat(url, f"w-{number % 4}", close=True)
         time.sleep(1.5)  # Every worker's shared snapshot is at most a second old.
         for _ in range(20):  # Each scrape reaches one worker, and counts every worker's calls.
             with urllib.request.urlopen(url + "/-/metrics", timeout=30) as reply:

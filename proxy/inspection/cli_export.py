@@ -60,7 +60,8 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     """
     from records import iter_token_records
 
-    from .export import call_rows, otel_lines, with_token_arrays, write_parquet
+    from .export import otel_lines, with_token_arrays, write_parquet
+    from .tables import iter_call_rows
 
     if (token_arrays or output_text) and kind != "parquet":
         raise click.UsageError("--token-arrays and --output-text go with --format parquet")
@@ -79,7 +80,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         count = 0
         with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:
             for rid in rollout_ids:
-                rows = list(call_rows(store, rid))
+                rows = list(iter_call_rows(store, rid))
                 handle.writelines(otel_lines([(rid, rows)]))
                 count += len(rows)
                 bar.update(1)
@@ -88,7 +89,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     rows = []
     with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
-            rows.extend(call_rows(store, rid, output_text=output_text))
+            rows.extend(iter_call_rows(store, rid, output_text=output_text))
             bar.update(1)
     try:
         if token_arrays:

@@ -14,12 +14,11 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CALL_COLUMNS, CaptureStore, TokenRecord
+from records import CALL_COLUMNS, TokenRecord
 from records._call_rows import with_arrow_times
 from records._datasets import arrow_schema
 
-from .conversation import reply_text
-from .tables import CallRow, call_row
+from .tables import CallRow
 
 _PROVIDERS = {"chat": "openai", "responses": "openai", "completions": "openai", "messages": "anthropic"}
 
@@ -45,16 +44,6 @@ _TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_pr
                   "drift_at")
 
 
-def call_rows(store: CaptureStore, rollout_id: str, output_text: bool = False) -> Iterator[CallRow]:
-    """The rollout's rows; with ``output_text``, each row's ``output_text`` is its reply's answer."""
-    result = store.read_available(rollout_id)
-    for index, line in zip(result.call_indexes, result.lines):
-        row = call_row(rollout_id, index, line)
-        if output_text:
-            row.output_text = reply_text(line)
-        yield row
-
-
 #: Said when pyarrow is missing: the package is not on PyPI, so name what works from a clone too.
 PYARROW_HINT = ("Parquet export needs pyarrow: pip install pyarrow (in the environment mcc runs from; "
                 "from a clone, make install or .venv/bin/pip install pyarrow)")
@@ -63,7 +52,7 @@ PYARROW_HINT = ("Parquet export needs pyarrow: pip install pyarrow (in the envir
 def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False,
                   output_text: bool = False) -> int:
     """One row per call; with ``token_arrays`` (rows from `with_token_arrays`), per call and choice;
-    with ``output_text``, the reply's text (rows from `call_rows(..., output_text=True)`)."""
+    with ``output_text``, the reply's text (rows from `iter_call_rows(..., output_text=True)`)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -16,15 +16,21 @@ import orjson
 
 from records import CallRow, CaptureStore, DriftTracker, call_row, has_token_arrays, token_records_of_line
 from records._call_rows import invalid_arguments
+
+from .conversation import reply_text
 from records._shapes import finish_reason_of, response_shape, tool_calls_of
 from records._tokens import usage_counts
 from records._store import gc_paused
 
 
-def iter_call_rows(store: CaptureStore, rollout_id: str) -> Iterator[CallRow]:
+def iter_call_rows(store: CaptureStore, rollout_id: str, output_text: bool = False) -> Iterator[CallRow]:
+    """The rollout's rows; with ``output_text``, each row's ``output_text`` is its reply's answer."""
     with gc_paused():
         result = store.read_available(rollout_id)
         rows = [call_row(rollout_id, index, line) for index, line in zip(result.call_indexes, result.lines)]
+        if output_text:
+            for row, line in zip(rows, result.lines):
+                row.output_text = reply_text(line)
     yield from rows
 
 

@@ -395,6 +395,16 @@ def _framing(reply: bytes) -> tuple[str, bool, bool, bytes]:
     return lines[0], "transfer-encoding" in fields, "content-length" in fields, body
 
 
+def _ours_and_nginxs(upstream_url: str, sidecar_url: str, request_bytes: bytes, directory) -> tuple:
+    """The framing of the reply to ``request_bytes`` from the sidecar, and from nginx in front of the same upstream."""
+    nginx = start_nginx(str(directory), f"proxy_pass {upstream_url}; proxy_http_version 1.1; "
+                                        "proxy_set_header Connection \"\"; proxy_buffering off;")
+    try:
+        return _framing(_raw(sidecar_url, request_bytes)), _framing(_raw(nginx.url, request_bytes))
+    finally:
+        nginx.stop()
+
+
 @requires_nginx
 @pytest.mark.parametrize("request_bytes", [
     b"GET /sse HTTP/1.0\r\nHost: x\r\n\r\n",  # HTTP/1.0 client, chunked upstream: de-chunked, ends with the close
@@ -405,13 +415,7 @@ def _framing(reply: bytes) -> tuple[str, bool, bool, bytes]:
 def test_framing_matches_nginx_in_front_of_the_same_upstream(upstreams, sidecars, tmp_path, request_bytes):
     """Where the bytes cannot equal a direct call's (framing is hop-by-hop), they equal nginx's."""
     for name in ("uvicorn-h11", "hypercorn"):
-        nginx = start_nginx(str(tmp_path / f"nginx-{name}"), f"proxy_pass {upstreams[name].url}; proxy_http_version 1.1; "
-                                                             "proxy_set_header Connection \"\"; proxy_buffering off;")
-        try:
-            ours = _framing(_raw(sidecars[name].url, request_bytes))
-            reference = _framing(_raw(nginx.url, request_bytes))
-        finally:
-            nginx.stop()
+        ours, reference = _ours_and_nginxs(upstreams[name].url, sidecars[name].url, request_bytes, tmp_path / f"nginx-{name}")
         assert ours[0].split(" ", 1)[1] == reference[0].split(" ", 1)[1]  # The status (nginx writes HTTP/1.1 too)
         if request_bytes.startswith(b"HEAD"):
             assert ours[3] == reference[3] == b""
@@ -431,13 +435,7 @@ def test_the_status_of_an_irregular_request_is_nginxs(upstreams, sidecars, tmp_p
     """RFC 9112's last gaps (issue 21, point 9): what nginx refuses with 400 the sidecar refuses, and
     an absolute-form target is served (its path, from the configured upstream), as nginx serves it."""
     name = "uvicorn-h11"
-    nginx = start_nginx(str(tmp_path / "nginx"), f"proxy_pass {upstreams[name].url}; proxy_http_version 1.1; "
-                                                  "proxy_set_header Connection \"\"; proxy_buffering off;")
-    try:
-        ours = _framing(_raw(sidecars[name].url, request_bytes))
-        reference = _framing(_raw(nginx.url, request_bytes))
-    finally:
-        nginx.stop()
+    ours, reference = _ours_and_nginxs(upstreams[name].url, sidecars[name].url, request_bytes, tmp_path / "nginx")
     assert ours[0].split(" ", 2)[1] == reference[0].split(" ", 2)[1], (ours[0], reference[0])
     if ours[0].split(" ", 2)[1] == "200":
         assert ours[3] == reference[3], "the same body, from the configured upstream"
