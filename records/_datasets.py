@@ -31,7 +31,7 @@ from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
 from ._store import CaptureStore, gc_paused
-from ._token_records import DriftTracker, TokenRecord, token_records_of_line
+from ._token_records import TokenRecord, token_records_of_line
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -108,20 +108,28 @@ MIN_BYTES_PER_TASK = 16 * 1024 * 1024
 
 def group_files(files: list[tuple[str, int]], parallelism: int,
                 target_bytes: int = TARGET_BYTES_PER_TASK) -> list[list[tuple[str, int]]]:
-    """Files in read groups of at most ``target_bytes`` (finer when ``parallelism`` asks for more
-    groups than that makes, but not below `MIN_BYTES_PER_TASK`); a file is never split."""
+    """Files in read groups of about equal bytes, in order: as many groups as ``target_bytes``
+    needs, more when ``parallelism`` asks for more (while each keeps `MIN_BYTES_PER_TASK`); a file
+    is never split, so a group holds about ``target_bytes``, give or take a file.
+
+    Equal groups matter more than their exact size: a run's last task sets when it ends, and a
+    small remainder group would leave the other CPUs idle. The same files and parallelism give the
+    same groups, and asking again with their count gives them again (Ray asks with the count
+    `ray_dataset` chose)."""
     total = sum(size for _, size in files)
-    if parallelism > 0 and total:
-        target_bytes = min(target_bytes, max(MIN_BYTES_PER_TASK, math.ceil(total / parallelism)))
-    groups: list[list[tuple[str, int]]] = []
-    size_of_last = 0
+    if not files:
+        return []
+    count = max(1, math.ceil(total / target_bytes))
+    if parallelism > count:
+        count = max(count, min(parallelism, total // MIN_BYTES_PER_TASK))
+    groups: list[list[tuple[str, int]]] = [[] for _ in range(min(count, len(files)))]
+    start = 0
     for file, size in files:
-        if not groups or size_of_last + size > target_bytes:
-            groups.append([])
-            size_of_last = 0
-        groups[-1].append((file, size))
-        size_of_last += size
-    return groups
+        # A file goes to the group its middle byte falls in, were the bytes cut into equal parts.
+        middle = start + size / 2
+        groups[min(len(groups) - 1, int(middle * len(groups) / total)) if total else 0].append((file, size))
+        start += size
+    return [group for group in groups if group]
 
 
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
@@ -145,8 +153,8 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
                 block[column].append(row[column])
             rows += 1
             if kind == "tokens":
-                values += sum(len(row[key] or ()) for key in ("prompt_token_ids", "generation_token_ids",
-                                                              "generation_log_probs"))
+                values += sum(len(row[key]) for key in ("prompt_token_ids", "generation_token_ids",
+                                                        "generation_log_probs") if row[key] is not None)
             if rows >= BLOCK_ROWS or values >= BLOCK_VALUES:
                 yield to_arrow(block, schema)
                 block, rows, values = {name: [] for name in names}, 0, 0
@@ -155,8 +163,9 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
 
 
 def to_arrow(block: dict[str, list[Any]], schema: "pyarrow.Schema") -> "pyarrow.Table":
-    """``block`` (a list per column) as an Arrow table. Lists of numbers go through numpy: Arrow's
-    own conversion of Python ints is ~15x slower, and the token arrays are most of the data."""
+    """``block`` (a list per column) as an Arrow table. Lists of numbers go through numpy (a
+    column's values may be numpy arrays already): Arrow's own conversion of Python ints is ~15x
+    slower, and the token arrays are most of the data."""
     import numpy as np
     import pyarrow as pa
 
@@ -169,7 +178,7 @@ def to_arrow(block: dict[str, list[Any]], schema: "pyarrow.Schema") -> "pyarrow.
             lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
             offsets = np.zeros(len(values) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            present = [np.asarray(v, dtype=dtype) for v in values if v]
+            present = [np.asarray(v, dtype=dtype) for v in values if v is not None and len(v)]
             flat = np.concatenate(present) if present else np.empty(0, dtype=dtype)
             mask = pa.array([v is None for v in values], type=pa.bool_())
             arrays.append(pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask).cast(field.type))
@@ -190,16 +199,20 @@ def _call_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any
 
 
 def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
-    """As `iter_token_records`, with the unreadable lines counted."""
-    rows, unreadable = [], 0
-    drift = DriftTracker()
+    """As `iter_token_records`, with the unreadable lines counted and the arrays as numpy arrays
+    (`RolloutTokenRows`: the same records, read without re-parsing each turn's repeated prompt)."""
+    from ._token_arrays import RolloutTokenRows  # numpy: only where a read task runs.
+
+    rows: list[dict[str, Any]] = []
+    unreadable = 0
+    rollout = RolloutTokenRows(rollout_id)
     with gc_paused():  # Token rows are many big lists: a collection pass per few hundred is pure cost.
-        for index, line in store.iter_available(rollout_id):
-            if line is None:
+        for index, line in store.iter_raw_lines(rollout_id):
+            found = None if line is None else rollout.rows_of_line(line, index)
+            if found is None:
                 unreadable += 1
-                continue
-            for record in token_records_of_line(line, rollout_id, index):
-                rows.append(token_row(drift.place(record)))
+            else:
+                rows.extend(found)
     return rows, unreadable
 
 

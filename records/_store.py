@@ -117,6 +117,11 @@ class CaptureStore:
         """
         return _parsed_lines(_read_locked(self.path_for(rollout_id)))
 
+    def iter_raw_lines(self, rollout_id: str) -> Iterator[tuple[int, bytes | None]]:
+        """``(call_index, line)`` for every line, unparsed (``line`` None when torn): for a reader
+        that parses lines its own way and must number them as `iter_available` does."""
+        return enumerate(complete_lines(_read_locked(self.path_for(rollout_id))))
+
     def rollout_ids(self) -> list[str]:
         """The ids of every rollout in the directory, sorted: those with a capture file, and those
         with only an incomplete marker (every line of theirs was lost: a reader must still show
@@ -223,16 +228,23 @@ def _blocks(data: bytes) -> Iterator[bytes]:
 def _parse_line_by_line(block: bytes) -> Iterator[dict[str, Any] | None]:
     """Each non-blank line of ``block``: its object, or None when malformed or torn."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    for line in io.BytesIO(block):  # Shares the buffer; finds each line in C.
-        if line[0] in _BLANK and not line.strip():
-            continue
+    for line in complete_lines(block):
         parsed: Any = None
-        if line[-1] == _LF:  # A last line without its LF is torn (DESIGN §3).
+        if line is not None:
             try:
                 parsed = loads(line)  # The LF is JSON whitespace.
             except decode_error:
                 pass
         yield parsed if type(parsed) is dict else None
+
+
+def complete_lines(data: bytes) -> Iterator[bytes | None]:
+    """Each non-blank line of ``data`` with its LF, or None for a last line without its LF: it is
+    torn (DESIGN §3). The lines a reader numbers (``call_index``) and parses, unparsed."""
+    for line in io.BytesIO(data):  # Shares the buffer; finds each line in C.
+        if line[0] in _BLANK and not line.strip():
+            continue
+        yield line if line[-1] == _LF else None
 
 
 _LF = ord("\n")

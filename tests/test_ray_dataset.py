@@ -11,6 +11,8 @@ import asyncio
 import os
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from records import (
     CALL_COLUMNS,
@@ -258,3 +260,123 @@ async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(t
     assert sorted(r["model_call_id"] for r in rows) == sorted(
         line["model_call_id"] for rid in store.rollout_ids() for line in store.read_available(rid).lines)
     assert len({r["model_call_id"] for r in rows}) == 8 * TURNS
+
+
+# A read task places each prompt by its JSON bytes and parses only what a turn adds (see
+# records/_token_arrays.py); whatever the shape of a rollout, its rows must be the reader's.
+_TURN = st.tuples(
+    st.sampled_from(["extends", "equals", "extends-older", "drifts", "digit-more", "fresh", "same", "empty"]),
+    st.lists(st.integers(0, 300_000), min_size=0, max_size=6),  # what the turn adds / generates
+    st.sampled_from(["orjson", "spaces", "per-choice", "request-too", "message", "float", "bool", "negative"]),
+    st.integers(1, 2),  # n
+)
+
+
+def _turn_line(prompt: list, generated: list[int], encoding: str, n: int, call: int) -> bytes:
+    import json
+
+    import orjson
+
+    from .capture_dirs import token_line
+    line = orjson.loads(token_line([1], generated or [5], n=n, call_id=f"c{call}"))
+    response = line["response"]
+    if not generated:
+        for choice in response["choices"]:
+            choice["token_ids"], choice["logprobs"]["content"] = [], []
+    if encoding == "float" and prompt:
+        prompt = prompt[:-1] + [float(prompt[-1])]
+    elif encoding == "bool":
+        prompt = prompt + [True]
+    elif encoding == "negative":
+        prompt = prompt + [-3]
+    response["prompt_token_ids"] = prompt
+    if encoding == "per-choice":  # Completions: the prompt on each choice, none on the response.
+        del response["prompt_token_ids"]
+        for choice in response["choices"]:
+            choice["prompt_token_ids"] = prompt
+    elif encoding == "request-too":
+        line["request"]["prompt_token_ids"] = prompt
+    elif encoding == "message":  # NeMo RL's worker: the arrays on the message.
+        del response["prompt_token_ids"]
+        for choice in response["choices"]:
+            choice["message"]["prompt_token_ids"] = prompt
+    if encoding == "spaces":
+        return json.dumps(line).encode() + b"\n"
+    return orjson.dumps(line) + b"\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rollouts=st.lists(st.lists(_TURN, min_size=1, max_size=6), min_size=1, max_size=3),
+       ending=st.sampled_from(["", "torn", "spaces", "commas", "unclosed", "blank"]))
+@example(rollouts=[[("fresh", [1, 2], "orjson", 1), ("equals", [3], "orjson", 2), ("extends", [4], "orjson", 1)]], ending="")
+def test_read_tasks_place_every_rollout_shape_as_the_reader_does(tmp_path_factory, rollouts, ending):
+    directory = tmp_path_factory.mktemp("captures")
+    for number, turns in enumerate(rollouts):
+        lines, sequences, prompt = [], [], []
+        for call, (how, added, encoding, n) in enumerate(turns):
+            generated = added
+            if how == "extends" and sequences:
+                prompt = sequences[-1] + added[:2]
+            elif how == "equals" and sequences:
+                prompt = list(sequences[-1])
+            elif how == "extends-older" and sequences:
+                prompt = sequences[0] + added[:1]
+            elif how == "drifts" and sequences:
+                prompt = sequences[-1][:-1] + [7] + added[:1]
+            elif how == "digit-more" and sequences:  # Its JSON begins with the earlier one's, its ids do not.
+                prompt = sequences[-1][:-1] + [sequences[-1][-1] * 10 + 1] + added[:1]
+            elif how == "fresh":
+                prompt = list(added)
+            elif how == "empty":
+                prompt = []
+            # "same": the previous prompt again.
+            lines.append(_turn_line(prompt, generated, encoding, n, call))
+            if prompt and generated and encoding in ("orjson", "spaces", "request-too", "per-choice", "message"):
+                sequences.append(prompt + generated)
+        data = b"".join(lines)
+        data += {"": b"", "torn": b'{"model_call_id":"cut","response":{"prompt_token_ids":[1,2',
+                 "spaces": b'{"response": {"prompt_token_ids": [1,,2]}}\n',
+                 "commas": b'{"response":{"prompt_token_ids":[1,,2],"choices":[{"token_ids":[3]}]}}\n',
+                 "unclosed": b'{"response":{"choices":[{}],"prompt_token_ids":[1,2}}\n', "blank": b"\n  \n"}[ending]
+        (directory / f"p-{number}.capture.jsonl").write_bytes(data)
+    files = [path for path, _ in capture_files(str(directory))]
+    rows = sorted((row for table in read_group(files, "tokens") for row in table.to_pylist()), key=sort_key)
+    assert rows == sorted(expected_token_rows(str(directory)), key=sort_key)
+
+
+def test_an_id_past_int64_makes_its_row_unusable_not_the_read_fail(tmp_path):
+    """Arrow's list<int64> cannot hold 2**63: the row says so (the reader, with Python ints, does not)."""
+    from .capture_dirs import token_line
+    directory = tmp_path / "captures"
+    directory.mkdir()
+    (directory / "big.capture.jsonl").write_bytes(
+        token_line([5, 2**63], [7, 8]) + token_line([5, 2**63, 7, 8, 9], [2**64 - 1]) + token_line([1, 2], [3]))
+    files = [path for path, _ in capture_files(str(directory))]
+    rows = sorted((row for table in read_group(files, "tokens") for row in table.to_pylist()), key=sort_key)
+    assert [(r["prompt_token_ids"], r["generation_token_ids"], r["usable"]) for r in rows] == [
+        (None, [7, 8], False), (None, None, False), ([1, 2], [3], True)]
+    assert rows[0]["problem"] == "prompt_token_ids has an id outside int64 (Arrow's list<int64> cannot hold it)"
+    assert rows[1]["extends"] == 0, "placed by the reader's rule all the same"
+    assert [r["usable"] for r in expected_token_rows(str(directory))] == [True, True, True]
+
+
+def test_another_choice_of_the_same_call_is_no_earlier_turn(tmp_path):
+    """Completions put a prompt on each choice: choice 1's prompt beginning with choice 0's prompt +
+    generation extends nothing (the reader's rule), and the next call extends either."""
+    import orjson
+    line = {"model_call_id": "c", "response": {"object": "text_completion", "choices": [
+        {"index": 0, "finish_reason": "stop", "prompt_token_ids": [1, 2], "token_ids": [3],
+         "logprobs": {"token_logprobs": [-0.5], "tokens": ["a"]}},
+        {"index": 1, "finish_reason": "stop", "prompt_token_ids": [1, 2, 3], "token_ids": [4],
+         "logprobs": {"token_logprobs": [-0.5], "tokens": ["b"]}}]}}
+    following = {"model_call_id": "d", "response": {"object": "chat.completion", "prompt_token_ids": [1, 2, 3, 4, 9],
+                                                    "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [5],
+                                                                 "logprobs": {"content": [{"token": "x", "logprob": -1.0}]}}]}}
+    directory = tmp_path / "captures"
+    directory.mkdir()
+    (directory / "n2.capture.jsonl").write_bytes(orjson.dumps(line) + b"\n" + orjson.dumps(following) + b"\n")
+    files = [path for path, _ in capture_files(str(directory))]
+    rows = sorted((row for table in read_group(files, "tokens") for row in table.to_pylist()), key=sort_key)
+    assert rows == sorted(expected_token_rows(str(directory)), key=sort_key)
+    assert [(r["call_index"], r["choice_index"], r["extends"], r["drift_at"]) for r in rows] == [
+        (0, 0, None, None), (0, 1, None, None), (1, 0, 0, None)]
