@@ -148,9 +148,7 @@ class RolloutTokenRows:
     def _row(self, record: TokenRecord, prompt: Optional[_Prompt]) -> dict[str, Any]:
         generation = record.generation_token_ids
         generation_ids = None if generation is None else int64_array(generation)
-        empty = prompt is None or prompt.json == b"[]"
-        if not empty:
-            assert prompt is not None
+        if prompt is not None and prompt.json != b"[]":  # An empty prompt is placed nowhere, as the reader's.
             extends = prompt.extends.call_index if prompt.extends is not None else None
             drift_at = None if extends is not None else (self._longest_common_prefix(prompt, record.call_index) or None)
             if extends is not None or drift_at is not None:
