@@ -1,20 +1,21 @@
 """`records.ray_dataset` against `records.read_token_records` on the same files (issue 24).
 
-    python benchmarks/bench_ray.py [--rollouts N] [--calls C] [--tokens T] [--cpus 2] [--rounds 5]
+    python benchmarks/bench_ray.py [--cpus 2] [--rounds 3] [--shapes reasoning,agentic]
 
-1. Token rows/s: the whole directory read as ``kind="tokens"`` on a local Ray with ``--cpus``
-   CPUs (rows handed to the driver as Arrow batches), beside `read_token_records` over every
-   rollout in this one process, and beside the dataset's own read tasks run one after another
-   here. The readers take turns, round after round (this machine's speed drifts by a third
-   over minutes; turns put every reader in every phase of it), after one warm-up read (Ray's
-   workers started). Best round of each; Ray Data's default context, and with its per-operator
-   resource reservation off.
-2. Peak RSS of a read task (a Ray worker's peak, reset before it reads the largest group of
+1. Token rows/s, for two shapes of run (`SHAPES`: reasoning, few long generations; agentic,
+   many turns whose prompts re-send the conversation): the whole directory read as
+   ``kind="tokens"`` on a local Ray with ``--cpus`` CPUs (rows handed to the driver as Arrow
+   batches), beside `read_token_records` over every rollout in this one process, and beside the
+   dataset's own read tasks run one after another here. The readers take turns, round after
+   round (this machine's speed drifts by a third over minutes; turns put every reader in every
+   phase of it), after one warm-up read (Ray's workers started). Best round of each; Ray Data's
+   default context, and with its per-operator resource reservation off.
+2. Peak RSS of a read task (a fresh process doing a read task's work over the largest group of
    files the dataset would give one task), with a directory at 1x and at 10x its size.
 
-The directory is a whole run's worth of reading (1,000 rollouts, ~600 MB, ~10 s in one
-process): Ray Data ramps up over its first second (it learns the cluster's resources), a fixed
-cost a run of a few seconds would show and a real run does not.
+Each directory is a whole run's worth of reading (~600 MB, 10-20 s in one process): Ray Data
+runs one task over its first second (it learns the cluster's resources), a fixed cost a run of a
+few seconds would show and a real run does not.
 
 Prints a markdown table and writes it to results/ray.md. The ratio, not the absolute rate, is
 the figure: both sides run in the same run on the same machine.
@@ -23,8 +24,10 @@ the figure: both sides run in the same run on the same machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,16 +71,31 @@ def on_ray(directory: str) -> tuple[float, int]:
     return time.perf_counter() - started, rows
 
 
-@ray.remote(max_calls=1)
-def peak_rss_of_a_read_task(paths: list[str]) -> tuple[int, int]:
-    """The worker's peak RSS while it runs the read (a worker may have run other tasks before:
-    its peak is reset first, through /proc/self/clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")  # Resets VmHWM, the peak RSS, to the RSS now.
-    rows = sum(table.num_rows for table in read_group(paths, "tokens"))
-    with open("/proc/self/status") as status:
-        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return peak_kb * 1024, rows
+#: A read task's work in a process of its own: what it holds after its imports, and its peak.
+_READ_TASK = """
+import json, sys
+from records._datasets import read_group
+import numpy, pyarrow
+
+def status(field):  # VmHWM, not ru_maxrss: ru_maxrss survives exec, so it starts at the parent's.
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+paths = json.load(sys.stdin)
+before = status("VmRSS")
+rows = sum(table.num_rows for table in read_group(paths, "tokens"))
+print(json.dumps([rows, before, status("VmHWM")]))
+"""
+
+
+def peak_rss_of_a_read_task(paths: list[str]) -> tuple[int, int, int]:
+    """(rows, RSS after the imports, peak RSS) of a fresh process doing exactly what a read task
+    does (`read_group`): a Ray worker that ran other tasks keeps their memory, so its own peak
+    would not be this task's."""
+    done = subprocess.run([sys.executable, "-c", _READ_TASK], input=json.dumps(paths), capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": ROOT})
+    rows, before, peak = json.loads(done.stdout)
+    return rows, before, peak
 
 
 def largest_group(directory: str, cpus: int) -> tuple[list[str], int]:
@@ -94,77 +112,100 @@ def grow(directory: str, times: int) -> None:
             shutil.copyfile(os.path.join(directory, name), os.path.join(directory, f"x{copy}-{name}"))
 
 
+#: The runs read: (name, rollouts, calls, generated ids a call, tool-result ids a turn). Both are
+#: about 600 MB. Reasoning: few long generations. Agentic: many turns, each prompt adding the
+#: turn's generation and a tool's result (the prompts, re-sent every turn, are most of the ids).
+SHAPES = (("reasoning", 1000, 4, 2000, 1), ("agentic", 850, 12, 400, 600))
+
+
+def measure_shape(work: str, shape: tuple, rounds: int) -> list[str]:
+    """The throughput table of one run shape."""
+    from ray.data import DataContext
+
+    name, rollouts, calls, tokens, tool = shape
+    directory = os.path.join(work, name)
+    make_token_dir(directory, rollouts, calls, tokens, tool_tokens=tool)
+    size = sum(size for _, size in capture_files(directory))
+    context = DataContext.get_current()
+    on_ray(directory)  # Warm-up: Ray's workers start once.
+
+    def unreserved(path: str) -> tuple[float, int]:
+        # Ray Data reserves part of a cluster's resources for each operator's downstream;
+        # measured both ways.
+        context.op_resource_reservation_enabled = False
+        try:
+            return on_ray(path)
+        finally:
+            context.op_resource_reservation_enabled = True
+
+    readers = {"local": in_one_process, "ray": on_ray, "unreserved": unreserved, "tasks": read_tasks_in_one_process}
+    times: dict[str, list[tuple]] = {reader: [] for reader in readers}
+    for _ in range(rounds):
+        for reader, read in readers.items():
+            times[reader].append(read(directory))
+    local_best, ray_best, unreserved_best, tasks_here = (min(times[reader]) for reader in readers)
+    assert ray_best[1] == unreserved_best[1] == local_best[1] == tasks_here[1], (ray_best, local_best)
+    shutil.rmtree(directory)
+    rows, values = local_best[1], local_best[2]
+    local_rate = rows / local_best[0]
+    return [
+        f"## {name}: {rollouts:,} rollouts x {calls} calls, {tokens:,} generated ids a call, {tool:,} tool-result ids "
+        f"a turn ({size / 1e6:.0f} MB, {rows:,} token rows, {values / 1e6:.1f} M ids and logprobs)",
+        "",
+        f"| reader | seconds (best of {rounds} rounds) | token rows/s | M ids+logprobs/s | ratio |",
+        "|---|---:|---:|---:|---:|",
+        f"| read_token_records, one process | {local_best[0]:.2f} | {local_rate:,.0f} | {values / local_best[0] / 1e6:.2f} | 1.00x |",
+        f"| the dataset's read tasks run one after another in one process (Arrow blocks) | {tasks_here[0]:.2f} | "
+        f"{rows / tasks_here[0]:,.0f} | {values / tasks_here[0] / 1e6:.2f} | {rows / tasks_here[0] / local_rate:.2f}x |",
+        *(f"| ray_dataset(kind=\"tokens\"), 2 Ray CPUs{label} | {best[0]:.2f} | {rows / best[0]:,.0f} | "
+          f"{values / best[0] / 1e6:.2f} | **{rows / best[0] / local_rate:.2f}x** |"
+          for label, best in (("", ray_best), (", op_resource_reservation_enabled=False", unreserved_best))),
+        "",
+    ]
+
+
+def measure_memory(work: str, rollouts: int, cpus: int) -> list[str]:
+    """The peak RSS of a read task with the directory at 1x and 10x (the reasoning shape)."""
+    _, _, calls, tokens, tool = SHAPES[0]
+    directory = os.path.join(work, "memory")
+    make_token_dir(directory, rollouts, calls, tokens, tool_tokens=tool)
+    memory = []
+    for times_bigger in (1, 10):
+        if times_bigger > 1:
+            grow(directory, times_bigger)
+        paths, group_bytes = largest_group(directory, cpus)
+        total = sum(size for _, size in capture_files(directory))
+        group_rows, before, rss = peak_rss_of_a_read_task(paths)
+        memory.append((times_bigger, total, len(paths), group_bytes, group_rows, before, rss))
+    return [
+        f"## Peak RSS of one read task (a fresh process doing a read task's work over the largest group of files the "
+        f"dataset gives a task; the 1x directory is {rollouts} rollouts of the reasoning shape)",
+        "",
+        "| directory | size (MB) | files in the task | task's bytes (MB) | rows | RSS after imports (MB) | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *(f"| {times_bigger}x | {total / 1e6:,.0f} | {files} | {group / 1e6:.0f} | {group_rows:,} | {before / 1e6:.0f} | "
+          f"{rss / 1e6:.0f} |" for times_bigger, total, files, group, group_rows, before, rss in memory),
+        "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rollouts", type=int, default=1000)
-    parser.add_argument("--calls", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=2000, help="ids each call generates (prompts grow turn by turn)")
     parser.add_argument("--cpus", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", default=",".join(shape[0] for shape in SHAPES))
     parser.add_argument("--memory-rollouts", type=int, default=300, help="the 1x directory of the memory table")
     args = parser.parse_args()
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False
+    lines = [f"# records.ray_dataset ({args.cpus} Ray CPUs) vs read_token_records (one process), the same files", ""]
     with tempfile.TemporaryDirectory() as work:
-        directory = os.path.join(work, "captures")
-        make_token_dir(directory, args.rollouts, args.calls, args.tokens)
-        size = sum(size for _, size in capture_files(directory))
-        context = DataContext.get_current()
-        on_ray(directory)  # Warm-up: Ray's workers start once.
-
-        def unreserved(path: str) -> tuple[float, int]:
-            # Ray Data reserves part of a cluster's resources for each operator's downstream;
-            # measured both ways.
-            context.op_resource_reservation_enabled = False
-            try:
-                return on_ray(path)
-            finally:
-                context.op_resource_reservation_enabled = True
-
-        readers = {"local": in_one_process, "ray": on_ray, "unreserved": unreserved, "tasks": read_tasks_in_one_process}
-        times: dict[str, list[tuple]] = {name: [] for name in readers}
-        for _ in range(args.rounds):
-            for name, reader in readers.items():
-                times[name].append(reader(directory))
-        local_best, ray_best, unreserved_best, tasks_here = (min(times[name]) for name in readers)
-        assert ray_best[1] == unreserved_best[1] == local_best[1] == tasks_here[1], (ray_best, local_best)
-        rows, values = local_best[1], local_best[2]
-        local_rate = rows / local_best[0]
-        shutil.rmtree(directory)
-        memory = []
-        directory = os.path.join(work, "memory")
-        make_token_dir(directory, args.memory_rollouts, args.calls, args.tokens)
-        for times_bigger in (1, 10):
-            if times_bigger > 1:
-                grow(directory, times_bigger)
-            paths, group_bytes = largest_group(directory, args.cpus)
-            total = sum(size for _, size in capture_files(directory))
-            rss, group_rows = ray.get(peak_rss_of_a_read_task.remote(paths))
-            memory.append((times_bigger, total, len(paths), group_bytes, group_rows, rss))
-    lines = [
-        f"# records.ray_dataset vs read_token_records: {args.rollouts} rollouts x {args.calls} calls, "
-        f"{args.tokens:,} generated ids a call ({size / 1e6:.0f} MB, {rows:,} token rows, {values / 1e6:.1f} M ids and logprobs)",
-        "",
-        f"| reader | seconds (best of {args.rounds} rounds) | token rows/s | M ids+logprobs/s | ratio |",
-        "|---|---:|---:|---:|---:|",
-        f"| read_token_records, one process | {local_best[0]:.2f} | {local_rate:,.0f} | {values / local_best[0] / 1e6:.2f} | 1.00x |",
-        f"| the dataset's read tasks run one after another in one process (Arrow blocks) | {tasks_here[0]:.2f} | "
-        f"{rows / tasks_here[0]:,.0f} | {values / tasks_here[0] / 1e6:.2f} | {rows / tasks_here[0] / local_rate:.2f}x |",
-        *(f"| ray_dataset(kind=\"tokens\"), {args.cpus} Ray CPUs{label} | {best[0]:.2f} | {rows / best[0]:,.0f} | "
-          f"{values / best[0] / 1e6:.2f} | **{rows / best[0] / local_rate:.2f}x** |"
-          for label, best in (("", ray_best), (", op_resource_reservation_enabled=False", unreserved_best))),
-        "",
-        f"Peak RSS of one read task (a Ray worker's peak, reset before it reads the largest group of files the dataset gives a task; "
-        f"the 1x directory is {args.memory_rollouts} rollouts of the same shape):",
-        "",
-        "| directory | size (MB) | files in the task | task's bytes (MB) | rows | peak RSS (MB) |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(f"| {times_bigger}x | {total / 1e6:,.0f} | {files} | {group / 1e6:.0f} | {group_rows:,} | {rss / 1e6:.0f} |"
-          for times_bigger, total, files, group, group_rows, rss in memory),
-        "",
-    ]
+        for shape in SHAPES:
+            if shape[0] in args.shapes.split(","):
+                lines += measure_shape(work, shape, args.rounds)
+        lines += measure_memory(work, args.memory_rollouts, args.cpus)
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(HERE, "results", "ray.md"), "w", encoding="utf-8") as handle:

@@ -31,7 +31,7 @@ from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
 from ._store import CaptureStore, gc_paused
-from ._token_records import TokenRecord, token_records_of_line
+from ._token_records import TokenRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow

@@ -122,18 +122,19 @@ def token_line(prompt: list[int], generated: list[int], *, n: int = 1, error: st
                      "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}}})
 
 
-def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: str = "rl") -> None:
+def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: str = "rl", tool_tokens: int = 1) -> None:
     """``rollouts`` multi-turn rollouts of ``calls`` calls, each generating ``tokens`` ids: each
-    prompt extends the previous prompt + generation, except after calls 1, 4, 7..., whose next
-    prompt lost the first token call 0 generated (it drifts at ``tokens``); every fourth rollout
-    has n=2 and every fifth a torn last line, an incomplete marker and a retried attempt (``-a1``)."""
+    prompt extends the previous prompt + generation + ``tool_tokens`` ids (a tool's result, say),
+    except after calls 1, 4, 7..., whose next prompt lost the first token call 0 generated (it
+    drifts at ``tokens``); every fourth rollout has n=2 and every fifth a torn last line, an
+    incomplete marker and a retried attempt (``-a1``)."""
     os.makedirs(path, exist_ok=True)
     for r in range(rollouts):
         prompt, lines = list(range(1, 1 + tokens)), []
         for c in range(calls):
             generated = [100_000 + r * 1000 + c * 10 + k for k in range(tokens)]
             lines.append(token_line(prompt, generated, n=2 if r % 4 == 3 else 1, call_id=f"{r}-{c}"))
-            prompt = prompt + generated + [7]
+            prompt = prompt + generated + [7 + k for k in range(tool_tokens)]
             if c % 3 == 1:  # The template drops the first token call 0 generated (its reasoning, say).
                 prompt = prompt[:tokens] + prompt[tokens + 1:]
         rollout_id = f"{name}-{r:05d}"

@@ -162,6 +162,13 @@ def test_small_files_are_grouped_and_a_task_reads_in_bounded_blocks(tmp_path):
     assert len(groups) == 1, "small files in all: one task, not 48"
     assert [p for g in group_files(files, parallelism=4, target_bytes=30_000) for p, _ in g] == [p for p, _ in files]
     assert all(sum(size for _, size in g) <= 30_000 or len(g) == 1 for g in group_files(files, 4, 30_000))
+    # Equal groups, so that no small remainder leaves the other CPUs idle at the end; asked again
+    # with their count (as Ray asks), the same groups.
+    equal = [(f"f{i}", 590_000) for i in range(360)]
+    groups = group_files(equal, parallelism=8, target_bytes=64 << 20)
+    assert len(groups) == 8 and {len(g) for g in groups} == {45}
+    assert group_files(equal, parallelism=len(groups), target_bytes=64 << 20) == groups
+    assert [len(g) for g in group_files([("big", 100), ("a", 1), ("b", 1)], 2, 60)] == [1, 2], "a file is never split"
     import records._datasets as datasets
     before = datasets.BLOCK_ROWS
     datasets.BLOCK_ROWS = 7
