@@ -223,5 +223,5 @@ def token_array_row(record: TokenRecord, has_prompt: bool, prompt: Optional[np.n
     row = token_row(record)
     row["prompt_token_ids"], row["generation_token_ids"] = prompt, generation
     log_probs = record.generation_log_probs
-    row["generation_log_probs"] = None if log_probs is None else np.asarray(log_probs, dtype=np.float64)
+    row["generation_log_probs"] = None if log_probs is None else np.fromiter(log_probs, dtype=np.float64, count=len(log_probs))
     return row
