@@ -185,3 +185,24 @@ async def test_a_stream_with_a_content_length_is_cut_whole_and_its_length_recomp
     proxied = await fetch(http, "POST", rollout_url(sidecar.url, "sized", case.path), case.asked.request)
     assert normalised(proxied.body) == normalised(case.asked.body)
     assert proxied.header("content-length") == str(len(proxied.body))
+
+
+async def test_the_ray_datasets_rows_of_real_vllm_calls_are_the_readers(http, upstream, start, capture_dir, store):
+    """Every recorded vLLM reply that the token capture mode adds fields to, captured into one
+    rollout: a Ray dataset read task (which cuts a chat reply's prompt ids out by their bytes and
+    places them against the earlier calls) gives `read_token_records`' rows for vLLM's own bytes."""
+    pytest.importorskip("pyarrow", reason="the Ray dataset is the optional extra model-call-capture[ray]")
+    from records._datasets import read_group, token_row
+
+    from .vllm_recordings import CASES
+
+    upstream.responder = Replay("events")
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    cases = [case for case in CASES if case.added is not None]
+    for case in cases:
+        await fetch(http, "POST", rollout_url(sidecar.url, "tok", case.path), case.asked.request)
+    rows = [row for table in read_group([str(store.path_for("tok"))], "tokens") for row in table.to_pylist()]
+    expected = [token_row(record) for record in read_token_records(store, "tok")]
+    assert len(rows) == len(expected) >= len(cases)
+    assert [{name: row[name] for name in want} for row, want in zip(rows, expected)] == expected
+    assert {row["source"] for row in rows} >= {"vllm"} and any(row["prompt_token_ids"] for row in rows)
