@@ -93,10 +93,7 @@ async def serve_stand_in_forever(host: str, port: int, delay: float) -> None:
     server = await start_stand_in(host, port, delay)
     print(f"stand-in model server listening on {server.url} (model {STAND_IN_MODEL!r}; OpenAI Responses, Chat, "
           f"Completions and Anthropic Messages under /v1)", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signal_number in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signal_number, stop.set)
+    stop = _stop_on_sigint_or_sigterm()
     try:
         await stop.wait()
     finally:
@@ -126,10 +123,7 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     # The handlers go in first: the listener is open (and the metrics snapshot written) before the
     # ready line, and a SIGTERM from then on must drain, never kill (a supervisor stopping a
     # worker it has just restarted, a rolling update right after a start).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = _stop_on_sigint_or_sigterm()
     stand_in = await start_stand_in() if settings.stand_in else None
     try:
         sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
@@ -159,6 +153,15 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     await sidecar.close()
     if stand_in is not None:
         await stand_in.close()
+
+
+def _stop_on_sigint_or_sigterm() -> asyncio.Event:
+    """An event set by the first SIGINT or SIGTERM (handled from now on, instead of killing)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 def ready_line(url: str, log_format: str) -> str:

@@ -172,8 +172,9 @@ def to_arrow(block: dict[str, list[Any]], schema: "pyarrow.Schema") -> "pyarrow.
     arrays = []
     for field in schema:
         values = block[field.name]
-        if pa.types.is_list(field.type) and pa.types.is_integer(field.type.value_type) or (
-                pa.types.is_list(field.type) and pa.types.is_floating(field.type.value_type)):
+        numbers = pa.types.is_list(field.type) and (pa.types.is_integer(field.type.value_type)
+                                                    or pa.types.is_floating(field.type.value_type))
+        if numbers:
             dtype = np.int64 if pa.types.is_integer(field.type.value_type) else np.float64
             lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
             offsets = np.zeros(len(values) + 1, dtype=np.int64)
