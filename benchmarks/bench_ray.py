@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(run[0] for run in RUNS))
     parser.add_argument("--memory-rollouts", type=int, default=300, help="the 1x directory of the memory table")
     args = parser.parse_args()
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False

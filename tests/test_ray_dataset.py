@@ -1,8 +1,8 @@
 """`records.ray_dataset` on a local Ray (issue 24): the rows and arrays `records`' own readers give,
 read tasks over grouped files, and a directory several sidecars write while the dataset reads it.
 
-Ray runs here as users run it on one machine (``ray.init`` with 2 CPUs, on loopback); the
-cluster case differs only in ``ray.init(address=...)`` and the volume mounted on every node.
+Ray runs here as users run it on one machine (``ray.init`` with 2 CPUs, on loopback); an existing
+cluster, joined by address, is `tests/test_ray_cluster.py`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ ray = pytest.importorskip("ray", reason="Ray Data is the optional extra model-ca
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+    # address="local": a Ray of its own, even where `ray start` left a cluster's address in /tmp/ray.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
     from ray.data import DataContext
     context = DataContext.get_current()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Optional
 
 import click
@@ -49,8 +50,9 @@ def _writable_parent(output: str) -> None:
 @click.option("--output-text", is_flag=True, help="Parquet: add output_text, the reply's answer text (large).")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Parquet, for a directory too big for one process: read it with records.ray_dataset on this Ray "
-                   "cluster ('auto', 'ray://head:10001', or 'local' to start one here) and write -o as a directory "
-                   "of Parquet files (rows as ray_dataset's; needs the ray extra).")
+                   "cluster ('auto', 'head:6379', 'ray://head:10001', or 'local' to start one here) and write -o as a "
+                   "directory of Parquet files, on a volume every node mounts: each read task writes its own file "
+                   "(rows as ray_dataset's; needs the ray extra; deploy/README.md has the cluster's commands).")
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
                    output_text: bool, ray_address: Optional[str]) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
@@ -106,13 +108,48 @@ def _export_on_ray(directory: str, output: str, address: str, kind: str) -> int:
     """`records.ray_dataset` written as a directory of Parquet files; the rows written."""
     try:
         import pyarrow.parquet as pq
-        import ray
+        import ray  # noqa: F401
     except ImportError:
         raise click.ClickException("--ray needs Ray Data: pip install 'ray[data]' (the ray extra)") from None
     from records import ray_dataset
 
-    if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, log_to_driver=False)
+    _connect_to_ray(address)
     ray_dataset(directory, kind=kind).write_parquet(output)
     return sum(pq.ParquetFile(os.path.join(output, name)).metadata.num_rows
                for name in os.listdir(output) if name.endswith(".parquet"))
+
+
+#: How long a cluster's address may take to accept a connection before `--ray` says it cannot be
+#: reached (Ray itself retries for minutes, silently, at an address where nothing listens).
+_RAY_CONNECT_SECONDS = 5.0
+
+
+def _connect_to_ray(address: str) -> None:
+    """``ray.init`` for ``--ray ADDRESS``, with what went wrong said in one sentence.
+
+    ``local`` is passed to Ray as it is: it starts a Ray here even where ``ray start`` left a
+    cluster's address behind (``ray.init()`` without an address would connect to that one). A
+    ``host:port`` or ``ray://host:port`` is reached first, so that a wrong address is said at once.
+    """
+    import ray
+    from ray.exceptions import RayError
+
+    if ray.is_initialized():
+        return
+    endpoint = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = endpoint.rpartition(":")
+    if address not in ("local", "auto") and host and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=_RAY_CONNECT_SECONDS).close()
+        except OSError as exc:
+            raise OneSentence(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start "
+                              "--head` running there, and its port open to this machine?)") from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, RayError) as exc:
+        hint = ("; is this machine's token the cluster's (RAY_AUTH_TOKEN, or ~/.ray/auth_token)?"
+                if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else
+                "; if the cluster uses token authentication (Ray 2.60's `ray start --head` turns it on), set "
+                "RAY_AUTH_MODE=token and give this machine the cluster's token (RAY_AUTH_TOKEN, or "
+                "~/.ray/auth_token; `ray get-auth-token` on the head prints it)")
+        raise click.ClickException(f"cannot connect to the Ray cluster at {address}: {exc}{hint}") from None
