@@ -199,6 +199,42 @@ def test_training_rows_filter_and_write_parquet(tmp_path, local_ray):
     assert sorted(table.column("generation_token_ids").to_pylist()) == sorted(r["generation_token_ids"] for r in expected)
 
 
+def test_the_runs_parquet_answers_duckdb_as_the_readers_do(tmp_path, local_ray):
+    """What the README exports a run for: DuckDB reads the dataset's Parquet directories and the
+    one-process export's file as they are (timestamps in UTC, list columns), and its answers are
+    the readers'."""
+    duckdb = pytest.importorskip("duckdb", reason="DuckDB is a test dependency (make install has it)")
+    from click.testing import CliRunner
+
+    from proxy import main
+
+    directory = str(tmp_path / "captures")
+    make_token_dir(directory, rollouts=8, calls=3, tokens=30)
+    calls, tokens, one_file = (str(tmp_path / name) for name in ("calls", "tokens", "calls.parquet"))
+    ray_dataset(directory, kind="calls").write_parquet(calls)
+    ray_dataset(directory, kind="tokens").write_parquet(tokens)
+    done = CliRunner().invoke(main, ["export", directory, "--format", "parquet", "-o", one_file])
+    assert done.exit_code == 0, done.output
+    query = duckdb.connect().sql
+
+    # 8 rollouts of 3 calls, and rollout 4's retried attempt (-a1); every call 1 s long.
+    assert query(f"SELECT count(*), count(DISTINCT rollout_base), max(attempt), sum(rollout_incomplete::int) "
+                 f"FROM read_parquet('{calls}/*.parquet')").fetchall() == [(27, 8, 1, 3)]
+    assert query(f"SELECT dialect, count(*), avg(latency_ms) FROM '{one_file}' GROUP BY 1").fetchall() == [("chat", 27, 1000.0)]
+    (kind, first), = query(f"SELECT any_value(typeof(started_at)), min(started_at) FROM read_parquet('{calls}/*.parquet')").fetchall()
+    assert kind == "TIMESTAMP WITH TIME ZONE" and first.timestamp() == 1767225600.0
+
+    training = [row for row in expected_token_rows(directory) if row["usable"] and row["drift_at"] is None]
+    where = f"FROM read_parquet('{tokens}/*.parquet') WHERE usable AND drift_at IS NULL"
+    assert query(f"SELECT count(*), sum(len(prompt_token_ids)), sum(len(generation_log_probs)) {where}").fetchall() == [
+        (len(training), sum(len(row["prompt_token_ids"]) for row in training),
+         sum(len(row["generation_log_probs"]) for row in training))]
+    wanted = next(row for row in training if row["rollout_id"] == "rl-00003" and row["choice_index"] == 1)
+    assert query(f"SELECT prompt_token_ids, generation_token_ids {where} AND rollout_id = 'rl-00003' AND "
+                 f"call_index = {wanted['call_index']} AND choice_index = 1").fetchall() == [
+        (wanted["prompt_token_ids"], wanted["generation_token_ids"])]
+
+
 def test_mcc_export_on_ray_writes_the_datasets_rows(tmp_path, local_ray):
     """`mcc export --ray`: the directory too big for one process, read by the dataset, as Parquet."""
     import pyarrow.parquet as pq
