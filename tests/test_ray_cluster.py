@@ -11,11 +11,12 @@ address, as a user's job does, and nothing puts this checkout on the workers' pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import time
 import pytest
 
 from .capture_dirs import make_token_dir
+from .interop.servers import free_port, wait_for_port
 from .test_ray_dataset import expected_token_rows
 
 pytest.importorskip("ray", reason="Ray Data is the optional extra model-call-capture[ray] (make install has it)")
@@ -56,40 +58,16 @@ print(json.dumps({"nodes": len(nodes), "cluster_nodes": len(ray.nodes())}))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for_port(port: int, process: subprocess.Popen, log: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"ray start --head exited {process.returncode}:\n{open(log).read()[-3000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"the head's GCS never listened on {port}:\n{open(log).read()[-3000:]}")
-
-
 def _stop(process: subprocess.Popen) -> None:
-    """A `ray start --block` and everything it started (its own session), SIGKILL after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    """A `ray start --block` and everything it started (its own session): SIGTERM, then SIGKILL,
+    which its gcs_server needs."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
+        except ProcessLookupError:  # The whole session is gone.
             return
-        try:
-            process.wait(wait)
-            if sig == signal.SIGKILL:
-                return
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader has gone; its children (gcs_server, raylet, workers) may linger on SIGTERM.
-        time.sleep(1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +80,7 @@ def ray_cluster():
     root = tempfile.mkdtemp(prefix="mccray", dir="/tmp")
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), PYTHONPATH="")
-    port = _free_port()
+    port = free_port()
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
               "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", root, "--block"]
     started = []
@@ -114,11 +92,15 @@ def ray_cluster():
                 started.append(subprocess.Popen([RAY, "start", *args, *common], env=env, stdout=out,
                                                 stderr=subprocess.STDOUT, start_new_session=True))
             if name == "head":
-                _wait_for_port(port, started[0], log)
+                try:
+                    wait_for_port(port, started[0], timeout=60)
+                except RuntimeError as exc:
+                    pytest.fail(f"ray start --head: {exc}:\n{open(log).read()[-3000:]}")
         yield f"127.0.0.1:{port}", env
     finally:
         for process in reversed(started):
             _stop(process)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_driver_on_an_existing_cluster_reads_across_its_nodes(tmp_path, ray_cluster):
@@ -154,7 +136,7 @@ def test_mcc_export_on_an_existing_cluster_and_its_errors(tmp_path, ray_cluster)
     # 6 rollouts of 3 calls, and rollout 4's retried attempt.
     assert done.stdout.strip().endswith(f"{6 * 3 + 3:,} rows") and pq.read_table(output).num_rows == 6 * 3 + 3
 
-    nowhere = f"127.0.0.1:{_free_port()}"
+    nowhere = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     refused = subprocess.run([MCC, "export", directory, "--format", "parquet", "--ray", nowhere, "-o", str(tmp_path / "x")],
                              env=env, capture_output=True, text=True, timeout=120)
