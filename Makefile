@@ -55,6 +55,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_proxy.py
 	$(BIN)/python benchmarks/bench_reassembly.py
+	$(BIN)/python benchmarks/bench_cutter.py
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_rl.py

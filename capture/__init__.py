@@ -13,9 +13,10 @@ from ._group_commit import SYNC_MODES, GroupCommitter
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
-from ._sse import DEFAULT_MAX_EVENT_BYTES, ServerSentEvent, SSEParser
+from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object
-from ._token_fields import TOKEN_FIELDS, AddedFieldCutter, add_request_fields, token_fields_to_add
+from ._token_cutter import AddedFieldCutter
+from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
 
 __all__ = [
     "AddedFieldCutter",
@@ -24,6 +25,7 @@ __all__ = [
     "CompletionsReassembler",
     "DEFAULT_MAX_EVENT_BYTES",
     "ERROR_CATEGORIES",
+    "EventBlock",
     "GroupCommitter",
     "MessagesReassembler",
     "REASSEMBLERS",
@@ -44,4 +46,5 @@ __all__ = [
     "make_decoder",
     "parse_json_object",
     "token_fields_to_add",
+    "vllm_bool",
 ]

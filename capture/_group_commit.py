@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections import deque
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Callable, Optional, Union
 
 from records import fsync_directory as _fsync_directory
@@ -37,6 +37,9 @@ from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.
 Outcome = Union[float, BaseException]
+#: How often the writer thread closes capture files left idle (`OpenFiles.close_idle`).
+_SWEEP_SECONDS = 1.0
+_IDLE = object()
 #: ``auto``: fsync for a one-file batch, syncfs for several; ``fsync``: always file by file.
 SYNC_MODES = ("auto", "fsync")
 
@@ -94,9 +97,17 @@ class GroupCommitter:
     # -- stage 1: build and append ------------------------------------------------------------
 
     def _append_loop(self) -> None:
-        queue, stopping = self._queue, False
+        queue, stopping, swept = self._queue, False, time.monotonic()
         while not stopping:
-            first = queue.get()
+            try:
+                first = queue.get(timeout=_SWEEP_SECONDS)
+            except Empty:
+                first = _IDLE
+            if time.monotonic() - swept >= _SWEEP_SECONDS:
+                swept = time.monotonic()
+                self._files.close_idle(swept)
+            if first is _IDLE:
+                continue
             batch = [first] if first is not None else []
             stopping = first is None
             while not stopping and len(batch) < self._max_batch and not queue.empty():

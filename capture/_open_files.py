@@ -15,6 +15,11 @@ receiving that rollout's lines for as long as it stays cached.
 
 A descriptor leaves the cache least-recently-used first, and is closed once no barrier still
 needs it: a batch's barrier fsyncs the descriptors its lines were appended through.
+
+A descriptor also leaves it after `IDLE_SECONDS` without an append (`close_idle`), and every
+cached one goes when an append meets a full disk or quota (then the append is tried once more):
+a finished rollout's file that an operator moves away is unlinked but, held open, still takes its
+space, so a disk freed that way would otherwise stay full until a restart (issue 30).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import errno
 import os
 import resource
 import threading
+import time
 from collections import OrderedDict
 
 from records import append_to_open_file, open_capture_file
@@ -30,6 +36,11 @@ from records import append_to_open_file, open_capture_file
 #: Filesystems whose fstat of an open, unlinked file reports ``st_nlink == 0``.
 _REPORTS_UNLINKED = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
 _MAX_CACHED = 256
+#: A file without an append for this long is closed: a rollout's calls come seconds apart, and a
+#: finished rollout's file must let go of its space soon after it is moved away.
+IDLE_SECONDS = 5.0
+#: The appends that fail for want of space: cached descriptors of unlinked files may hold it.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def keeps_files_open_safely(fstype: str | None) -> bool:
@@ -39,10 +50,12 @@ def keeps_files_open_safely(fstype: str | None) -> bool:
 class OpenFile:
     """One open capture file; ``holds`` counts the barriers that still need ``fd``."""
 
-    __slots__ = ("end", "fd", "holds", "retired")
+    __slots__ = ("end", "fd", "holds", "retired", "used")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        #: When the last append went through it (monotonic seconds).
+        self.used = time.monotonic()
         #: The size this writer left the file at (None: unknown, check the last byte).
         self.end: int | None = None
         self.holds = 0
@@ -61,19 +74,25 @@ class OpenFiles:
     def append(self, path: str, data: bytes) -> tuple[OpenFile, bool]:
         """Append ``data`` (whole lines) to ``path`` under its lock, no fsync; the file (held
         until `release`) and whether this append created it. Raises OSError."""
+        freed = False
         for _ in range(3):
             entry = self._entry(path)
             try:
                 appended = append_to_open_file(entry.fd, data, entry.end)
-            except OSError:
-                entry.end = None
+            except OSError as exc:
+                entry.end = None  # A part may be written: the next append repairs the torn line.
                 if not self._keep_open:
                     self._retire(path, entry)
+                if exc.errno in _NO_SPACE and not freed and self._files:
+                    freed = True
+                    self.close_all()  # Files moved away but held open may be what fills the disk.
+                    continue
                 raise
             if appended is None:  # Unlinked since it was opened: append to the new file.
                 self._retire(path, entry)
                 continue
             entry.end = appended[1]
+            entry.used = time.monotonic()
             with self._lock:
                 entry.holds += 1
             if not self._keep_open:
@@ -87,6 +106,14 @@ class OpenFiles:
             entry.holds -= 1
             if entry.retired and entry.holds == 0:
                 os.close(entry.fd)
+
+    def close_idle(self, now: float | None = None) -> int:
+        """Close the cached files without an append for `IDLE_SECONDS`; how many were closed."""
+        limit = (time.monotonic() if now is None else now) - IDLE_SECONDS
+        idle = [(path, entry) for path, entry in self._files.items() if entry.used < limit]
+        for path, entry in idle:
+            self._retire(path, entry)
+        return len(idle)
 
     def close_all(self) -> None:
         for path, entry in list(self._files.items()):

@@ -17,6 +17,14 @@ One event's size is bounded: an event larger than ``max_event_bytes`` is dropped
 The parser sits on the proxy's per-chunk path, so `feed` is written for speed: data lines stay
 bytes until their event is dispatched and are decoded once, and the common ``data: ...`` line
 takes a short path.
+
+`feed_blocks` frames the same stream by the same rules but keeps every byte: each block (the
+bytes from the end of one blank line to the end of the next) comes out whole, with what it
+dispatched and where each data value stands in it. The token capture mode cuts those spans
+(DESIGN §11), so the capture and the cut read one stream through one reader: whatever framing
+the upstream uses (CR, LF, CRLF, ``\n\r\n``, comments, a BOM), both see the same events. Its
+cost is linear in the bytes at any read size: a block's bytes are gathered once, and a line is
+looked at once, when it is whole.
 """
 
 from __future__ import annotations
@@ -36,6 +44,25 @@ class ServerSentEvent(NamedTuple):
     data: str = ""
     id: str = ""
     retry: int | None = None
+
+
+class EventBlock(NamedTuple):
+    """One block of a stream as it came (`SSEParser.feed_blocks`).
+
+    ``raw`` is every byte from the end of the previous block to the end of this one's blank
+    line (a comment, an ``id`` line, a stray LF of a CRLF split across reads all stay in it);
+    ``data`` is what the block dispatched, as bytes (None: nothing, e.g. a comment-only block or
+    an event past ``max_event_bytes``); ``data_spans`` are the [start, end) of each data line's
+    value in ``raw``, in order, so ``data == b"\\n".join(raw[s:e] for s, e in data_spans)``.
+    ``ends_previous``: ``raw`` is the LF of a CRLF whose CR ended the previous block in an earlier
+    read (that block went out without waiting for it): it belongs to that block.
+    """
+
+    raw: bytes
+    event_type: str
+    data: bytes | None
+    data_spans: tuple[tuple[int, int], ...]
+    ends_previous: bool = False
 
 
 class SSEParser:
@@ -61,6 +88,11 @@ class SSEParser:
         self.field_lines = 0
         #: Events dropped because they grew past ``max_event_bytes``.
         self.oversized_events = 0
+        #: `feed_blocks`: the current block's bytes so far, where its unfinished line starts,
+        #: and the spans of its data values.
+        self._block = bytearray()
+        self._line_start = 0
+        self._data_spans: list[tuple[int, int]] = []
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Parse ``chunk`` and return the events it completed, in order."""
@@ -120,7 +152,7 @@ class SSEParser:
         """
         if self._irregular and not self._plain_stream_start(chunk):
             return None
-        if (self._skip_leading_lf or self._data_lines or self._event_type or self._discarding
+        if (self._skip_leading_lf or self._data_lines or self._event_type or self._discarding or self._block
                 or chunk[-2:] != b"\n\n" or b"\r" in chunk):
             return None
         events = []
@@ -145,6 +177,104 @@ class SSEParser:
         self.field_lines += field_lines
         self._irregular = self._at_stream_start = False
         return events
+
+    def feed_blocks(self, chunk: bytes) -> list[EventBlock]:
+        """Frame ``chunk``: the blocks it completed, every byte of them as it came (`EventBlock`).
+
+        The same lines, events and counters as `feed`; use one or the other for a stream (with
+        `feed_plain` beside either). Bytes of an unfinished block wait in the parser (`close_blocks`).
+        """
+        block = self._block
+        blocks: list[EventBlock] = []
+        if self._skip_leading_lf:  # The LF of a CRLF whose CR ended the last read: kept, not a line.
+            self._skip_leading_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+                if block:
+                    block += b"\n"
+                    self._line_start = len(block)
+                else:  # It ends the block already framed: its own piece, never part of the next.
+                    blocks.append(EventBlock(b"\n", "message", None, (), ends_previous=True))
+        if not chunk:
+            return blocks
+        for piece in chunk.splitlines(keepends=True):
+            block += piece
+            last = piece[-1]
+            if last != 10 and last != 13:  # An unfinished line: the chunk's last piece.
+                self._irregular = True
+                break
+            line_end = len(block) - (2 if last == 10 and piece[-2:] == b"\r\n" else 1)
+            ended = self._block_line(bytes(block[self._line_start:line_end]), self._line_start)
+            if ended is not None:
+                blocks.append(ended)
+            self._line_start = len(block)
+        else:
+            self._irregular = False
+            if chunk[-1] == 13:  # An LF starting the next read ends the same line.
+                self._skip_leading_lf = True
+        return blocks
+
+    def close_blocks(self) -> EventBlock | None:
+        """End of stream for `feed_blocks`: the unfinished block's bytes, with the data it would
+        have dispatched had it ended (WHATWG drops it: for the capture it is not an event, but
+        its bytes still reach the client and the cut must see them)."""
+        block = self._block
+        if not block:
+            self._reset_blocks()
+            return None
+        if self._line_start < len(block):
+            self._block_line(bytes(block[self._line_start:]), self._line_start, final=True)
+        raw = bytes(block)
+        unfinished = self._block_event(raw)
+        self._reset_blocks()
+        return unfinished
+
+    def _block_line(self, line: bytes, start: int, final: bool = False) -> EventBlock | None:
+        """One whole line of a block at ``start`` in it; the block when the line is blank."""
+        if self._at_stream_start:
+            self._at_stream_start = False
+            if line.startswith(_BOM):  # One leading BOM is ignored (WHATWG).
+                line, start = line[3:], start + 3
+        if not line:
+            if final:
+                return None
+            raw = bytes(self._block)
+            ended = self._block_event(raw)
+            self._block.clear()
+            self._data_spans = []
+            self._dispatch_nothing()
+            return ended
+        if self._discarding or line[0] == 58:  # 58 is ":": a comment.
+            return None
+        colon = line.find(b":")
+        name = line if colon < 0 else line[:colon]
+        if name != b"data":
+            self._other_field(line)
+            return None
+        self.field_lines += 1
+        value_start = len(line) if colon < 0 else colon + 1 + (line[colon + 1:colon + 2] == b" ")
+        self._event_size += len(line) - value_start + 1
+        if self._event_size > self._max_event_bytes:
+            self._start_discarding()
+            self._data_spans = []
+        else:
+            self._data_spans.append((start + value_start, start + len(line)))
+        return None
+
+    def _block_event(self, raw: bytes) -> EventBlock:
+        spans = tuple(self._data_spans)
+        data = None
+        if spans and not self._discarding:
+            data = raw[spans[0][0]:spans[0][1]] if len(spans) == 1 else b"\n".join(raw[a:b] for a, b in spans)
+        return EventBlock(raw, self._event_type or "message", data, spans)
+
+    def _reset_blocks(self) -> None:
+        self._block = bytearray()
+        self._line_start = 0
+        self._data_spans = []
+        self._skip_leading_lf = False
+        self._discarding = False
+        self._reset_event()
 
     def _plain_stream_start(self, chunk: bytes) -> bool:
         """The stream's first chunk, whole lines, no BOM (not even its first byte): `feed` would

@@ -20,10 +20,10 @@ from ._decoding import Decoder, make_decoder
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
-from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
+from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, SSEParser
 
 if TYPE_CHECKING:
-    from ._token_fields import AddedFieldCutter
+    from ._token_cutter import AddedFieldCutter
 
 REASSEMBLERS: dict[str, type[Reassembler]] = {
     "responses": ResponsesReassembler,
@@ -68,8 +68,11 @@ class StreamTap:
         self._reassembler.compact_arrays = compact_arrays
         self._cutter = cutter
         self._output: list[bytes] = []
+        #: The cutter's JSON of the current event's values, shared with the fold.
+        self._written: dict[int, bytes] = {}
         if cutter is not None:
-            self._reassembler.written = cutter.written
+            self._reassembler.written = self._written = cutter.written
+        self._framing_failed = False
         self._raw = bytearray()
         self._raw_window = raw_window
         #: Bytes of raw text dropped from the front by the window.
@@ -104,44 +107,79 @@ class StreamTap:
 
     def _feed_and_cut(self, chunk: bytes) -> bool:
         """`feed` with the cutter: every byte fed comes out (cut) in `take_output`, whatever the
-        parsing does. The cutter sees each plain event with the payload parsed here, and before
-        the fold, so its JSON of a value can be reused by the fold (`Reassembler.written`)."""
-        cutter = self._cutter
-        assert cutter is not None
-        if self.terminal or self._decode is not None or self._failure is not None or cutter.pending:
-            self._output.append(cutter.feed(chunk))
+        parsing does. One reader frames the stream for both (`SSEParser.feed_blocks`); each event
+        is parsed once, the cutter sees it before the fold, so its JSON of a value can be reused by
+        the fold (`Reassembler.written`). Events after the terminal are cut, not folded."""
+        if self._decode is not None or self._framing_failed:  # Nothing to frame: passed on as it came.
+            self._output.append(chunk)
             return self._observe(chunk)
-        self._saw_bytes = True
-        self._keep_raw(chunk)
+        if not self.terminal:
+            self._saw_bytes = True
+            self._keep_raw(chunk)
         try:
             plain = self._parser.feed_plain(chunk)
-        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
-            self._failure = f"{type(exc).__name__}: {exc}"
-            plain = None
-        if plain is None:
-            self._output.append(cutter.feed(chunk))
-            if self._failure is None:
-                self._parse_events(chunk)
-            return self.terminal
-        reassembler, output, written = self._reassembler, self._output, cutter.written
+            if plain is not None:
+                self._cut_plain(plain)
+            else:
+                for block in self._parser.feed_blocks(chunk):
+                    self._cut_block(block)
+        except Exception as exc:  # A bug in the framing: the rest passes as it comes (DESIGN §5).
+            self._failure = self._failure or f"{type(exc).__name__}: {exc}"
+            self._framing_failed = True
+            self._output.append(chunk)
+        self.terminal = self._reassembler.terminal
+        return self.terminal
+
+    def _cut_plain(self, plain: list[tuple[str, bytes, bytes]]) -> None:
+        cutter, output, written = self._cutter, self._output, self._written
         for event_type, event_data, part in plain:
             try:
                 payload = orjson.loads(event_data)
             except orjson.JSONDecodeError:
                 payload = None
-            output.append(cutter.cut_part(part, event_type, event_data, payload))
-            if self._failure is None:
-                try:
-                    if type(payload) is dict:
-                        reassembler.feed_payload(event_type, payload)
-                    else:
-                        reassembler.feed_data(event_type, event_data)
-                except Exception as exc:  # The output above is complete whatever happens here.
-                    self._failure = f"{type(exc).__name__}: {exc}"
+            output.append(cutter.cut_part(part, event_type, event_data, payload))  # type: ignore[union-attr]
+            self._fold(event_type, event_data, payload)
             if written:
                 written.clear()
+
+    def _cut_block(self, block: EventBlock) -> None:
+        data = block.data
+        if data is None:
+            self._output.append(self._cutter.cut_block(block))  # type: ignore[union-attr]
+            return
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        self._output.append(self._cutter.cut_block(block, payload))  # type: ignore[union-attr]
+        self._fold(block.event_type, data, payload)
+        if self._written:
+            self._written.clear()
+
+    def _fold(self, event_type: str, data: bytes, payload: Any) -> None:
+        if self._failure is not None or self.terminal:
+            return
+        try:
+            if type(payload) is dict:
+                self._reassembler.feed_payload(event_type, payload)
+            else:
+                self._reassembler.feed_data(event_type, data)
+        except Exception as exc:  # The output is complete whatever happens here.
+            self._failure = f"{type(exc).__name__}: {exc}"
         self.terminal = self._reassembler.terminal
-        return self.terminal
+
+    def close_output(self) -> bytes:
+        """With a cutter, at the end of the body: the bytes of an unterminated last event, cut as
+        if it had ended (it is no event for the capture, but its bytes reach the client)."""
+        if self._framing_failed or self._decode is not None:
+            return b""
+        try:
+            block = self._parser.close_blocks()
+        except Exception:
+            return b""
+        if block is None:
+            return b""
+        return self._cutter.cut_block(block) if self._cutter is not None else block.raw
 
     def _observe(self, chunk: bytes) -> bool:
         """Keep and parse one chunk (`feed` without a cutter, or a chunk the cutter cut alone)."""

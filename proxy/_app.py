@@ -153,6 +153,11 @@ class Sidecar:
         self.upstream.close()
         if self.capture_writer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture_writer.close)
+        if self.settings.metrics_dir is not None:  # And what the drain counted: nothing is lost.
+            try:
+                write_snapshot(self.settings.metrics_dir, self.metrics.exposition())
+            except OSError:
+                pass
         log.info("drained: %d call%s finished, %d cut; exit 0", busy_at_start - len(in_flight),
                  "" if busy_at_start - len(in_flight) == 1 else "s", len(in_flight))
 
@@ -200,8 +205,11 @@ class Sidecar:
                 log.warning("capture dir %s is not writable: calls are forwarded, their lines are lost until it is",
                             settings.capture_dir)
             self._capture_dir_was_writable = writable
+            problem = self.capture_writer.write_problem if self.capture_writer is not None else None
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
-                          capture="ok" if writable else "failing")
+                          capture="ok" if writable and problem is None else "failing")
+            if problem is not None:  # The last line was refused (a full disk): failing until one is written.
+                checks["capture_problem"] = f"the last capture line could not be written: {problem}"
         if self.shutting_down:
             checks["status"] = "shutting down"
             return 503, b"application/json", orjson.dumps(checks)

@@ -46,6 +46,9 @@ class CaptureWriter:
         self._settled_lock = threading.Lock()
         self.lines_written = 0
         self.failures: Counter[str] = Counter()
+        #: Why the last line could not be written to disk (``ENOSPC: ...``), None once one is:
+        #: what `/-/ready` and `mcc_capture_dir_writable` report, beside the directory's mode.
+        self.write_problem: str | None = None
 
     def submit(self, exchange: CallExchange, on_settled: Callable[[bool], None]) -> None:
         """Queue the call's line; ``on_settled(written)`` runs on the event loop once the line is
@@ -92,6 +95,9 @@ class CaptureWriter:
             task.add_done_callback(self._failing.discard)
             return
         self.lines_written += 1
+        if self.write_problem is not None:
+            log.warning("capture lines are written to %s again", self.capture_dir, extra={"path": self.capture_dir})
+            self.write_problem = self._metrics.capture_write_problem = None
         metrics = self._metrics
         metrics.capture_lines.inc()
         metrics.capture_bytes.inc(size)
@@ -107,6 +113,8 @@ class CaptureWriter:
     async def _on_failure(self, rollout_id: str, exc: BaseException) -> None:
         kind = failure_kind(exc)
         self.failures[kind] += 1
+        if isinstance(exc, OSError):  # The disk refused it (ENOSPC, EDQUOT, EIO, EROFS, ...), not a bug.
+            self.write_problem = self._metrics.capture_write_problem = f"{kind}: {exc.strerror or exc}"
         self._metrics.capture_failures.labels(kind).inc()
         self._repeated.error(kind, "capture failed for rollout %s (%s) in %s: %s; the call was forwarded unchanged; "
                              "further %s failures are counted (mcc_capture_failures_total) and said once a minute",

@@ -34,7 +34,7 @@ from ._local_replies import (
 )
 from ._metrics import status_class
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
-from ._token_mode import UpstreamBroke, WholeBody
+from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
 from ._upstream_checks import certificate_problem
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
@@ -169,33 +169,38 @@ class _Call:
         return sent
 
     def _must_resend_own_request(self, upstream: UpstreamReply) -> bool:
-        """A 400 (nothing was generated: maybe an added field refused), or a success the mode
-        cannot cut (a compressed body): the agent gets the reply to its own request instead."""
-        if upstream.status == 400:
-            return True
-        encoding = upstream.header(b"content-encoding")
-        return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
+        """A refusal (400, or FastAPI's 422: nothing was generated, maybe an added field refused),
+        or a success the mode cannot cut (a compressed body): the agent gets the reply to its own
+        request instead."""
+        return upstream.status in REFUSAL_STATUSES or _compressed_success(upstream)
 
     async def _resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
-        """Send the agent's own request; when it fares better, the upstream refused the fields (DESIGN §11)."""
+        """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
+        get is learnt (those fields are not added again); a compressed reply is not a refusal: the
+        mode stays on, this call goes without arrays, and the sidecar says so once."""
         fields = self.token_fields or {}
+        refused = upstream.status in REFUSAL_STATUSES
         refused_body = b""
-        if upstream.status == 400:
+        if refused:
             sink = WholeBody()
             upstream.attach(sink)
             try:
                 refused_body = await sink.done
             except UpstreamBroke as broke:
                 refused_body = broke.partial
-        else:
-            refused_body = b"a compressed reply (Content-Encoding), which the mode cannot cut"
         upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
         self.token_fields = None
         if self.exchange is not None:
             self.exchange.added_request_fields = None
         own = await self._send_upstream(self.request.body)
-        if 200 <= own.status < 300 and self.sidecar.token_mode is not None:
-            self.sidecar.token_mode.learn_refusal(fields, refused_body, self.sidecar.upstream_url)
+        token_mode = self.sidecar.token_mode
+        if token_mode is None:
+            return own
+        if not refused:
+            self.metrics.token_mode_compressed.inc()
+            token_mode.say_compressed(self.sidecar.upstream_url)
+        elif 200 <= own.status < 300:
+            token_mode.learn_refusal(fields, upstream.status, refused_body, self.sidecar.upstream_url)
             self.metrics.token_fields_refused.inc()
         return own
 
@@ -272,7 +277,10 @@ class _Call:
             tap.feed(body)
             if self.exchange is not None:
                 self.exchange.mark_first_content()
-        cut = cutter.feed(body) + cutter.close() if is_stream else cutter.cut_body(body)
+        if isinstance(tap, StreamTap):  # Framed and cut by the tap's one reader, as a chunked stream is.
+            cut = tap.take_output() + tap.close_output()
+        else:
+            cut = cutter.cut_body(body)
         headers = client_response_headers(upstream.headers)
         if upstream.content_length is not None:
             length = str(len(cut)).encode()
@@ -525,10 +533,18 @@ class _BodyPump:
             self.broken = "reset_mid_reply"
         if not self.persisting:  # Else the persist in flight flushes what is held, then breaks.
             self.held = b""  # A lookahead chunk never completed a reply.
+            self._write_cut_tail()  # The part of an event that came, as a direct client sees it.
             self._break()
 
     def _write_cut(self, data: bytes) -> None:
-        self.client.write(self.cutter.feed(data))  # type: ignore[union-attr]
+        """Bytes behind the terminal event, framed and cut by the tap (which folds them no more)."""
+        self.tap.feed(data)  # type: ignore[union-attr]
+        self.client.write(self.tap.take_output())  # type: ignore[union-attr]
+
+    def _write_cut_tail(self) -> None:
+        """End of body: an unterminated last event, cut as if it had ended."""
+        if self.cutter is not None:
+            self.client.write(self.tap.close_output())  # type: ignore[union-attr]
 
     def _client_flow(self, paused: bool) -> None:
         if paused:
@@ -553,8 +569,7 @@ class _BodyPump:
             self._write_ready()
             self.write(self.held)  # What arrived before the failure, then the cut.
             self.held = b""
-            if self.cutter is not None:
-                self.client.write(self.cutter.close())
+            self._write_cut_tail()
             self._break()
         elif self.ended:
             self._flush_and_end()
@@ -575,8 +590,7 @@ class _BodyPump:
         if self.held:
             self.write(self.held)
             self.held = b""
-        if self.cutter is not None:
-            self.client.write(self.cutter.close())
+        self._write_cut_tail()
         self.client.end()
         self._finish("ended")
 
@@ -593,6 +607,11 @@ class _BodyPump:
         self.client.on_write_flow = None
         if not self.done.done():
             self.done.cancel()
+
+
+def _compressed_success(upstream: UpstreamReply) -> bool:
+    encoding = upstream.header(b"content-encoding")
+    return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
 
 
 def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseException, message: str) -> None:

@@ -73,14 +73,23 @@ class SidecarMetrics:
         self.token_fields_refused = Counter("mcc_token_fields_refused_total", "Calls the token capture mode resent as "
                                             "the agent's own request because the upstream refused an added field.",
                                             registry=registry)
+        self.token_mode_compressed = Counter("mcc_token_mode_compressed_replies_total", "Calls the token capture mode "
+                                             "resent as the agent's own request because the reply came compressed "
+                                             "(Content-Encoding), which it cannot cut: those calls have no token "
+                                             "arrays; the mode stays on.", registry=registry)
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
-        Gauge("mcc_capture_dir_writable", "1 when the capture dir is writable (or capture is off), 0 when capture "
-              "lines cannot be written there; /-/ready stays 200 either way.",
+        #: Why the last capture line could not be written (a full disk), None after a success.
+        self.capture_write_problem: str | None = None
+        Gauge("mcc_capture_dir_writable", "1 when capture lines can be written (or capture is off): the capture "
+              "dir is writable and the last line written was not refused (a full disk or quota, an I/O error); "
+              "0 otherwise, until a line is written again. /-/ready stays 200 either way.",
               registry=registry).set_function(self._capture_dir_writable)
 
     def _capture_dir_writable(self) -> float:
-        return 1.0 if self.capture_dir is None or directory_writable(self.capture_dir) else 0.0
+        if self.capture_dir is None:
+            return 1.0
+        return 1.0 if self.capture_write_problem is None and directory_writable(self.capture_dir) else 0.0
 
 
     def exposition(self) -> bytes:

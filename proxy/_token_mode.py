@@ -21,13 +21,18 @@ from ._headers import Headers
 
 log = logging.getLogger("mcc.proxy")
 
+#: The statuses of a request refused before anything was generated: 400, and FastAPI's 422 for a
+#: field its model forbids (``extra="forbid"``).
+REFUSAL_STATUSES = (400, 422)
+
 
 class TokenMode:
     """What the token capture mode adds, per call, and what this upstream refused."""
 
     def __init__(self) -> None:
-        #: Fields this upstream answered 400 to: never added again (until a restart).
+        #: Fields this upstream refused: never added again (until a restart).
         self.refused: set[str] = set()
+        self._said_compressed = False
 
     def plan(self, dialect: str, headers: Headers, body: bytes) -> Optional[tuple[dict[str, Any], dict[str, Any], bytes]]:
         """(fields added, the agent's request parsed, the body to send), or None to send the agent's own.
@@ -48,19 +53,56 @@ class TokenMode:
         sent = add_request_fields(body, fields)
         return (fields, request, sent) if sent is not None else None
 
-    def learn_refusal(self, fields: dict[str, Any], error_body: bytes, upstream: str) -> list[str]:
-        """The agent's own request succeeded where the one with ``fields`` got a 400: stop adding
-        the fields the error names (all of them when it names none). Logged once per field."""
-        text = error_body.decode("utf-8", "replace")
-        named = [name for name in fields if name in text] or list(fields)
+    def learn_refusal(self, fields: dict[str, Any], status: int, error_body: bytes, upstream: str) -> list[str]:
+        """The agent's own request succeeded where the one with ``fields`` was refused (``status``):
+        stop adding the fields the refusal names. Logged once per field.
+
+        The refusal's own words decide: the parameter an OpenAI-style error names (``param``, as
+        vLLM writes it), the fields FastAPI's 422 lists (``detail[].loc``), else the added names in
+        its text, else all of them (a refusal that names nothing still refused what was added). A
+        refusal that names another parameter (vLLM's "`echo` with `logprobs` ..." names ``echo``)
+        is about this request, not the upstream: nothing is learnt.
+        """
+        named = refused_fields(fields, error_body)
         new = [name for name in named if name not in self.refused]
         self.refused.update(named)
         if new:
-            log.warning("the upstream %s refused the token capture mode's %s (400: %s); the agent's own request was "
-                        "resent and succeeded; %s no longer added for this upstream", upstream, ", ".join(new),
-                        _one_line(text), "it is" if len(new) == 1 else "they are",
-                        extra={"upstream": upstream, "fields": new})
+            log.warning("the upstream %s refused the token capture mode's %s (%d: %s); the agent's own request was "
+                        "resent and succeeded; %s no longer added for this upstream", upstream, ", ".join(new), status,
+                        _one_line(error_body.decode("utf-8", "replace")), "it is" if len(new) == 1 else "they are",
+                        extra={"upstream": upstream, "fields": new, "status": status})
         return named
+
+    def say_compressed(self, upstream: str) -> None:
+        """A compressed success was resent as the agent's own request: said once per upstream."""
+        if self._said_compressed:
+            return
+        self._said_compressed = True
+        log.warning("the upstream %s sent a compressed reply (Content-Encoding), which the token capture mode cannot "
+                    "cut; the agent's own request was resent, and such calls have no token arrays (counted in "
+                    "mcc_token_mode_compressed_replies_total); the mode stays on. Serve uncompressed replies to the "
+                    "sidecar (vLLM does; check any gateway between them)", upstream, extra={"upstream": upstream})
+
+
+def refused_fields(fields: dict[str, Any], error_body: bytes) -> list[str]:
+    """The added ``fields`` a refusal names (see `TokenMode.learn_refusal`)."""
+    try:
+        error = orjson.loads(error_body)
+    except orjson.JSONDecodeError:
+        error = None
+    if type(error) is dict:
+        detail = error.get("detail")
+        if type(detail) is list:  # FastAPI / pydantic: [{"loc": ["body", "return_token_ids"], ...}]
+            located = {step for item in detail if type(item) is dict and type(item.get("loc")) is list
+                       for step in item["loc"] if type(step) is str}
+            if located:
+                return [name for name in fields if name in located]
+        inner = error.get("error") if type(error.get("error")) is dict else error
+        param = inner.get("param")
+        if type(param) is str and param:
+            return [name for name in fields if name == param]
+    text = error_body.decode("utf-8", "replace")
+    return [name for name in fields if name in text] or list(fields)
 
 
 class WholeBody:

@@ -10,10 +10,14 @@ the sum over all workers (`_shared_metrics`).
 
 A worker that dies (a crash, the OOM killer, ``kill -9``) is noticed at once, logged, and
 replaced: its in-flight calls are lost either way, and the others keep serving theirs, which an
-exit of the whole pod would cut too. Its counters stay in the sums (they never go down); its
-``mcc_worker_info`` sample and gauges leave (`_shared_metrics.retire`). A worker that keeps
-dying (`CRASH_LOOP` deaths within `CRASH_WINDOW_S`) is not restarted again: the supervisor
-stops the others and exits 1, so the orchestrator restarts the pod and says so.
+exit of the whole pod would cut too. Its counters stay in the sums (they never go down) as of its
+last snapshot: a worker killed outright (``kill -9``, the OOM killer) loses what it counted since
+(at most `SNAPSHOT_INTERVAL_S`, a second); one that exits writes its last snapshot first. Its
+``mcc_worker_info`` sample and gauges leave (`_shared_metrics.retire`). A replacement is watched
+like the rest while it starts: one that dies or is not ready within `START_TIMEOUT_S` is one more
+death, and the supervisor keeps watching the others meanwhile. A worker that keeps dying
+(`CRASH_LOOP` deaths within `CRASH_WINDOW_S`) is not restarted again: the supervisor stops the
+others and exits 1, so the orchestrator restarts the pod and says so.
 
 The metrics directory must be writable: the system's temporary directory, else ``/dev/shm``,
 else the capture dir. With none (a read-only root filesystem and no capture dir), one sentence,
@@ -41,6 +45,8 @@ log = logging.getLogger("mcc")
 #: A worker that dies this many times within `CRASH_WINDOW_S` ends the supervisor (exit 1).
 CRASH_LOOP = 5
 CRASH_WINDOW_S = 60.0
+#: A worker not ready this long after it started is taken for hung (an import, a mount) and killed.
+START_TIMEOUT_S = 60.0
 
 
 class NoMetricsDir(Exception):
@@ -62,7 +68,8 @@ def supervise_workers(settings: Settings, argv: list[str]) -> int:
 def make_metrics_dir(settings: Settings, candidates: Optional[list[str]] = None) -> str:
     """A fresh directory for the workers' metrics snapshots, in the first writable candidate."""
     if candidates is None:
-        candidates = [tempfile.gettempdir(), "/dev/shm"]
+        system_temp = _system_temp_dir()
+        candidates = ([system_temp] if system_temp is not None else []) + ["/dev/shm"]
         if settings.capture_on and settings.capture_dir:
             candidates.append(settings.capture_dir)
     for parent in candidates:
@@ -71,25 +78,77 @@ def make_metrics_dir(settings: Settings, candidates: Optional[list[str]] = None)
         except OSError:
             continue
     raise NoMetricsDir(f"--workers {settings.workers} needs a writable directory for the workers' metrics and found "
-                       f"none ({', '.join(candidates)}): mount a writable volume at {tempfile.gettempdir()} "
+                       f"none ({', '.join(candidates)}): mount a writable volume at /tmp "
                        "(on Kubernetes with readOnlyRootFilesystem, an emptyDir), or set TMPDIR")
 
 
+def _system_temp_dir() -> Optional[str]:
+    """``tempfile.gettempdir()``, or None where it finds nothing writable: it raises then (every
+    one of $TMPDIR, /tmp, /var/tmp and the working directory read-only), and the other
+    candidates must still be tried."""
+    try:
+        return tempfile.gettempdir()
+    except OSError:
+        return None
+
+
+class _Worker:
+    """One worker process; ``ready`` is set when its ready line came (read on a thread of its own,
+    so a worker hung while starting never blinds the supervisor to the others)."""
+
+    def __init__(self, command: list[str], slot: int) -> None:
+        self.slot = slot
+        self.process = subprocess.Popen([*command, "--worker-index", str(slot)], stdout=subprocess.PIPE, text=True)
+        self.pid = self.process.pid
+        self.started = time.monotonic()
+        self.ready = threading.Event()
+        threading.Thread(target=self._read_output, daemon=True).start()
+
+    def _read_output(self) -> None:
+        """Wait for the ready line (not shown: the supervisor prints its own), then pass the
+        worker's later output through."""
+        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        if ready_url(line) is None:
+            return
+        self.ready.set()
+        for line in self.process.stdout:  # type: ignore[union-attr]
+            sys.stdout.write(line)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Ready within ``timeout``, or ended / stuck (then killed): False."""
+        deadline = self.started + timeout
+        while not self.ready.wait(0.05):
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                self.process.kill()
+                return False
+        return True
+
+    def exit_description(self) -> str:
+        code = self.process.wait()  # Reaped: a worker whose output ended may not be yet.
+        return f"signal {-code}" if code < 0 else f"exit {code}"
+
+
 class _Workers:
-    """The worker processes, by slot (1..N); `replace` starts a new one in a slot."""
+    """The worker processes, by slot (1..N); `start` starts a new one in a slot."""
 
     def __init__(self, command: list[str], count: int) -> None:
         self.command = command
         self.count = count
-        self.processes: list[subprocess.Popen] = []
+        self.workers: list[_Worker] = []
 
-    def start(self, slot: int) -> subprocess.Popen:
-        process = subprocess.Popen([*self.command, "--worker-index", str(slot)], stdout=subprocess.PIPE, text=True)
-        if slot <= len(self.processes):
-            self.processes[slot - 1] = process
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [worker.process for worker in self.workers]
+
+    def start(self, slot: int) -> _Worker:
+        worker = _Worker(self.command, slot)
+        if slot <= len(self.workers):
+            self.workers[slot - 1] = worker
         else:
-            self.processes.append(process)
-        return process
+            self.workers.append(worker)
+        return worker
 
 
 def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
@@ -100,77 +159,74 @@ def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
     workers = _Workers(command, settings.workers)
     for slot in range(1, settings.workers + 1):
         worker = workers.start(slot)
-        if not _wait_ready(worker):
+        if not worker.wait_ready(START_TIMEOUT_S):
             _stop(workers.processes)
-            code = worker.wait()
-            print(f"mcc: a worker failed to start (exit {code})", file=sys.stderr)
+            how = worker.exit_description()
+            stuck = time.monotonic() - worker.started > START_TIMEOUT_S
+            print(f"mcc: a worker failed to start ({how}{', not ready within %gs' % START_TIMEOUT_S if stuck else ''})",
+                  file=sys.stderr)
+            code = worker.process.returncode
             return code if code == 2 else 1
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     stopping = threading.Event()
 
     def forward(signum: int, frame: object) -> None:
         stopping.set()
-        for worker in workers.processes:
-            if worker.poll() is None:
-                worker.send_signal(signum)
+        for process in workers.processes:
+            if process.poll() is None:
+                process.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)  # Before the ready line: a SIGTERM right after it is forwarded.
     signal.signal(signal.SIGINT, forward)
-    log.info("%d workers on :%d (pids %s)", settings.workers, port, ", ".join(str(w.pid) for w in workers.processes),
+    log.info("%d workers on :%d (pids %s)", settings.workers, port, ", ".join(str(w.pid) for w in workers.workers),
              extra={"count": settings.workers})
     print(ready_line(f"http://{shown_host}:{port}", settings.log_format), flush=True)
     return _watch(workers, metrics_dir, stopping)
 
 
 def _watch(workers: _Workers, metrics_dir: str, stopping: threading.Event) -> int:
-    """Until every worker has ended after a stop: replace the ones that die on their own."""
+    """Until every worker has ended after a stop: replace the ones that die on their own, and the
+    replacements that die or hang while starting; `CRASH_LOOP` deaths in `CRASH_WINDOW_S` end it."""
     deaths: list[float] = []
     while True:
         if stopping.is_set():
             # A worker the forwarded signal ended before it could drain (still starting) stopped as asked.
-            codes = [worker.wait() for worker in workers.processes]
+            codes = [process.wait() for process in workers.processes]
             failed = [code for code in codes if code not in (0, -signal.SIGTERM, -signal.SIGINT)]
             return 0 if not failed else max(max(failed), 1)
-        for slot, worker in enumerate(list(workers.processes), start=1):
-            code = worker.poll()
-            if code is None or stopping.is_set():
+        for worker in list(workers.workers):
+            if stopping.is_set():
+                break
+            how = _death(worker)
+            if how is None:
                 continue
-            how = f"signal {-code}" if code < 0 else f"exit {code}"
             retire(metrics_dir, worker.pid)
             now = time.monotonic()
             deaths = [at for at in deaths if now - at < CRASH_WINDOW_S] + [now]
+            slot, count = worker.slot, workers.count
             if len(deaths) >= CRASH_LOOP:
-                log.error("worker %d/%d (pid %d) died (%s): %d deaths in %gs, giving up: stopping the other workers "
-                          "and exiting 1 so the orchestrator restarts the pod", slot, workers.count, worker.pid, how,
+                log.error("worker %d/%d (pid %d) %s: %d deaths in %gs, giving up: stopping the other workers "
+                          "and exiting 1 so the orchestrator restarts the pod", slot, count, worker.pid, how,
                           len(deaths), CRASH_WINDOW_S)
                 stopping.set()
-                _stop([w for w in workers.processes if w.poll() is None])
+                _stop([process for process in workers.processes if process.poll() is None])
                 return 1
             replacement = workers.start(slot)
-            log.error("worker %d/%d (pid %d) died (%s): its in-flight calls are lost; restarted as pid %d",
-                      slot, workers.count, worker.pid, how, replacement.pid)
-            if not _wait_ready(replacement):
-                log.error("worker %d/%d did not start again (exit %s): exiting 1", slot, workers.count,
-                          replacement.poll())
-                stopping.set()
-                _stop([w for w in workers.processes if w.poll() is None])
-                return 1
+            log.error("worker %d/%d (pid %d) %s: its in-flight calls are lost; restarted as pid %d",
+                      slot, count, worker.pid, how, replacement.pid)
         time.sleep(0.1)
 
 
-def _wait_ready(worker: subprocess.Popen) -> bool:
-    """Read the worker's ready line (not shown: the supervisor prints its own), then pass its
-    later output through."""
-    line = worker.stdout.readline()  # type: ignore[union-attr]
-    if ready_url(line) is None:
-        return False
-    threading.Thread(target=_pass_through, args=(worker,), daemon=True).start()
-    return True
-
-
-def _pass_through(worker: subprocess.Popen) -> None:
-    for line in worker.stdout:  # type: ignore[union-attr]
-        sys.stdout.write(line)
+def _death(worker: _Worker) -> Optional[str]:
+    """How ``worker`` died (``died (signal 9)``, ``hung while starting ...``), None while it lives."""
+    if worker.process.poll() is not None:
+        how = f"died ({worker.exit_description()})"
+        return how if worker.ready.is_set() else how + " while starting"
+    if not worker.ready.is_set() and time.monotonic() - worker.started > START_TIMEOUT_S:
+        worker.process.kill()
+        worker.process.wait()
+        return f"was not ready within {START_TIMEOUT_S:g}s of starting (a hung import or mount?) and was killed"
+    return None
 
 
 def _stop(workers: list[subprocess.Popen], timeout: Optional[float] = 30) -> None:

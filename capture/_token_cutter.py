@@ -1,0 +1,401 @@
+"""The token capture mode's reply half, sans-io (DESIGN §11): cut from a reply what the added fields
+put there, so the agent gets the bytes of a direct call with its own request.
+
+Cutting is by byte spans, never by re-serialising: a value is replaced by what vLLM writes when the
+field is not asked for (``null``, ``[]``), and an event that exists only because of the added
+fields is dropped whole. Streams are framed by `SSEParser.feed_blocks` -- the reader the capture
+uses -- so any framing the SSE rules allow is cut the same way; a data value spread over several
+``data:`` lines is cut across them.
+
+What vLLM 0.32.0 writes, read from its source and checked on the recordings in
+``../shared/fixtures/vllm-0.32/``:
+
+- chat (``chat_completion/serving.py``): top-level ``prompt_token_ids``, each choice's ``token_ids``
+  and ``logprobs``. A token the parser holds back (``delta_message is None``: a tool-call marker, a
+  reasoning tag) gets a chunk of its own (``"delta":{}``, no finish reason; with usage under
+  ``continuous_usage_stats``) only when ``logprobs`` or ``return_token_ids`` is asked: dropped when
+  the agent asked for neither. One parser writes such a chunk itself: Mistral's, for pre-v11
+  tokenizers, once its ``[TOOL_CALLS]`` JSON is closed (``parser/mistral.py``, ``ALL_TOOLS_COMPLETE``)
+  sends ``DeltaMessage()`` for every later token, asked or not; those chunks are kept.
+- completions: each choice's ``logprobs``, ``prompt_token_ids`` and ``token_ids``.
+- Responses: logprobs on ``output_text`` parts (a list, else ``null``) and text deltas (a list,
+  else ``[]``), the sampler's ``top_logprobs`` echoed (else ``null``); ``input_messages`` and
+  ``output_messages`` (else ``null``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any, Callable, Optional
+
+import orjson
+
+from ._json_spans import Cut, Span, found_spans, spliced, walked_spans
+from ._sse import EventBlock, SSEParser
+from ._token_request import vllm_bool
+
+_DROP = object()
+_UNPARSED = object()
+_LOGPROBS, _LOGPROBS_AFTER_COMMA, _LOGPROBS_OBJECT = b'"logprobs":', b',"logprobs":', b'"logprobs":{'
+_TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA, _TOKEN_IDS_LIST = b'"token_ids":', b',"token_ids":', b'"token_ids":['
+_TOOL_CALLS = "[TOOL_CALLS]"
+_TOOL_CALLS_BYTES = _TOOL_CALLS.encode()
+
+
+class AddedFieldCutter:
+    """Cut from one reply what the fields in ``added`` put there (``request`` is the agent's own).
+
+    `cut_block` / `cut_part` cut one framed event (the tap frames, and parses the data once for
+    the capture and the cut); `feed` / `close` frame a stream themselves; `cut_body` cuts a whole
+    JSON body. An event or body that cannot be read is passed on as it came: cutting never guesses.
+    """
+
+    def __init__(self, dialect: str, added: dict[str, Any], request: dict[str, Any]) -> None:
+        self.dialect = dialect
+        self.added = added
+        #: The JSON this cutter wrote of a value of the current event, by ``id(value)``: the tap's
+        #: fold reuses it for the per-token lists (`Reassembler.written`); cleared per event.
+        self.written: dict[int, bytes] = {}
+        #: Events dropped whole, values cut, and events with token data that could not be cut.
+        self.dropped_events = 0
+        self.cut_values = 0
+        self.uncut_events = 0
+        asked_token_data = vllm_bool(request.get("logprobs")) or vllm_bool(request.get("return_token_ids"))
+        self._cut_logprobs = "logprobs" in added
+        self._cut_token_ids = "return_token_ids" in added
+        self._drop_empty_chunks = dialect == "chat" and not asked_token_data
+        #: Per choice index: the Mistral tool-call JSON followed through the token texts.
+        self._tool_texts: dict[Any, _ToolCallJson] = {}
+        self._framer: Optional[SSEParser] = None
+        #: The last event was dropped (a stray LF that ends it goes with it).
+        self._dropped_last = False
+        self._rules: Callable[[str, dict[str, Any]], list[Cut]] = {
+            "chat": self._chat_cuts, "completions": self._completions_cuts, "responses": self._responses_cuts,
+        }.get(dialect, _no_cuts)
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The agent's bytes for the events ``chunk`` completed (an event waits for its end)."""
+        if self._framer is None:
+            self._framer = SSEParser()
+        out = [self.cut_block(block) for block in self._framer.feed_blocks(chunk)]
+        self.written.clear()  # Nobody folds these payloads: an id is reused once its object is gone.
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        """End of stream: what is left of an unterminated last event, cut as if it had ended."""
+        block = self._framer.close_blocks() if self._framer is not None else None
+        return self.cut_block(block) if block is not None else b""
+
+    def cut_block(self, block: EventBlock, payload: Any = _UNPARSED) -> bytes:
+        """One framed block (`SSEParser.feed_blocks`) cut; ``payload``: its data parsed, if done."""
+        if block.ends_previous:  # Goes where the block it ends went.
+            return b"" if self._dropped_last else block.raw
+        data = block.data
+        self._dropped_last = False
+        if data is None:
+            return block.raw
+        if payload is _UNPARSED:
+            payload = _loads(data)
+        if type(payload) is not dict:
+            return block.raw
+        spans = self._spans(data, block.event_type, payload)
+        if spans is _DROP:
+            self._dropped_last = True
+            return b""
+        if not spans:
+            return block.raw
+        in_block = _spans_in_block(spans, block.data_spans, block.raw)  # type: ignore[arg-type]
+        if in_block is None:
+            self.uncut_events += 1
+            return block.raw
+        return spliced(block.raw, in_block)
+
+    def cut_part(self, part: bytes, event_type: str, data: bytes, payload: Any) -> bytes:
+        """One whole event of the plain shape (`SSEParser.feed_plain`: its lines without the blank
+        line, its data -- the end of ``part`` -- and the data parsed or None), cut, with its blank line."""
+        self._dropped_last = False
+        if type(payload) is not dict:
+            return part + b"\n\n"
+        spans = self._spans(data, event_type, payload)
+        if spans is _DROP:
+            self._dropped_last = True
+            return b""
+        if not spans:
+            return part + b"\n\n"
+        offset = len(part) - len(data)
+        return spliced(part, [(start + offset, end + offset, value) for start, end, value in spans]) + b"\n\n"  # type: ignore[union-attr]
+
+    # -- bodies ----------------------------------------------------------------------------
+
+    def cut_body(self, body: bytes) -> bytes:
+        """A whole JSON body with the added fields' values cut (never dropped)."""
+        payload = _loads(body)
+        if type(payload) is not dict:
+            return body
+        spans = self._value_spans(body, "body", payload)
+        self.written.clear()
+        return spliced(body, spans) if spans else body
+
+    # -- the cutting -----------------------------------------------------------------------
+
+    def _spans(self, data: bytes, event_type: str, payload: dict[str, Any]) -> Any:
+        """An event's spans to replace ([] for none), or `_DROP` when the whole event goes."""
+        if self._drop_empty_chunks:
+            if self._tool_texts or _TOOL_CALLS_BYTES in data:
+                self._follow_tool_calls(payload)
+            if self._only_token_data(payload):
+                self.dropped_events += 1
+                return _DROP
+        return self._value_spans(data, event_type, payload)
+
+    def _value_spans(self, data: bytes, event_type: str, payload: dict[str, Any]) -> list[Span]:
+        if self.dialect == "chat":
+            fast = self._chat_token_chunk(data, payload)
+            if fast is not None:
+                return fast
+        elif event_type == "message" and type(payload.get("type")) is str:
+            event_type = payload["type"]
+        cuts = self._rules(event_type, payload)
+        if not cuts:
+            return []
+        spans = found_spans(data, cuts, payload)
+        if spans is None:
+            spans = walked_spans(data, cuts)
+        if spans is None:
+            self.uncut_events += 1
+            return []
+        self.cut_values += len(spans)
+        return spans
+
+    def _only_token_data(self, payload: dict[str, Any]) -> bool:
+        """A chat chunk whose every choice has an empty delta and no finish reason: it exists only
+        to carry a token's logprobs / ids (serving.py, ``delta_message is None``) -- unless the
+        choice's Mistral tool calls are closed, when the parser sends it itself."""
+        choices = payload.get("choices")
+        if type(choices) is not list or not choices or payload.get("error") is not None:
+            return False
+        tool_texts = self._tool_texts
+        for choice in choices:
+            if type(choice) is not dict or choice.get("delta") != {} or choice.get("finish_reason") is not None:
+                return False
+            if tool_texts:
+                followed = tool_texts.get(choice.get("index"))
+                if followed is not None and followed.closed:
+                    return False
+        return True
+
+    def _follow_tool_calls(self, payload: dict[str, Any]) -> None:
+        """Feed each choice's token texts (from the logprobs the mode asked for) to its Mistral
+        tool-call JSON, from the ``[TOOL_CALLS]`` token on."""
+        choices = payload.get("choices")
+        for choice in choices if type(choices) is list else ():
+            logprobs = choice.get("logprobs") if type(choice) is dict else None
+            content = logprobs.get("content") if type(logprobs) is dict else None
+            if type(content) is not list:
+                continue
+            index = choice.get("index")
+            followed = self._tool_texts.get(index)
+            for entry in content:
+                token = entry.get("token") if type(entry) is dict else None
+                if type(token) is not str:
+                    continue
+                if followed is None:
+                    at = token.find(_TOOL_CALLS)
+                    if at < 0:
+                        continue
+                    followed = self._tool_texts[index] = _ToolCallJson()
+                    token = token[at + len(_TOOL_CALLS):]
+                followed.feed(token)
+
+    def _chat_token_chunk(self, data: bytes, payload: dict[str, Any]) -> Optional[list[Span]]:
+        """The hot path: a chat chunk of one choice, as vLLM writes one per token -- its
+        ``logprobs`` and ``token_ids`` values cut where the key, right after a ``,``, is followed
+        by exactly the value the parse found (orjson writes vLLM's compact JSON the same way),
+        and no other key of that name is in the event. None: take the general way."""
+        choices = payload.get("choices")
+        if type(choices) is not list or len(choices) != 1 or payload.get("prompt_token_ids") is not None:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict:
+            return None
+        spans = []
+        logprobs = choice.get("logprobs") if self._cut_logprobs else None
+        if logprobs is not None:
+            span = _span_after_key(data, self.written, logprobs, _LOGPROBS, _LOGPROBS_AFTER_COMMA)
+            if span is None:
+                return None
+            spans.append(span)
+        token_ids = choice.get("token_ids") if self._cut_token_ids else None
+        if token_ids is not None:
+            span = _span_after_key(data, self.written, token_ids, _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA)
+            if span is None:
+                return None
+            spans.append(span)
+        if not spans:
+            return None if (self._cut_logprobs and _LOGPROBS_OBJECT in data) or (
+                self._cut_token_ids and _TOKEN_IDS_LIST in data) else []
+        self.cut_values += len(spans)
+        return spans
+
+    def _chat_cuts(self, event_type: str, payload: dict[str, Any]) -> list[Cut]:
+        cuts = []
+        if "return_token_ids" in self.added and payload.get("prompt_token_ids") is not None:
+            cuts.append((("prompt_token_ids",), "null"))
+        cuts += self._choice_cuts(payload, ("logprobs",) if "logprobs" in self.added else (),
+                                  ("token_ids",) if "return_token_ids" in self.added else ())
+        return cuts
+
+    def _completions_cuts(self, event_type: str, payload: dict[str, Any]) -> list[Cut]:
+        return self._choice_cuts(payload, ("logprobs",) if "logprobs" in self.added else (),
+                                 ("prompt_token_ids", "token_ids") if "return_token_ids" in self.added else ())
+
+    @staticmethod
+    def _choice_cuts(payload: dict[str, Any], *groups: tuple[str, ...]) -> list[Cut]:
+        choices = payload.get("choices")
+        if type(choices) is not list:
+            return []
+        cuts = []
+        for position, choice in enumerate(choices):
+            if type(choice) is dict:
+                for group in groups:
+                    for name in group:
+                        if choice.get(name) is not None:
+                            cuts.append((("choices", position, name), "null"))
+        return cuts
+
+    def _responses_cuts(self, event_type: str, payload: dict[str, Any]) -> list[Cut]:
+        logprobs = "include" in self.added
+        messages = "enable_response_messages" in self.added
+        cuts: list[Cut] = []
+        if event_type == "body":
+            cuts += _response_object_cuts(payload, (), logprobs, messages)
+        elif type(payload.get("response")) is dict:  # created, in_progress, completed, incomplete, failed
+            cuts += _response_object_cuts(payload["response"], ("response",), logprobs, messages)
+        elif not logprobs:
+            pass
+        elif event_type in ("response.output_text.delta", "response.output_text.done"):
+            if payload.get("logprobs"):
+                cuts.append((("logprobs",), "[]"))
+        elif event_type == "response.content_part.done":
+            if _is_text_part_with_logprobs(payload.get("part")):
+                cuts.append((("part", "logprobs"), "null"))
+        elif event_type == "response.output_item.done" and type(payload.get("item")) is dict:
+            cuts += _item_cuts(payload["item"], ("item",))
+        return cuts
+
+
+class _ToolCallJson:
+    """Mistral's pre-v11 tool-call JSON (``[TOOL_CALLS][{...}]`` or ``[TOOL_CALLS]{...}``), followed
+    character by character until its first value closes: the parser's ``ALL_TOOLS_COMPLETE``.
+    Text that does not start a JSON array or object (v11's ``name[ARGS]{...}``) never closes."""
+
+    __slots__ = ("closed", "_depth", "_in_string", "_escaped", "_abandoned")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._depth = 0
+        self._in_string = self._escaped = self._abandoned = False
+
+    def feed(self, text: str) -> None:
+        for char in text:
+            if self.closed or self._abandoned:
+                return
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char in "[{":
+                self._depth += 1
+            elif self._depth == 0:
+                self._abandoned = not char.isspace()
+            elif char in "]}":
+                self._depth -= 1
+                self.closed = self._depth == 0
+            elif char == '"':
+                self._in_string = True
+
+
+def _spans_in_block(spans: list[Span], data_spans: tuple[tuple[int, int], ...], raw: bytes) -> Optional[list[Span]]:
+    """Spans of an event's data (its ``data:`` values joined by LF) as spans of the block's bytes.
+    A span across lines takes the line ends and ``data:`` names between with it, so the data the
+    client's parser joins is the cut data; None when another field stands between them."""
+    if len(data_spans) == 1:
+        offset = data_spans[0][0]
+        return [(start + offset, end + offset, value) for start, end, value in spans]
+    starts, position = [], 0
+    for start, end in data_spans:
+        starts.append(position)
+        position += end - start + 1
+
+    def at(position: int) -> tuple[int, int]:
+        line = bisect_right(starts, position) - 1
+        start, end = data_spans[line]
+        return line, min(start + position - starts[line], end)
+
+    mapped = []
+    for start, end, value in spans:
+        first, raw_start = at(start)
+        last, raw_end = at(end)
+        for line in range(first, last):
+            between = raw[data_spans[line][1]:data_spans[line + 1][0]]
+            if between.lstrip(b"\r\n").rstrip(b" ") != b"data:" or len(between) - len(between.lstrip(b"\r\n")) > 2:
+                return None
+        mapped.append((raw_start, raw_end, value))
+    return mapped
+
+
+def _span_after_key(data: bytes, written: dict[int, bytes], value: Any, key: bytes,
+                    key_after_comma: bytes) -> Optional[Span]:
+    """Where ``value``, as orjson writes it (kept in ``written`` for the capture), stands right
+    after ``,<key>`` in ``data``, the key occurring only there; None when it does not."""
+    text = written[id(value)] = orjson.dumps(value)
+    at = data.find(key_after_comma + text)
+    if at < 0 or data.count(key) != 1:
+        return None
+    start = at + len(key_after_comma)
+    return start, start + len(text), b"null"
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _no_cuts(event_type: str, payload: dict[str, Any]) -> list[Cut]:
+    return []
+
+
+def _response_object_cuts(response: dict[str, Any], at: tuple[Any, ...], logprobs: bool, messages: bool) -> list[Cut]:
+    cuts: list[Cut] = []
+    if logprobs:
+        if response.get("top_logprobs") is not None:
+            cuts.append(((*at, "top_logprobs"), "null"))
+        output = response.get("output")
+        for position, item in enumerate(output if type(output) is list else ()):
+            if type(item) is dict:
+                cuts += _item_cuts(item, (*at, "output", position))
+    if messages:
+        for name in ("input_messages", "output_messages"):
+            if response.get(name) is not None:
+                cuts.append(((*at, name), "null"))
+    return cuts
+
+
+def _item_cuts(item: dict[str, Any], at: tuple[Any, ...]) -> list[Cut]:
+    content = item.get("content")
+    return [((*at, "content", position, "logprobs"), "null")
+            for position, part in enumerate(content if type(content) is list else ())
+            if _is_text_part_with_logprobs(part)]
+
+
+def _is_text_part_with_logprobs(part: Any) -> bool:
+    """An ``output_text`` part whose logprobs are a list: vLLM writes null there when not asked
+    (``accumulated_logprobs or None``, streaming_events.py)."""
+    return type(part) is dict and part.get("type") == "output_text" and type(part.get("logprobs")) is list

@@ -1,0 +1,141 @@
+"""A model of vLLM 0.32's streamed chat replies, to derive the token capture mode's expected bytes
+independently of the cutter (issue 30).
+
+`chat_payloads` follows ``chat_completion_stream_generator`` (vllm/entrypoints/openai/
+chat_completion/serving.py): one chunk per choice with the role first (``prompt_token_ids`` on it,
+null unless asked), one per token after that -- except a token the parser holds back
+(``delta_message is None``), which gets a chunk (``"delta":{}``) only when ``logprobs`` or
+``return_token_ids`` is asked -- usage on every chunk under ``continuous_usage_stats``, a final
+usage chunk under ``include_usage``, and ``[DONE]``. The same generation modelled twice, once for
+the agent's own request and once for the mode's, gives what the agent must receive and what the
+upstream sends the sidecar. `FRAMINGS` are the ways the SSE rules allow those payloads to be sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+#: A token the parser answers with ``DeltaMessage()`` itself (Mistral's, once its tool calls close).
+EMPTY: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    logprob: float
+    #: What the parser makes of it: None (held back), `EMPTY`, or the delta it sends.
+    delta: Any
+
+
+def text_tokens(*texts: str, start_id: int = 100) -> list[Token]:
+    return [Token(start_id + position, text, -0.25 - position / 8, {"content": text}) for position, text in enumerate(texts)]
+
+
+def chat_payloads(choices: list[list[Token]], *, logprobs: bool, token_ids: bool, continuous_usage: bool = False,
+                  include_usage: bool = False, prompt_ids: tuple[int, ...] = (1, 2, 3), finish: str = "stop") -> list[bytes]:
+    """The data of each event vLLM writes for a chat request with these choices' generations."""
+    head = {"id": "chatcmpl-7", "object": "chat.completion.chunk", "created": 1796084163, "model": "m"}
+    prompt = len(prompt_ids)
+    events = []
+    for index in range(len(choices)):
+        chunk = {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}]}
+        if continuous_usage:
+            chunk["usage"] = _usage(prompt, 0)
+        chunk["prompt_token_ids"] = list(prompt_ids) if token_ids else None
+        chunk["prompt_text"] = None
+        events.append(orjson.dumps(chunk))
+    counts = [0] * len(choices)
+    for step in range(max(map(len, choices))):  # The engine steps every choice together.
+        for index, tokens in enumerate(choices):
+            if step >= len(tokens):
+                continue
+            token, last = tokens[step], step == len(tokens) - 1
+            counts[index] += 1
+            entry = {"content": [{"token": token.text, "logprob": token.logprob, "bytes": list(token.text.encode()),
+                                  "top_logprobs": []}]} if logprobs else None
+            delta = token.delta
+            if delta is None:
+                if not last and entry is None and not token_ids:
+                    continue
+                delta = {}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": entry, "finish_reason": finish if last else None}
+            if last:
+                choice["stop_reason"] = None
+            choice["token_ids"] = [token.id] if token_ids else None
+            chunk = {**head, "choices": [choice]}
+            if continuous_usage:
+                chunk["usage"] = _usage(prompt, counts[index])
+            events.append(orjson.dumps(chunk))
+    if include_usage:
+        events.append(orjson.dumps({**head, "choices": [], "usage": _usage(prompt * len(choices), sum(counts)),
+                                    "system_fingerprint": "vllm-0.32.0"}))
+    events.append(b"[DONE]")
+    return events
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "completion_tokens_details": None}
+
+
+def mistral_tool_call_tokens() -> list[Token]:
+    """Mistral's pre-v11 tool call as its parser streams it (vllm/parser/mistral.py): the marker and
+    the JSON up to the name held back, the name and argument deltas, then ``DeltaMessage()`` from
+    the token that closes the array on (``ALL_TOOLS_COMPLETE``), a trailing space and EOS included."""
+    call = {"index": 0, "id": "Xk3bQ9mZ1", "type": "function", "function": {"name": "add"}}
+    return [
+        Token(1, "Sure", -0.1, {"content": "Sure"}),
+        Token(9, "[TOOL_CALLS]", -0.01, None),
+        Token(1501, '[{"', -0.02, None),
+        Token(1502, 'name', -0.02, None),
+        Token(1503, '":', -0.02, None),
+        Token(1504, ' "add"', -0.03, {"tool_calls": [call]}),
+        Token(1505, ', "arguments', -0.02, None),
+        Token(1506, '": {"a', -0.05, {"tool_calls": [{"index": 0, "function": {"arguments": '{"a'}}]}),
+        Token(1507, '": 3}', -0.05, {"tool_calls": [{"index": 0, "function": {"arguments": '": 3}'}}]}),
+        Token(1508, "}]", -0.01, EMPTY),
+        Token(1509, " ", -0.4, EMPTY),
+        Token(2, "</s>", -0.01, EMPTY),
+    ]
+
+
+def _lines(value: bytes) -> list[bytes]:
+    """A compact JSON object as several ``data:`` values, one per top-level member (joined by LF,
+    the client reads the same JSON: a line end between members is whitespace)."""
+    if not value.startswith(b"{"):
+        return [value]
+    members = orjson.loads(value)
+    parts = [orjson.dumps(key) + b":" + orjson.dumps(member) for key, member in members.items()]
+    return [b"{" + parts[0]] + parts[1:-1] + [parts[-1] + b"}"] if len(parts) > 1 else [value]
+
+
+def _multiline(values: list[bytes]) -> bytes:
+    return b"".join(b"data: " + b",\ndata: ".join(_lines(value)) + b"\n\n" for value in values)
+
+
+def _unterminated(values: list[bytes]) -> bytes:
+    """The stream cut after its last chunk's data line, before its blank line (no ``[DONE]``)."""
+    body = b"".join(b"data: " + value + b"\n\n" for value in values[:-2])
+    return body + b"data: " + values[-2] + b"\n"
+
+
+#: Ways to send the same events, each as the SSE rules (WHATWG) read them.
+FRAMINGS: dict[str, Callable[[list[bytes]], bytes]] = {
+    "lf": lambda values: b"".join(b"data: " + v + b"\n\n" for v in values),
+    "crlf": lambda values: b"".join(b"data: " + v + b"\r\n\r\n" for v in values),
+    "cr": lambda values: b"".join(b"data: " + v + b"\r\r" for v in values),
+    "lf-then-crlf": lambda values: b"".join(b"data: " + v + b"\n\r\n" for v in values),
+    "crlf-then-cr": lambda values: b"".join(b"data: " + v + b"\r\n\r" for v in values),
+    "no-space": lambda values: b"".join(b"data:" + v + b"\n\n" for v in values),
+    "named": lambda values: b"".join(b"event: message\nid: 1\ndata: " + v + b"\n\n" for v in values),
+    "comment-holding-data": lambda values: b"".join(b': data: {"logprobs":{"content":[]}}\ndata: ' + v + b"\n\n"
+                                                    for v in values),
+    "bom": lambda values: b"\xef\xbb\xbf" + b"".join(b"data: " + v + b"\n\n" for v in values),
+    "multi-line-data": _multiline,
+    "unterminated-last": _unterminated,
+}
