@@ -144,11 +144,17 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     await stop.wait()
     if settings.shutdown_delay > 0:
         # A rolling update: the endpoint is being removed, but calls may still be routed here for
-        # a moment. Keep serving them, and say "not ready" so no new route is made to us.
+        # a moment. Keep serving them, and say "not ready" so no new route is made to us. A second
+        # SIGTERM or Ctrl-C means "now": the delay is cut and the drain begins.
         sidecar.sidecar.shutting_down = True
-        log.info("SIGTERM: still accepting for %gs while /-/ready says 503 (--shutdown-delay), then draining",
-                 settings.shutdown_delay)
-        await asyncio.sleep(settings.shutdown_delay)
+        stop.clear()
+        log.info("SIGTERM: still accepting for %gs while /-/ready says 503 (--shutdown-delay), then draining; "
+                 "a second SIGTERM or Ctrl-C drains now", settings.shutdown_delay)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=settings.shutdown_delay)
+            log.info("a second SIGTERM / SIGINT: the shutdown delay is cut")
+        except asyncio.TimeoutError:
+            pass
     log.info("shutting down: draining in-flight calls")
     await sidecar.close()
     if stand_in is not None:

@@ -26,6 +26,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 600.0
 #: Kubernetes' default terminationGracePeriodSeconds is 30; the drain must end before it.
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
+#: The longest --shutdown-delay: endpoints stop routing within seconds; an hour is a typo (1e9).
+MAX_SHUTDOWN_DELAY_S = 3600.0
 #: uvicorn (vLLM's server) closes idle keep-alive connections after 5 s: reuse them for less.
 DEFAULT_UPSTREAM_IDLE_S = 4.0
 #: A request head must arrive within this (nginx's client_header_timeout is 60 s).
@@ -63,7 +65,7 @@ class Settings(BaseModel):
     drain_timeout: float = Field(DEFAULT_DRAIN_TIMEOUT_S, ge=0)
     #: Seconds the sidecar keeps accepting after SIGTERM, with /-/ready saying 503, before it
     #: drains: the time a rolling update takes to stop routing to it (endpoints propagate).
-    shutdown_delay: float = Field(0.0, ge=0)
+    shutdown_delay: float = Field(0.0, ge=0, le=MAX_SHUTDOWN_DELAY_S)
     stand_in: bool = False
     #: Seconds a pooled upstream connection may sit idle and still be reused: below the upstream's
     #: own keep-alive (uvicorn, which vLLM runs on, closes idle connections after 5 s).
