@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from typing import Optional
 
@@ -129,21 +130,26 @@ def _connect_to_ray(address: str) -> None:
 
     ``local`` is passed to Ray as it is: it starts a Ray here even where ``ray start`` left a
     cluster's address behind (``ray.init()`` without an address would connect to that one). A
-    ``host:port`` or ``ray://host:port`` is reached first, so that a wrong address is said at once.
+    ``host:port`` or ``ray://host:port`` is reached first, so that a wrong address is said at once;
+    so is the address ``auto`` stands for ($RAY_ADDRESS, else the last ``ray start``'s, which a
+    killed session leaves behind: Ray would retry it for many minutes). Ctrl-C ends the connect.
     """
     import ray
     from ray.exceptions import RayError
 
     if ray.is_initialized():
         return
-    endpoint = address[len("ray://"):] if address.startswith("ray://") else address
+    target = _resolve_auto() if address == "auto" else address
+    endpoint = target[len("ray://"):] if target.startswith("ray://") else target
     host, _, port = endpoint.rpartition(":")
-    if address not in ("local", "auto") and host and port.isdigit():
+    if target != "local" and host and port.isdigit():
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=_RAY_CONNECT_SECONDS).close()
         except OSError as exc:
-            raise OneSentence(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start "
+            named = address if target == address else f"{address} ({target}, the address it finds)"
+            raise OneSentence(f"cannot reach the Ray cluster at {named}: {exc.strerror or exc} (is `ray start "
                               "--head` running there, and its port open to this machine?)") from None
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ray's connect loop never returns to Python.
     try:
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, RayError) as exc:
@@ -153,3 +159,20 @@ def _connect_to_ray(address: str) -> None:
                 "RAY_AUTH_MODE=token and give this machine the cluster's token (RAY_AUTH_TOKEN, or "
                 "~/.ray/auth_token; `ray get-auth-token` on the head prints it)")
         raise click.ClickException(f"cannot connect to the Ray cluster at {address}: {exc}{hint}") from None
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+
+
+def _resolve_auto() -> str:
+    """The address ``--ray auto`` means, as Ray finds it; one sentence when there is none."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    except Exception:  # Ray's own lookup changed or failed: ray.init says why.
+        return "auto"
+    if found is None:
+        raise OneSentence("no running Ray cluster found for --ray auto (no RAY_ADDRESS, no `ray start` on this "
+                          "machine): name one (--ray head:6379), set RAY_ADDRESS, or use --ray local")
+    return found
