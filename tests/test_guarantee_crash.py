@@ -1,8 +1,9 @@
 """Promise 1 — acknowledged implies durable: SIGKILL the sidecar mid-load, nothing acknowledged is lost.
 
 The sidecar runs as a real subprocess in front of the stand-in model server; 50 clients call it
-(streaming and not) until it is killed at a seeded random moment. Each call carries a unique
-`x-session-id`, which the line records as `client_session_id`.
+(streaming and not) until it is killed once a seeded number of calls has been acknowledged (a
+count, not a time: on a loaded machine a fixed delay can fall before the first answer). Each
+call carries a unique `x-session-id`, which the line records as `client_session_id`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ async def test_sigkill_mid_load_loses_no_acknowledged_call(seed, stand_in, tmp_p
     acknowledged: set[str] = set()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         clients = [asyncio.create_task(_client(http, sidecar.url, n, acknowledged)) for n in range(CLIENTS)]
-        await asyncio.sleep(random.Random(seed).uniform(0.3, 1.5))
+        kill_after = random.Random(seed).randint(5, 300)
+        deadline = asyncio.get_running_loop().time() + 120
+        while len(acknowledged) < kill_after and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
         sidecar.kill()
         await asyncio.gather(*clients)
     store = CaptureStore(capture_dir)
@@ -59,7 +63,8 @@ async def test_sigkill_mid_load_loses_no_acknowledged_call(seed, stand_in, tmp_p
         # Only the very last line of a file may be damaged (a write cut by the kill).
         assert result.malformed_indexes in ([], [len(result.lines)]), rollout_id
         recorded.update(line["client_session_id"] for line in result.lines)
-    assert acknowledged, "the load ran before the kill"
+    assert len(acknowledged) >= kill_after, (f"only {len(acknowledged)} of the {kill_after} calls to acknowledge before "
+                                             "the kill were answered within 120 s")
     assert all(recorded[call_id] == 1 for call_id in acknowledged), "an acknowledged call has no line, or two"
     assert max(recorded.values()) == 1, "no call is recorded twice"
     print(f"seed {seed}: {len(acknowledged)} acknowledged calls, {sum(recorded.values())} lines intact after SIGKILL")
