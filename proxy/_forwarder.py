@@ -106,6 +106,7 @@ class _Call:
         #: agent's own request, parsed; None when nothing was added.
         self.token_fields: Optional[dict[str, object]] = None
         self.agent_request: dict[str, object] = {}
+        self.cutter: Optional[AddedFieldCutter] = None
 
     async def run(self) -> None:
         if self.request.too_large:
@@ -222,6 +223,8 @@ class _Call:
         finally:
             if is_stream:
                 self.metrics.streams_in_flight -= 1
+            if self.cutter is not None and self.cutter.uncut_events:
+                self._say_uncut(self.cutter.uncut_events)
 
     async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
         self.status = upstream.status
@@ -233,7 +236,7 @@ class _Call:
                             mistake, extra={**self._log_context(), "status": 404})
         cutter = None
         if self.token_fields is not None and 200 <= upstream.status < 300 and self.exchange is not None:
-            cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
+            cutter = self.cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
         tap = self._attach_tap(upstream, is_stream, cutter)
         if cutter is not None and (not is_stream or upstream.content_length is not None):
             await self._relay_cut_body(upstream, tap, cutter, is_stream)  # A sized body: its length changes.
@@ -382,6 +385,14 @@ class _Call:
                                    self.sidecar.upstream_url, kind, type(exc).__name__, exc,
                                    extra={**self._log_context(), "status": reply.status, "errno": _errno_of(exc)})
         await self._answer_locally(reply, stage, exc, retryable=True)
+
+    def _say_uncut(self, events: int) -> None:
+        """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
+        self.metrics.token_mode_uncut_events.inc(events)
+        self.sidecar.repeated_warnings.warning("uncut", "the token capture mode could not cut %d event(s) of a reply "
+                                               "for %s: the agent received token data it did not ask for (counted in "
+                                               "mcc_token_mode_uncut_events_total)", events,
+                                               self.route.upstream_target, extra=self._log_context())
 
     def _log_context(self) -> dict[str, object]:
         return {"rollout_id": self.route.rollout_id, "upstream": self.sidecar.upstream_url,

@@ -77,6 +77,10 @@ class SidecarMetrics:
                                              "resent as the agent's own request because the reply came compressed "
                                              "(Content-Encoding), which it cannot cut: those calls have no token "
                                              "arrays; the mode stays on.", registry=registry)
+        self.token_mode_uncut_events = Counter("mcc_token_mode_uncut_events_total", "Events (or JSON bodies) of "
+                                               "token capture mode replies whose added fields could not be found to "
+                                               "cut: the agent received them as the upstream sent them.",
+                                               registry=registry)
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
         #: Why the last capture line could not be written (a full disk), None after a success.

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import gzip
 import random
+from typing import Callable
 
 import orjson
 import pytest
 
-from capture import AddedFieldCutter, StreamTap, token_fields_to_add
+from capture import AddedFieldCutter, StreamTap, token_fields_to_add, vllm_bool
 from proxy._token_mode import refused_fields
 from tests.scripted_upstream import Script, json_script, split_every, sse_script
-from tests.vllm_chat_model import EMPTY, FRAMINGS, Token, chat_payloads, mistral_tool_call_tokens, text_tokens
+from tests.vllm_chat_model import (EMPTY, FRAMINGS, Token, chat_payloads, mistral_tool_call_tokens, named_events,
+                                   responses_payloads, text_tokens)
 from tests.wire import fetch, rollout_url
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "add 1 and 2"}], "stream": True}
@@ -170,6 +172,19 @@ def test_one_large_event_at_tiny_reads_is_cut_whole():
     assert tap.finish(200).response["choices"][0]["message"]["content"] == "a" + "x" * 600_000 + "b"
 
 
+@pytest.mark.parametrize("line_end", [b"\n", b"\r", b"\r\n"])
+def test_a_responses_stream_is_cut_whatever_its_line_ends(line_end):
+    """Responses deltas with CR-only line ends (and LF, CRLF): their logprobs cut to ``[]``, the part's
+    and the response's to null, at every split."""
+    request = {"model": "m", "input": "hi", "stream": True}
+    added = token_fields_to_add("responses", request)
+    expected = named_events(responses_payloads(["Hel", "lo", "!"], logprobs=False), line_end)
+    sent = named_events(responses_payloads(["Hel", "lo", "!"], logprobs=True), line_end)
+    assert b'"logprobs":[{' in sent
+    for split, pieces in splits(sent, seed=len(line_end)).items():
+        assert through_tap("responses", added, request, pieces)[0] == expected, split
+
+
 # -- through the sidecar --------------------------------------------------------------------------
 
 def _added_request(request: dict) -> bytes:
@@ -267,19 +282,64 @@ async def test_a_sized_stream_whose_last_event_is_unterminated_is_cut_once(http,
     assert reply.header("content-length") == str(len(expected))
 
 
-@pytest.mark.parametrize("framing", ["crlf", "lf-then-crlf", "bom", "multi-line-data", "unterminated-last"])
-async def test_the_sidecar_cuts_every_framing_of_a_chunked_stream(http, upstream, start, capture_dir, store, framing):
-    """Through the proxy's pump (7-byte writes, chunked): the agent's bytes are the model's."""
-    choices = GENERATIONS["mistral-tools"]
-    expected = FRAMINGS[framing](chat_payloads(choices, logprobs=False, token_ids=False, include_usage=True))
-    sent = FRAMINGS[framing](chat_payloads(choices, logprobs=True, token_ids=True, include_usage=True))
-    upstream.responder = lambda received: sse_script(sent, pieces=split_every(sent, 7))
+def vllm_upstream(framing: str, generation: str, usage: str, pieces: Callable[[bytes], list[bytes]]):
+    """A scripted upstream that answers as the vLLM model does for the request it receives: token
+    data only where that request asks for it (read as vLLM reads it)."""
+    def respond(received):
+        body = orjson.loads(received.body)
+        sent = FRAMINGS[framing](chat_payloads(GENERATIONS[generation], logprobs=vllm_bool(body.get("logprobs")),
+                                               token_ids=vllm_bool(body.get("return_token_ids")), **USAGE[usage]))
+        return sse_script(sent, pieces=pieces(sent))
+    return respond
+
+
+#: (framing, generation, usage, the agent's own request) through the sidecar: issue 30's points 3, 5, 7, 8.
+PROXY_CASES = {
+    "continuous usage on held-back chunks": ("lf", "held-back", "continuous-usage", CHAT),
+    "mistral's own empty deltas": ("lf", "mistral-tools", "include-usage", CHAT),
+    "logprobs 'false'": ("lf", "held-back", "no-usage", {**CHAT, "logprobs": "false"}),
+    "n=2": ("crlf", "n2", "include-usage", CHAT),
+    **{f"framing {framing}": (framing, "mistral-tools", "include-usage", CHAT)
+       for framing in ("cr", "crlf", "lf-then-crlf", "crlf-then-cr", "comment-holding-data", "bom", "multi-line-data",
+                       "unterminated-last")},
+}
+PROXY_SPLITS = {"whole": lambda data: [data], "1-byte": lambda data: split_every(data, 1),
+                "random": lambda data: list(splits(data, seed=len(data))["random"])}
+
+
+@pytest.mark.parametrize("split", list(PROXY_SPLITS))
+@pytest.mark.parametrize("case", list(PROXY_CASES))
+async def test_through_the_sidecar_the_agent_gets_its_own_reply(http, upstream, start, capture_dir, store, case, split):
+    """A scripted upstream modelled on vLLM, written whole, byte by byte and at random splits (chunked):
+    the agent's bytes through the mode equal a direct call with its own request; the line has the arrays."""
+    framing, generation, usage, request = PROXY_CASES[case]
+    upstream.responder = vllm_upstream(framing, generation, usage, PROXY_SPLITS[split])
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
-    reply = await fetch(http, "POST", rollout_url(sidecar.url, "framed", "/v1/chat/completions"), orjson.dumps(CHAT))
-    assert reply.body == expected
+    direct = await fetch(http, "POST", upstream.url + "/v1/chat/completions", orjson.dumps(request))
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "framed", "/v1/chat/completions"), orjson.dumps(request))
+    assert b'"return_token_ids":true' in upstream.received[-1].body
+    assert proxied.body == direct.body
+    assert (proxied.status, proxied.headers) == (direct.status, direct.headers)
     (line,) = store.read("framed")
-    assert line["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "add"
+    assert line["added_request_fields"] and line["response"]["choices"], line
 
 
 def test_empty_is_the_parsers_own_delta():
     assert EMPTY == {} and orjson.dumps(EMPTY) == b"{}"
+
+
+async def test_an_event_that_cannot_be_cut_is_counted_and_said(http, upstream, start, capture_dir, caplog):
+    """An ``id:`` line inside a value spread over data lines: the cut would remove it, so the event
+    goes as it came -- counted in mcc_token_mode_uncut_events_total and said in the log, never silent."""
+    events = chat_payloads(GENERATIONS["text"], logprobs=True, token_ids=True)
+    first_token = events[1]
+    at = first_token.index(b'"logprobs":{') + len(b'"logprobs":{')
+    odd = b"data: " + first_token[:at] + b"\nid: 1\ndata: " + first_token[at:] + b"\n\n"
+    sent = FRAMINGS["lf"](events[:1]) + odd + FRAMINGS["lf"](events[2:])
+    upstream.responder = lambda received: sse_script(sent)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "odd", "/v1/chat/completions"), orjson.dumps(CHAT))
+    assert odd in reply.body
+    metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert "mcc_token_mode_uncut_events_total 1.0" in metrics
+    assert "could not cut 1 event(s)" in caplog.text

@@ -139,3 +139,43 @@ FRAMINGS: dict[str, Callable[[list[bytes]], bytes]] = {
     "multi-line-data": _multiline,
     "unterminated-last": _unterminated,
 }
+
+
+def responses_payloads(deltas: list[str], *, logprobs: bool) -> list[tuple[str, bytes]]:
+    """(event name, data) of a vLLM 0.32 Responses stream (responses/serving.py + streaming_events.py):
+    text deltas with their logprobs (``[]`` unless ``include`` asks), the done events, the part's
+    logprobs (null unless asked), and the response object's ``top_logprobs`` (null unless asked)."""
+    def response(status: str, output: list) -> dict[str, Any]:
+        return {"id": "resp_1", "object": "response", "created_at": 1, "status": status, "model": "m",
+                "output": output, "top_logprobs": 0 if logprobs else None, "input_messages": None,
+                "output_messages": None}
+
+    def entries(text: str, position: int) -> list[dict[str, Any]]:
+        return [{"token": text, "logprob": -0.5 - position, "bytes": list(text.encode()), "top_logprobs": []}] if logprobs else []
+
+    text = "".join(deltas)
+    everything = [entry for position, delta in enumerate(deltas) for entry in entries(delta, position)]
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": everything if logprobs else None}
+    item = {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant", "content": [part]}
+    events = [("response.created", {"type": "response.created", "sequence_number": 0, "response": response("in_progress", [])})]
+    for position, delta in enumerate(deltas):
+        events.append(("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": position + 1,
+                                                      "item_id": "msg_1", "output_index": 0, "content_index": 0,
+                                                      "delta": delta, "logprobs": entries(delta, position)}))
+    number = len(deltas) + 1
+    events += [
+        ("response.output_text.done", {"type": "response.output_text.done", "sequence_number": number, "item_id": "msg_1",
+                                       "output_index": 0, "content_index": 0, "text": text, "logprobs": everything}),
+        ("response.content_part.done", {"type": "response.content_part.done", "sequence_number": number + 1,
+                                        "item_id": "msg_1", "output_index": 0, "content_index": 0, "part": part}),
+        ("response.output_item.done", {"type": "response.output_item.done", "sequence_number": number + 2,
+                                       "output_index": 0, "item": item}),
+        ("response.completed", {"type": "response.completed", "sequence_number": number + 3,
+                                "response": response("completed", [item])}),
+    ]
+    return [(name, orjson.dumps(payload)) for name, payload in events]
+
+
+def named_events(events: list[tuple[str, bytes]], line_end: bytes = b"\n") -> bytes:
+    """``event:`` + ``data:`` blocks, every line ending in ``line_end``."""
+    return b"".join(b"event: " + name.encode() + line_end + b"data: " + data + line_end + line_end for name, data in events)
