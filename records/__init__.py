@@ -22,6 +22,7 @@ from ._collect import (
     read_model_call_records,
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
+from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
 from ._file_contract import (
     CAPTURE_SUFFIX,
     CORE_KEYS,
@@ -71,6 +72,7 @@ __all__ = [
     "CAPTURE_SUFFIX",
     "CORE_KEYS",
     "CaptureStore",
+    "FINGERPRINT_VERSION",
     "FailureReport",
     "INCOMPLETE_SUFFIX",
     "InvalidRolloutId",
@@ -94,6 +96,7 @@ __all__ = [
     "_tool_calls_and_reasoning",
     "_usage_detail_token",
     "aggregate_model_call_metrics",
+    "assistant_fingerprint",
     "append_capture_line",
     "append_to_open_file",
     "aggregate_model_call_records",
@@ -104,6 +107,7 @@ __all__ = [
     "capture_files",
     "capture_path",
     "clear_model_call_captures",
+    "conversation_digest",
     "clear_model_call_captures_for_rollouts",
     "create_incomplete_marker",
     "encode_capture_line",

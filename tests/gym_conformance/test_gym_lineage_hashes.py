@@ -1,0 +1,93 @@
+"""`records`' lineage hashes equal NeMo Gym 0.7.0's (issue 31, point 2): `assistant_fingerprint` and
+`conversation_digest` of the same requests, in every dialect's shape, computed by Gym's own
+``nemo_gym.token_id_capture.fingerprint`` in its venv and by ours; the errors agree too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from records import assistant_fingerprint, conversation_digest
+
+from .gym_venv import GymUnavailable, gym_python
+
+_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}
+#: Requests as agents send them: Chat, Responses input, Anthropic messages, and the odd shapes.
+CONVERSATIONS = {
+    "chat root": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "chat two turns": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                       {"role": "user", "content": "Add 1 and 2"}],
+    "chat tool call and result": [{"role": "user", "content": "Add"}, {"role": "assistant", "content": None,
+                                                                      "tool_calls": [_CALL]},
+                                  {"role": "tool", "tool_call_id": "call_1", "content": "3"}],
+    "chat arguments re-serialised": [{"role": "user", "content": "Add"}, {"role": "assistant", "content": "",
+                                      "tool_calls": [{**_CALL, "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
+                                     {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "3"}]}],
+    "chat content parts": [{"role": "user", "content": [{"type": "text", "text": "look"},
+                                                        {"type": "image_url", "image_url": {"url": "data:x"}}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": "a cat"}, "plain"]}],
+    "responses items": [{"role": "user", "content": [{"type": "input_text", "text": "Add"}]},
+                        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+                        {"type": "function_call", "call_id": "fc_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+                        {"type": "function_call_output", "call_id": "fc_1", "output": "3"},
+                        {"type": "message", "role": "assistant",
+                         "content": [{"type": "output_text", "text": "It is 3."}]}],
+    "responses namespaced tool": [{"type": "function_call", "call_id": "fc_2", "namespace": "math", "name": "add",
+                                   "arguments": "not json "}],
+    "anthropic tool use": [{"role": "user", "content": "Add"},
+                           {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"},
+                                                             {"type": "text", "text": "Sure."},
+                                                             {"type": "tool_use", "id": "tu_1", "name": "add",
+                                                              "input": {"b": 2, "a": 1}}]},
+                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1",
+                                                         "content": [{"type": "text", "text": "3"}]}]}],
+    "unicode and empties": [{"role": "user", "content": ""}, {"role": "assistant", "content": "caf\u00e9 \U0001F600"},
+                            {"role": "assistant", "content": []}],
+    "not an object": [{"role": "user", "content": "x"}, "stray"],
+    "block without a type": [{"role": "assistant", "content": [{"image": 1}]}],
+    "content of a number": [{"role": "user", "content": 7}],
+}
+
+_GYM_SCRIPT = """
+import json, sys
+from nemo_gym.token_id_capture.fingerprint import assistant_fingerprint, conversation_digest
+out = {}
+for name, messages in json.load(sys.stdin).items():
+    try:
+        out[name] = [assistant_fingerprint(messages), conversation_digest(messages)]
+    except ValueError as error:
+        out[name] = ["error", str(error)]
+print(json.dumps(out))
+"""
+
+
+def _ours(messages: list) -> list[str]:
+    try:
+        return [assistant_fingerprint(messages), conversation_digest(messages)]
+    except ValueError as error:
+        return ["error", str(error)]
+
+
+def test_the_hashes_are_gyms():
+    try:
+        gym = gym_python()
+    except GymUnavailable as exc:
+        pytest.skip(f"NeMo Gym 0.7.0 is not available here: {exc}")
+    done = subprocess.run([gym, "-c", _GYM_SCRIPT], input=json.dumps(CONVERSATIONS), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout)
+    for name, messages in CONVERSATIONS.items():
+        assert _ours(messages) == theirs[name], name
+
+
+def test_what_the_hashes_tell_apart():
+    """Re-serialised arguments and reasoning items hash alike; a changed tool result does not."""
+    chat = CONVERSATIONS["chat tool call and result"]
+    assert assistant_fingerprint(chat) == assistant_fingerprint(CONVERSATIONS["chat arguments re-serialised"])
+    assert assistant_fingerprint(CONVERSATIONS["chat root"]) == ""
+    changed = [*chat[:2], {**chat[2], "content": "4"}]
+    assert assistant_fingerprint(changed) == assistant_fingerprint(chat)
+    assert conversation_digest(changed) != conversation_digest(chat)
