@@ -21,6 +21,7 @@ from ._logging import RepeatLimiter
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
+from ._token_capture import TokenCapture
 from ._token_mode import TokenMode
 from ._upstream import UpstreamPool
 from ._upstream_checks import upstream_problem
@@ -59,8 +60,10 @@ class Sidecar:
         #: Set during --shutdown-delay: still serving, /-/ready says 503.
         self.shutting_down = False
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
-        #: The token capture mode (DESIGN §11): on only with capture on.
-        self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_tokens and settings.capture_on else None
+        #: The token capture mode (DESIGN §11): with capture on, for every call (--capture-tokens) or
+        #: for Gym's training path; its training-token files (DESIGN §12) with it.
+        self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_on else None
+        self.token_capture: Optional[TokenCapture] = None
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
@@ -90,7 +93,14 @@ class Sidecar:
                             "until it is (on Kubernetes, set the pod's fsGroup)", settings.capture_dir, os.getuid(),
                             extra={"path": settings.capture_dir})
                 self._capture_dir_was_writable = False
-            self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync)
+            token_dir = settings.token_dir or settings.capture_dir
+            try:
+                os.makedirs(token_dir, exist_ok=True)
+            except OSError as exc:  # Said; the entries then fail (counted), never a call.
+                log.warning("cannot create the token dir %s: %s", token_dir, exc.strerror or exc, extra={"path": token_dir})
+            self.token_capture = TokenCapture(token_dir, self.metrics)
+            self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync,
+                                                self.token_capture)
             self.metrics.capture_dir = settings.capture_dir
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

@@ -14,7 +14,7 @@ import errno
 import logging
 import threading
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from capture import GroupCommitter, create_incomplete_marker
 from records import capture_path, encode_capture_line, incomplete_marker_path
@@ -23,6 +23,9 @@ from ._exchange import CallExchange
 from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
 
+if TYPE_CHECKING:
+    from ._token_capture import TokenCapture
+
 log = logging.getLogger("mcc.capture")
 _PATHS_KEPT = 4096
 
@@ -30,8 +33,11 @@ _PATHS_KEPT = 4096
 class CaptureWriter:
     """Appends one line per call to ``<capture_dir>/<rollout_id>.capture.jsonl``."""
 
-    def __init__(self, capture_dir: str, metrics: SidecarMetrics, sync_mode: str = "auto") -> None:
+    def __init__(self, capture_dir: str, metrics: SidecarMetrics, sync_mode: str = "auto",
+                 token_capture: "TokenCapture | None" = None) -> None:
         self.capture_dir = capture_dir
+        #: Writes a call's training-token entry just before its line (DESIGN §12).
+        self._token_capture = token_capture
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self._committer = GroupCommitter(sync_mode, directory=capture_dir)
@@ -69,9 +75,17 @@ class CaptureWriter:
                 if len(self._paths) >= _PATHS_KEPT:
                     self._paths.clear()
                 self._paths[rollout_id] = path
-            self._committer.submit(path, lambda: encode_capture_line(exchange.capture_fields()), done)
+            self._committer.submit(path, lambda: self._line(exchange), done)
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
+
+    def _line(self, exchange: CallExchange) -> bytes:
+        """The call's line; its training-token entry written first (on the writer thread: both are
+        on disk before the agent sees the end of the reply)."""
+        line = encode_capture_line(exchange.capture_fields())
+        if exchange.token_plan is not None and self._token_capture is not None:
+            self._token_capture.commit(exchange.token_plan, line)
+        return line
 
     async def persist(self, exchange: CallExchange) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""

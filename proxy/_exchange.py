@@ -77,6 +77,8 @@ class CallExchange:
     added_request_fields: dict[str, Any] | None = None
     #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
     parsed_request: dict[str, Any] | None = None
+    #: The training-token plan (`proxy._token_capture.TokenPlan`): lineage decided before the call.
+    token_plan: Any = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 

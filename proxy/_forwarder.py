@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap
+from capture import AddedFieldCutter, BodyTap, StreamTap, parse_json_object
 
 from ._exchange import CallExchange, Failure
 from ._headers import client_response_headers, upstream_request_headers
@@ -34,6 +34,7 @@ from ._local_replies import (
 )
 from ._metrics import status_class
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
+from ._token_capture import TOKEN_DIALECTS
 from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
 from ._upstream_checks import certificate_problem
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
@@ -119,6 +120,8 @@ class _Call:
             return
         self._open_exchange(self.request.body)
         body = self._with_token_fields(self.request.body)
+        if self.exchange is not None and self._token_mode_on():
+            await self._plan_token_entry()
         try:
             upstream = await self._send_upstream(body)
             if self.token_fields is not None and self._must_resend_own_request(upstream):
@@ -156,10 +159,25 @@ class _Call:
             raw_stream=self.settings.capture_raw_stream,
         )
 
+    def _token_mode_on(self) -> bool:
+        """The token capture mode covers this call: --capture-tokens, or Gym's training path."""
+        return self.sidecar.token_mode is not None and (self.settings.capture_tokens or self.route.training_tokens)
+
+    async def _plan_token_entry(self) -> None:
+        """Resolve the call's lineage and note its intent, off the event loop (DESIGN §12)."""
+        exchange, token_capture = self.exchange, self.sidecar.token_capture
+        if exchange is None or token_capture is None or exchange.dialect not in TOKEN_DIALECTS:
+            return
+        request = self.agent_request or parse_json_object(self.request.body)
+        if not request:
+            return
+        exchange.token_plan = await asyncio.get_running_loop().run_in_executor(
+            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request)
+
     def _with_token_fields(self, body: bytes) -> bytes:
         """The body to send: the agent's own, or with the token capture mode's fields added."""
         token_mode = self.sidecar.token_mode
-        if token_mode is None or self.exchange is None:
+        if token_mode is None or self.exchange is None or not self._token_mode_on():
             return body
         plan = token_mode.plan(self.exchange.dialect, self.request.headers, body)
         if plan is None:

@@ -81,6 +81,12 @@ class SidecarMetrics:
                                                "token capture mode replies whose added fields could not be found to "
                                                "cut: the agent received them as the upstream sent them.",
                                                registry=registry)
+        self.token_entries = Counter("mcc_token_entries_total", "Training-token entries written (written; same: "
+                                     "already there; late: the rollout was frozen, kept as evidence).", ["outcome"],
+                                     registry=registry)
+        self.token_entry_failures = Counter("mcc_token_entry_failures_total", "Calls in the token capture mode whose "
+                                            "training-token entry could not be prepared or written, by kind.", ["kind"],
+                                            registry=registry)
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
         #: Why the last capture line could not be written (a full disk), None after a success.

@@ -9,6 +9,8 @@ from urllib.parse import unquote
 from records import is_valid_rollout_id
 
 ROLLOUT_PREFIX = "/ng-rollout/"
+#: Gym 0.7.0's URL contract for calls whose token ids are captured for training (config_types.py).
+TRAINING_SEGMENT = "training-token-capture/"
 
 #: Observed paths (captured when prefixed and capture is on) and their dialect names.
 OBSERVED_PATHS = {
@@ -29,6 +31,9 @@ class Route:
     dialect: str | None = None
     #: Set when the prefix is present but its rollout id is not valid.
     invalid_rollout_id: str | None = None
+    #: Gym's training path (``/ng-rollout/<id>/training-token-capture/...``): the token capture
+    #: mode is on for this call, whatever the setting (DESIGN §12).
+    training_tokens: bool = False
 
     @property
     def error_dialect(self) -> str:
@@ -59,12 +64,15 @@ def _route(method: str, raw_target: str) -> Route:
         return Route(upstream_target=raw_target)
     path, question, query = raw_target.partition("?")
     encoded_id, slash, rest = path[len(ROLLOUT_PREFIX):].partition("/")
+    training = rest.startswith(TRAINING_SEGMENT)
+    if training:
+        rest = rest[len(TRAINING_SEGMENT):]
     upstream_target = "/" + rest + question + query
     rollout_id = unquote(encoded_id, errors="strict") if _decodes(encoded_id) else None
     if rollout_id is None or not is_valid_rollout_id(rollout_id):
         return Route(upstream_target=upstream_target, invalid_rollout_id=encoded_id)
     dialect = OBSERVED_PATHS.get(_path_of(upstream_target)) if method == "POST" else None
-    return Route(upstream_target=upstream_target, rollout_id=rollout_id, dialect=dialect)
+    return Route(upstream_target=upstream_target, rollout_id=rollout_id, dialect=dialect, training_tokens=training)
 
 
 _cached_route = lru_cache(maxsize=16384)(_route)

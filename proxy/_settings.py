@@ -96,6 +96,8 @@ class Settings(BaseModel):
     #: The token capture mode (DESIGN §11): add to each captured request what vLLM needs to
     #: return the sampled token ids and their logprobs, and cut it from the agent's reply.
     capture_tokens: bool = False
+    #: Where the training-token files go (DESIGN §12); the capture dir when unset.
+    token_dir: str | None = None
 
     @field_validator("upstream_ca")
     @classmethod
@@ -108,7 +110,7 @@ class Settings(BaseModel):
                 raise ValueError(f"cannot load a CA bundle from it: {getattr(exc, 'strerror', None) or exc}") from None
         return value
 
-    @field_validator("capture_dir")
+    @field_validator("capture_dir", "token_dir")
     @classmethod
     def _absolute_capture_dir(cls, value: str | None) -> str | None:
         if value is not None and not os.path.isabs(value):
@@ -286,7 +288,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

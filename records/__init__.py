@@ -23,6 +23,17 @@ from ._collect import (
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
+from ._lineage import LineageVerdict, RolloutLineage
+from ._token_entries import (
+    TOKEN_ENTRY_SCHEMA_VERSION,
+    TokenEntryProblem,
+    check_token_entry,
+    output_items,
+    request_items,
+    token_digest,
+    token_entry,
+)
+from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, late_entries, read_token_entries
 from ._file_contract import (
     CAPTURE_SUFFIX,
     CORE_KEYS,
@@ -65,6 +76,20 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "LineageVerdict",
+    "RolloutLineage",
+    "TOKEN_ENTRY_SCHEMA_VERSION",
+    "TokenEntryProblem",
+    "check_token_entry",
+    "output_items",
+    "request_items",
+    "token_digest",
+    "token_entry",
+    "TOKENS_SUFFIX",
+    "RolloutClosed",
+    "TokenFiles",
+    "late_entries",
+    "read_token_entries",
     "CALL_COLUMNS",
     "CallRow",
     "DriftTracker",

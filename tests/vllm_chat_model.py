@@ -179,3 +179,46 @@ def responses_payloads(deltas: list[str], *, logprobs: bool) -> list[tuple[str, 
 def named_events(events: list[tuple[str, bytes]], line_end: bytes = b"\n") -> bytes:
     """``event:`` + ``data:`` blocks, every line ending in ``line_end``."""
     return b"".join(b"event: " + name.encode() + line_end + b"data: " + data + line_end + line_end for name, data in events)
+
+
+class TinyChatModel:
+    """A vLLM-shaped chat server's arithmetic, for lineage tests: a message renders as its role's
+    id, 100 + each character, then 0; the prompt ends with the assistant role (3); the reply to a
+    conversation is scripted by the number of its user turns, its ids 100 + each character then 0.
+    A sent-back assistant turn renders as exactly its generated ids, so a faithful conversation's
+    prompts extend each other; ``drop_assistant_turns`` renders them as nothing (a template that
+    drops what the model wrote: every later prompt drifts)."""
+
+    ROLES = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+
+    def __init__(self, replies: dict[int, str] | None = None, drop_assistant_turns: bool = False) -> None:
+        self.replies = replies or {}
+        self.drop_assistant_turns = drop_assistant_turns
+
+    def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        ids: list[int] = []
+        for message in messages:
+            if message.get("role") == "assistant" and self.drop_assistant_turns:
+                continue
+            ids += [self.ROLES.get(message.get("role"), 5), *(100 + ord(c) for c in str(message.get("content") or "")), 0]
+        return [*ids, 3]
+
+    def reply_text(self, messages: list[dict[str, Any]]) -> str:
+        turn = sum(1 for message in messages if message.get("role") == "user")
+        return self.replies.get(turn, f"reply {turn}")
+
+    def body(self, request: dict[str, Any], call: int = 0) -> bytes:
+        """The non-streamed reply vLLM writes for ``request`` (token fields where it asks)."""
+        text = self.reply_text(request["messages"])
+        prompt = self.render(request["messages"])
+        generated = [*(100 + ord(c) for c in text), 0]
+        logprobs = {"content": [{"token": c, "logprob": -0.125 * (i + 1), "bytes": list(c.encode()), "top_logprobs": []}
+                                for i, c in enumerate([*text, "</s>"])]} if request.get("logprobs") else None
+        return orjson.dumps({
+            "id": f"chatcmpl-{call}", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                         "finish_reason": "stop", "stop_reason": None,
+                         "token_ids": generated if request.get("return_token_ids") else None}],
+            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(generated),
+                      "completion_tokens": len(generated)},
+            "prompt_token_ids": prompt if request.get("return_token_ids") else None})

@@ -1,0 +1,129 @@
+"""The sidecar's training-token files (DESIGN §12): lineage before a call, its entry after.
+
+Before a call in the token capture mode goes upstream, `TokenCapture.prepare` (on a worker thread:
+it reads files) resolves which earlier call of the rollout the request continues, and notes the
+call's intent durably. After the reply, `commit` (on the capture writer thread, before the capture
+line, so both are on disk before the agent sees the end) builds the entry from the captured arrays
+and appends it under Gym's store protocol. A call that produced no usable arrays (an error, a cut
+stream, a refusal) gets no entry: its intent stays dangling, and a consumer masks the rollout, as
+Gym does. Nothing here ever changes a reply: a failure is logged, counted and marked incomplete.
+
+n > 1: one entry per choice, ``<model_call_id>-<choice>``, siblings with one parent; a later
+request resolves to the choice whose output it sent back. Messages: vLLM's Anthropic endpoint
+returns no arrays, so Messages calls get no entries and no intents.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import orjson
+
+from records import (
+    LineageVerdict,
+    RolloutClosed,
+    RolloutLineage,
+    TokenFiles,
+    output_items,
+    request_items,
+    token_entry,
+    token_records_of_line,
+)
+
+log = logging.getLogger("mcc.capture")
+#: Dialects whose vLLM replies carry token arrays.
+TOKEN_DIALECTS = frozenset({"chat", "completions", "responses"})
+#: Rollouts whose lineage index stays in memory (each holds metadata only, no arrays).
+_ROLLOUTS_KEPT = 4096
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """What `prepare` decided for one call, for `commit`."""
+
+    rollout_id: str
+    entry_ids: tuple[str, ...]
+    items: list[dict[str, Any]]
+    verdict: LineageVerdict
+
+
+class TokenCapture:
+    """The training-token files of one directory, for the sidecar."""
+
+    def __init__(self, directory: str, metrics: Any) -> None:
+        self.files = TokenFiles(directory)
+        self._metrics = metrics
+        self._lineages: OrderedDict[str, RolloutLineage] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any]) -> Optional[TokenPlan]:
+        """The call's lineage verdict, its intent written; None when it gets no entry (Messages,
+        a frozen rollout, a request lineage cannot read). Runs on a worker thread."""
+        if dialect not in TOKEN_DIALECTS:
+            return None
+        try:
+            items = request_items(request)
+            choices = request.get("n") if dialect != "responses" else 1
+            choices = choices if type(choices) is int and choices > 1 else 1
+            ids = (model_call_id,) if choices == 1 else tuple(f"{model_call_id}-{i}" for i in range(choices))
+            with self._lock:
+                lineage = self._lineage(rollout_id)
+                lineage.refresh()
+                verdict = lineage.resolve(items)
+            self.files.begin_call(rollout_id, list(ids))
+        except RolloutClosed as exc:
+            self._fail("closed", rollout_id, model_call_id, f"{exc}: this call is not written to it")
+            return None
+        except Exception as exc:
+            self._fail(type(exc).__name__, rollout_id, model_call_id, f"lineage could not be resolved: {exc}")
+            return None
+        return TokenPlan(rollout_id, ids, items, verdict)
+
+    def commit(self, plan: TokenPlan, line: bytes) -> None:
+        """Write the call's entries from its capture line; on the capture writer thread."""
+        try:
+            fields = orjson.loads(line)
+            records = token_records_of_line(fields, plan.rollout_id, 0)
+            response = fields.get("response") if isinstance(fields.get("response"), dict) else {}
+            for position, entry_id in enumerate(plan.entry_ids):
+                record = next((r for r in records if r.choice_index == position), None)
+                if record is None or not record.usable:
+                    continue  # No entry: the intent stays, and the rollout is masked (nothing was seen whole).
+                outcome = self.files.append(token_entry(
+                    rollout_id=plan.rollout_id, model_call_id=entry_id, model=record.model or "",
+                    prompt_token_ids=list(record.prompt_token_ids or []),
+                    generation_token_ids=list(record.generation_token_ids or []),
+                    generation_log_probs=list(record.generation_log_probs or []),
+                    items=output_items(response, position if len(plan.entry_ids) > 1 else None),
+                    response_id=response.get("id") if isinstance(response.get("id"), str) else None,
+                    created_at=time.time(), request=plan.items, parent_call_id=plan.verdict.parent_call_id,
+                    parent_resolution=plan.verdict.status, reason=plan.verdict.reason,
+                    parent_sequence=plan.verdict.parent_sequence))
+                self._metrics.token_entries.labels(outcome).inc()
+        except Exception as exc:
+            self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
+            for entry_id in plan.entry_ids:
+                try:
+                    self.files.mark_incomplete(plan.rollout_id, entry_id)
+                except OSError:
+                    pass
+
+    def _lineage(self, rollout_id: str) -> RolloutLineage:
+        lineage = self._lineages.get(rollout_id)
+        if lineage is None:
+            lineage = self._lineages[rollout_id] = RolloutLineage(self.files, rollout_id)
+            while len(self._lineages) > _ROLLOUTS_KEPT:
+                self._lineages.popitem(last=False)
+        else:
+            self._lineages.move_to_end(rollout_id)
+        return lineage
+
+    def _fail(self, kind: str, rollout_id: str, model_call_id: str, message: str) -> None:
+        self._metrics.token_entry_failures.labels(kind).inc()
+        log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
+                    extra={"rollout_id": rollout_id, "kind": kind})

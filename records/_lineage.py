@@ -1,0 +1,110 @@
+"""Which earlier call of its rollout a request continues, decided before the request is sent
+(DESIGN §12; Gym 0.7.0's ``RolloutLineage`` semantics, our code).
+
+A request's `assistant_fingerprint` looks up the committed calls whose request plus output had
+that fingerprint; each candidate must have been made with the context this request begins with
+(`conversation_digest` of its first ``continuation_context_len`` items). No model-authored turn:
+a root. One candidate: resolved. Several with the same sequence (identical retries): the first by
+call id. None, or several that differ: unresolved (``no_match`` / ``ambiguous``), never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
+from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
+from ._token_files import TokenFiles, entry_sequence
+
+
+@dataclass(frozen=True)
+class LineageVerdict:
+    """The decision for one request: ``status`` (root / resolved / unresolved), the parent's call
+    id and whole sequence when resolved, and why when unresolved."""
+
+    status: str
+    parent_call_id: Optional[str] = None
+    parent_sequence: Optional[list[int]] = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Node:
+    call_id: str
+    offset: int
+    cum_len: int
+    digest: str
+    context_len: int
+    context_digest: str
+    parent_call_id: Optional[str]
+    delta: bool
+
+
+@dataclass
+class RolloutLineage:
+    """The calls of one rollout, indexed by continuation fingerprint as their entries are read
+    (`refresh` reads only what was appended since); token arrays stay in the file."""
+
+    files: TokenFiles
+    rollout_id: str
+    offset: int = 0
+    by_fingerprint: dict[str, list[str]] = field(default_factory=dict)
+    nodes: dict[str, _Node] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        entries, self.offset = self.files.entries(self.rollout_id, self.offset)
+        for offset, entry in entries:
+            self.add(offset, entry)
+
+    def add(self, offset: int, entry: dict[str, Any]) -> None:
+        fingerprint = entry.get("continuation_fingerprint") or ""
+        if not fingerprint or entry.get("fingerprint_version") not in (None, FINGERPRINT_VERSION):
+            return
+        call_id = entry["model_call_id"]
+        if call_id in self.nodes:
+            return
+        self.nodes[call_id] = _Node(call_id, offset, entry.get("cum_len") or 0, entry.get("digest") or "",
+                                    entry.get("continuation_context_len") or 0,
+                                    entry.get("continuation_context_digest") or "", entry.get("parent_call_id"),
+                                    bool(entry.get("prompt_is_delta")))
+        self.by_fingerprint.setdefault(fingerprint, []).append(call_id)
+
+    def resolve(self, messages: list[dict[str, Any]]) -> LineageVerdict:
+        """The verdict for a request with these turns (`records.request_items`)."""
+        fingerprint = assistant_fingerprint(messages)
+        if not fingerprint:
+            return LineageVerdict(ROOT)
+        candidates = [self.nodes[call_id] for call_id in dict.fromkeys(self.by_fingerprint.get(fingerprint, ()))
+                      if self._continues(self.nodes[call_id], messages)]
+        if len(candidates) > 1 and len({(node.digest, node.cum_len) for node in candidates}) == 1 and candidates[0].digest:
+            candidates = [min(candidates, key=lambda node: node.call_id)]  # Identical retries are one call.
+        if len(candidates) != 1:
+            return LineageVerdict(UNRESOLVED, reason="no_match" if not candidates else "ambiguous")
+        parent = candidates[0]
+        sequence = self.sequence(parent.call_id)
+        if sequence is None or token_digest(sequence) != parent.digest:
+            return LineageVerdict(UNRESOLVED, reason="parent_unverified")
+        return LineageVerdict(RESOLVED, parent.call_id, sequence)
+
+    def sequence(self, call_id: str) -> Optional[list[int]]:
+        """A call's whole sequence, rebuilt through its delta ancestors; None when one is missing."""
+        chain = []
+        node = self.nodes.get(call_id)
+        while node is not None:
+            chain.append(node)
+            if not node.delta:
+                break
+            node = self.nodes.get(node.parent_call_id or "")
+        else:
+            return None
+        sequence: Optional[list[int]] = None
+        for node in reversed(chain):
+            sequence = entry_sequence(self.files.entry_at(self.rollout_id, node.offset), sequence)
+        return sequence
+
+    @staticmethod
+    def _continues(node: _Node, messages: list[dict[str, Any]]) -> bool:
+        """The request begins with the context the candidate was made with (fail closed without one)."""
+        return bool(node.context_digest) and len(messages) >= node.context_len and \
+            conversation_digest(messages[:node.context_len]) == node.context_digest

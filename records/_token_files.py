@@ -1,0 +1,240 @@
+"""A rollout's training-token files, under NeMo Gym 0.7.0's store protocol (DESIGN §12; Gym's
+``nemo_gym/token_id_capture/store.py`` is the contract, this is our code for it):
+
+- ``<id>.tokens.jsonl``: one entry per call (`records._token_entries`), fsynced before the call's
+  reply ends (the same promise as the capture line);
+- ``<id>.tokens.lock``: ``flock``\\ ed around every write and read, so Gym's own store, other
+  sidecar workers and readers never see half a write;
+- ``<id>.tokens.state.json``: ``frozen`` / ``retired`` / ``incomplete``, a ``version``, and the
+  index of the entries written (``entry_digests`` by call id, ``indexed_size``), replaced
+  atomically; rebuilt from the file's tail when a writer died between the two;
+- ``<id>.tokens.intents``: the call ids dispatched (a call with an intent and no entry was lost:
+  Gym masks the rollout);
+- ``<id>.tokens.incomplete``: the call ids whose entry could not be written.
+
+A rollout Gym froze (or retired) takes no more entries: a late one is kept as evidence in
+``<id>.tokens.late.jsonl``, never lost and never mixed into the frozen snapshot.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+import orjson
+
+from ._appender import fsync_directory
+from ._rollout_ids import validate_rollout_id
+from ._token_entries import check_token_entry
+
+TOKENS_SUFFIX = ".tokens.jsonl"
+_NEW_STATE = {"entry_digests": {}, "frozen": False, "incomplete": False, "indexed_size": 0, "retired": False,
+              "snapshot_id": "", "version": 0}
+
+
+class RolloutClosed(Exception):
+    """The rollout was frozen or retired by its consumer: it takes no new calls."""
+
+
+class TokenFiles:
+    """The training-token files of one directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def path(self, rollout_id: str, suffix: str = TOKENS_SUFFIX) -> str:
+        return os.path.join(self.directory, validate_rollout_id(rollout_id) + suffix)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def begin_call(self, rollout_id: str, model_call_ids: list[str]) -> None:
+        """Durably note that these calls are about to be dispatched; `RolloutClosed` when frozen."""
+        with self._locked(rollout_id):
+            state = self._state(rollout_id)
+            if state.get("retired") or state.get("frozen"):
+                raise RolloutClosed(f"rollout {rollout_id} is {'retired' if state.get('retired') else 'frozen'}")
+            _append_durably(self.path(rollout_id, ".tokens.intents"), "".join(f"{i}\n" for i in model_call_ids).encode())
+
+    def append(self, entry: dict[str, Any]) -> str:
+        """Write one entry durably: ``written``, ``same`` (this exact entry is already there) or
+        ``late`` (the rollout is frozen or retired: kept in the late file). ValueError when the
+        call id is already there with other content (the rollout is then marked incomplete)."""
+        payload = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
+        rollout_id, call_id = entry["rollout_id"], entry["model_call_id"]
+        with self._locked(rollout_id):
+            state = self._state(rollout_id)
+            if state.get("retired") or state.get("frozen"):
+                _append_durably(self.path(rollout_id, ".tokens.late.jsonl"), payload + b"\n")
+                return "late"
+            self._index_tail(rollout_id, state)
+            digest = hashlib.sha256(payload).hexdigest()
+            known = state["entry_digests"].get(call_id)
+            if known == digest:
+                return "same"
+            if known is not None:
+                state.update(incomplete=True, version=state["version"] + 1)
+                self._write_state(rollout_id, state, durable=True)
+                raise ValueError(f"model call {call_id} of rollout {rollout_id} was written before with other content")
+            state["indexed_size"] = _append_durably(self.path(rollout_id), payload + b"\n")
+            state["entry_digests"][call_id] = digest
+            state["version"] += 1
+            # The entry's fsync is the promise; the index is rebuilt from the tail if this is lost.
+            self._write_state(rollout_id, state, durable=False)
+            return "written"
+
+    def mark_incomplete(self, rollout_id: str, model_call_id: str) -> None:
+        """Durably note that a call's entry could not be written (the rollout is unsafe to train on)."""
+        with self._locked(rollout_id):
+            state = self._state(rollout_id)
+            if state.get("retired"):
+                return
+            state.update(incomplete=True, version=state.get("version", 0) + 1)
+            self._write_state(rollout_id, state, durable=True)
+            _append_durably(self.path(rollout_id, ".tokens.incomplete"), f"{model_call_id}\n".encode())
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def entries(self, rollout_id: str, offset: int = 0) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """The entries from byte ``offset`` on, each with its offset, and where they end. A torn
+        last line (a writer killed mid-write, never acknowledged) is left for later."""
+        path = self.path(rollout_id)
+        with self._locked(rollout_id, shared=True):
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except FileNotFoundError:
+                return [], offset
+        found, position = [], 0
+        while True:
+            end = data.find(b"\n", position)
+            if end < 0:
+                break
+            line = data[position:end].strip()
+            if line:
+                found.append((offset + position, check_token_entry(orjson.loads(line))))
+            position = end + 1
+        return found, offset + position
+
+    def entry_at(self, rollout_id: str, offset: int) -> dict[str, Any]:
+        """The entry whose line starts at ``offset``."""
+        with self._locked(rollout_id, shared=True), open(self.path(rollout_id), "rb") as handle:
+            handle.seek(offset)
+            return check_token_entry(orjson.loads(handle.readline()))
+
+    def state(self, rollout_id: str) -> dict[str, Any]:
+        with self._locked(rollout_id, shared=True):
+            return self._state(rollout_id)
+
+    def intents(self, rollout_id: str) -> list[str]:
+        try:
+            with open(self.path(rollout_id, ".tokens.intents"), "rb") as handle:
+                return [line.decode() for line in handle.read().split() if line]
+        except FileNotFoundError:
+            return []
+
+    # -- the protocol's parts ---------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, rollout_id: str, shared: bool = False) -> Iterator[None]:
+        fd = os.open(self.path(rollout_id, ".tokens.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # Closing releases the lock.
+
+    def _state(self, rollout_id: str) -> dict[str, Any]:
+        try:
+            with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
+                state = orjson.loads(handle.read())
+        except FileNotFoundError:
+            return {**_NEW_STATE, "entry_digests": {}}
+        if not isinstance(state, dict):
+            raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
+        return state
+
+    def _index_tail(self, rollout_id: str, state: dict[str, Any]) -> None:
+        """Index entries written after the state was (a writer stopped between its two writes),
+        and cut a torn last line, which nobody was told was written."""
+        path = self.path(rollout_id)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        digests = state.setdefault("entry_digests", {})
+        indexed = state.get("indexed_size") if isinstance(state.get("indexed_size"), int) else 0
+        if indexed == size:
+            return
+        with open(path, "rb") as handle:
+            handle.seek(indexed)
+            tail = handle.read()
+        position = 0
+        while position < len(tail):
+            end = tail.find(b"\n", position)
+            if end < 0:
+                os.truncate(path, indexed + position)
+                break
+            line = tail[position:end].strip()
+            if line:
+                digests[check_token_entry(orjson.loads(line))["model_call_id"]] = hashlib.sha256(line).hexdigest()
+            position = end + 1
+        state["indexed_size"] = indexed + position
+
+    def _write_state(self, rollout_id: str, state: dict[str, Any], durable: bool) -> None:
+        payload = orjson.dumps(state, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
+        handle = tempfile.NamedTemporaryFile(dir=self.directory, prefix=".tokens-state-", delete=False)
+        try:
+            with handle:
+                handle.write(payload)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            os.replace(handle.name, self.path(rollout_id, ".tokens.state.json"))
+        finally:
+            if os.path.exists(handle.name):
+                os.unlink(handle.name)
+        if durable:
+            fsync_directory(self.directory)
+
+
+def _append_durably(path: str, data: bytes) -> int:
+    """Append and fsync; the file's size after."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        created = os.fstat(fd).st_size == 0
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if created:
+        fsync_directory(os.path.dirname(path) or ".")
+    return size
+
+
+def read_token_entries(directory: str, rollout_id: str) -> list[dict[str, Any]]:
+    """A rollout's entries as written (prompts of resolved children may be deltas)."""
+    return [entry for _, entry in TokenFiles(directory).entries(rollout_id)[0]]
+
+
+def late_entries(directory: str, rollout_id: str) -> list[dict[str, Any]]:
+    """Entries that came after the rollout was frozen, kept as evidence."""
+    try:
+        with open(TokenFiles(directory).path(rollout_id, ".tokens.late.jsonl"), "rb") as handle:
+            return [orjson.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def entry_sequence(entry: dict[str, Any], parent_sequence: Optional[list[int]]) -> list[int]:
+    """An entry's whole sequence (prompt + generation), its delta prompt after its parent's."""
+    prompt = entry["prompt_token_ids"]
+    if entry.get("prompt_is_delta"):
+        if parent_sequence is None:
+            raise ValueError(f"model call {entry['model_call_id']} stores a delta prompt and its parent is unknown")
+        prompt = [*parent_sequence, *prompt]
+    return [*prompt, *entry["generation_token_ids"]]

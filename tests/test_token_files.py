@@ -1,0 +1,215 @@
+"""Gym's training-token files written by the sidecar (issue 31, points 1-3): one entry per call
+under the store protocol, lineage resolved before each call is sent, resolved children stored as
+the suffix after their parent, the rollout's sequence rebuilt and verified from the file."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+
+from records import (
+    RolloutLineage,
+    TokenFiles,
+    assistant_fingerprint,
+    late_entries,
+    read_token_entries,
+    request_items,
+    token_digest,
+)
+from tests.scripted_upstream import json_script
+from tests.vllm_chat_model import TinyChatModel
+from tests.wire import fetch, rollout_url
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+def serve_model(upstream, model: TinyChatModel) -> None:
+    calls = []
+
+    def respond(received):
+        calls.append(received)
+        return json_script(model.body(orjson.loads(received.body), len(calls)))
+
+    upstream.responder = respond
+
+
+async def converse(http, sidecar, rollout: str, turns: list[str], path: str = "/v1/chat/completions") -> list[dict]:
+    """An agent loop: each reply sent back as an assistant turn, then the next user turn."""
+    messages = [SYSTEM]
+    replies = []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout, path),
+                            orjson.dumps({"model": "m", "messages": messages}))
+        assert reply.status == 200
+        message = orjson.loads(reply.body)["choices"][0]["message"]
+        replies.append(message)
+        messages.append({"role": "assistant", "content": message["content"]})
+    return replies
+
+
+async def test_a_faithful_conversation_is_one_chain_stored_once(http, upstream, start, capture_dir, store):
+    """Three turns: a root, then two children resolved to the call before, each storing only its
+    new prompt ids; the whole sequence rebuilt from the file is what the model saw last."""
+    model = TinyChatModel()
+    serve_model(upstream, model)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "chain", ["hi", "more", "thanks"])
+    entries = read_token_entries(capture_dir, "chain")
+    lines = store.read("chain")
+    assert [e["model_call_id"] for e in entries] == [line["model_call_id"] for line in lines]
+    assert [e["parent_resolution"] for e in entries] == ["root", "resolved", "resolved"]
+    assert [e["parent_call_id"] for e in entries] == [None, entries[0]["model_call_id"], entries[1]["model_call_id"]]
+    assert [e["prompt_is_delta"] for e in entries] == [False, True, True]
+    last_request = lines[-1]["request"]
+    full = model.render(last_request["messages"]) + [*(100 + ord(c) for c in "reply 3"), 0]
+    assert entries[-1]["cum_len"] == len(full) and entries[-1]["digest"] == token_digest(full)
+    lineage = RolloutLineage(TokenFiles(capture_dir), "chain")
+    lineage.refresh()
+    assert lineage.sequence(entries[-1]["model_call_id"]) == full
+    stored = sum(len(e["prompt_token_ids"]) + len(e["generation_token_ids"]) for e in entries)
+    assert stored == len(full), "each token is stored once"
+    assert TokenFiles(capture_dir).intents("chain") == [e["model_call_id"] for e in entries]
+    state = TokenFiles(capture_dir).state("chain")
+    assert state["indexed_size"] == os.path.getsize(os.path.join(capture_dir, "chain.tokens.jsonl"))
+    assert set(state["entry_digests"]) == {e["model_call_id"] for e in entries} and not state["frozen"]
+
+
+async def test_a_template_that_drops_the_models_turns_is_resolved_but_stored_whole(http, upstream, start, capture_dir):
+    """The lineage holds (the request carries the earlier reply) but the prompt ids do not extend
+    the parent's: the child keeps its whole prompt, for the builder to find the broken link."""
+    serve_model(upstream, TinyChatModel(drop_assistant_turns=True))
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "drift", ["hi", "more"])
+    first, second = read_token_entries(capture_dir, "drift")
+    assert second["parent_resolution"] == "resolved" and second["parent_call_id"] == first["model_call_id"]
+    assert second["prompt_is_delta"] is False
+
+
+async def test_an_edited_history_or_a_new_conversation_is_not_a_child(http, upstream, start, capture_dir):
+    """A request whose model-authored turns match no call is unresolved (``no_match``); one with
+    none is a root, even in a rollout that has calls."""
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "edit", ["hi"])
+    edited = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "something else"},
+              {"role": "user", "content": "more"}]
+    for messages in (edited, [SYSTEM, {"role": "user", "content": "fresh"}]):
+        await fetch(http, "POST", rollout_url(sidecar.url, "edit", "/v1/chat/completions"),
+                    orjson.dumps({"model": "m", "messages": messages}))
+    _, edited_entry, fresh = read_token_entries(capture_dir, "edit")
+    assert (edited_entry["parent_resolution"], edited_entry["parent_resolution_reason"]) == ("unresolved", "no_match")
+    assert edited_entry["parent_call_id"] is None and not edited_entry["prompt_is_delta"]
+    assert fresh["parent_resolution"] == "root"
+
+
+async def test_identical_retries_collapse_and_the_child_resolves(http, upstream, start, capture_dir):
+    """The same request sent twice (a retry) gives the same sequence: the next turn resolves to the
+    first of them, never 'ambiguous'."""
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "retry", "/v1/chat/completions")
+    first_turn = [SYSTEM, {"role": "user", "content": "hi"}]
+    for _ in range(2):
+        await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": first_turn}))
+    await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": [
+        *first_turn, {"role": "assistant", "content": "reply 1"}, {"role": "user", "content": "more"}]}))
+    a, b, child = read_token_entries(capture_dir, "retry")
+    assert a["digest"] == b["digest"]
+    assert child["parent_resolution"] == "resolved" and child["parent_call_id"] == min(a["model_call_id"], b["model_call_id"])
+
+
+def _freeze(files: TokenFiles, rollout_id: str) -> None:
+    """What Gym's `freeze_now` leaves in the state file."""
+    state = files.state(rollout_id)
+    state.update(frozen=True, snapshot_id="s1", version=state["version"] + 1)
+    with open(files.path(rollout_id, ".tokens.state.json"), "wb") as handle:
+        handle.write(orjson.dumps(state))
+
+
+async def test_a_frozen_rollout_takes_no_new_call_and_the_call_still_goes(http, upstream, start, capture_dir):
+    """Gym froze the rollout: the next call is forwarded as ever; no intent, no entry joins the file."""
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "frozen", ["hi"])
+    files = TokenFiles(capture_dir)
+    _freeze(files, "frozen")
+    replies = await converse(http, sidecar, "frozen", ["again"])
+    assert replies[0]["content"] == "reply 1"
+    assert len(read_token_entries(capture_dir, "frozen")) == 1 and len(files.intents("frozen")) == 1
+    metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert 'mcc_token_entry_failures_total{kind="closed"} 1.0' in metrics
+
+
+def test_an_entry_that_comes_after_the_freeze_is_kept_as_evidence(tmp_path):
+    """A call in flight when Gym froze its rollout: its entry goes to the late file, whole."""
+    files = TokenFiles(str(tmp_path))
+    entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c1", "prompt_token_ids": [1],
+             "generation_token_ids": [2], "generation_log_probs": [-0.5]}
+    files.begin_call("r", ["c1", "c2"])
+    assert files.append(entry) == "written" and files.append(entry) == "same"
+    _freeze(files, "r")
+    late = {**entry, "model_call_id": "c2"}
+    assert files.append(late) == "late"
+    assert read_token_entries(str(tmp_path), "r") == [entry] and late_entries(str(tmp_path), "r") == [late]
+
+
+def test_a_reused_call_id_with_other_content_marks_the_rollout_incomplete(tmp_path):
+    files = TokenFiles(str(tmp_path))
+    entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c1", "prompt_token_ids": [1],
+             "generation_token_ids": [2], "generation_log_probs": [-0.5]}
+    files.append(entry)
+    with pytest.raises(ValueError, match="other content"):
+        files.append({**entry, "generation_log_probs": [-0.7]})
+    assert files.state("r")["incomplete"] is True
+
+
+def test_a_torn_last_line_and_a_lost_index_are_repaired_under_the_lock(tmp_path):
+    """A writer killed between its entry and its state write, and one killed mid-line: the next
+    append indexes the first entry and drops the torn bytes nobody was told were written."""
+    files = TokenFiles(str(tmp_path))
+    entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c1", "prompt_token_ids": [1],
+             "generation_token_ids": [2], "generation_log_probs": [-0.5]}
+    with open(files.path("r"), "wb") as handle:
+        handle.write(orjson.dumps(entry, option=orjson.OPT_SORT_KEYS) + b'\n{"schema_version": 1, "rollo')
+    second = {**entry, "model_call_id": "c2"}
+    assert files.append(second) == "written"
+    assert read_token_entries(str(tmp_path), "r") == [entry, second]
+    assert set(files.state("r")["entry_digests"]) == {"c1", "c2"}
+
+
+async def test_gyms_training_path_turns_the_mode_on_for_that_call(http, upstream, start, capture_dir, store):
+    """`/ng-rollout/<id>/training-token-capture/v1/...` (Gym's URL contract): the fields are added
+    and cut for that call, the prefix is stripped upstream, and the call gets its entry."""
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    body = orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "hi"}]})
+    direct = await fetch(http, "POST", upstream.url + "/v1/chat/completions", body)
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "gym", "/training-token-capture/v1/chat/completions"), body)
+    assert upstream.received[-1].target == "/v1/chat/completions"
+    assert b'"return_token_ids":true' in upstream.received[-1].body
+    assert orjson.loads(proxied.body) == {**orjson.loads(direct.body), "id": orjson.loads(proxied.body)["id"]}
+    (entry,) = read_token_entries(capture_dir, "gym")
+    assert entry["parent_resolution"] == "root" and entry["generation_token_ids"]
+    await fetch(http, "POST", rollout_url(sidecar.url, "plain", "/v1/chat/completions"), body)
+    assert read_token_entries(capture_dir, "plain") == [], "without the mode, no entries"
+
+
+def test_request_items_and_fingerprints_of_the_three_shapes():
+    chat = {"messages": [SYSTEM, {"role": "assistant", "content": "a"}], "tools": [{"type": "function"}]}
+    items = request_items(chat)
+    assert items[0]["role"] == "_ng_request_envelope" and items[1:] == chat["messages"]
+    assert request_items({"input": "hi"}) == [], "a string input is no turn (Gym's rule)"
+    assert assistant_fingerprint(request_items({"input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                                           "arguments": "{}"}]}))
+
+
+@pytest.mark.parametrize("bad", [{"schema_version": 2}, {"generation_log_probs": [0.1, 0.2]}])
+def test_a_newer_or_inconsistent_entry_is_refused(tmp_path, bad):
+    from records import TokenEntryProblem, check_token_entry
+    entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c", "prompt_token_ids": [1],
+             "generation_token_ids": [2], "generation_log_probs": [-0.5], **bad}
+    with pytest.raises(TokenEntryProblem):
+        check_token_entry(entry)
