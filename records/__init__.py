@@ -33,6 +33,7 @@ from ._token_entries import (
     token_digest,
     token_entry,
 )
+from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, late_entries, read_token_entries
 from ._file_contract import (
     CAPTURE_SUFFIX,
@@ -76,6 +77,11 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "CallSpan",
+    "Trajectory",
+    "TrajectoryBuild",
+    "build_trajectories",
+    "trajectories",
     "LineageVerdict",
     "RolloutLineage",
     "TOKEN_ENTRY_SCHEMA_VERSION",

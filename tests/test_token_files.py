@@ -213,3 +213,32 @@ def test_a_newer_or_inconsistent_entry_is_refused(tmp_path, bad):
              "generation_token_ids": [2], "generation_log_probs": [-0.5], **bad}
     with pytest.raises(TokenEntryProblem):
         check_token_entry(entry)
+
+
+async def test_trajectories_chain_a_conversation_and_mask_what_is_unsafe(http, upstream, start, capture_dir):
+    """`records.trajectories`: the clean conversation is one unmasked chain (loss on the sampled ids
+    only, their logprobs, each call's span); a drifting one and one with a lost call are masked, with why."""
+    from records import trajectories
+    model = TinyChatModel()
+    serve_model(upstream, model)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "clean", ["hi", "more"])
+    build = trajectories(capture_dir, "clean")
+    assert not build.masked and build.mask_reason is None and len(build.chains) == 1
+    main = build.main
+    entries = read_token_entries(capture_dir, "clean")
+    generated = [e["generation_token_ids"] for e in entries]
+    assert [main.token_ids[c.start:c.end] for c in main.calls] == generated
+    assert [c.model_call_id for c in main.calls] == [e["model_call_id"] for e in entries]
+    assert sum(main.loss_mask) == sum(map(len, generated)) and len(main.loss_mask) == len(main.token_ids)
+    assert all((lp is None) == (mask == 0) for lp, mask in zip(main.logprobs, main.loss_mask))
+    serve_model(upstream, TinyChatModel(drop_assistant_turns=True))
+    await converse(http, sidecar, "drift", ["hi", "more"])
+    drift = trajectories(capture_dir, "drift")
+    assert drift.masked and "without a verified parent" in drift.mask_reason
+    assert drift.notes["parent_link_failures"] == {"parent_digest_mismatch": 1}
+    upstream.responder = None
+    await fetch(http, "POST", rollout_url(sidecar.url, "clean", "/v1/chat/completions"),
+                orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "x"}]}))
+    lost = trajectories(capture_dir, "clean")
+    assert lost.masked and "dispatched without an entry" in lost.mask_reason

@@ -38,6 +38,7 @@ for rollout in rollouts:
         "logprobs": [item["generation_log_probs"] for item in generated],
         "metrics": {key: built.get("metrics", {}).get(key) for key in ("chains", "roots", "quarantined_calls",
                                                                        "parent_link_failures", "unresolved_parent_calls")},
+        "unresolved_retries": built.get("unresolved_retries"),
     }
 print(json.dumps(out))
 """
@@ -92,3 +93,94 @@ async def converse_failing(http, sidecar, rollout: str) -> None:
     reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/chat/completions"),
                         orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "x"}]}))
     assert reply.status == 404
+
+
+async def test_gym_builds_a_call_of_every_dialect_streamed_or_not(gym, http, stand_in, start, capture_dir):
+    """Chat, completions (text and token-id prompts, n = 2) and Responses, streamed and not, through
+    the mode against the stand-in: each call's entry is a root Gym builds unmasked, with our arrays;
+    n = 2 gives one entry per choice; Messages gets none (vLLM returns no arrays there)."""
+    from records import read_token_records
+    from tests.test_token_capture_mode import REQUESTS
+    from tests.wire import fetch, rollout_url
+
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    for case, (path, request) in REQUESTS.items():
+        await fetch(http, "POST", rollout_url(sidecar.url, case, path), orjson.dumps(request))
+    assert read_token_entries(capture_dir, "messages-stream") == []
+    cases = [case for case in REQUESTS if not case.startswith("messages")]
+    built = run_gym(gym, capture_dir, *cases)
+    for case in cases:
+        entries = read_token_entries(capture_dir, case)
+        records = read_token_records(capture_dir, case)
+        assert len(entries) == len(records) == REQUESTS[case][1].get("n", 1), case
+        for entry, record in zip(entries, records):
+            assert entry["parent_resolution"] == "root" and not entry["prompt_is_delta"]
+            assert (entry["prompt_token_ids"], entry["generation_token_ids"], entry["generation_log_probs"]) == (
+                record.prompt_token_ids, record.generation_token_ids, record.generation_log_probs), case
+        if len(entries) == 1:
+            assert built[case]["mask"] is False, (case, built[case])
+            assert built[case]["generations"] == [entries[0]["generation_token_ids"]]
+            assert built[case]["prompts"] == [entries[0]["prompt_token_ids"]]
+        else:  # Two sibling roots: Gym's strict single-chain policy masks, as it would its own n = 2 call.
+            assert built[case]["mask"] is True and built[case]["metrics"]["roots"] == 2
+
+
+def assert_ours_equal_gyms(directory: str, rollout_id: str, gyms: dict) -> None:
+    """`records.trajectories` gives Gym's main chain: the same ids, the generated spans where Gym's
+    items put them, the same logprobs, the same verdict and the same build notes."""
+    from records import trajectories
+    ours = trajectories(directory, rollout_id)
+    assert ours.masked == gyms["mask"], (rollout_id, ours.mask_reason, gyms)
+    for key in ("chains", "roots", "quarantined_calls", "parent_link_failures"):
+        if gyms["metrics"][key] is not None:
+            assert ours.notes[key] == gyms["metrics"][key], (rollout_id, key)
+    if gyms["metrics"]["unresolved_parent_calls"] is not None:
+        assert len(ours.notes["unresolved_parent_calls"]) == gyms["metrics"]["unresolved_parent_calls"], rollout_id
+    if not gyms["prompts"]:
+        return
+    main = ours.main
+    last_prompt, last_generation = gyms["prompts"][-1], gyms["generations"][-1]
+    assert main.token_ids == last_prompt + last_generation, rollout_id
+    spans = [(len(prompt), len(prompt) + len(generation)) for prompt, generation in zip(gyms["prompts"], gyms["generations"])]
+    assert [(call.start, call.end) for call in main.calls] == spans
+    assert main.loss_mask == [int(any(a <= i < b for a, b in spans)) for i in range(len(main.token_ids))]
+    assert [main.logprobs[i] for a, b in spans for i in range(a, b)] == [x for lp in gyms["logprobs"] for x in lp]
+
+
+async def test_records_trajectories_equal_gyms_builder(gym, http, upstream, stand_in, start, capture_dir):
+    """The same files, Gym's builder and ours: a clean chain, a drift, a lost call, a retried final
+    turn, a retried middle turn, an unresolved continuation, and single calls of every dialect."""
+    from tests.test_token_capture_mode import REQUESTS
+    from tests.wire import fetch, rollout_url
+
+    model = TinyChatModel()
+    serve_model(upstream, model)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "clean", ["hi", "more", "thanks"])
+    url = lambda rollout: rollout_url(sidecar.url, rollout, "/v1/chat/completions")  # noqa: E731
+    first = [SYSTEM, {"role": "user", "content": "hi"}]
+    second = [*first, {"role": "assistant", "content": "reply 1"}, {"role": "user", "content": "more"}]
+    for messages in (first, first):
+        await fetch(http, "POST", url("final-retry"), orjson.dumps({"model": "m", "messages": messages}))
+    for messages in (first, first, second):
+        await fetch(http, "POST", url("middle-retry"), orjson.dumps({"model": "m", "messages": messages}))
+    for messages in (first, [*first, {"role": "assistant", "content": "edited"}, {"role": "user", "content": "x"}]):
+        await fetch(http, "POST", url("unresolved"), orjson.dumps({"model": "m", "messages": messages}))
+    serve_model(upstream, TinyChatModel(drop_assistant_turns=True))
+    await converse(http, sidecar, "drift", ["hi", "more"])
+    serve_model(upstream, model)
+    await converse(http, sidecar, "lost", ["hi"])
+    upstream.responder = None
+    await converse_failing(http, sidecar, "lost")
+    on_stand_in = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    dialects = [case for case in REQUESTS if not case.startswith("messages")]
+    for case in dialects:
+        path, request = REQUESTS[case]
+        await fetch(http, "POST", rollout_url(on_stand_in.url, case, path), orjson.dumps(request))
+    rollouts = ["clean", "final-retry", "middle-retry", "unresolved", "drift", "lost", *dialects]
+    built = run_gym(gym, capture_dir, *rollouts)
+    for rollout_id in rollouts:
+        assert_ours_equal_gyms(capture_dir, rollout_id, built[rollout_id])
+    # Gym counts a quarantined retry as a root: a retried first turn masks even when a later call
+    # names the kept one. Ours says the same, with the reason.
+    assert built["middle-retry"]["metrics"]["quarantined_calls"] == 1 and built["final-retry"]["mask"] is True

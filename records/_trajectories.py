@@ -1,0 +1,310 @@
+"""Trainable rows: a rollout's calls chained into token sequences (DESIGN §12, issue 31).
+
+`trajectories(directory, rollout_id)` reads the rollout's training-token file and builds what NeMo
+Gym 0.7.0's ``prefix_merging`` builds from the same entries (our code for its contract):
+
+1. entries deduplicated by call id (two different payloads for one id: a conflict, the call left out);
+2. delta prompts rebuilt through their parents and checked against each entry's digest;
+3. calls without generated tokens left out (no training signal; they would pose as parents);
+4. each call attached to its recorded parent when the parent's digest matches this prompt's first
+   ``cum_len`` ids -- a root stays a root, an unresolved call starts a fragment (never guessed);
+   a missing parent is recovered by the longest earlier sequence the prompt begins with, if unique;
+5. retries (siblings with one prompt): the one a later call extends is kept, else the first by
+   call id, and an unkept final retry is unresolved;
+6. every root-to-leaf path without a quarantined call is a chain; the main one is the chain whose
+   root finished first (``created_at``, then call id).
+
+The rollout is masked (never trained on) when Gym would mask it without a verified terminal: a
+lost call (an intent without an entry, or an incomplete mark), an unresolved parent or retry, more
+than one root or chain, or nothing generated. Each chain carries ``token_ids``, ``loss_mask`` (1 on
+sampled tokens), ``logprobs`` (None on prompt tokens) and ``calls`` (each call's generated span).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
+from ._token_files import TokenFiles
+
+
+class CallSpan(BaseModel):
+    """Where one call's generated tokens stand in a chain: ``[start, end)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_call_id: str
+    start: int
+    end: int
+
+
+class Trajectory(BaseModel):
+    """One chain of calls as one token sequence."""
+
+    chain_id: str
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[Optional[float]]
+    calls: list[CallSpan]
+
+
+class TrajectoryBuild(BaseModel):
+    """A rollout's chains (the main one first), whether it must be masked and why, and what the
+    build left out (Gym's metric names)."""
+
+    rollout_id: str
+    chains: list[Trajectory] = Field(default_factory=list)
+    masked: bool = True
+    mask_reason: Optional[str] = None
+    notes: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def main(self) -> Optional[Trajectory]:
+        return self.chains[0] if self.chains else None
+
+
+class _Node:
+    __slots__ = ("entry", "prompt", "sequence", "parent", "children", "quarantined", "boundary")
+
+    def __init__(self, entry: dict[str, Any], prompt: list[int]) -> None:
+        self.entry = entry
+        self.prompt = prompt
+        self.sequence = [*prompt, *entry["generation_token_ids"]]
+        self.parent: Optional[_Node] = None
+        self.children: list[_Node] = []
+        self.quarantined = False
+        self.boundary = False
+
+
+def trajectories(directory: Union[str, "os.PathLike[str]"], rollout_id: str) -> TrajectoryBuild:
+    """The rollout's chains from ``<directory>/<rollout_id>.tokens.jsonl`` (read, never frozen)."""
+    files = TokenFiles(os.fspath(directory))
+    entries = [entry for _, entry in files.entries(rollout_id)[0]]
+    state = files.state(rollout_id)
+    written = {entry["model_call_id"] for entry in entries}
+    lost = [call_id for call_id in files.intents(rollout_id) if call_id not in written]
+    build = build_trajectories(rollout_id, entries)
+    if not entries:
+        build.mask_reason = "no training-token entries"
+    elif state.get("incomplete") or lost:
+        build.masked = True
+        build.notes["capture_incomplete"] = True
+        build.mask_reason = (f"{len(lost)} call(s) dispatched without an entry: {', '.join(lost[:3])}" if lost
+                             else "an entry could not be written (the rollout is marked incomplete)")
+    return build
+
+
+def build_trajectories(rollout_id: str, entries: list[dict[str, Any]]) -> TrajectoryBuild:
+    """`trajectories` from entries already read."""
+    failures: dict[str, int] = {}
+    unresolved_parents: list[str] = []
+    unique = _deduplicated(entries, failures, unresolved_parents)
+    prompts = _full_prompts(unique, failures, unresolved_parents)
+    empty = [e["model_call_id"] for e in unique if e["model_call_id"] in prompts and not e["generation_token_ids"]]
+    nodes = [_Node(e, prompts[e["model_call_id"]]) for e in unique
+             if e["model_call_id"] in prompts and e["generation_token_ids"]]
+    nodes.sort(key=lambda node: (len(node.prompt), node.entry["model_call_id"]))
+    roots = _link(nodes, failures, unresolved_parents)
+    unresolved_retries = _settle_retries(nodes)
+    chains = [_chain(path) for path in _leaf_paths(nodes)]
+    chains.sort(key=lambda chain: (chain[1], chain[0].calls[0].model_call_id))
+    trajectories_ = [chain for chain, _ in chains]
+    for position, chain in enumerate(trajectories_):
+        chain.chain_id = "main" if position == 0 else f"branch-{position - 1}"
+    captured = sum(len(node.entry["generation_token_ids"]) for node in nodes)
+    delivered = sum(span.end - span.start for span in trajectories_[0].calls) if trajectories_ else 0
+    notes = {"n_calls": len(entries), "chains": len(trajectories_), "roots": len(roots),
+             "quarantined_calls": sum(node.quarantined for node in nodes),
+             "generated_tokens_captured": captured, "generated_tokens_delivered": delivered,
+             "delivered_fraction": round(delivered / captured, 4) if captured else 0.0,
+             "parent_link_failures": failures, "unresolved_parent_calls": unresolved_parents,
+             "unresolved_retries": unresolved_retries, "empty_generation_calls": empty}
+    reason = _mask_reason(notes, trajectories_)
+    return TrajectoryBuild(rollout_id=rollout_id, chains=trajectories_, masked=reason is not None,
+                           mask_reason=reason, notes=notes)
+
+
+def _deduplicated(entries: list[dict[str, Any]], failures: dict[str, int], unresolved: list[str]) -> list[dict[str, Any]]:
+    kept: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        earlier = kept.get(entry["model_call_id"])
+        if earlier is None:
+            kept[entry["model_call_id"]] = entry
+        elif (earlier["prompt_token_ids"], earlier["generation_token_ids"]) != (entry["prompt_token_ids"],
+                                                                                entry["generation_token_ids"]):
+            _fail(failures, "duplicate_call_id_conflict")
+            unresolved.append(entry["model_call_id"])
+    return list(kept.values())
+
+
+def _full_prompts(entries: list[dict[str, Any]], failures: dict[str, int], unresolved: list[str]) -> dict[str, list[int]]:
+    """Each entry's whole prompt (deltas rebuilt through their parents and verified); an entry whose
+    chain cannot be rebuilt exactly is left out."""
+    by_id = {entry["model_call_id"]: entry for entry in entries}
+    sequences: dict[str, Optional[list[int]]] = {}
+
+    def sequence_of(call_id: str, depth: int = 0) -> Optional[list[int]]:
+        if call_id in sequences:
+            return sequences[call_id]
+        entry = by_id.get(call_id)
+        sequences[call_id] = None  # A cycle resolves to None.
+        if entry is None or depth > 10_000:
+            return None
+        prompt = entry["prompt_token_ids"]
+        if entry.get("prompt_is_delta"):
+            parent = sequence_of(entry.get("parent_call_id") or "", depth + 1)
+            if parent is None:
+                return None
+            prompt = [*parent, *prompt]
+        sequence = [*prompt, *entry["generation_token_ids"]]
+        if entry.get("prompt_is_delta") and entry.get("digest") and token_digest(sequence) != entry["digest"]:
+            return None
+        sequences[call_id] = sequence
+        return sequence
+
+    prompts = {}
+    for entry in entries:
+        call_id = entry["model_call_id"]
+        if not entry.get("prompt_is_delta"):
+            prompts[call_id] = entry["prompt_token_ids"]
+            continue
+        sequence = sequence_of(call_id)
+        if sequence is None:
+            _fail(failures, "delta_chain_unreconstructable")
+            unresolved.append(call_id)
+            continue
+        prompts[call_id] = sequence[:len(sequence) - len(entry["generation_token_ids"])]
+    return prompts
+
+
+def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str]) -> list[_Node]:
+    """Attach each call to its verified parent; the roots (and fragments after a boundary)."""
+    by_id: dict[str, _Node] = {}
+    present = {node.entry["model_call_id"] for node in nodes}
+    recover = any(node.entry.get("parent_call_id") and node.entry["parent_call_id"] not in present for node in nodes)
+    earlier: list[_Node] = []
+    roots = []
+    for node in nodes:
+        parent, note = _parent_of(node, by_id, earlier if recover else None)
+        if note is not None:
+            _fail(failures, note)
+            if not note.endswith("_recovered"):
+                node.boundary = True
+                unresolved.append(node.entry["model_call_id"])
+        if parent is not None:
+            node.parent = parent
+            parent.children.append(node)
+        else:
+            roots.append(node)
+        by_id[node.entry["model_call_id"]] = node
+        earlier.append(node)
+    return roots
+
+
+def _parent_of(node: _Node, by_id: dict[str, _Node], earlier: Optional[list[_Node]]) -> tuple[Optional[_Node], Optional[str]]:
+    entry, prompt = node.entry, node.prompt
+    resolution = entry.get("parent_resolution")
+    if resolution == ROOT:
+        return None, None
+    if resolution == UNRESOLVED:
+        return None, "parent_unresolved"
+    claimed = entry.get("parent_call_id")
+    if resolution != RESOLVED and claimed is None:
+        return None, "missing_resolution"
+    if claimed is None:
+        return None, "resolved_parent_missing_id"
+    parent = by_id.get(claimed)
+    if parent is None:
+        found = _longest_prefix(prompt, earlier or [])
+        return (found, "parent_call_id_missing_recovered") if found is not None else (None, "parent_call_id_missing")
+    length = parent.entry.get("cum_len") or len(parent.sequence)
+    if length <= len(prompt) and token_digest(prompt[:length]) == (parent.entry.get("digest") or token_digest(parent.sequence)):
+        return parent, None
+    return None, "parent_digest_mismatch"
+
+
+def _longest_prefix(prompt: list[int], earlier: list[_Node]) -> Optional[_Node]:
+    """The earlier call whose sequence is the longest prefix of ``prompt``, when it is the only one."""
+    best: list[_Node] = []
+    for node in earlier:
+        length = len(node.sequence)
+        if length <= len(prompt) and prompt[:length] == node.sequence:
+            if not best or length > len(best[0].sequence):
+                best = [node]
+            elif length == len(best[0].sequence):
+                best.append(node)
+    return best[0] if len(best) == 1 else None
+
+
+def _settle_retries(nodes: list[_Node]) -> list[str]:
+    """Siblings with one prompt are retries: keep the one a later call extends (else the first by
+    call id, and say the group is unresolved); quarantine the rest."""
+    groups: dict[tuple[int, tuple[int, ...]], list[_Node]] = {}
+    for node in nodes:
+        groups.setdefault((id(node.parent), tuple(node.prompt)), []).append(node)
+    unresolved = []
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        kept = [node for node in group if any(not child.quarantined for child in node.children)]
+        if not kept:
+            kept = [min(group, key=lambda node: node.entry["model_call_id"])]
+            unresolved += [node.entry["model_call_id"] for node in group]
+        for node in group:
+            if node not in kept:
+                node.quarantined = True
+    return unresolved
+
+
+def _leaf_paths(nodes: list[_Node]) -> list[list[_Node]]:
+    paths = []
+    for leaf in (node for node in nodes if not node.children):
+        path: list[_Node] = []
+        current: Optional[_Node] = leaf
+        while current is not None:
+            path.append(current)
+            current = current.parent
+        if not any(node.quarantined for node in path):
+            paths.append(path[::-1])
+    return paths
+
+
+def _chain(path: list[_Node]) -> tuple[Trajectory, float]:
+    """The chain's sequence: the root's prompt, then each call's new prompt ids (mask 0) and its
+    generated ids (mask 1, with their logprobs); and when its root finished, to pick the main one."""
+    tokens = list(path[0].prompt)
+    mask = [0] * len(tokens)
+    logprobs: list[Optional[float]] = [None] * len(tokens)
+    calls = []
+    for node in path:
+        new_prompt = node.prompt[len(tokens):] if node is not path[0] else []
+        tokens += new_prompt
+        mask += [0] * len(new_prompt)
+        logprobs += [None] * len(new_prompt)
+        start = len(tokens)
+        tokens += node.entry["generation_token_ids"]
+        mask += [1] * len(node.entry["generation_token_ids"])
+        logprobs += node.entry["generation_log_probs"]
+        calls.append(CallSpan(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens)))
+    root_finished = path[0].entry.get("created_at") or 0.0
+    return Trajectory(chain_id="", token_ids=tokens, loss_mask=mask, logprobs=logprobs, calls=calls), root_finished
+
+
+def _mask_reason(notes: dict[str, Any], chains: list[Trajectory]) -> Optional[str]:
+    """Gym's strict single-chain policy (no verified terminal)."""
+    if not chains or not any(chains[0].loss_mask):
+        return "no trainable generated tokens"
+    if notes["unresolved_retries"]:
+        return f"a retry whose kept generation is unknown: {', '.join(notes['unresolved_retries'][:3])}"
+    if notes["unresolved_parent_calls"]:
+        return f"calls without a verified parent: {', '.join(notes['unresolved_parent_calls'][:3])}"
+    if notes["roots"] != 1 or notes["chains"] != 1:
+        return f"{notes['roots']} roots and {notes['chains']} chains, not one"
+    return None
+
+
+def _fail(failures: dict[str, int], note: str) -> None:
+    failures[note] = failures.get(note, 0) + 1
