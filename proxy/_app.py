@@ -20,6 +20,7 @@ from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._logging import RepeatLimiter
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
+from ._retries import RetryMemory
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 from ._token_capture import TokenCapture
 from ._token_mode import TokenMode
@@ -64,6 +65,8 @@ class Sidecar:
         #: for Gym's training path; its training-token files (DESIGN §12) with it.
         self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_on else None
         self.token_capture: Optional[TokenCapture] = None
+        #: Recent request bodies per rollout: a call that repeats one records ``retry_of``.
+        self.retries = RetryMemory()
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""

@@ -23,6 +23,8 @@ from ._exchange import CallExchange
 from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
 
+from ._token_capture import agent_view
+
 if TYPE_CHECKING:
     from ._token_capture import TokenCapture
 
@@ -82,10 +84,20 @@ class CaptureWriter:
     def _line(self, exchange: CallExchange) -> bytes:
         """The call's line; its training-token entry written first (on the writer thread: both are
         on disk before the agent sees the end of the reply)."""
-        line = encode_capture_line(exchange.capture_fields())
-        if exchange.token_plan is not None and self._token_capture is not None:
-            self._token_capture.commit(exchange.token_plan, line)
-        return line
+        fields = exchange.capture_fields()
+        line = encode_capture_line(fields)
+        if exchange.token_plan is None or self._token_capture is None:
+            return line
+        if not self._token_capture.commit(exchange.token_plan, line):
+            return line  # No entry holds the arrays: the line keeps them.
+        # Linear storage (DESIGN §12): the arrays live once in the token file; the line keeps what
+        # the agent saw (the added fields cut, as they were from its reply) and names the entries.
+        seen = agent_view(exchange, fields.get("response"))
+        if seen is None:
+            return line
+        fields["response"] = seen
+        fields["token_entries"] = list(exchange.token_plan.entry_ids)
+        return encode_capture_line(fields)
 
     async def persist(self, exchange: CallExchange) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""

@@ -16,7 +16,7 @@ from ._http1 import header_value
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
     {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure",
-     "added_request_fields"}
+     "added_request_fields", "retry_of"}
 )
 
 
@@ -79,6 +79,8 @@ class CallExchange:
     parsed_request: dict[str, Any] | None = None
     #: The training-token plan (`proxy._token_capture.TokenPlan`): lineage decided before the call.
     token_plan: Any = None
+    #: The earlier call of the rollout this one repeats byte for byte (an SDK retry, a resend).
+    retry_of: str | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 
@@ -133,6 +135,7 @@ class CallExchange:
         fields.update(self._request_fields())
         fields.update(self._response_fields())
         fields["added_request_fields"] = self.added_request_fields
+        fields["retry_of"] = self.retry_of
         # Evidence keys appear only when there is something to say; the execution outcome always.
         return {key: value for key, value in fields.items() if value is not None or key not in _OMITTED_WHEN_NONE}
 

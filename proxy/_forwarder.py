@@ -158,6 +158,8 @@ class _Call:
             correlation_headers=(self.settings.session_id_header, self.settings.assistant_message_id_header),
             raw_stream=self.settings.capture_raw_stream,
         )
+        if body:
+            self.exchange.retry_of = self.sidecar.retries.note(self.exchange.rollout_id, body, self.exchange.model_call_id)
 
     def _token_mode_on(self) -> bool:
         """The token capture mode covers this call: --capture-tokens, or Gym's training path."""
@@ -172,7 +174,8 @@ class _Call:
         if not request:
             return
         exchange.token_plan = await asyncio.get_running_loop().run_in_executor(
-            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request)
+            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
+            exchange.retry_of)
 
     def _with_token_fields(self, body: bytes) -> bytes:
         """The body to send: the agent's own, or with the token capture mode's fields added."""

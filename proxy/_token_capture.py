@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import orjson
 
+from capture import AddedFieldCutter
+
 from records import (
     LineageVerdict,
     RolloutClosed,
@@ -50,6 +52,8 @@ class TokenPlan:
     entry_ids: tuple[str, ...]
     items: list[dict[str, Any]]
     verdict: LineageVerdict
+    #: The earlier call this one repeats byte for byte (kept on the entry: Gym's entries allow extra keys).
+    retry_of: Optional[str] = None
 
 
 class TokenCapture:
@@ -61,7 +65,8 @@ class TokenCapture:
         self._lineages: OrderedDict[str, RolloutLineage] = OrderedDict()
         self._lock = threading.Lock()
 
-    def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any]) -> Optional[TokenPlan]:
+    def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any],
+                retry_of: Optional[str] = None) -> Optional[TokenPlan]:
         """The call's lineage verdict, its intent written; None when it gets no entry (Messages,
         a frozen rollout, a request lineage cannot read). Runs on a worker thread."""
         if dialect not in TOKEN_DIALECTS:
@@ -82,10 +87,12 @@ class TokenCapture:
         except Exception as exc:
             self._fail(type(exc).__name__, rollout_id, model_call_id, f"lineage could not be resolved: {exc}")
             return None
-        return TokenPlan(rollout_id, ids, items, verdict)
+        return TokenPlan(rollout_id, ids, items, verdict, retry_of)
 
-    def commit(self, plan: TokenPlan, line: bytes) -> None:
-        """Write the call's entries from its capture line; on the capture writer thread."""
+    def commit(self, plan: TokenPlan, line: bytes) -> bool:
+        """Write the call's entries from its capture line, on the capture writer thread; True when
+        every choice's entry is on disk (the line may then leave the arrays to the token file)."""
+        written = 0
         try:
             fields = orjson.loads(line)
             records = token_records_of_line(fields, plan.rollout_id, 0)
@@ -94,7 +101,7 @@ class TokenCapture:
                 record = next((r for r in records if r.choice_index == position), None)
                 if record is None or not record.usable:
                     continue  # No entry: the intent stays, and the rollout is masked (nothing was seen whole).
-                outcome = self.files.append(token_entry(
+                entry = token_entry(
                     rollout_id=plan.rollout_id, model_call_id=entry_id, model=record.model or "",
                     prompt_token_ids=list(record.prompt_token_ids or []),
                     generation_token_ids=list(record.generation_token_ids or []),
@@ -103,8 +110,12 @@ class TokenCapture:
                     response_id=response.get("id") if isinstance(response.get("id"), str) else None,
                     created_at=time.time(), request=plan.items, parent_call_id=plan.verdict.parent_call_id,
                     parent_resolution=plan.verdict.status, reason=plan.verdict.reason,
-                    parent_sequence=plan.verdict.parent_sequence))
+                    parent_sequence=plan.verdict.parent_sequence)
+                if plan.retry_of is not None:
+                    entry["retry_of"] = plan.retry_of
+                outcome = self.files.append(entry)
                 self._metrics.token_entries.labels(outcome).inc()
+                written += 1
         except Exception as exc:
             self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
             for entry_id in plan.entry_ids:
@@ -112,6 +123,8 @@ class TokenCapture:
                     self.files.mark_incomplete(plan.rollout_id, entry_id)
                 except OSError:
                     pass
+            return False
+        return written == len(plan.entry_ids)
 
     def _lineage(self, rollout_id: str) -> RolloutLineage:
         lineage = self._lineages.get(rollout_id)
@@ -127,3 +140,14 @@ class TokenCapture:
         self._metrics.token_entry_failures.labels(kind).inc()
         log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
                     extra={"rollout_id": rollout_id, "kind": kind})
+
+
+def agent_view(exchange: Any, response: Any) -> Optional[orjson.Fragment]:
+    """The captured response as the agent saw it: the fields the mode added cut from it by the
+    same cutter that cut the agent's bytes (a streamed reply rebuilt has a body's shape); None
+    when nothing was added (the agent asked for the arrays: they are its own)."""
+    added = exchange.added_request_fields
+    if not added or not isinstance(response, dict):
+        return None
+    cutter = AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {})
+    return orjson.Fragment(cutter.cut_body(orjson.dumps(response)))

@@ -34,7 +34,7 @@ from ._token_entries import (
     token_entry,
 )
 from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
-from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, late_entries, read_token_entries
+from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
 from ._file_contract import (
     CAPTURE_SUFFIX,
     CORE_KEYS,
@@ -63,13 +63,24 @@ from ._rollouts import (
     url_path_for_run,
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
-from ._datasets import TOKEN_COLUMNS, capture_files, ray_dataset
+from ._datasets import (
+    ROLLOUT_COLUMNS,
+    TOKEN_COLUMNS,
+    TRAJECTORY_COLUMNS,
+    arrow_schema,
+    capture_files,
+    ray_dataset,
+    to_arrow,
+    trajectory_rows,
+)
 from ._store import CaptureStore, ReadResult
 from ._token_records import (
     TOKEN_SOURCES,
     DriftTracker,
+    TokenFileArrays,
     TokenRecord,
     has_token_arrays,
+    names_token_entries,
     iter_token_records,
     read_token_records,
     token_records_of_line,
@@ -77,6 +88,14 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "ROLLOUT_COLUMNS",
+    "TRAJECTORY_COLUMNS",
+    "arrow_schema",
+    "to_arrow",
+    "trajectory_rows",
+    "clear_token_captures",
+    "TokenFileArrays",
+    "names_token_entries",
     "CallSpan",
     "Trajectory",
     "TrajectoryBuild",

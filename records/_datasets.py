@@ -31,7 +31,8 @@ from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
 from ._store import CaptureStore, gc_paused
-from ._token_records import TokenRecord
+from ._token_files import TOKENS_SUFFIX
+from ._token_records import TokenRecord, iter_token_records
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -49,9 +50,17 @@ TOKEN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "string"), ("prompt_token_ids", "list<int64>"), ("generation_token_ids", "list<int64>"),
     ("generation_log_probs", "list<float64>"), ("finish_reason", "string"), ("error_category", "string"),
     ("source", "string"), ("missing", "list<string>"), ("problem", "string"), ("extends", "int64"),
-    ("drift_at", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
+    ("drift_at", "int64"), ("drift_from", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
 )
-KINDS = ("calls", "tokens")
+#: The columns of ``kind="trajectories"``: one row per chain of a rollout (`records.trajectories`),
+#: the main chain first; each call's id and generated span as parallel lists.
+TRAJECTORY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rollout_id", "string"), ("chain_id", "string"), ("token_ids", "list<int64>"), ("loss_mask", "list<int64>"),
+    ("logprobs", "list<float64>"), ("call_ids", "list<string>"), ("call_starts", "list<int64>"),
+    ("call_ends", "list<int64>"), ("masked", "bool"), ("mask_reason", "string"),
+)
+KINDS = ("calls", "tokens", "trajectories")
+_COLUMNS = {"calls": CALL_COLUMNS, "tokens": TOKEN_COLUMNS, "trajectories": TRAJECTORY_COLUMNS}
 #: A read task's files add up to about this much (one larger file is a task of its own). A task
 #: costs Ray Data a round trip to its driver before the next starts (~0.2 s on a busy node, with
 #: its default resource reservation): a few seconds of reading a task keeps that small. Memory
@@ -138,7 +147,7 @@ def group_files(files: list[tuple[str, int]], parallelism: int,
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
     """What one read task does: its files' rows as Arrow tables of bounded size (`BLOCK_ROWS`,
     `BLOCK_VALUES`), one file at a time."""
-    columns = (CALL_COLUMNS if kind == "calls" else TOKEN_COLUMNS) + ROLLOUT_COLUMNS
+    columns = _COLUMNS[kind] + ROLLOUT_COLUMNS
     schema = arrow_schema(columns)
     names = [name for name, _ in columns]
     block: dict[str, list[Any]] = {name: [] for name in names}
@@ -146,7 +155,8 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
     for path in files:
         directory, name = os.path.split(path)
         rollout_id = name[: -len(CAPTURE_SUFFIX)]
-        rollout_rows, unreadable = (_call_rows if kind == "calls" else _token_rows)(CaptureStore(directory), rollout_id)
+        read = {"calls": _call_rows, "tokens": _token_rows, "trajectories": _trajectory_rows}[kind]
+        rollout_rows, unreadable = read(CaptureStore(directory), rollout_id)
         base, attempt = split_attempt(rollout_id)
         incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
         for row in rollout_rows:
@@ -158,6 +168,8 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
             if kind == "tokens":
                 values += sum(len(row[key]) for key in ("prompt_token_ids", "generation_token_ids",
                                                         "generation_log_probs") if row[key] is not None)
+            elif kind == "trajectories":
+                values += 2 * len(row["token_ids"])
             if rows >= BLOCK_ROWS or values >= BLOCK_VALUES:
                 yield to_arrow(block, schema)
                 block, rows, values = {name: [] for name in names}, 0, 0
@@ -209,6 +221,13 @@ def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, An
 
     rows: list[dict[str, Any]] = []
     unreadable = 0
+    if os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
+        # The token capture mode's lines leave their arrays to the token file: the reader's way.
+        with gc_paused():
+            for index, line in store.iter_available(rollout_id):
+                unreadable += line is None
+            rows = [token_row(record) for record in iter_token_records(store, rollout_id)]
+        return rows, unreadable
     rollout = RolloutTokenRows(rollout_id)
     with gc_paused():  # Token rows are many big lists: a collection pass per few hundred is pure cost.
         for index, line in store.iter_raw_lines(rollout_id):
@@ -218,6 +237,38 @@ def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, An
             else:
                 rows.extend(found)
     return rows, unreadable
+
+
+def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
+    """The rollout's chains (`records.trajectories` of the token file beside its capture file);
+    a masked rollout gives its chains too, each marked, or one empty row saying why. ``logprobs``
+    holds 0 on prompt tokens (``loss_mask`` 0)."""
+    from ._trajectories import trajectories
+
+    build = trajectories(store.capture_dir, rollout_id)
+    if not os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
+        return [], 0
+    rows = [{"rollout_id": rollout_id, "chain_id": chain.chain_id, "token_ids": chain.token_ids,
+             "loss_mask": chain.loss_mask,
+             # 0 on prompt tokens (the loss mask says which are sampled): Arrow lists of numbers have no None.
+             "logprobs": [0.0 if value is None else value for value in chain.logprobs],
+             "call_ids": [call.model_call_id for call in chain.calls], "call_starts": [call.start for call in chain.calls],
+             "call_ends": [call.end for call in chain.calls], "masked": build.masked, "mask_reason": build.mask_reason}
+            for chain in build.chains]
+    if not rows:
+        rows = [{"rollout_id": rollout_id, "chain_id": None, "token_ids": [], "loss_mask": [], "logprobs": [],
+                 "call_ids": [], "call_starts": [], "call_ends": [], "masked": True, "mask_reason": build.mask_reason}]
+    return rows, 0
+
+
+def trajectory_rows(directory: str, rollout_id: str) -> list[dict[str, Any]]:
+    """The rows ``kind="trajectories"`` gives for one rollout (with its `ROLLOUT_COLUMNS`)."""
+    rows, _ = _trajectory_rows(CaptureStore(directory), rollout_id)
+    base, attempt = split_attempt(rollout_id)
+    incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
+    for row in rows:
+        row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete, rollout_unreadable_lines=0)
+    return rows
 
 
 def token_row(record: TokenRecord) -> dict[str, Any]:
@@ -235,7 +286,9 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     """A Ray Data dataset of the captures under ``paths`` (directories or capture files).
 
     ``kind="calls"``: one row per call (`CALL_COLUMNS` + `ROLLOUT_COLUMNS`); ``kind="tokens"``:
-    one row per call and choice (`TOKEN_COLUMNS` + `ROLLOUT_COLUMNS`). Lazy, as Ray datasets are:
+    one row per call and choice (`TOKEN_COLUMNS` + `ROLLOUT_COLUMNS`); ``kind="trajectories"``: one
+    row per chain of each rollout with a training-token file (`TRAJECTORY_COLUMNS` +
+    `ROLLOUT_COLUMNS`; filter ``not masked`` for what a trainer takes). Lazy, as Ray datasets are:
     the files are listed now, read when the dataset executes. Needs Ray (the ``ray`` extra) and
     a cluster (``ray.init()``; a local one is started when none is).
     """
@@ -278,7 +331,7 @@ def _capture_datasource() -> type:
             return sum(size for _, size in self.files) or None
 
         def get_read_tasks(self, parallelism: int, **options: Any) -> list[ReadTask]:
-            schema = arrow_schema((CALL_COLUMNS if self.kind == "calls" else TOKEN_COLUMNS) + ROLLOUT_COLUMNS)
+            schema = arrow_schema(_COLUMNS[self.kind] + ROLLOUT_COLUMNS)
             tasks = []
             for group in group_files(self.files, parallelism, self.target_bytes):
                 paths = [path for path, _ in group]

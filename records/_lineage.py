@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
-from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
+from ._token_entries import RESOLVED, ROOT, UNRESOLVED, output_items, request_items, token_digest
 from ._token_files import TokenFiles, entry_sequence
 
 
@@ -108,3 +108,52 @@ class RolloutLineage:
         """The request begins with the context the candidate was made with (fail closed without one)."""
         return bool(node.context_digest) and len(messages) >= node.context_len and \
             conversation_digest(messages[:node.context_len]) == node.context_digest
+
+
+#: What `LineLineage.place` says of a call: no model-authored turn; the earlier output it continues
+#: (``(call_index, choice)``); or unknown (no match, several, or a request that is not JSON).
+LINE_ROOT = "root"
+
+
+class LineLineage:
+    """The request-time rule applied afterwards, to a rollout's capture lines in append order: each
+    call's request against the earlier calls' requests and outputs (one per choice). What
+    `TokenRecord.extends` and ``drift_at`` are measured against (DESIGN §12: drift only where a
+    call claims to continue another)."""
+
+    def __init__(self) -> None:
+        self._by_fingerprint: dict[str, list[tuple[tuple[int, int], int, str]]] = {}
+
+    def place(self, line: dict[str, Any], call_index: int) -> Any:
+        """`LINE_ROOT`; the ``(call_index, choice)`` of the earlier outputs this request sends back
+        (several when identical outputs were sent again: retries); or None when it matches none
+        or cannot be read. Then the call is indexed."""
+        request, response = line.get("request"), line.get("response")
+        if not isinstance(request, dict) or not (isinstance(request.get("messages"), list)
+                                                 or isinstance(request.get("input"), list)):
+            return None  # No turns to go by (completions' prompt): whatever the ids say.
+        try:
+            items = request_items(request)
+            fingerprint = assistant_fingerprint(items)
+            verdict: Any = LINE_ROOT if not fingerprint else self._parent(fingerprint, items)
+            self._index(call_index, items, response)
+        except (ValueError, TypeError):
+            return None
+        return verdict
+
+    def _parent(self, fingerprint: str, items: list[dict[str, Any]]) -> Optional[list[tuple[int, int]]]:
+        candidates = [key for key, length, digest in self._by_fingerprint.get(fingerprint, ())
+                      if len(items) >= length and conversation_digest(items[:length]) == digest]
+        return candidates or None
+
+    def _index(self, call_index: int, items: list[dict[str, Any]], response: Any) -> None:
+        if not isinstance(response, dict):
+            return
+        choices = response.get("choices")
+        count = len(choices) if isinstance(choices, list) and len(choices) > 1 else 1
+        digest = conversation_digest(items)
+        for choice in range(count):
+            produced = output_items(response, choice if count > 1 else None)
+            fingerprint = assistant_fingerprint([*items, *produced])
+            if fingerprint:
+                self._by_fingerprint.setdefault(fingerprint, []).append(((call_index, choice), len(items), digest))

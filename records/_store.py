@@ -136,15 +136,21 @@ class CaptureStore:
         return sorted(rid for rid in ids if is_valid_rollout_id(rid))
 
     def clear(self, rollout_ids: Iterable[str]) -> None:
-        """Remove the capture file and incomplete marker of exactly these rollout ids."""
+        """Remove the capture file and incomplete marker of exactly these rollout ids, and their
+        training-token files beside them (a reused id must not add calls to an earlier attempt's
+        chain; with ``--token-dir`` elsewhere, `records.clear_token_captures` clears those)."""
         if isinstance(rollout_ids, (str, bytes)):
             raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
+        from ._token_files import TOKENS_SUFFIX, TokenFiles
+        tokens = TokenFiles(self.capture_dir)
         for rollout_id in rollout_ids:
             for path in (self.path_for(rollout_id), self.incomplete_marker_for(rollout_id)):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+            if os.path.exists(tokens.path(rollout_id, ".tokens.lock")) or os.path.exists(tokens.path(rollout_id, TOKENS_SUFFIX)):
+                tokens.delete(rollout_id)
 
     def mark_incomplete(self, rollout_id: str) -> None:
         """Create the empty ``.capture.incomplete`` marker of a rollout."""

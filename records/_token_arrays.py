@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from ._datasets import token_row
+from ._lineage import LINE_ROOT, LineLineage
 from ._token_records import TokenRecord, _common_prefix, token_records_of_line
 
 _PROMPT_KEY = b'"prompt_token_ids":'
@@ -61,6 +62,7 @@ class _Sequence:
     """An earlier call's prompt + generation ids, as a later prompt may begin with them."""
 
     call_index: int
+    choice_index: int
     #: Their canonical JSON without the closing ``]``: ``[1,2,3``.
     body: bytes
     #: As int64 (None: an id past int64).
@@ -83,6 +85,8 @@ class RolloutTokenRows:
     def __init__(self, rollout_id: str) -> None:
         self.rollout_id = rollout_id
         self.earlier: list[_Sequence] = []
+        self.by_key: dict[tuple[int, int], _Sequence] = {}
+        self.lineage = LineLineage()
 
     def rows_of_line(self, line: bytes, call_index: int) -> Optional[list[dict[str, Any]]]:
         """The rows of one complete line (with its LF), or None when the reader finds it unreadable."""
@@ -95,16 +99,18 @@ class RolloutTokenRows:
                     and type(response.get("choices")) is list and response["choices"]):
                 prompt = self._prompt_of_json(span, call_index)
                 if prompt is not None:
-                    return [self._row(_prompt_found(record), prompt)
+                    claimed = self.lineage.place(parsed, call_index)
+                    return [self._row(_prompt_found(record), prompt, claimed)
                             for record in token_records_of_line(parsed, self.rollout_id, call_index)]
         parsed = _loads_dict(line)
         if parsed is None:
             return None
         rows = []
+        claimed = self.lineage.place(parsed, call_index)
         for record in token_records_of_line(parsed, self.rollout_id, call_index):
             ids = record.prompt_token_ids
             prompt = None if ids is None else self._prompt_of_list(ids, call_index)
-            rows.append(self._row(record, prompt))
+            rows.append(self._row(record, prompt, claimed))
         return rows
 
     def _prompt_of_json(self, span: bytes, call_index: int) -> Optional[_Prompt]:
@@ -145,33 +151,53 @@ class RolloutTokenRows:
                 return sequence
         return None
 
-    def _row(self, record: TokenRecord, prompt: Optional[_Prompt]) -> dict[str, Any]:
+    def _row(self, record: TokenRecord, prompt: Optional[_Prompt], claimed: Any) -> dict[str, Any]:
         generation = record.generation_token_ids
         generation_ids = None if generation is None else int64_array(generation)
         if prompt is not None and prompt.json != b"[]":  # An empty prompt is placed nowhere, as the reader's.
-            extends = prompt.extends.call_index if prompt.extends is not None else None
-            drift_at = None if extends is not None else (self._longest_common_prefix(prompt, record.call_index) or None)
+            extends, drift_at, drift_from = self._verdict(record.call_index, prompt, claimed)
             if extends is not None or drift_at is not None:
-                record = record.model_copy(update={"extends": extends, "drift_at": drift_at})
+                record = record.model_copy(update={"extends": extends, "drift_at": drift_at, "drift_from": drift_from})
             if generation:
                 ids = (None if prompt.ids is None or generation_ids is None
                        else np.concatenate((prompt.ids, generation_ids)))
-                self.earlier.append(_Sequence(record.call_index, prompt.json[:-1] + b"," + orjson.dumps(generation)[1:-1], ids))
+                sequence = _Sequence(record.call_index, record.choice_index,
+                                     prompt.json[:-1] + b"," + orjson.dumps(generation)[1:-1], ids)
+                self.earlier.append(sequence)
+                self.by_key[(record.call_index, record.choice_index)] = sequence
         return token_array_row(record, prompt is not None, None if prompt is None else prompt.ids, generation_ids)
 
-    def _longest_common_prefix(self, prompt: _Prompt, call_index: int) -> int:
-        """How far the prompt agrees with the closest earlier call's sequence (ids, not bytes)."""
-        best = 0
-        for sequence in self.earlier:
-            if sequence.call_index == call_index:
-                continue
+    def _verdict(self, call_index: int, prompt: _Prompt, claimed: Any) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """(extends, drift_at, drift_from): `DriftTracker.place`'s rule, on canonical JSON."""
+        if claimed == LINE_ROOT:
+            return None, None, None
+        parents = [self.by_key[key] for key in claimed if key in self.by_key] if claimed else []
+        if parents:
+            for sequence in reversed(parents):
+                end = len(sequence.body)
+                if prompt.json.startswith(sequence.body) and prompt.json[end] in (_COMMA, _CLOSE):
+                    return sequence.call_index, None, None
+            best, drift_from = self._longest_common_prefix(prompt, parents)
+            return None, best, drift_from
+        if prompt.extends is not None:
+            return prompt.extends.call_index, None, None
+        best, drift_from = self._longest_common_prefix(
+            prompt, [sequence for sequence in self.earlier if sequence.call_index != call_index])
+        return (None, best, drift_from) if best else (None, None, None)
+
+    @staticmethod
+    def _longest_common_prefix(prompt: _Prompt, sequences: list[_Sequence]) -> tuple[int, Optional[int]]:
+        """How far the prompt agrees with the closest of ``sequences`` (ids, not bytes), and its call."""
+        best: tuple[int, Optional[int]] = (0, None)
+        for sequence in sequences:
             if prompt.ids is not None and sequence.ids is not None:
                 length = min(len(prompt.ids), len(sequence.ids))
                 differ = prompt.ids[:length] != sequence.ids[:length]
                 first = int(differ.argmax()) if length else 0
-                best = max(best, first if length and differ[first] else length)
+                agreed = first if length and differ[first] else length
             else:  # An id past int64: compare Python ints, as the reader does.
-                best = max(best, _common_prefix(orjson.loads(prompt.json), orjson.loads(sequence.body + b"]")))
+                agreed = _common_prefix(orjson.loads(prompt.json), orjson.loads(sequence.body + b"]"))
+            best = max(best, (agreed, sequence.call_index))
         return best
 
 

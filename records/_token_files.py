@@ -96,6 +96,18 @@ class TokenFiles:
             self._write_state(rollout_id, state, durable=True)
             _append_durably(self.path(rollout_id, ".tokens.incomplete"), f"{model_call_id}\n".encode())
 
+    def delete(self, rollout_id: str) -> None:
+        """Before a rollout id is dispatched again: its entries, intents, marks, state and late
+        entries go (Gym's ``TokenCaptureStore.delete``); the lock file stays, so a writer that
+        still holds it and a new one agree on one inode."""
+        with self._locked(rollout_id):
+            for suffix in (TOKENS_SUFFIX, ".tokens.incomplete", ".tokens.intents", ".tokens.state.json",
+                           ".tokens.late.jsonl"):
+                try:
+                    os.unlink(self.path(rollout_id, suffix))
+                except FileNotFoundError:
+                    pass
+
     # -- reading ---------------------------------------------------------------------------
 
     def entries(self, rollout_id: str, offset: int = 0) -> tuple[list[tuple[int, dict[str, Any]]], int]:
@@ -238,3 +250,12 @@ def entry_sequence(entry: dict[str, Any], parent_sequence: Optional[list[int]]) 
             raise ValueError(f"model call {entry['model_call_id']} stores a delta prompt and its parent is unknown")
         prompt = [*parent_sequence, *prompt]
     return [*prompt, *entry["generation_token_ids"]]
+
+
+def clear_token_captures(rollout_ids: list[str], token_dir: str) -> None:
+    """Before dispatch: the training-token files of exactly these ids go (`TokenFiles.delete`)."""
+    if isinstance(rollout_ids, (str, bytes)):
+        raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
+    files = TokenFiles(token_dir)
+    for rollout_id in rollout_ids:
+        files.delete(rollout_id)

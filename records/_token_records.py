@@ -46,10 +46,11 @@ from typing import Any, Iterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from ._lineage import LINE_ROOT, LineLineage
 from ._store import CaptureStore, gc_paused
 
 #: Where the generation arrays were found (see the module docstring); ``missing`` when nowhere.
-TOKEN_SOURCES = ("message", "vllm", "logprob_tokens", "missing")
+TOKEN_SOURCES = ("message", "vllm", "logprob_tokens", "token_file", "missing")
 _ARRAYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOKEN_ID_PREFIX = "token_id:"
 #: Categories of a call whose reply the agent still received whole (a Responses call capped by
@@ -84,9 +85,15 @@ class TokenRecord(BaseModel):
     #: The ``call_index`` of the latest earlier call of the rollout whose prompt + generation ids
     #: this prompt begins with (a trainer may concatenate the two), or None.
     extends: Optional[int] = None
-    #: Where this prompt departs from the closest earlier call's prompt + generation ids (the
-    #: index of the first token that differs), or None when it extends one or shares no prefix.
+    #: Where this prompt departs from the prompt + generation ids of the call its request claims to
+    #: continue (the index of the first token that differs), or None: it extends it, or it continues
+    #: nothing (a root call is never drift). A request that matches no earlier call is measured
+    #: against the closest earlier sequence.
     drift_at: Optional[int] = None
+    #: The ``call_index`` of the call this drifting prompt departs from (None without drift).
+    drift_from: Optional[int] = None
+    #: The ``model_call_id`` of the earlier call this one repeated byte for byte (a retry), if any.
+    retry_of: Optional[str] = None
 
     @property
     def unusable_reason(self) -> Optional[str]:
@@ -107,51 +114,137 @@ class TokenRecord(BaseModel):
         return self.unusable_reason is None
 
 
-def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str) -> Iterator[TokenRecord]:
+def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str,
+                       token_dir: Optional[str] = None) -> Iterator[TokenRecord]:
     """`TokenRecord`\\ s of a rollout, one line at a time (only one call's arrays alive at once).
+
+    A line the token capture mode wrote names its entries in the rollout's token file
+    (``token_entries``): the arrays come from there (source ``token_file``), full prompts rebuilt
+    from the stored suffixes and checked against each entry's digest. ``token_dir``: where the
+    token files are, when not beside the capture files (``--token-dir``).
 
     Tolerant, as `read_model_call_records`: a torn or malformed line is skipped.
     """
     if not isinstance(store, CaptureStore):
         store = CaptureStore(store)
     drift = DriftTracker()
+    arrays = None
     for call_index, line in store.iter_available(rollout_id):
-        if line is not None:
-            for record in token_records_of_line(line, rollout_id, call_index):
-                yield drift.place(record)
+        if line is None:
+            continue
+        records = token_records_of_line(line, rollout_id, call_index)
+        if names_token_entries(line):
+            if arrays is None:
+                arrays = TokenFileArrays(token_dir or store.capture_dir, rollout_id)
+            records = arrays.fill_line(records, line)
+        claimed = drift.claims(line, call_index)
+        for record in records:
+            yield drift.place(record, claimed)
+
+
+def names_token_entries(line: dict[str, Any]) -> bool:
+    """The line leaves its arrays to the rollout's token file (the token capture mode wrote it)."""
+    named = line.get("token_entries")
+    return isinstance(named, list) and bool(named)
+
+
+class TokenFileArrays:
+    """A rollout's arrays from its token file, each call's whole sequence rebuilt through its
+    parents (entries are written parent first) and checked against its digest."""
+
+    def __init__(self, token_dir: str, rollout_id: str) -> None:
+        from ._token_entries import token_digest
+        from ._token_files import TokenFiles, entry_sequence
+
+        self._entries: dict[str, tuple[dict[str, Any], Optional[list[int]], Optional[str]]] = {}
+        sequences: dict[str, list[int]] = {}
+        try:
+            entries = [entry for _, entry in TokenFiles(token_dir).entries(rollout_id)[0]]
+        except (OSError, ValueError) as exc:
+            self._problem: Optional[str] = f"the token file cannot be read: {exc}"
+            return
+        self._problem = None
+        for entry in entries:
+            call_id = entry["model_call_id"]
+            try:
+                sequence = entry_sequence(entry, sequences.get(entry.get("parent_call_id") or ""))
+            except ValueError:
+                self._entries[call_id] = (entry, None, "its delta prompt's parent is not in the token file")
+                continue
+            if entry.get("digest") and token_digest(sequence) != entry["digest"]:
+                self._entries[call_id] = (entry, None, "its rebuilt sequence does not match its digest")
+                continue
+            sequences[call_id] = sequence
+            self._entries[call_id] = (entry, sequence[:len(sequence) - len(entry["generation_token_ids"])], None)
+
+    def fill_line(self, records: list[TokenRecord], line: dict[str, Any]) -> list[TokenRecord]:
+        """The records of ``line`` (`token_records_of_line`) with the arrays its entries hold."""
+        named = line.get("token_entries")
+        return [self.fill(record, named) for record in records] if isinstance(named, list) and named else records
+
+    def fill(self, record: TokenRecord, named: list[Any]) -> TokenRecord:
+        """``record`` with the arrays of the entry its line names for its choice."""
+        if not record.missing:
+            return record  # The line has them (the agent asked for them itself).
+        call_id = named[record.choice_index] if record.choice_index < len(named) else None
+        found = self._entries.get(call_id) if isinstance(call_id, str) else None
+        if found is None:
+            return record.model_copy(update={"problem": self._problem or f"no entry {call_id} in the token file"})
+        entry, prompt, problem = found
+        if problem is not None:
+            return record.model_copy(update={"problem": problem})
+        return record.model_copy(update={
+            "prompt_token_ids": prompt, "generation_token_ids": entry["generation_token_ids"],
+            "generation_log_probs": entry["generation_log_probs"], "source": "token_file", "missing": (),
+            "problem": None})
 
 
 class DriftTracker:
-    """Places each call's prompt against the rollout's earlier prompt + generation ids (in order).
+    """Places each call's prompt against the prompt + generation ids of the call it continues.
 
-    Comparisons are list slices (C speed); the earlier sequences are kept as tuples of ints,
-    one per call and choice, which is what a trainer concatenating the turns would hold.
+    With the line (`LineLineage`'s verdict): a root is never drift; a call whose request sends
+    back an earlier call's output extends that call, or drifts from it at the first token that
+    differs. A request that matches no earlier call (or an unreadable one) falls back to the
+    rollout's latest sequence it begins with, else the closest one. Comparisons are list slices
+    (C speed); sequences are kept per call and choice.
     """
 
     def __init__(self) -> None:
         self._earlier: list[tuple[int, list[int]]] = []
+        self._by_key: dict[tuple[int, int], list[int]] = {}
+        self._lineage = LineLineage()
 
-    def place(self, record: TokenRecord) -> TokenRecord:
+    def claims(self, line: dict[str, Any], call_index: int) -> Any:
+        """What the line's request claims to continue (`LineLineage.place`); once per line."""
+        return self._lineage.place(line, call_index)
+
+    def place(self, record: TokenRecord, claimed: Any = None) -> TokenRecord:
         prompt = record.prompt_token_ids
-        extends, drift_at = None, None
-        if prompt:
-            # The latest earlier call it begins with wins, so look from the latest back and stop
-            # there: a rollout without drift costs one comparison a call, not one per earlier
-            # call (that would grow with the square of the turns). Only a prompt that extends
-            # none is measured against every earlier sequence, for where it departs.
-            earlier = [(call_index, sequence) for call_index, sequence in self._earlier
-                       if call_index != record.call_index]  # Another choice of this call is no earlier turn.
-            for call_index, sequence in reversed(earlier):
+        extends = drift_at = drift_from = None
+        if prompt and claimed != LINE_ROOT:
+            parents = [(key[0], self._by_key[key]) for key in claimed if key in self._by_key] if claimed else []
+            claimed = bool(parents)
+            if not parents:  # No claim to go by: the rollout's earlier sequences.
+                parents = [(call_index, sequence) for call_index, sequence in self._earlier
+                           if call_index != record.call_index]  # Another choice of this call is no earlier turn.
+            # The latest parent it begins with wins, so look from the latest back and stop there:
+            # a rollout without drift costs one comparison a call. Only a prompt that extends
+            # none is measured against every candidate, for where it departs.
+            for call_index, sequence in reversed(parents):
                 if len(sequence) <= len(prompt) and prompt[:len(sequence)] == sequence:
                     extends = call_index
                     break
             else:
-                best = max((_common_prefix(prompt, sequence) for _, sequence in earlier), default=0)
-                drift_at = best or None
+                measured = [(_common_prefix(prompt, sequence), call_index) for call_index, sequence in parents]
+                best, drift_from = max(measured, default=(0, None))
+                drift_at = best if (best or claimed) and drift_from is not None else None
+                drift_from = drift_from if drift_at is not None else None
             if extends is not None or drift_at is not None:
-                record = record.model_copy(update={"extends": extends, "drift_at": drift_at})
+                record = record.model_copy(update={"extends": extends, "drift_at": drift_at, "drift_from": drift_from})
         if prompt and record.generation_token_ids:
-            self._earlier.append((record.call_index, prompt + record.generation_token_ids))
+            sequence = prompt + record.generation_token_ids
+            self._earlier.append((record.call_index, sequence))
+            self._by_key[(record.call_index, record.choice_index)] = sequence
         return record
 
 
@@ -167,10 +260,11 @@ def _common_prefix(left: list[int], right: list[int]) -> int:
     return low
 
 
-def read_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str) -> list[TokenRecord]:
+def read_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str,
+                       token_dir: Optional[str] = None) -> list[TokenRecord]:
     """Every `TokenRecord` of a rollout, in append order, then choice order."""
     with gc_paused():  # Millions of small ints and floats: see `gc_paused`.
-        return list(iter_token_records(store, rollout_id))
+        return list(iter_token_records(store, rollout_id, token_dir))
 
 
 def has_token_arrays(response: Any) -> bool:
@@ -193,7 +287,8 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
     response = line.get("response")
     call_id = line.get("model_call_id") if isinstance(line.get("model_call_id"), str) else None
     category = line.get("error_category") if isinstance(line.get("error_category"), str) else None
-    base = {"rollout_id": rollout_id, "model_call_id": call_id, "call_index": call_index, "error_category": category}
+    base = {"rollout_id": rollout_id, "model_call_id": call_id, "call_index": call_index, "error_category": category,
+            "retry_of": line.get("retry_of") if isinstance(line.get("retry_of"), str) else None}
     if not isinstance(response, dict):
         return [_record(base, 0, None, None, None, None, None)]
     model = response.get("model") if isinstance(response.get("model"), str) else None

@@ -108,16 +108,21 @@ def make_conversation_dir(path: str) -> None:
 
 
 def token_line(prompt: list[int], generated: list[int], *, n: int = 1, error: str | None = None,
-               finish: str = "stop", call_id: str = "c") -> bytes:
+               finish: str = "stop", call_id: str = "c", turn: int = 0) -> bytes:
     """A chat call as vLLM answers with ``return_token_ids`` and ``logprobs`` (choice i generates
-    ``generated`` shifted by i)."""
+    ``generated`` shifted by i). ``turn``: how many earlier replies (each ``x``, as every reply
+    here says) its request sends back, each followed by a tool result: the call it continues is
+    the one before it (lineage, DESIGN §12); 0 is a first call."""
+    history = [{"role": "user", "content": "q"}]
+    for _ in range(turn):
+        history += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "tool says t"}]
     choices = [{"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": finish,
                 "token_ids": [g + i for g in generated],
                 "logprobs": {"content": [{"token": "x", "logprob": -0.25 - i} for _ in generated]}} for i in range(n)]
     return encode_capture_line({
         "model_call_id": call_id, "dialect": "chat", "status_code": 200, "error_category": error,
         "started_at": 1767225600.0, "completed_at": 1767225601.0, "latency_ms": 1000.0,
-        "request": {"model": "policy", "messages": [{"role": "user", "content": "q"}]},
+        "request": {"model": "policy", "messages": history},
         "response": {"object": "chat.completion", "model": "policy", "prompt_token_ids": prompt, "choices": choices,
                      "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}}})
 
@@ -133,7 +138,7 @@ def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: s
         prompt, lines = list(range(1, 1 + tokens)), []
         for c in range(calls):
             generated = [100_000 + r * 1000 + c * 10 + k for k in range(tokens)]
-            lines.append(token_line(prompt, generated, n=2 if r % 4 == 3 else 1, call_id=f"{r}-{c}"))
+            lines.append(token_line(prompt, generated, n=2 if r % 4 == 3 else 1, call_id=f"{r}-{c}", turn=c))
             prompt = prompt + generated + [7 + k for k in range(tool_tokens)]
             if c % 3 == 1:  # The template drops the first token call 0 generated (its reasoning, say).
                 prompt = prompt[:tokens] + prompt[tokens + 1:]

@@ -57,15 +57,18 @@ def test_the_other_choices_of_one_call_are_not_earlier_turns(tmp_path):
 
 
 async def test_the_stand_in_shows_drift_in_show_stats_and_report(http, stand_in, start, capture_dir, store, tmp_path):
-    """The stand-in's chat template drops the reasoning of earlier turns (as Qwen3's does): a second
-    turn departs from the first where its reasoning began, and every view says so."""
+    """The stand-in's drop-reasoning template leaves out the reasoning of earlier turns (as Qwen3's
+    does): a second turn departs from the first where its reasoning began, and every view says so."""
     sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    drops = {"X-Stand-In-Template": "drop-reasoning"}
     first = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    reply = await fetch(http, "POST", rollout_url(sidecar.url, "talk", "/v1/chat/completions"), orjson.dumps(first))
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "talk", "/v1/chat/completions"), orjson.dumps(first),
+                        headers=drops)
     said = orjson.loads(reply.body)["choices"][0]["message"]["content"]
     second = {"model": "m", "messages": [*first["messages"], {"role": "assistant", "content": said},
                                         {"role": "user", "content": "again"}]}
-    await fetch(http, "POST", rollout_url(sidecar.url, "talk", "/v1/chat/completions"), orjson.dumps(second))
+    await fetch(http, "POST", rollout_url(sidecar.url, "talk", "/v1/chat/completions"), orjson.dumps(second),
+                headers=drops)
     earlier, later = read_token_records(store, "talk")
     assert later.extends is None and later.drift_at == len(earlier.prompt_token_ids)
     runner = CliRunner()
@@ -75,9 +78,72 @@ async def test_the_stand_in_shows_drift_in_show_stats_and_report(http, stand_in,
     assert "2 of 2 generations with token ids usable" in stats and "drifting from one 1" in stats
     report = tmp_path / "report.html"
     assert runner.invoke(main, ["report", capture_dir, "-o", str(report)]).exit_code == 0
-    assert f"prompt drifts at token {later.drift_at} from an earlier call" in report.read_text(encoding="utf-8")
+    assert f"prompt drifts at token {later.drift_at} from call #0" in report.read_text(encoding="utf-8")
     pq = pytest.importorskip("pyarrow.parquet", reason="Parquet export needs the 'export' extra (pyarrow)")
     exported = tmp_path / "calls.parquet"
     assert runner.invoke(main, ["export", capture_dir, "--format", "parquet", "--token-arrays", "-o", str(exported)]).exit_code == 0
     table = pq.read_table(exported).to_pylist()
     assert [(row["usable"], row["extends"], row["drift_at"]) for row in table] == [(True, None, None), (True, None, later.drift_at)]
+
+
+def _chat_line(prompt: list[int], generated: list[int], messages: list[dict], reply: str = "x") -> bytes:
+    line = orjson.loads(_line(prompt, generated))
+    line["request"] = {"model": "m", "messages": messages}
+    line["response"]["choices"][0]["message"]["content"] = reply
+    return orjson.dumps(line) + b"\n"
+
+
+SYSTEM, ASK = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}
+
+
+def test_a_new_conversation_sharing_only_the_system_prompt_is_not_drift(tmp_path):
+    """Issue 31, point 5: drift only where a call claims to continue another. A second, fresh
+    conversation of the rollout (no model-authored turn) is a root, whatever ids it shares."""
+    first, fresh = _records(tmp_path, _chat_line([1, 2, 3], [4, 5], [SYSTEM, ASK]),
+                            _chat_line([1, 2, 9], [4], [SYSTEM, {"role": "user", "content": "another"}]))
+    assert (fresh.extends, fresh.drift_at, fresh.drift_from) == (None, None, None)
+
+
+def test_a_call_that_sends_back_a_reply_drifts_from_that_call_only(tmp_path):
+    """The request sends back call 1's reply: its prompt is measured against call 1 (not the closest
+    sequence of the rollout), and says so."""
+    records = _records(
+        tmp_path, _chat_line([5], [1, 2, 3], [ASK], reply="a"), _chat_line([7], [8], [{"role": "user", "content": "z"}], "b"),
+        _chat_line([5, 1, 2, 4], [6], [ASK, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]))
+    assert (records[2].extends, records[2].drift_at, records[2].drift_from) == (None, 3, 0)
+    extending = _records(tmp_path, _chat_line([5], [1], [ASK], reply="a"),
+                         _chat_line([5, 1, 6], [2], [ASK, {"role": "assistant", "content": "a"}, ASK]))
+    assert (extending[1].extends, extending[1].drift_at) == (0, None)
+
+
+def test_a_request_without_turns_keeps_the_prefix_rule(tmp_path):
+    """Completions (a prompt of ids, no turns): whether it continues a call is read from the ids."""
+    line = orjson.loads(_line([1, 2], [3]))
+    line["request"] = {"model": "m", "prompt": [1, 2]}
+    later = orjson.loads(_line([1, 2, 3, 4], [5]))
+    later["request"] = {"model": "m", "prompt": [1, 2, 3, 4]}
+    _, second = _records(tmp_path, orjson.dumps(line) + b"\n", orjson.dumps(later) + b"\n")
+    assert second.extends == 0
+
+
+async def test_the_stand_ins_default_template_chains_turns(http, stand_in, start, capture_dir, store):
+    """Issue 31, point 6: by default a sent-back assistant turn renders as exactly its generated ids
+    (a tool call and its result included), so every turn extends the last and the rollout is one
+    unmasked trajectory."""
+    from records import trajectories
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for _ in range(3):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "chain", "/v1/chat/completions"),
+                            orjson.dumps({"model": "m", "messages": messages, "tools": tools}))
+        message = orjson.loads(reply.body)["choices"][0]["message"]
+        messages.append({key: message[key] for key in ("role", "content", "tool_calls") if message.get(key) is not None})
+        for call in message.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 22 C"})
+        messages.append({"role": "user", "content": "and tomorrow?"}) if not message.get("tool_calls") else None
+    records = read_token_records(store, "chain")
+    assert [(r.extends, r.drift_at) for r in records] == [(None, None), (0, None), (1, None)]
+    build = trajectories(capture_dir, "chain")
+    assert not build.masked, build.mask_reason
+    assert [c.model_call_id for c in build.main.calls] == [r.model_call_id for r in records]

@@ -235,9 +235,11 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
 def test_the_demo_runs_and_ends_with_what_to_try_next(tmp_path):
     done = subprocess.run([*MCC, "demo", "--capture-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "11 calls captured in 5 rollouts" in done.stdout and "source=vllm" in done.stdout
+    assert "13 calls captured in 7 rollouts" in done.stdout and "source=token_file" in done.stdout
     assert "(!!" not in done.stdout, "the agent never sees the token data the sidecar added"
-    assert "usable=True (prompt drifts at token" in done.stdout
+    assert "demo-rl #1: " in done.stdout and "usable=True (extends #0)" in done.stdout
+    assert "usable=True (prompt drifts at token 73 from #0)" in done.stdout
+    assert "demo-rl        2 call(s)" in done.stdout and "trainable" in done.stdout
     tail = done.stdout[done.stdout.index("next, on these captures:"):]
     assert f"mcc ls {tmp_path}" in tail and f"mcc report {tmp_path} -o report.html" in tail
     listing = CliRunner().invoke(main, ["ls", str(tmp_path)])

@@ -394,7 +394,7 @@ def test_an_id_past_int64_makes_its_row_unusable_not_the_read_fail(tmp_path):
     directory = tmp_path / "captures"
     directory.mkdir()
     (directory / "big.capture.jsonl").write_bytes(
-        token_line([5, 2**63], [7, 8]) + token_line([5, 2**63, 7, 8, 9], [2**64 - 1]) + token_line([1, 2], [3]))
+        token_line([5, 2**63], [7, 8]) + token_line([5, 2**63, 7, 8, 9], [2**64 - 1], turn=1) + token_line([1, 2], [3]))
     files = [path for path, _ in capture_files(str(directory))]
     rows = sorted((row for table in read_group(files, "tokens") for row in table.to_pylist()), key=sort_key)
     assert [(r["prompt_token_ids"], r["generation_token_ids"], r["usable"]) for r in rows] == [
@@ -424,3 +424,26 @@ def test_another_choice_of_the_same_call_is_no_earlier_turn(tmp_path):
     assert rows == sorted(expected_token_rows(str(directory)), key=sort_key)
     assert [(r["call_index"], r["choice_index"], r["extends"], r["drift_at"]) for r in rows] == [
         (0, 0, None, None), (0, 1, None, None), (1, 0, 0, None)]
+
+
+async def test_trajectory_rows_are_records_trajectories(tmp_path, local_ray, http, upstream, start):
+    """``kind="trajectories"``: one row per chain of each rollout with a token file, as
+    `records.trajectories` builds it (logprobs 0 where the loss mask is 0); masked rollouts marked."""
+    from records import trajectories
+    from tests.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+    directory = str(tmp_path / "captures")
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=directory, capture_tokens=True)
+    await converse(http, sidecar, "clean", ["hi", "more", "thanks"])
+    serve_model(upstream, TinyChatModel(drop_assistant_turns=True))
+    await converse(http, sidecar, "drift", ["hi", "more"])
+    rows = {row["rollout_id"]: row for row in ray_dataset(directory, kind="trajectories").take_all()}
+    assert set(rows) == {"clean", "drift"}
+    clean, build = rows["clean"], trajectories(directory, "clean")
+    main = build.main
+    assert (list(clean["token_ids"]), list(clean["loss_mask"]), clean["masked"]) == (main.token_ids, main.loss_mask, False)
+    assert list(clean["logprobs"]) == [0.0 if value is None else value for value in main.logprobs]
+    assert list(clean["call_ids"]) == [call.model_call_id for call in main.calls]
+    assert [list(clean["call_starts"]), list(clean["call_ends"])] == [[c.start for c in main.calls], [c.end for c in main.calls]]
+    assert rows["drift"]["masked"] is True and rows["drift"]["mask_reason"] == trajectories(directory, "drift").mask_reason

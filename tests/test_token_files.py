@@ -242,3 +242,48 @@ async def test_trajectories_chain_a_conversation_and_mask_what_is_unsafe(http, u
                 orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "x"}]}))
     lost = trajectories(capture_dir, "clean")
     assert lost.masked and "dispatched without an entry" in lost.mask_reason
+
+
+async def test_a_retry_names_the_call_it_repeats(http, upstream, start, capture_dir, store):
+    """An SDK retry (the same body, ``x-stainless-retry-count``) and a plain resend record ``retry_of``
+    on the line, the token record and the entry; a different body does not."""
+    from records import read_token_records
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "retried", "/v1/chat/completions")
+    body = orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "hi"}]})
+    await fetch(http, "POST", url, body)
+    await fetch(http, "POST", url, body, headers={"x-stainless-retry-count": "1"})
+    await fetch(http, "POST", url, body)
+    await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "no"}]}))
+    first, second, third, other = store.read("retried")
+    assert "retry_of" not in first and "retry_of" not in other
+    assert second["retry_of"] == first["model_call_id"] and third["retry_of"] == second["model_call_id"]
+    assert [r.retry_of for r in read_token_records(store, "retried")] == [None, first["model_call_id"],
+                                                                         second["model_call_id"], None]
+    assert read_token_entries(capture_dir, "retried")[1]["retry_of"] == first["model_call_id"]
+
+
+async def test_show_export_and_report_carry_the_chains(http, upstream, start, capture_dir, tmp_path):
+    """`mcc show` ends with the rollout's trajectory, `mcc export --trajectories` writes one row per
+    chain (as `ray_dataset(kind="trajectories")`), and the report names the chain."""
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from proxy import main
+    from records import trajectory_rows
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "clean", ["hi", "more"])
+    runner = CliRunner()
+    shown = runner.invoke(main, ["show", capture_dir, "clean"]).output
+    assert "trajectory: trainable" in shown and "main: #0 -> #1;" in shown, shown
+    output = str(tmp_path / "chains.parquet")
+    done = runner.invoke(main, ["export", capture_dir, "--format", "parquet", "--trajectories", "-o", output])
+    assert done.exit_code == 0 and "1 chains" in done.output, done.output
+    (row,) = pq.read_table(output).to_pylist()
+    (expected,) = trajectory_rows(capture_dir, "clean")
+    assert row == expected
+    report = tmp_path / "report.html"
+    assert runner.invoke(main, ["report", capture_dir, "-o", str(report)]).exit_code == 0
+    assert "trajectory: trainable; main: #0 -&gt; #1" in report.read_text() or "trajectory: trainable; main: #0 -> #1" in report.read_text()

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import CAPTURE_SUFFIX, CaptureStore, is_valid_rollout_id, iter_token_records
+from records import CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, is_valid_rollout_id, iter_token_records, trajectories
 
 from .tables import (
     CallRow,
@@ -224,6 +224,27 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                   "tool calls", "error", "training arrays"],
                  [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
                   [str(r), _UNREADABLE] for r in rows])
+    for line in chain_lines(store.capture_dir, rollout_id, rows):
+        click.echo(line)
+
+
+def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:
+    """The rollout's trajectories (`records.trajectories`) in a few lines: each chain's calls by
+    ``#index``, its size, and whether a trainer may take it (issue 31); nothing without a token file."""
+    if not os.path.exists(os.path.join(directory, rollout_id + TOKENS_SUFFIX)):
+        return []
+    build = trajectories(directory, rollout_id)
+    index_of = {row.model_call_id: row.call_index for row in rows if isinstance(row, CallRow)}
+
+    def name(call_id: str) -> str:
+        base, _, choice = call_id.rpartition("-") if call_id not in index_of else (call_id, "", "")
+        return f"#{index_of[call_id]}" if call_id in index_of else f"#{index_of.get(base, '?')}.{choice}"
+
+    said = ["", "trajectory: " + ("trainable" if not build.masked else f"masked ({build.mask_reason})")]
+    for chain in build.chains:
+        said.append(f"  {chain.chain_id}: {' -> '.join(name(call.model_call_id) for call in chain.calls)}; "
+                    f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained")
+    return said
 
 
 def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
@@ -237,7 +258,7 @@ def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
         if record.extends is not None:
             cell += f", extends #{record.extends}"
         elif record.drift_at is not None:
-            cell += f", drifts at {record.drift_at}"
+            cell += f", drifts at {record.drift_at} from #{record.drift_from}"
         cells[record.call_index] = cell
     return cells
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -49,13 +49,16 @@ def _writable_parent(output: str) -> None:
 @click.option("--token-arrays", is_flag=True,
               help="Parquet: add prompt_token_ids, generation_token_ids, generation_log_probs (one row per call and choice; large).")
 @click.option("--output-text", is_flag=True, help="Parquet: add output_text, the reply's answer text (large).")
+@click.option("--trajectories", is_flag=True,
+              help="Parquet: one row per chain of each rollout with a training-token file (records.trajectories: "
+                   "token_ids, loss_mask, logprobs, call spans, masked and why), instead of one per call.")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Parquet, for a directory too big for one process: read it with records.ray_dataset on this Ray "
                    "cluster ('auto', 'head:6379', 'ray://head:10001', or 'local' to start one here) and write -o as a "
                    "directory of Parquet files, on a volume every node mounts: each read task writes its own file "
                    "(rows as ray_dataset's; needs the ray extra; deploy/README.md has the cluster's commands).")
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
-                   output_text: bool, ray_address: Optional[str]) -> None:
+                   output_text: bool, trajectories: bool, ray_address: Optional[str]) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
 
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
@@ -66,14 +69,17 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     from .export import otel_lines, with_token_arrays, write_parquet
     from .tables import iter_call_rows
 
-    if (token_arrays or output_text) and kind != "parquet":
-        raise click.UsageError("--token-arrays and --output-text go with --format parquet")
+    if (token_arrays or output_text or trajectories) and kind != "parquet":
+        raise click.UsageError("--token-arrays, --output-text and --trajectories go with --format parquet")
+    if trajectories and (token_arrays or output_text):
+        raise click.UsageError("--trajectories writes one row per chain: without --token-arrays or --output-text")
     if ray_address is not None:
         if kind != "parquet" or output_text or pattern:
             raise click.UsageError("--ray writes Parquet, without --output-text or --rollout")
         _writable_parent(output)
         _store(directory)
-        count = _export_on_ray(directory, output, ray_address, "tokens" if token_arrays else "calls")
+        count = _export_on_ray(directory, output, ray_address,
+                               "trajectories" if trajectories else "tokens" if token_arrays else "calls")
         click.echo(f"wrote {output}/: {count:,} rows")
         return
     _writable_parent(output)
@@ -89,6 +95,10 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
                 bar.update(1)
         click.echo(f"wrote {output}: {count:,} calls in {len(rollout_ids):,} traces")
         return
+    if trajectories:
+        count = _export_trajectories(store, rollout_ids, output)
+        click.echo(f"wrote {output}: {count:,} chains")
+        return
     rows = []
     with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
@@ -103,6 +113,28 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}: {count:,} rows")
+
+
+def _export_trajectories(store: Any, rollout_ids: list[str], output: str) -> int:
+    """The rollouts' chains as ``ray_dataset(kind="trajectories")`` gives them, in one Parquet file."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise click.ClickException("Parquet export needs pyarrow: pip install pyarrow") from None
+    from records import ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, trajectory_rows
+
+    rows = []
+    with progress(len(rollout_ids), "building trajectories") as bar:
+        for rid in rollout_ids:
+            rows += trajectory_rows(store.capture_dir, rid)
+            bar.update(1)
+    pq.write_table(_table(rows, arrow_schema(TRAJECTORY_COLUMNS + ROLLOUT_COLUMNS)), output)
+    return len(rows)
+
+
+def _table(rows: list[dict[str, Any]], schema: Any) -> Any:
+    from records import to_arrow
+    return to_arrow({field.name: [row[field.name] for row in rows] for field in schema}, schema)
 
 
 def _export_on_ray(directory: str, output: str, address: str, kind: str) -> int:

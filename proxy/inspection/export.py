@@ -41,7 +41,7 @@ def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenReco
 
 _ARRAYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem", "extends",
-                  "drift_at")
+                  "drift_at", "drift_from")
 
 
 #: Said when pyarrow is missing: the package is not on PyPI, so name what works from a clone too.
@@ -69,7 +69,8 @@ def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arr
         columns += [("choice_index", "int64"), ("prompt_token_ids", "list<int64>"),
                     ("generation_token_ids", "list<int64>"), ("generation_log_probs", "list<float64>"),
                     ("token_source", "string"), ("token_problem", "string"), ("missing", "list<string>"),
-                    ("usable", "bool"), ("unusable_reason", "string"), ("extends", "int64"), ("drift_at", "int64")]
+                    ("usable", "bool"), ("unusable_reason", "string"), ("extends", "int64"), ("drift_at", "int64"),
+                    ("drift_from", "int64")]
     pq.write_table(pa.Table.from_pylist(records, schema=arrow_schema(columns)), path)
     return len(records)
 

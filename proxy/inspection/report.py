@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import orjson
 
-from records import CaptureStore, DriftTracker, has_token_arrays, token_records_of_line
+from records import (CaptureStore, DriftTracker, TokenFileArrays, has_token_arrays, names_token_entries,
+                     token_records_of_line)
 
 from .conversation import conversation_of
 from .tables import call_row, percentiles
@@ -62,7 +63,7 @@ def write_report(store: CaptureStore, rollout_ids: list[str], output: str,
     for number, rollout_id in enumerate(rollout_ids):
         calls, bodies, unreadable = _rollout(store, rollout_id)
         summaries.append({"id": rollout_id, "incomplete": store.is_incomplete(rollout_id), "calls": calls, "n": number,
-                          "unreadable": unreadable})
+                          "unreadable": unreadable, "chains": _chains(store, rollout_id)})
         script = f"window.mccPayloads({embed_json(rollout_id)}, {embed_json(bodies)});\n"
         with open(os.path.join(payloads, f"r{number}.js"), "w", encoding="utf-8") as handle:
             handle.write(script)
@@ -75,15 +76,26 @@ def write_report(store: CaptureStore, rollout_ids: list[str], output: str,
     return {"page_bytes": len(page.encode()), "payload_bytes": payload_bytes}
 
 
+def _chains(store: CaptureStore, rollout_id: str) -> str:
+    """The rollout's trajectory in one phrase (issue 31): trainable or masked and why, and its chains
+    by call; empty without a training-token file."""
+    from .cli import chain_lines
+
+    lines = chain_lines(store.capture_dir, rollout_id, [call_row(rollout_id, index, line) for index, line in
+                                                        store.iter_available(rollout_id) if line is not None])
+    return "; ".join(line.strip() for line in lines if line.strip())
+
+
 def _rollout(store: CaptureStore, rollout_id: str) -> tuple[list[list[Any]], list[list[Any]], int]:
     """Per call: its summary (a compact row, see `F` in the page's script) and its payloads
     (conversation, raw request, raw response, failure, training arrays); and the unreadable lines."""
     result = store.read_available(rollout_id)
     calls, bodies = [], []
     drift = DriftTracker()
+    token_file = TokenFileArrays(store.capture_dir, rollout_id) if any(map(names_token_entries, result.lines)) else None
     for index, line in zip(result.call_indexes, result.lines):
         row = call_row(rollout_id, index, line)
-        arrays = training_arrays(line, index, drift)
+        arrays = training_arrays(line, index, drift, token_file)
         calls.append([row.call_index, row.dialect, row.model, row.status_code, row.error_category, row.started_at,
                       row.latency_ms, row.ttft_ms, row.tokens_in, row.cached_tokens, row.tokens_out,
                       row.finish_reason or row.response_status, row.tool_calls, arrays[0] if arrays else ""])
@@ -96,19 +108,26 @@ def _rollout(store: CaptureStore, rollout_id: str) -> tuple[list[list[Any]], lis
     return calls, bodies, result.malformed
 
 
-def training_arrays(line: dict[str, Any], call_index: int, drift: DriftTracker) -> list[str]:
+def training_arrays(line: dict[str, Any], call_index: int, drift: DriftTracker,
+                    token_file: Optional[TokenFileArrays] = None) -> list[str]:
     """Each generation's training arrays in a few words (issue 20): sizes, usable or why not, and
-    multi-turn drift; empty for a call without token ids."""
-    if not has_token_arrays(line.get("response")):
+    multi-turn drift; empty for a call without token ids. ``token_file``: the rollout's, for the
+    lines that leave their arrays there."""
+    named = names_token_entries(line)
+    if not has_token_arrays(line.get("response")) and not named:
         return []
     said = []
-    for record in token_records_of_line(line, "", call_index):
-        record = drift.place(record)
+    records = token_records_of_line(line, "", call_index)
+    if named and token_file is not None:
+        records = token_file.fill_line(records, line)
+    claimed = drift.claims(line, call_index)
+    for record in records:
+        record = drift.place(record, claimed)
         words = "usable" if record.usable else f"not usable ({record.unusable_reason})"
         if record.extends is not None:
             words += f", extends call #{record.extends}"
         elif record.drift_at is not None:
-            words += f", prompt drifts at token {record.drift_at:,} from an earlier call"
+            words += f", prompt drifts at token {record.drift_at:,} from call #{record.drift_from}"
         sizes = [f"{name} {len(values):,}" for name, values in (
             ("prompt ids", record.prompt_token_ids), ("generation ids", record.generation_token_ids),
             ("logprobs", record.generation_log_probs)) if values is not None]
@@ -408,6 +427,7 @@ function rollout(r) {
   const h = el("h2"); h.append(link(r.id, rolloutHref(r.id)), " ");
   h.append(el("span", "meta", `${plural(r.calls.length, "call")}, ${plural(r.errors, "error")}, ${ms(r.span * 1000)}${r.unreadable ? `, ${plural(r.unreadable, "unreadable line")}` : ""}${r.incomplete ? ", capture incomplete" : ""}`));
   sec.append(h);
+  if (r.chains) sec.append(el("div", "meta chains", r.chains));
   r.calls.forEach(c => {
     const row = el("div", "call" + (c[F.category] ? " error" : "") + (matches(c) ? "" : " dim")); row.dataset.index = c[F.index];
     row.dataset.kind = klass(c);

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CallRow, CaptureStore, DriftTracker, call_row, has_token_arrays, token_records_of_line
+from records import (CallRow, CaptureStore, DriftTracker, TokenFileArrays, call_row, has_token_arrays,
+                     names_token_entries, token_records_of_line)
 from records._call_rows import invalid_arguments
 
 from .conversation import reply_text
@@ -143,6 +144,7 @@ def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: A
         for rollout_id in rollout_ids:
             lines = unreadable = 0
             totals.drift = DriftTracker()
+            totals.token_arrays = _LazyTokenArrays(store.capture_dir, rollout_id)
             for call_index, line in store.iter_available(rollout_id):  # Each line is dropped once counted.
                 if line is None:
                     unreadable += 1
@@ -173,6 +175,8 @@ class _StatsAccumulator:
         self.unusable: dict[str, int] = {}
         #: The current rollout's earlier prompt + generation ids.
         self.drift = DriftTracker()
+        #: The current rollout's token file, read when a line leaves its arrays there.
+        self.token_arrays: "_LazyTokenArrays | None" = None
 
     def add_line(self, line: dict[str, Any], call_index: int = 0) -> None:
         # One flat function: at 100,000 lines/s every method call and attribute store shows.
@@ -202,7 +206,7 @@ class _StatsAccumulator:
             if type(status) is str:
                 statuses = self.statuses
                 statuses[status] = statuses.get(status, 0) + 1
-            if has_token_arrays(response):
+            if has_token_arrays(response) or names_token_entries(line):
                 self._add_generations(line, call_index)
             tool_calls = tool_calls_of(response, shape)
             if tool_calls:
@@ -222,8 +226,12 @@ class _StatsAccumulator:
 
     def _add_generations(self, line: dict[str, Any], call_index: int) -> None:
         stats = self.stats
-        for record in token_records_of_line(line, "", call_index):
-            record = self.drift.place(record)
+        records = token_records_of_line(line, "", call_index)
+        if names_token_entries(line) and self.token_arrays is not None:
+            records = self.token_arrays.get().fill_line(records, line)
+        claimed = self.drift.claims(line, call_index)
+        for record in records:
+            record = self.drift.place(record, claimed)
             stats.generations_with_token_ids += record.generation_token_ids is not None
             reason = record.unusable_reason
             if reason is None:
@@ -280,3 +288,16 @@ def read_call(store: CaptureStore, rollout_id: str, call_index: int) -> Optional
 
 def pretty_json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+class _LazyTokenArrays:
+    """A rollout's `TokenFileArrays`, read the first time a line needs them."""
+
+    def __init__(self, directory: str, rollout_id: str) -> None:
+        self._directory, self._rollout_id = directory, rollout_id
+        self._arrays: "TokenFileArrays | None" = None
+
+    def get(self) -> "TokenFileArrays":
+        if self._arrays is None:
+            self._arrays = TokenFileArrays(self._directory, self._rollout_id)
+        return self._arrays

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from records import CaptureStore, ModelCallRecord, read_model_call_records, read_token_records
+from records import CaptureStore, ModelCallRecord, read_model_call_records, read_token_records, trajectories
 
 from .._server import start_sidecar, start_stand_in
 from .._settings import Settings
 
-ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools", "demo-rl")
+ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools", "demo-rl", "demo-rl-drift", "demo-completions")
 MODEL = "stand-in-1"
 WEATHER_TOOL = {
     "type": "function",
@@ -85,11 +85,17 @@ async def _drive(sidecar_url: str) -> None:
 
     await _tool_round_trip(openai_client("demo-tools"))
     await _rl_generation(openai_client("demo-rl"))
+    completion = await openai_client("demo-completions").completions.create(model=MODEL, prompt="def multiply(a, b):")
+    _said("completions", False, completion.choices[0].text)
+    # The same two turns under the template that drops the model's reasoning (as Qwen3's does).
+    drifting = AsyncOpenAI(base_url=f"{sidecar_url}/ng-rollout/demo-rl-drift/v1", api_key="demo-key", max_retries=0,
+                           default_headers={"X-Stand-In-Template": "drop-reasoning"})
+    await _rl_generation(drifting)
 
 
 async def _rl_generation(client: Any) -> None:
-    """An RL rollout whose agent asks for no token data: two turns of chat and a completion. The
-    sidecar adds `logprobs` / `return_token_ids`, keeps the arrays and cuts them from the replies."""
+    """An RL rollout whose agent asks for no token data: two turns of chat. The sidecar adds
+    `logprobs` / `return_token_ids`, keeps the arrays and cuts them from the replies."""
     conversation: list[dict[str, Any]] = [{"role": "user", "content": "Solve 6 x 7."}]
     stream = await client.chat.completions.create(model=MODEL, messages=conversation, stream=True,
                                                   stream_options={"include_usage": True})
@@ -102,8 +108,6 @@ async def _rl_generation(client: Any) -> None:
     conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": "And 7 x 8?"}]
     second = await client.chat.completions.create(model=MODEL, messages=conversation)
     _said("chat", False, second.choices[0].message.content)
-    completion = await client.completions.create(model=MODEL, prompt="def multiply(a, b):")
-    _said("completions", False, completion.choices[0].text)
 
 
 async def _tool_round_trip(client: Any) -> None:
@@ -123,7 +127,7 @@ def _said(dialect: str, streamed: bool, text: Any) -> None:
 
 
 def _print_captures(store: CaptureStore) -> int:
-    header = (f"{'rollout':15} {'#':>2} {'dialect':11} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
+    header = (f"{'rollout':16} {'#':>2} {'dialect':11} {'status':>6} {'in':>5} {'out':>5} {'cached':>6} "
               f"{'ttft_ms':>8} {'total_ms':>8}  {'finish':10} {'resp.status':11} {'tool calls':22} error")
     print("\ncaptured calls (read back with records.read_model_call_records):")
     print(header)
@@ -134,16 +138,27 @@ def _print_captures(store: CaptureStore) -> int:
             count += 1
             print(_format_record(rollout, record))
     print(f"\n{count} calls captured in {len(ROLLOUTS)} rollouts; files: {store.capture_dir}/<rollout_id>.capture.jsonl")
-    print("\ntraining arrays of demo-rl, whose agent asked for none (--capture-tokens; records.read_token_records):")
+    print("\ntraining arrays, whose agents asked for none (--capture-tokens; records.read_token_records):")
     arrays = 0
-    for token_record in read_token_records(store, "demo-rl"):
-        arrays += token_record.usable
-        drift = (f"extends #{token_record.extends}" if token_record.extends is not None else
-                 f"prompt drifts at token {token_record.drift_at}" if token_record.drift_at is not None else "first turn")
-        print(f"  demo-rl #{token_record.call_index} choice {token_record.choice_index}: source={token_record.source} "
-              f"prompt_token_ids={_head(token_record.prompt_token_ids)} generation_token_ids={_head(token_record.generation_token_ids)} "
-              f"generation_log_probs={_head(token_record.generation_log_probs)} usable={token_record.usable} ({drift})")
-    print("  (the second turn drifts: the stand-in's chat template drops the first turn's reasoning, as Qwen3's does)")
+    for rollout in ("demo-rl", "demo-rl-drift", "demo-completions"):
+        for token_record in read_token_records(store, rollout):
+            arrays += token_record.usable
+            drift = (f"extends #{token_record.extends}" if token_record.extends is not None else
+                     f"prompt drifts at token {token_record.drift_at} from #{token_record.drift_from}"
+                     if token_record.drift_at is not None else "first turn")
+            print(f"  {rollout} #{token_record.call_index}: source={token_record.source} "
+                  f"prompt_token_ids={_head(token_record.prompt_token_ids)} generation_token_ids={_head(token_record.generation_token_ids)} "
+                  f"generation_log_probs={_head(token_record.generation_log_probs)} usable={token_record.usable} ({drift})")
+    print("\ntrajectories (records.trajectories: the calls chained as a trainer takes them, Gym's files):")
+    chains = {}
+    for rollout in ("demo-rl", "demo-rl-drift"):
+        build = chains[rollout] = trajectories(directory_of(store), rollout)
+        main = build.main
+        shape = (f"{len(main.calls)} call(s), {len(main.token_ids):,} ids, {sum(main.loss_mask):,} trained"
+                 if main is not None else "no chain")
+        print(f"  {rollout:14} {shape}; " + ("masked: " + (build.mask_reason or "") if build.masked else "trainable"))
+    print("  (demo-rl-drift's template drops the first turn's reasoning, as Qwen3's does: its second prompt\n"
+          "   does not begin with the first call's ids, so its chain breaks and the rollout is masked)")
     directory = store.capture_dir
     print(f"""
 next, on these captures:
@@ -153,7 +168,12 @@ next, on these captures:
   .venv/bin/mcc stats {directory}                   # totals, latency and TTFT percentiles, errors
   .venv/bin/mcc report {directory} -o report.html   # one HTML page to open in a browser
   .venv/bin/python -m records {directory}           # one JSON summary line per rollout""")
-    return 0 if count >= 11 and arrays == 3 else 1
+    clean, drifted = chains["demo-rl"], chains["demo-rl-drift"]
+    return 0 if count >= 13 and arrays == 5 and not clean.masked and drifted.masked else 1
+
+
+def directory_of(store: CaptureStore) -> str:
+    return store.capture_dir
 
 
 def _head(values: Any) -> str:
@@ -164,7 +184,7 @@ def _head(values: Any) -> str:
 
 def _format_record(rollout: str, record: ModelCallRecord) -> str:
     tools = ",".join(f"{call['name']}({','.join(call['arguments'])})" for call in record.tool_calls) or "-"
-    return (f"{rollout:15} {record.call_index:>2} {record.dialect or '-':11} {record.status_code!s:>6} "
+    return (f"{rollout:16} {record.call_index:>2} {record.dialect or '-':11} {record.status_code!s:>6} "
             f"{_n(record.tokens_in):>5} {_n(record.tokens_out):>5} {_n(record.cached_tokens):>6} "
             f"{_ms(record.latency_ttft_ms):>8} {_ms(record.latency_total_ms):>8}  {record.finish_reason or '-':10} "
             f"{record.response_status or '-':11} {tools:22} {record.error_category or '-'}")

@@ -131,13 +131,23 @@ def make_plan(request_bytes: int, user_text: str, tool_name: str | None, has_too
     cached = 48
     ids = tuple(prompt_ids) if prompt_ids is not None else None
     if tool_name and not has_tool_result:
-        return Plan("The user wants the weather, so I will call the tool.", None, tool_name,
+        return Plan(TOOL_REASONING, None, tool_name,
                     '{"city": "Paris", "unit": "celsius"}', f"call_standin_{serial}", prompt_tokens, cached, ids)
     if has_tool_result:
         text = "It is sunny and 22 degrees Celsius in Paris."
     else:
         text = f"Hello from the stand-in model. You said: {user_text[:80]}"
-    return Plan("A short answer is enough here.", text, None, "", f"call_standin_{serial}", prompt_tokens, cached, ids)
+    return Plan(ANSWER_REASONING, text, None, "", f"call_standin_{serial}", prompt_tokens, cached, ids)
+
+
+#: The reasoning that begins every stand-in reply: before a tool call, and before an answer.
+TOOL_REASONING = "The user wants the weather, so I will call the tool."
+ANSWER_REASONING = "A short answer is enough here."
+#: Chat templates: ``chain`` renders a sent-back assistant turn as exactly the ids generated for it
+#: (its reasoning, then its text or tool arguments), so each turn's prompt extends the last turn's
+#: prompt + generation; ``drop-reasoning`` leaves the reasoning out, as Qwen3's template does, so
+#: every later turn drifts where the earlier reasoning was.
+TEMPLATES = ("chain", "drop-reasoning")
 
 
 #: The stand-in chat template's markers (ChatML-like): a message is START, role, text, END.
@@ -147,16 +157,19 @@ _ROLES = {"system": 3, "developer": 3, "user": 4, "assistant": 5, "tool": 6}
 _PREAMBLE = [10 + i for i in range(64)]
 
 
-def chat_prompt_ids(messages: list[Any], text_of: Any) -> list[int]:
+def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain") -> list[int]:
     """The prompt as the stand-in's chat template renders it, like vLLM's: every message's role and
-    text (an assistant's tool calls as their arguments; its reasoning is not rendered, as Qwen3's
-    template drops it), then the generation prompt. So a second turn begins with the first turn's
-    prompt, then departs where the first generation's reasoning was: multi-turn drift, shown."""
+    text (an assistant's tool calls as their arguments), then the generation prompt. A sent-back
+    assistant turn gets the reasoning its reply began with under the ``chain`` template (the ids
+    generated for it, exactly), none under ``drop-reasoning`` (`TEMPLATES`)."""
     ids = list(_PREAMBLE)
     for message in messages:
         if not isinstance(message, dict):
             continue
-        ids += [_START, _ROLES.get(str(message.get("role")), 7)] + text_token_ids(text_of(message.get("content")))
+        ids += [_START, _ROLES.get(str(message.get("role")), 7)]
+        if message.get("role") == "assistant" and template == "chain":
+            ids += text_token_ids(TOOL_REASONING if message.get("tool_calls") else ANSWER_REASONING)
+        ids += text_token_ids(text_of(message.get("content")))
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("function"), dict):
                 ids += text_token_ids(str(call["function"].get("arguments") or ""))

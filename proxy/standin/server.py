@@ -19,6 +19,7 @@ from .replies import (
     ResponsesTokenOptions,
     TokenOptions,
     chat_events,
+    TEMPLATES,
     chat_prompt_ids,
     chat_reply,
     completions_events,
@@ -39,10 +40,14 @@ STAND_IN_CREATED = 1767225600
 STAND_IN_MAX_BODY = 256 * 1024 * 1024
 
 
-def create_stand_in_app(delay: float = 0.0) -> web.Application:
+def create_stand_in_app(delay: float = 0.0, template: str = "chain") -> web.Application:
     """The stand-in's routes; ``delay`` seconds pass before each model reply (a generation's time,
-    so calls are seen in flight: `mcc stand-in --delay`)."""
+    so calls are seen in flight: `mcc stand-in --delay`); ``template``: its chat template
+    (`TEMPLATES`), which a request may choose with the ``X-Stand-In-Template`` header."""
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
+    app[TEMPLATE] = template
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
@@ -80,7 +85,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     plan = make_plan(len(raw), _last_user_text(messages),
                      _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
                      any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw),
-                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of))
+                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request)))
     tokens = TokenOptions.from_request(body)
     reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens)
     if body.get("stream"):
@@ -193,6 +198,15 @@ def _last_user_text(messages: list[Any]) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             return _text_of(message.get("content"))
     return ""
+
+
+TEMPLATE = web.AppKey("template", str)
+
+
+def _template(request: web.Request) -> str:
+    """The chat template for this request: the header's, when it names one, else the app's."""
+    asked = request.headers.get("X-Stand-In-Template")
+    return asked if asked in TEMPLATES else request.app[TEMPLATE]
 
 
 def _text_of(content: Any) -> str:
