@@ -184,3 +184,38 @@ async def test_records_trajectories_equal_gyms_builder(gym, http, upstream, stan
     # Gym counts a quarantined retry as a root: a retried first turn masks even when a later call
     # names the kept one. Ours says the same, with the reason.
     assert built["middle-retry"]["metrics"]["quarantined_calls"] == 1 and built["final-retry"]["mask"] is True
+
+
+async def test_an_agent_loop_with_tools_a_retry_and_a_drifting_turn(gym, http, stand_in, start, capture_dir):
+    """The stand-in behind the sidecar in the mode, an agent loop as Gym's agents run it: a tool call,
+    its result, the answer, a retried turn; then the same loop with one turn under a template that
+    drops the model's reasoning. Gym's builder and ours agree on both, call by call."""
+    from tests.wire import fetch, rollout_url
+
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+
+    async def loop(rollout_id: str, drop_on_turn: int | None) -> None:
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        for turn in range(3):
+            headers = {"X-Stand-In-Template": "drop-reasoning"} if turn == drop_on_turn else None
+            body = orjson.dumps({"model": "m", "messages": messages, "tools": tools})
+            reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout_id, "/v1/chat/completions"), body, headers)
+            if turn == 1:  # The SDK retried this turn (same body): two calls, one kept.
+                reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout_id, "/v1/chat/completions"), body,
+                                    {**(headers or {}), "x-stainless-retry-count": "1"})
+            message = orjson.loads(reply.body)["choices"][0]["message"]
+            messages.append({key: message[key] for key in ("role", "content", "tool_calls") if message.get(key) is not None})
+            for call in message.get("tool_calls") or ():
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 22 C"})
+            if not message.get("tool_calls"):
+                messages.append({"role": "user", "content": "and tomorrow?"})
+
+    await loop("agent", None)
+    await loop("agent-drift", 2)
+    built = run_gym(gym, capture_dir, "agent", "agent-drift")
+    for rollout_id in ("agent", "agent-drift"):
+        assert_ours_equal_gyms(capture_dir, rollout_id, built[rollout_id])
+    assert built["agent"]["mask"] is False, built["agent"]
+    assert built["agent"]["metrics"]["quarantined_calls"] == 1, "the retried turn's other call"
+    assert built["agent-drift"]["mask"] is True

@@ -116,7 +116,7 @@ async def test_every_dialect_through_the_sidecar_is_what_vllm_sends(vllm_url, ht
     assert len(tokens) == request.get("n", 1)
     for token_record in tokens:
         assert token_record.prompt_token_ids and token_record.generation_token_ids, token_record
-        assert token_record.source == "vllm"
+        assert token_record.source == "token_file", "the arrays live once, in the training-token file (issue 31)"
         if path != "/v1/responses":  # Responses: a stop string's logprobs are cut with its text (SOURCES.md).
             assert token_record.usable, token_record.unusable_reason
             assert len(token_record.generation_log_probs or ()) == len(token_record.generation_token_ids)
@@ -147,3 +147,63 @@ async def test_a_second_turn_extends_the_first_or_says_where_it_drifts(vllm_url,
     earlier, later = read_token_records(store, "turns")
     assert later.extends == 0 or (later.drift_at is not None and later.drift_at <= len(earlier.prompt_token_ids or ()) +
                                   len(earlier.generation_token_ids or ()))
+
+
+def _vllm_reported(raw: str) -> tuple[list[int], list[int]]:
+    """The prompt and generated ids a real vLLM stream carried (first chunk's ``prompt_token_ids``,
+    each chunk's ``token_ids``)."""
+    from capture import SSEParser
+    prompt: list[int] = []
+    generated: list[int] = []
+    for event in SSEParser().feed(raw.encode()):
+        if event.data == "[DONE]":
+            continue
+        chunk = orjson.loads(event.data)
+        prompt = chunk.get("prompt_token_ids") or prompt
+        for choice in chunk.get("choices") or ():
+            generated += choice.get("token_ids") or []
+    return prompt, generated
+
+
+async def test_a_four_turn_tool_session_is_recorded_as_vllm_reported_it(vllm_url, http, start, capture_dir, store):
+    """Issue 31: a 4-turn tool-calling session through --capture-tokens, streamed. Each call's entry
+    (its prompt rebuilt from the stored suffix) holds exactly the prompt and generated ids vLLM
+    reported for it; each later call is resolved to the one before (its output was sent back); the
+    chain is what `records.trajectories` builds, or masked with the reason where the real template
+    re-tokenised a turn."""
+    from records import TokenFileArrays, read_token_entries, trajectories
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, capture_raw_stream="always")
+    messages: list[dict[str, Any]] = [_SYSTEM, {"role": "user", "content": "Look up Ada, then answer."}]
+    for turn in range(4):
+        body = {"model": SERVED_NAME, "messages": messages, "tools": [_TOOL], "max_tokens": 40, "stream": True,
+                "tool_choice": "required" if turn % 2 == 0 else "none", **_SAMPLING}
+        await fetch(http, "POST", rollout_url(sidecar.url, "session", "/v1/chat/completions"), orjson.dumps(body),
+                    headers=_JSON)
+        line = store.read("session")[-1]
+        message = line["response"]["choices"][0]["message"]
+        sent_back = {"role": "assistant", "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            sent_back["tool_calls"] = message["tool_calls"]
+        messages.append(sent_back)
+        for call in message.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "Ada Lovelace, 1815-1852"})
+        if not message.get("tool_calls"):
+            messages.append({"role": "user", "content": "And Grace?"})
+    lines = store.read("session")
+    entries = read_token_entries(capture_dir, "session")
+    assert [e["model_call_id"] for e in entries] == [line["model_call_id"] for line in lines]
+    assert [e["parent_resolution"] for e in entries] == ["root", "resolved", "resolved", "resolved"]
+    assert [e["parent_call_id"] for e in entries[1:]] == [e["model_call_id"] for e in entries[:-1]]
+    arrays = TokenFileArrays(capture_dir, "session")
+    for line, record in zip(lines, read_token_records(store, "session")):
+        assert record.source == "token_file" and record.usable, record
+        prompt, generated = _vllm_reported(line["response_raw"])
+        assert (record.prompt_token_ids, record.generation_token_ids) == (prompt, generated)
+        assert "logprobs" not in orjson.dumps(line["response"]).decode() or line["response"]["choices"][0]["logprobs"] is None
+    build = trajectories(capture_dir, "session")
+    if not build.masked:
+        assert [call.model_call_id for call in build.main.calls] == [e["model_call_id"] for e in entries]
+    else:  # The real template re-tokenised a sent-back turn: the link is broken, and said.
+        assert "without a verified parent" in build.mask_reason
+        assert any(e["prompt_is_delta"] is False for e in entries[1:])
+    del arrays
