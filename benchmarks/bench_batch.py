@@ -149,17 +149,20 @@ async def line_of_32k(workdir: str) -> dict[str, int]:
         upstream.stop()
     with open(os.path.join(capture_dir, "long-0.capture.jsonl"), "rb") as handle:
         line = handle.readline()
-    parsed = orjson.loads(line)
+    with open(os.path.join(capture_dir, "long-0.tokens.jsonl"), "rb") as handle:
+        entry = handle.readline()
+    parsed, stored = orjson.loads(line), orjson.loads(entry)
     choice = parsed["response"]["choices"][0]
     parts = {
         "the whole line": len(line),
-        "logprobs.content (one entry per token: token, logprob, bytes, top_logprobs)": len(orjson.dumps(choice["logprobs"])),
-        "token_ids": len(orjson.dumps(choice["token_ids"])),
-        "prompt_token_ids": len(orjson.dumps(parsed["response"].get("prompt_token_ids"))),
         "message (the text)": len(orjson.dumps(choice["message"])),
         "request": len(orjson.dumps(parsed["request"])),
     }
-    parts["everything else"] = parts["the whole line"] - sum(v for k, v in parts.items() if k != "the whole line")
+    parts["the line's everything else"] = parts["the whole line"] - sum(v for k, v in parts.items() if k != "the whole line")
+    parts["the training-token entry"] = len(entry)
+    parts["its generation_token_ids"] = len(orjson.dumps(stored["generation_token_ids"]))
+    parts["its generation_log_probs"] = len(orjson.dumps(stored["generation_log_probs"]))
+    parts["its prompt_token_ids"] = len(orjson.dumps(stored["prompt_token_ids"]))
     return parts
 
 
@@ -227,10 +230,11 @@ def main() -> None:
             f"| p50 during the batch (ms) | {ms(latency['during'])} |",
             f"| ratio during / alone (target <= 2) | {latency['during'] / latency['alone']:.2f} |",
             f"| p99 during the batch (ms) | {ms(latency['during_p99'])} |", "",
-            f"## One captured line of a {RL_TOKENS:,}-token call, without response_raw (on-failure)", "",
-            "| part | bytes | share |", "|---|---:|---:|"]
+            f"## One {RL_TOKENS:,}-token call on disk, without response_raw (on-failure): its line (what the agent "
+            "saw) and its training-token entry (the arrays, once)", "",
+            "| part | bytes | per generated token |", "|---|---:|---:|"]
     for part, size in line.items():
-        out.append(f"| {part} | {size:,} | {size / line['the whole line']:.0%} |")
+        out.append(f"| {part} | {size:,} | {size / RL_TOKENS:.1f} |")
     out.append("")
     text = "\n".join(out)
     print(text)

@@ -67,16 +67,24 @@ class TrajectoryBuild(BaseModel):
 
 
 class _Node:
-    __slots__ = ("entry", "prompt", "sequence", "parent", "children", "quarantined", "boundary")
+    __slots__ = ("entry", "prompt", "length", "_sequence", "parent", "children", "quarantined", "boundary")
 
     def __init__(self, entry: dict[str, Any], prompt: list[int]) -> None:
         self.entry = entry
         self.prompt = prompt
-        self.sequence = [*prompt, *entry["generation_token_ids"]]
+        self.length = len(prompt) + len(entry["generation_token_ids"])
+        self._sequence: Optional[list[int]] = None
         self.parent: Optional[_Node] = None
         self.children: list[_Node] = []
         self.quarantined = False
         self.boundary = False
+
+    @property
+    def sequence(self) -> list[int]:
+        """Prompt + generation, built when first needed (most links never need it whole)."""
+        if self._sequence is None:
+            self._sequence = [*self.prompt, *self.entry["generation_token_ids"]]
+        return self._sequence
 
 
 def trajectories(directory: Union[str, "os.PathLike[str]"], rollout_id: str) -> TrajectoryBuild:
@@ -102,12 +110,13 @@ def build_trajectories(rollout_id: str, entries: list[dict[str, Any]]) -> Trajec
     failures: dict[str, int] = {}
     unresolved_parents: list[str] = []
     unique = _deduplicated(entries, failures, unresolved_parents)
-    prompts = _full_prompts(unique, failures, unresolved_parents)
+    verified: set[str] = set()
+    prompts = _full_prompts(unique, failures, unresolved_parents, verified)
     empty = [e["model_call_id"] for e in unique if e["model_call_id"] in prompts and not e["generation_token_ids"]]
     nodes = [_Node(e, prompts[e["model_call_id"]]) for e in unique
              if e["model_call_id"] in prompts and e["generation_token_ids"]]
     nodes.sort(key=lambda node: (len(node.prompt), node.entry["model_call_id"]))
-    roots = _link(nodes, failures, unresolved_parents)
+    roots = _link(nodes, failures, unresolved_parents, verified)
     unresolved_retries = _settle_retries(nodes)
     chains = [_chain(path) for path in _leaf_paths(nodes)]
     chains.sort(key=lambda chain: (chain[1], chain[0].calls[0].model_call_id))
@@ -140,9 +149,11 @@ def _deduplicated(entries: list[dict[str, Any]], failures: dict[str, int], unres
     return list(kept.values())
 
 
-def _full_prompts(entries: list[dict[str, Any]], failures: dict[str, int], unresolved: list[str]) -> dict[str, list[int]]:
+def _full_prompts(entries: list[dict[str, Any]], failures: dict[str, int], unresolved: list[str],
+                  verified: Optional[set[str]] = None) -> dict[str, list[int]]:
     """Each entry's whole prompt (deltas rebuilt through their parents and verified); an entry whose
-    chain cannot be rebuilt exactly is left out."""
+    chain cannot be rebuilt exactly is left out. ``verified`` gets the calls whose whole sequence
+    was checked against their digest here (each is hashed once)."""
     by_id = {entry["model_call_id"]: entry for entry in entries}
     sequences: dict[str, Optional[list[int]]] = {}
 
@@ -160,8 +171,11 @@ def _full_prompts(entries: list[dict[str, Any]], failures: dict[str, int], unres
                 return None
             prompt = [*parent, *prompt]
         sequence = [*prompt, *entry["generation_token_ids"]]
-        if entry.get("prompt_is_delta") and entry.get("digest") and token_digest(sequence) != entry["digest"]:
-            return None
+        if entry.get("prompt_is_delta") and entry.get("digest"):
+            if token_digest(sequence) != entry["digest"]:
+                return None
+            if verified is not None:
+                verified.add(call_id)
         sequences[call_id] = sequence
         return sequence
 
@@ -180,7 +194,7 @@ def _full_prompts(entries: list[dict[str, Any]], failures: dict[str, int], unres
     return prompts
 
 
-def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str]) -> list[_Node]:
+def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str], verified: set[str]) -> list[_Node]:
     """Attach each call to its verified parent; the roots (and fragments after a boundary)."""
     by_id: dict[str, _Node] = {}
     present = {node.entry["model_call_id"] for node in nodes}
@@ -188,7 +202,7 @@ def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str]) -
     earlier: list[_Node] = []
     roots = []
     for node in nodes:
-        parent, note = _parent_of(node, by_id, earlier if recover else None)
+        parent, note = _parent_of(node, by_id, earlier if recover else None, verified)
         if note is not None:
             _fail(failures, note)
             if not note.endswith("_recovered"):
@@ -204,7 +218,8 @@ def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str]) -
     return roots
 
 
-def _parent_of(node: _Node, by_id: dict[str, _Node], earlier: Optional[list[_Node]]) -> tuple[Optional[_Node], Optional[str]]:
+def _parent_of(node: _Node, by_id: dict[str, _Node], earlier: Optional[list[_Node]],
+               verified: set[str]) -> tuple[Optional[_Node], Optional[str]]:
     entry, prompt = node.entry, node.prompt
     resolution = entry.get("parent_resolution")
     if resolution == ROOT:
@@ -220,7 +235,15 @@ def _parent_of(node: _Node, by_id: dict[str, _Node], earlier: Optional[list[_Nod
     if parent is None:
         found = _longest_prefix(prompt, earlier or [])
         return (found, "parent_call_id_missing_recovered") if found is not None else (None, "parent_call_id_missing")
-    length = parent.entry.get("cum_len") or len(parent.sequence)
+    length = parent.entry.get("cum_len") or parent.length
+    if node.entry.get("prompt_is_delta") and entry.get("parent_call_id") == claimed and length == parent.length:
+        # Its prompt was rebuilt as the parent's sequence + its suffix: the prefix *is* the parent's
+        # sequence, whose digest is checked once (here, or when it was itself rebuilt).
+        if parent.entry["model_call_id"] not in verified:
+            if parent.entry.get("digest") and token_digest(parent.sequence) != parent.entry["digest"]:
+                return None, "parent_digest_mismatch"
+            verified.add(parent.entry["model_call_id"])
+        return parent, None
     if length <= len(prompt) and token_digest(prompt[:length]) == (parent.entry.get("digest") or token_digest(parent.sequence)):
         return parent, None
     return None, "parent_digest_mismatch"
@@ -230,11 +253,11 @@ def _longest_prefix(prompt: list[int], earlier: list[_Node]) -> Optional[_Node]:
     """The earlier call whose sequence is the longest prefix of ``prompt``, when it is the only one."""
     best: list[_Node] = []
     for node in earlier:
-        length = len(node.sequence)
+        length = node.length
         if length <= len(prompt) and prompt[:length] == node.sequence:
-            if not best or length > len(best[0].sequence):
+            if not best or length > best[0].length:
                 best = [node]
-            elif length == len(best[0].sequence):
+            elif length == best[0].length:
                 best.append(node)
     return best[0] if len(best) == 1 else None
 
@@ -288,9 +311,11 @@ def _chain(path: list[_Node]) -> tuple[Trajectory, float]:
         tokens += node.entry["generation_token_ids"]
         mask += [1] * len(node.entry["generation_token_ids"])
         logprobs += node.entry["generation_log_probs"]
-        calls.append(CallSpan(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens)))
+        calls.append(CallSpan.model_construct(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens)))
     root_finished = path[0].entry.get("created_at") or 0.0
-    return Trajectory(chain_id="", token_ids=tokens, loss_mask=mask, logprobs=logprobs, calls=calls), root_finished
+    # Built here, from checked entries: constructed without validating every id again.
+    return Trajectory.model_construct(chain_id="", token_ids=tokens, loss_mask=mask, logprobs=logprobs,
+                                      calls=calls), root_finished
 
 
 def _mask_reason(notes: dict[str, Any], chains: list[Trajectory]) -> Optional[str]:
