@@ -287,3 +287,21 @@ async def test_show_export_and_report_carry_the_chains(http, upstream, start, ca
     report = tmp_path / "report.html"
     assert runner.invoke(main, ["report", capture_dir, "-o", str(report)]).exit_code == 0
     assert "trajectory: trainable; main: #0 -&gt; #1" in report.read_text() or "trajectory: trainable; main: #0 -> #1" in report.read_text()
+
+
+async def test_show_call_and_json_say_the_drift_and_what_was_added(http, upstream, start, capture_dir):
+    """`mcc show --call N` names the fields the sidecar added, the arrays, and the drift (from which
+    call, at which token, what to do); `show --json` rows carry usable, extends, drift_at, drift_from."""
+    from click.testing import CliRunner
+
+    from proxy import main
+    serve_model(upstream, TinyChatModel(drop_assistant_turns=True))
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "drift", ["hi", "more"])
+    runner = CliRunner()
+    shown = runner.invoke(main, ["show", capture_dir, "drift", "--call", "1"]).output
+    assert "added to the request by the sidecar (cut from the agent's reply): logprobs=true, return_token_ids=true" in shown
+    assert "drifts from call #0 at token" in shown and "A trainer should mask it" in shown, shown
+    rows = [orjson.loads(line) for line in runner.invoke(main, ["show", capture_dir, "drift", "--json"]).output.splitlines()]
+    assert [(r["usable"], r["extends"], r["drift_from"]) for r in rows] == [(True, None, None), (True, None, 0)]
+    assert rows[1]["drift_at"] is not None

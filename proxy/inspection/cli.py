@@ -210,14 +210,24 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         if line.get("response") is None and line.get("response_raw"):
             click.echo("\n--- response (raw) ---")
             click.echo(line["response_raw"])
+        for said in training_summary(store, rollout_id, call_index):
+            click.echo(said)
         return
     # An unreadable line keeps its place (its index is its position in the file: DESIGN §3).
     rows = [call_row(rollout_id, index, line) if line is not None else index
             for index, line in store.iter_available(rollout_id)]
     if as_json:
+        verdicts = {record.call_index: record for record in iter_token_records(store, rollout_id)
+                    if record.choice_index == 0 and (record.prompt_token_ids is not None or record.generation_token_ids is not None)}
         for row in rows:
-            click.echo(orjson.dumps(row.as_dict() if isinstance(row, CallRow) else
-                                    {"rollout_id": rollout_id, "call_index": row, "unreadable": True}).decode())
+            if not isinstance(row, CallRow):
+                click.echo(orjson.dumps({"rollout_id": rollout_id, "call_index": row, "unreadable": True}).decode())
+                continue
+            values = row.as_dict()
+            record = verdicts.get(row.call_index)
+            values.update(usable=record.usable if record else None, extends=record.extends if record else None,
+                          drift_at=record.drift_at if record else None, drift_from=record.drift_from if record else None)
+            click.echo(orjson.dumps(values).decode())
         return
     training = _training_cells(store, rollout_id)
     _print_table(["#", "dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached", "finish", "response status",
@@ -245,6 +255,36 @@ def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:
         said.append(f"  {chain.chain_id}: {' -> '.join(name(call.model_call_id) for call in chain.calls)}; "
                     f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained")
     return said
+
+
+def training_summary(store: CaptureStore, rollout_id: str, call_index: int) -> list[str]:
+    """`show --call`: the call's training arrays in a few lines -- sizes, usable or why not, what the
+    sidecar added to its request, and drift: from which call, at which token, and what to do."""
+    records = [record for record in iter_token_records(store, rollout_id) if record.call_index == call_index]
+    line = read_call(store, rollout_id, call_index) or {}
+    said = []
+    if line.get("added_request_fields"):
+        said.append("added to the request by the sidecar (cut from the agent's reply): "
+                    + ", ".join(f"{name}={orjson.dumps(value).decode()}" for name, value in line["added_request_fields"].items()))
+    for record in records:
+        if record.prompt_token_ids is None and record.generation_token_ids is None:
+            continue
+        sizes = ", ".join(f"{name} {len(values):,}" for name, values in (
+            ("prompt ids", record.prompt_token_ids), ("generated ids", record.generation_token_ids),
+            ("logprobs", record.generation_log_probs)) if values is not None)
+        reason = record.unusable_reason
+        said.append(f"choice {record.choice_index}: {sizes} (source {record.source}); "
+                    + ("usable" if reason is None else f"not usable: {reason}"))
+        if record.extends is not None:
+            said.append(f"  extends call #{record.extends}: its prompt begins with that call's prompt + generation ids")
+        elif record.drift_at is not None:
+            said.append(f"  drifts from call #{record.drift_from} at token {record.drift_at:,}: its prompt does not begin "
+                        "with that call's prompt + generation ids. A trainer should mask it (usable and drift_at is None "
+                        "keeps the clean ones), or fix the chat template so a sent-back turn renders as its generated "
+                        "ids, or send prompts as token ids")
+        if record.retry_of is not None:
+            said.append(f"  repeats call {record.retry_of} byte for byte (a retry)")
+    return ["", "--- training arrays ---", *said] if said else []
 
 
 def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
