@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap, parse_json_object
+from capture import AddedFieldCutter, BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
 from ._headers import client_response_headers, upstream_request_headers
@@ -34,8 +34,8 @@ from ._local_replies import (
 )
 from ._metrics import status_class
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
-from ._token_capture import TOKEN_DIALECTS
-from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
+from ._token_call import TokenCall
+from ._token_mode import UpstreamBroke, WholeBody
 from ._upstream_checks import certificate_problem
 from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
@@ -103,11 +103,8 @@ class _Call:
         self.exchange: CallExchange | None = None
         self.persisted = False
         self.status: Optional[int] = None
-        #: Token capture mode (DESIGN §11): the fields added to this call's request and the
-        #: agent's own request, parsed; None when nothing was added.
-        self.token_fields: Optional[dict[str, object]] = None
-        self.agent_request: dict[str, object] = {}
-        self.cutter: Optional[AddedFieldCutter] = None
+        #: The token capture mode's side of this call (DESIGN §11, §12).
+        self.tokens = TokenCall(self)
 
     async def run(self) -> None:
         if self.request.too_large:
@@ -119,13 +116,12 @@ class _Call:
                                        message=f"request body exceeds the sidecar's limit of {self.settings.max_body_bytes} bytes")
             return
         self._open_exchange(self.request.body)
-        body = self._with_token_fields(self.request.body)
-        if self.exchange is not None and self._token_mode_on():
-            await self._plan_token_entry()
+        body = self.tokens.request_body(self.request.body)
+        await self.tokens.plan_entry()
         try:
             upstream = await self._send_upstream(body)
-            if self.token_fields is not None and self._must_resend_own_request(upstream):
-                upstream = await self._resend_own_request(upstream)
+            if self.tokens.must_resend(upstream):
+                upstream = await self.tokens.resend_own_request(upstream)
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
@@ -161,71 +157,6 @@ class _Call:
         if body:
             self.exchange.retry_of = self.sidecar.retries.note(self.exchange.rollout_id, body, self.exchange.model_call_id)
 
-    def _token_mode_on(self) -> bool:
-        """The token capture mode covers this call: --capture-tokens, or Gym's training path."""
-        return self.sidecar.token_mode is not None and (self.settings.capture_tokens or self.route.training_tokens)
-
-    async def _plan_token_entry(self) -> None:
-        """Resolve the call's lineage and note its intent, off the event loop (DESIGN §12)."""
-        exchange, token_capture = self.exchange, self.sidecar.token_capture
-        if exchange is None or token_capture is None or exchange.dialect not in TOKEN_DIALECTS:
-            return
-        request = self.agent_request or parse_json_object(self.request.body)
-        if not request:
-            return
-        exchange.token_plan = await asyncio.get_running_loop().run_in_executor(
-            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
-            exchange.retry_of)
-
-    def _with_token_fields(self, body: bytes) -> bytes:
-        """The body to send: the agent's own, or with the token capture mode's fields added."""
-        token_mode = self.sidecar.token_mode
-        if token_mode is None or self.exchange is None or not self._token_mode_on():
-            return body
-        plan = token_mode.plan(self.exchange.dialect, self.request.headers, body)
-        if plan is None:
-            return body
-        self.token_fields, self.agent_request, sent = plan
-        self.exchange.added_request_fields = self.token_fields
-        self.exchange.parsed_request = self.agent_request
-        return sent
-
-    def _must_resend_own_request(self, upstream: UpstreamReply) -> bool:
-        """A refusal (400, or FastAPI's 422: nothing was generated, maybe an added field refused),
-        or a success the mode cannot cut (a compressed body): the agent gets the reply to its own
-        request instead."""
-        return upstream.status in REFUSAL_STATUSES or _compressed_success(upstream)
-
-    async def _resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
-        """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
-        get is learnt (those fields are not added again); a compressed reply is not a refusal: the
-        mode stays on, this call goes without arrays, and the sidecar says so once."""
-        fields = self.token_fields or {}
-        refused = upstream.status in REFUSAL_STATUSES
-        refused_body = b""
-        if refused:
-            sink = WholeBody()
-            upstream.attach(sink)
-            try:
-                refused_body = await sink.done
-            except UpstreamBroke as broke:
-                refused_body = broke.partial
-        upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
-        self.token_fields = None
-        if self.exchange is not None:
-            self.exchange.added_request_fields = None
-        own = await self._send_upstream(self.request.body)
-        token_mode = self.sidecar.token_mode
-        if token_mode is None:
-            return own
-        if not refused:
-            self.metrics.token_mode_compressed.inc()
-            token_mode.say_compressed(self.sidecar.upstream_url)
-        elif 200 <= own.status < 300:
-            token_mode.learn_refusal(fields, upstream.status, refused_body, self.sidecar.upstream_url)
-            self.metrics.token_fields_refused.inc()
-        return own
-
     async def _send_upstream(self, body: bytes) -> UpstreamReply:
         if self.exchange is not None:
             self.exchange.start()
@@ -244,8 +175,7 @@ class _Call:
         finally:
             if is_stream:
                 self.metrics.streams_in_flight -= 1
-            if self.cutter is not None and self.cutter.uncut_events:
-                self._say_uncut(self.cutter.uncut_events)
+            self.tokens.say_uncut()
 
     async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
         self.status = upstream.status
@@ -255,9 +185,7 @@ class _Call:
                 self.sidecar.hinted.add(mistake)
                 log.warning("the upstream answered 404 for %s (forwarded unchanged): %s", self.route.upstream_target,
                             mistake, extra={**self._log_context(), "status": 404})
-        cutter = None
-        if self.token_fields is not None and 200 <= upstream.status < 300 and self.exchange is not None:
-            cutter = self.cutter = AddedFieldCutter(self.exchange.dialect, self.token_fields, self.agent_request)
+        cutter = self.tokens.cutter_for(upstream)
         tap = self._attach_tap(upstream, is_stream, cutter)
         if cutter is not None and (not is_stream or upstream.content_length is not None):
             await self._relay_cut_body(upstream, tap, cutter, is_stream)  # A sized body: its length changes.
@@ -406,14 +334,6 @@ class _Call:
                                    self.sidecar.upstream_url, kind, type(exc).__name__, exc,
                                    extra={**self._log_context(), "status": reply.status, "errno": _errno_of(exc)})
         await self._answer_locally(reply, stage, exc, retryable=True)
-
-    def _say_uncut(self, events: int) -> None:
-        """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
-        self.metrics.token_mode_uncut_events.inc(events)
-        self.sidecar.repeated_warnings.warning("uncut", "the token capture mode could not cut %d event(s) of a reply "
-                                               "for %s: the agent received token data it did not ask for (counted in "
-                                               "mcc_token_mode_uncut_events_total)", events,
-                                               self.route.upstream_target, extra=self._log_context())
 
     def _log_context(self) -> dict[str, object]:
         return {"rollout_id": self.route.rollout_id, "upstream": self.sidecar.upstream_url,
@@ -639,11 +559,6 @@ class _BodyPump:
         self.client.on_write_flow = None
         if not self.done.done():
             self.done.cancel()
-
-
-def _compressed_success(upstream: UpstreamReply) -> bool:
-    encoding = upstream.header(b"content-encoding")
-    return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
 
 
 def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseException, message: str) -> None:

@@ -1,0 +1,125 @@
+"""One call's side of the token capture mode (DESIGN §11, §12), for the forwarder's `_Call`.
+
+Before the call: the fields to add (`TokenMode.plan`), and the training-token plan -- the call's
+lineage and intent (`TokenCapture.prepare`, on a worker thread). After the first reply: a refusal
+or a compressed success sends the agent's own request instead. Then the cutter for the reply, and
+a word when an event could not be cut. The forwarder calls each once; this holds the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Optional
+
+from capture import AddedFieldCutter, parse_json_object
+
+from ._token_capture import TOKEN_DIALECTS
+from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
+from ._upstream import UpstreamReply
+
+if TYPE_CHECKING:
+    from ._forwarder import _Call
+
+
+class TokenCall:
+    """The token capture mode's state for one call."""
+
+    def __init__(self, call: "_Call") -> None:
+        self.call = call
+        #: The fields added to this call's request, and the agent's own request parsed; None when
+        #: nothing was added.
+        self.fields: Optional[dict[str, Any]] = None
+        self.agent_request: dict[str, Any] = {}
+        self.cutter: Optional[AddedFieldCutter] = None
+
+    @property
+    def on(self) -> bool:
+        """The mode covers this call: --capture-tokens, or Gym's training path."""
+        call = self.call
+        return call.sidecar.token_mode is not None and (call.settings.capture_tokens or call.route.training_tokens)
+
+    def request_body(self, body: bytes) -> bytes:
+        """The body to send: the agent's own, or with the mode's fields added."""
+        call, token_mode = self.call, self.call.sidecar.token_mode
+        if token_mode is None or call.exchange is None or not self.on:
+            return body
+        plan = token_mode.plan(call.exchange.dialect, call.request.headers, body)
+        if plan is None:
+            return body
+        self.fields, self.agent_request, sent = plan
+        call.exchange.added_request_fields = self.fields
+        call.exchange.parsed_request = self.agent_request
+        return sent
+
+    async def plan_entry(self) -> None:
+        """Resolve the call's lineage and note its intent, off the event loop (DESIGN §12)."""
+        exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
+        if exchange is None or token_capture is None or not self.on or exchange.dialect not in TOKEN_DIALECTS:
+            return
+        request = self.agent_request or parse_json_object(self.call.request.body)
+        if not request:
+            return
+        exchange.token_plan = await asyncio.get_running_loop().run_in_executor(
+            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
+            exchange.retry_of)
+
+    def must_resend(self, upstream: UpstreamReply) -> bool:
+        """Fields were added and the reply is a refusal (400, or FastAPI's 422: nothing was
+        generated, maybe an added field refused) or a success the mode cannot cut (compressed):
+        the agent gets the reply to its own request instead."""
+        return self.fields is not None and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
+
+    async def resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
+        """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
+        get is learnt (those fields are not added again); a compressed reply is not a refusal: the
+        mode stays on, this call goes without arrays, and the sidecar says so once."""
+        call = self.call
+        fields = self.fields or {}
+        refused = upstream.status in REFUSAL_STATUSES
+        refused_body = b""
+        if refused:
+            sink = WholeBody()
+            upstream.attach(sink)
+            try:
+                refused_body = await sink.done
+            except UpstreamBroke as broke:
+                refused_body = broke.partial
+        upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
+        self.fields = None
+        if call.exchange is not None:
+            call.exchange.added_request_fields = None
+        own = await call._send_upstream(call.request.body)
+        token_mode = call.sidecar.token_mode
+        if token_mode is None:
+            return own
+        if not refused:
+            call.metrics.token_mode_compressed.inc()
+            token_mode.say_compressed(call.sidecar.upstream_url)
+        elif 200 <= own.status < 300:
+            token_mode.learn_refusal(fields, upstream.status, refused_body, call.sidecar.upstream_url)
+            call.metrics.token_fields_refused.inc()
+        return own
+
+    def cutter_for(self, upstream: UpstreamReply) -> Optional[AddedFieldCutter]:
+        """The cutter of a successful reply to a request with added fields, else None."""
+        exchange = self.call.exchange
+        if self.fields is None or not 200 <= upstream.status < 300 or exchange is None:
+            return None
+        self.cutter = AddedFieldCutter(exchange.dialect, self.fields, self.agent_request)
+        return self.cutter
+
+    def say_uncut(self) -> None:
+        """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
+        if self.cutter is None or not self.cutter.uncut_events:
+            return
+        call, events = self.call, self.cutter.uncut_events
+        call.metrics.token_mode_uncut_events.inc(events)
+        call.sidecar.repeated_warnings.warning("uncut", "the token capture mode could not cut %d event(s) of a reply "
+                                               "for %s: the agent received token data it did not ask for (counted in "
+                                               "mcc_token_mode_uncut_events_total)", events,
+                                               call.route.upstream_target, extra=call._log_context())
+
+
+def _compressed_success(upstream: UpstreamReply) -> bool:
+    encoding = upstream.header(b"content-encoding")
+    return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
