@@ -40,6 +40,8 @@ _LOGPROBS, _LOGPROBS_AFTER_COMMA, _LOGPROBS_OBJECT = b'"logprobs":', b',"logprob
 _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA, _TOKEN_IDS_LIST = b'"token_ids":', b',"token_ids":', b'"token_ids":['
 _TOOL_CALLS = "[TOOL_CALLS]"
 _TOOL_CALLS_BYTES = _TOOL_CALLS.encode()
+#: Every chunk `_only_token_data` drops has an empty delta: one whose bytes lack it is kept at once.
+_EMPTY_DELTA, _SPACED_DELTA = b'"delta":{}', b'"delta": '
 
 
 class AddedFieldCutter:
@@ -118,6 +120,10 @@ class AddedFieldCutter:
         self._dropped_last = False
         if type(payload) is not dict:
             return part + b"\n\n"
+        if self.dialect == "chat":
+            fast = self._chat_part(part, payload)
+            if fast is not None:
+                return fast
         spans = self._spans(data, event_type, payload)
         if spans is _DROP:
             self._dropped_last = True
@@ -125,6 +131,12 @@ class AddedFieldCutter:
         if not spans:
             return part + b"\n\n"
         offset = len(part) - len(data)
+        if len(spans) == 1:  # One value cut (the common shapes: one or two): no sort, no list.
+            ((start, end, value),) = spans
+            return b"".join((part[:start + offset], value, part[end + offset:], b"\n\n"))
+        if len(spans) == 2:
+            (a, b, first), (c, d, second) = sorted(spans)
+            return b"".join((part[:a + offset], first, part[b + offset:c + offset], second, part[d + offset:], b"\n\n"))
         return spliced(part, [(start + offset, end + offset, value) for start, end, value in spans]) + b"\n\n"  # type: ignore[union-attr]
 
     # -- bodies ----------------------------------------------------------------------------
@@ -138,6 +150,16 @@ class AddedFieldCutter:
         self.written.clear()
         return spliced(body, spans) if spans else body
 
+    def cut_parsed(self, response: dict[str, Any]) -> dict[str, Any]:
+        """`cut_body` on a body already parsed: the same values replaced, in ``response`` itself
+        (the capture writer's copy of what the agent saw, DESIGN §12)."""
+        for path, replacement in self._rules("body", response):
+            container: Any = response
+            for step in path[:-1]:
+                container = container[step]
+            container[path[-1]] = orjson.loads(replacement)
+        return response
+
     # -- the cutting -----------------------------------------------------------------------
 
     def _spans(self, data: bytes, event_type: str, payload: dict[str, Any]) -> Any:
@@ -145,7 +167,8 @@ class AddedFieldCutter:
         if self._drop_empty_chunks:
             if self._tool_texts or _TOOL_CALLS_BYTES in data:
                 self._follow_tool_calls(payload)
-            if self._only_token_data(payload):
+            # A cheap look first (compact JSON, as vLLM writes it): most chunks say something.
+            if (_EMPTY_DELTA in data or _SPACED_DELTA in data) and self._only_token_data(payload):
                 self.dropped_events += 1
                 return _DROP
         return self._value_spans(data, event_type, payload)
@@ -208,6 +231,41 @@ class AddedFieldCutter:
                     followed = self._tool_texts[index] = _ToolCallJson()
                     token = token[at + len(_TOOL_CALLS):]
                 followed.feed(token)
+
+    def _chat_part(self, part: bytes, payload: dict[str, Any]) -> Optional[bytes]:
+        """The hottest path: one token's chat chunk of one choice, with something to say (vLLM's
+        shape, one per generated token), cut in the event's own bytes, with its blank line.
+        None: anything else (a chunk that might be dropped, a Mistral tool call being followed,
+        two choices, the prompt ids) takes `_spans`."""
+        choices = payload.get("choices")
+        if (type(choices) is not list or len(choices) != 1 or self._tool_texts or _TOOL_CALLS_BYTES in part
+                or payload.get("prompt_token_ids") is not None):
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or (self._drop_empty_chunks and choice.get("delta") == {}):
+            return None
+        written = self.written
+        first = second = None
+        logprobs = choice.get("logprobs") if self._cut_logprobs else None
+        if logprobs is not None:
+            first = _span_after_key(part, written, logprobs, _LOGPROBS, _LOGPROBS_AFTER_COMMA)
+            if first is None:
+                return None
+        token_ids = choice.get("token_ids") if self._cut_token_ids else None
+        if token_ids is not None:
+            second = _span_after_key(part, written, token_ids, _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA)
+            if second is None:
+                return None
+        if first is None or second is None:
+            span = first or second
+            if span is None:
+                return None
+            self.cut_values += 1
+            return b"".join((part[:span[0]], b"null", part[span[1]:], b"\n\n"))
+        if second[0] < first[0]:
+            first, second = second, first
+        self.cut_values += 2
+        return b"".join((part[:first[0]], b"null", part[first[1]:second[0]], b"null", part[second[1]:], b"\n\n"))
 
     def _chat_token_chunk(self, data: bytes, payload: dict[str, Any]) -> Optional[list[Span]]:
         """The hot path: a chat chunk of one choice, as vLLM writes one per token -- its

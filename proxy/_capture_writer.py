@@ -88,16 +88,17 @@ class CaptureWriter:
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line
-        if not self._token_capture.commit(exchange.token_plan, line):
+        parsed = self._token_capture.commit(exchange.token_plan, line)
+        if parsed is None:
             return line  # No entry holds the arrays: the line keeps them.
         # Linear storage (DESIGN §12): the arrays live once in the token file; the line keeps what
         # the agent saw (the added fields cut, as they were from its reply) and names the entries.
-        seen = agent_view(exchange, fields.get("response"))
+        seen = agent_view(exchange, parsed.get("response"))
         if seen is None:
             return line
-        fields["response"] = seen
-        fields["token_entries"] = list(exchange.token_plan.entry_ids)
-        return encode_capture_line(fields)
+        parsed["response"] = seen
+        parsed["token_entries"] = list(exchange.token_plan.entry_ids)
+        return encode_capture_line(parsed)
 
     async def persist(self, exchange: CallExchange) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""

@@ -89,10 +89,12 @@ class TokenCapture:
             return None
         return TokenPlan(rollout_id, ids, items, verdict, retry_of)
 
-    def commit(self, plan: TokenPlan, line: bytes) -> bool:
-        """Write the call's entries from its capture line, on the capture writer thread; True when
-        every choice's entry is on disk (the line may then leave the arrays to the token file)."""
+    def commit(self, plan: TokenPlan, line: bytes) -> Optional[dict[str, Any]]:
+        """Write the call's entries from its capture line, on the capture writer thread. When every
+        choice's entry is on disk, the line's fields parsed (the line may then leave the arrays
+        to the token file); else None."""
         written = 0
+        fields: dict[str, Any] = {}
         try:
             fields = orjson.loads(line)
             records = token_records_of_line(fields, plan.rollout_id, 0)
@@ -123,8 +125,8 @@ class TokenCapture:
                     self.files.mark_incomplete(plan.rollout_id, entry_id)
                 except OSError:
                     pass
-            return False
-        return written == len(plan.entry_ids)
+            return None
+        return fields if written == len(plan.entry_ids) else None
 
     def _lineage(self, rollout_id: str) -> RolloutLineage:
         lineage = self._lineages.get(rollout_id)
@@ -142,12 +144,11 @@ class TokenCapture:
                     extra={"rollout_id": rollout_id, "kind": kind})
 
 
-def agent_view(exchange: Any, response: Any) -> Optional[orjson.Fragment]:
-    """The captured response as the agent saw it: the fields the mode added cut from it by the
-    same cutter that cut the agent's bytes (a streamed reply rebuilt has a body's shape); None
-    when nothing was added (the agent asked for the arrays: they are its own)."""
+def agent_view(exchange: Any, response: Any) -> Optional[dict[str, Any]]:
+    """The captured response (parsed) as the agent saw it: the values the mode added replaced as
+    the cutter replaced them in the agent's bytes (a streamed reply rebuilt has a body's shape);
+    None when nothing was added (the agent asked for the arrays: they are its own)."""
     added = exchange.added_request_fields
     if not added or not isinstance(response, dict):
         return None
-    cutter = AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {})
-    return orjson.Fragment(cutter.cut_body(orjson.dumps(response)))
+    return AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {}).cut_parsed(response)
