@@ -19,6 +19,7 @@ the same list), so concatenating it would double the prompt.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import orjson
@@ -38,6 +39,8 @@ _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 class ChatReassembler(Reassembler):
     done_is_terminal = True
     dialect = "chat"
+    #: Keep each token's logprob as a float beside its JSON (the token capture mode's entries).
+    collect_logprobs = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,6 +52,16 @@ class ChatReassembler(Reassembler):
         self._error: Any = None
         #: Per choice: its per-token lists (logprob entries, token ids) as JSON (`TokenArrays`).
         self._arrays: dict[int, TokenArrays] = {}
+
+    def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
+        """Per choice index: its generated ids and logprobs as the stream carried them; None when
+        the logprobs were not collected whole (`collect_logprobs` off, or not vLLM's shape)."""
+        found = {}
+        for index, arrays in self._arrays.items():
+            if arrays.logprob_values is None:
+                return None
+            found[index] = (arrays.ids(), arrays.logprob_values.tolist())
+        return found
 
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:
@@ -119,13 +132,13 @@ class ChatReassembler(Reassembler):
         logprobs = get("logprobs")
         written = self.written
         if type(logprobs) is dict:
-            arrays = self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())
+            arrays = self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays(self.collect_logprobs))
             choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs, written=written.get(id(logprobs))
                                                        if written else None)
         if "token_ids" in chunk_choice:
             token_ids = chunk_choice["token_ids"]
             if type(token_ids) is list:  # vLLM's: concatenated.
-                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())).extend(
+                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays(self.collect_logprobs))).extend(
                     "token_ids", token_ids, written.get(id(token_ids)) if written else None)
             else:
                 merge_unknown(choice, "token_ids", token_ids)
@@ -200,11 +213,14 @@ class TokenArrays:
     (``compact``) so the capture line embeds the JSON as it is, with no objects made at all.
     """
 
-    __slots__ = ("_lists",)
+    __slots__ = ("_lists", "logprob_values")
 
-    def __init__(self) -> None:
+    def __init__(self, collect_logprobs: bool = False) -> None:
         #: field -> the items of the list so far, comma-joined JSON (the list was seen: never None).
         self._lists: dict[str, bytearray] = {}
+        #: With ``collect_logprobs``: each ``logprobs.content`` entry's logprob, as it is parsed
+        #: anyway (the token capture mode's entry takes them without parsing the entries again).
+        self.logprob_values: array | None = array("d") if collect_logprobs else None
 
     def extend(self, field: str, items: list[Any], written: bytes | None = None) -> None:
         """Append ``items``; ``written``: their list's JSON, when someone already wrote it."""
@@ -223,6 +239,8 @@ class TokenArrays:
         the chunk's JSON when someone already wrote it (vLLM's is ``{"content":[...]}``)."""
         if current is None:
             current = {name: None for name in lists}
+        if self.logprob_values is not None:
+            self._collect(chunk.get("content"))
         if written is not None and len(chunk) == 1 and written.startswith(b'{"content":[') and written.endswith(b"]}"):
             self.extend("logprobs.content", chunk["content"], written[11:-1])
             return current
@@ -232,6 +250,25 @@ class TokenArrays:
             else:
                 merge_unknown(current, key, value)
         return current
+
+    def _collect(self, entries: Any) -> None:
+        values = self.logprob_values
+        if values is None:
+            return
+        if type(entries) is not list:
+            self.logprob_values = None  # Not vLLM's shape: the entry reads the line instead.
+            return
+        for entry in entries:
+            value = entry.get("logprob") if type(entry) is dict else None
+            if type(value) is not float and (type(value) is not int or type(value) is bool):
+                self.logprob_values = None
+                return
+            values.append(value)
+
+    def ids(self, field: str = "token_ids") -> list[Any] | None:
+        """A kept list, parsed (the ids: small ints, quick to parse), or None when never seen."""
+        items = self._lists.get(field)
+        return None if items is None else orjson.loads(b"[" + items + b"]")
 
     def put_into(self, choice: dict[str, Any], compact: bool) -> dict[str, Any]:
         """A copy of ``choice`` with the kept lists in their places."""

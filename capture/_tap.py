@@ -72,6 +72,8 @@ class StreamTap:
         self._written: dict[int, bytes] = {}
         if cutter is not None:
             self._reassembler.written = self._written = cutter.written
+            # The mode's entry takes each token's logprob as it is parsed here (DESIGN §12).
+            self._reassembler.collect_logprobs = True
         self._framing_failed = False
         self._raw = bytearray()
         self._raw_window = raw_window
@@ -175,6 +177,12 @@ class StreamTap:
         except Exception as exc:  # The output is complete whatever happens here.
             self._failure = f"{type(exc).__name__}: {exc}"
         self.terminal = self._reassembler.terminal
+
+    def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
+        """With a cutter, on chat: each choice's generated ids and logprobs as they streamed (see
+        `ChatReassembler.collected_arrays`); None elsewhere, or when the stream had another shape."""
+        collected = getattr(self._reassembler, "collected_arrays", None)
+        return collected() if collected is not None and self._cutter is not None and self._failure is None else None
 
     def close_output(self) -> bytes:
         """With a cutter, at the end of the body: the bytes of an unterminated last event, cut as

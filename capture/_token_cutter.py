@@ -150,6 +150,10 @@ class AddedFieldCutter:
         self.written.clear()
         return spliced(body, spans) if spans else body
 
+    def rules(self, response: dict[str, Any]) -> list[Cut]:
+        """What `cut_body` replaces in a body (or a stream rebuilt as one): (path, JSON value)."""
+        return self._rules("body", response)
+
     def cut_parsed(self, response: dict[str, Any]) -> dict[str, Any]:
         """`cut_body` on a body already parsed: the same values replaced, in ``response`` itself
         (the capture writer's copy of what the agent saw, DESIGN §12)."""

@@ -14,16 +14,16 @@ import errno
 import logging
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from capture import GroupCommitter, create_incomplete_marker
-from records import capture_path, encode_capture_line, incomplete_marker_path
+from capture import GroupCommitter, StreamTap, create_incomplete_marker
+from records import capture_path, encode_capture_line, incomplete_marker_path, token_records_of_line
 
 from ._exchange import CallExchange
 from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
 
-from ._token_capture import agent_view
+from ._token_capture import agent_view, cut_in_place, restore
 
 if TYPE_CHECKING:
     from ._token_capture import TokenCapture
@@ -85,6 +85,10 @@ class CaptureWriter:
         """The call's line; its training-token entry written first (on the writer thread: both are
         on disk before the agent sees the end of the reply)."""
         fields = exchange.capture_fields()
+        if exchange.token_plan is not None and self._token_capture is not None:
+            streamed = self._streamed_line(exchange, fields)
+            if streamed is not None:
+                return streamed
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line
@@ -99,6 +103,31 @@ class CaptureWriter:
         parsed["response"] = seen
         parsed["token_entries"] = list(exchange.token_plan.entry_ids)
         return encode_capture_line(parsed)
+
+    def _streamed_line(self, exchange: CallExchange, fields: dict[str, Any]) -> bytes | None:
+        """A chat stream in the token capture mode: the entries from the ids and logprobs the tap
+        kept as they streamed, and the line of what the agent saw, without ever writing the
+        arrays into a line and parsing them back (the tap's logprob entries are most of the
+        bytes); None to take the general way (another dialect, another shape, an entry not written)."""
+        tap, response = exchange.tap, fields.get("response")
+        collected = tap.collected_arrays() if isinstance(tap, StreamTap) else None
+        if not collected or not isinstance(response, dict) or not exchange.added_request_fields:
+            return None
+        prompt = response.get("prompt_token_ids")
+        replaced = cut_in_place(exchange, response)
+        records = []
+        for record in token_records_of_line(fields, exchange.rollout_id, 0):
+            ids, logprobs = collected.get(record.choice_index, (None, None))
+            if type(prompt) is not list or ids is None or logprobs is None or len(ids) != len(logprobs):
+                restore(replaced)
+                return None
+            records.append(record.model_copy(update={"prompt_token_ids": prompt, "generation_token_ids": ids,
+                                                     "generation_log_probs": logprobs, "missing": (), "problem": None}))
+        if not self._token_capture.commit_records(exchange.token_plan, records, response):  # type: ignore[union-attr]
+            restore(replaced)  # Not every choice has its entry: the line keeps the arrays (never tried twice).
+            return encode_capture_line(fields)
+        fields["token_entries"] = list(exchange.token_plan.entry_ids)
+        return encode_capture_line(fields)
 
     async def persist(self, exchange: CallExchange) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""

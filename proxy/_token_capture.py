@@ -33,6 +33,7 @@ from records import (
     TokenFiles,
     output_items,
     request_items,
+    TokenRecord,
     token_entry,
     token_records_of_line,
 )
@@ -90,15 +91,22 @@ class TokenCapture:
         return TokenPlan(rollout_id, ids, items, verdict, retry_of)
 
     def commit(self, plan: TokenPlan, line: bytes) -> Optional[dict[str, Any]]:
-        """Write the call's entries from its capture line, on the capture writer thread. When every
-        choice's entry is on disk, the line's fields parsed (the line may then leave the arrays
-        to the token file); else None."""
-        written = 0
-        fields: dict[str, Any] = {}
+        """Write the call's entries from its capture line (arrays included), on the capture writer
+        thread. When every choice's entry is on disk, the line's fields parsed (the line may then
+        leave the arrays to the token file); else None."""
         try:
             fields = orjson.loads(line)
             records = token_records_of_line(fields, plan.rollout_id, 0)
-            response = fields.get("response") if isinstance(fields.get("response"), dict) else {}
+        except Exception as exc:
+            self._failed(plan, exc)
+            return None
+        return fields if self.commit_records(plan, records, fields.get("response")) else None
+
+    def commit_records(self, plan: TokenPlan, records: list[TokenRecord], response: Any) -> bool:
+        """Write an entry per choice from its records (arrays present); True when all are on disk."""
+        response = response if isinstance(response, dict) else {}
+        written = 0
+        try:
             for position, entry_id in enumerate(plan.entry_ids):
                 record = next((r for r in records if r.choice_index == position), None)
                 if record is None or not record.usable:
@@ -119,14 +127,17 @@ class TokenCapture:
                 self._metrics.token_entries.labels(outcome).inc()
                 written += 1
         except Exception as exc:
-            self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
-            for entry_id in plan.entry_ids:
-                try:
-                    self.files.mark_incomplete(plan.rollout_id, entry_id)
-                except OSError:
-                    pass
-            return None
-        return fields if written == len(plan.entry_ids) else None
+            self._failed(plan, exc)
+            return False
+        return written == len(plan.entry_ids)
+
+    def _failed(self, plan: TokenPlan, exc: Exception) -> None:
+        self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
+        for entry_id in plan.entry_ids:
+            try:
+                self.files.mark_incomplete(plan.rollout_id, entry_id)
+            except OSError:
+                pass
 
     def _lineage(self, rollout_id: str) -> RolloutLineage:
         lineage = self._lineages.get(rollout_id)
@@ -152,3 +163,22 @@ def agent_view(exchange: Any, response: Any) -> Optional[dict[str, Any]]:
     if not added or not isinstance(response, dict):
         return None
     return AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {}).cut_parsed(response)
+
+
+def cut_in_place(exchange: Any, response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+    """`agent_view` on ``response`` itself; what was replaced, as (container, key, value), so
+    that `restore` can put it back."""
+    cutter = AddedFieldCutter(exchange.dialect, exchange.added_request_fields or {}, exchange.parsed_request or {})
+    replaced = []
+    for path, replacement in cutter.rules(response):
+        container: Any = response
+        for step in path[:-1]:
+            container = container[step]
+        replaced.append((container, path[-1], container[path[-1]]))
+        container[path[-1]] = orjson.loads(replacement)
+    return replaced
+
+
+def restore(replaced: list[tuple[Any, Any, Any]]) -> None:
+    for container, key, value in reversed(replaced):
+        container[key] = value

@@ -305,3 +305,25 @@ async def test_show_call_and_json_say_the_drift_and_what_was_added(http, upstrea
     rows = [orjson.loads(line) for line in runner.invoke(main, ["show", capture_dir, "drift", "--json"]).output.splitlines()]
     assert [(r["usable"], r["extends"], r["drift_from"]) for r in rows] == [(True, None, None), (True, None, 0)]
     assert rows[1]["drift_at"] is not None
+
+
+async def test_a_streamed_call_and_a_json_call_keep_the_same_entry_and_the_same_agent_view(http, stand_in, start,
+                                                                                          capture_dir, store):
+    """A chat stream's entry comes from the ids and logprobs kept as it streamed, a JSON body's from
+    its line: the same arrays either way (the stand-in answers both alike), the same view on the
+    line, the arrays read back from the token file."""
+    from records import read_token_records
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "same"}]}
+    for rollout, body in (("json", chat), ("stream", {**chat, "stream": True})):
+        await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/chat/completions"), orjson.dumps(body))
+    (from_json,), (streamed,) = read_token_entries(capture_dir, "json"), read_token_entries(capture_dir, "stream")
+    for key in ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "digest", "cum_len"):
+        assert from_json[key] == streamed[key], key
+    json_line, stream_line = store.read("json")[0], store.read("stream")[0]
+    assert stream_line["token_entries"] == [stream_line["model_call_id"]]
+    choice = stream_line["response"]["choices"][0]
+    assert choice["logprobs"] is None and choice["token_ids"] is None and stream_line["response"]["prompt_token_ids"] is None
+    assert json_line["response"]["choices"][0]["logprobs"] is None
+    (record,) = read_token_records(store, "stream")
+    assert record.source == "token_file" and record.generation_log_probs == streamed["generation_log_probs"]
