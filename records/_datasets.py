@@ -15,8 +15,9 @@ finer when Ray asks for more parallelism), one file at a time, yielding Arrow bl
 size. A task's memory is therefore bounded by its largest file and one block, never by the run.
 Every node reads the paths itself: the capture volume must be mounted at the same path on each.
 
-Ray and pyarrow are imported when a dataset is made (the ``ray`` extra:
-``pip install 'model-call-capture[ray]'``); `records` itself never needs them.
+Ray and pyarrow are imported when a dataset is made (the ``ray`` extra, installed from the
+checkout or its wheel: ``pip install "model-call-capture[ray] @ file:///path/to/checkout"``);
+`records` itself never needs them.
 """
 
 from __future__ import annotations
@@ -298,7 +299,8 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
         import ray
         import ray.data
     except ImportError:
-        raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (the model-call-capture[ray] extra)") from None
+        raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (or install this package from its "
+                          "checkout with its ray extra: pip install \"model-call-capture[ray] @ file:///path/to/checkout\")") from None
     files = capture_files(paths)
     if override_num_blocks is None:
         # As many blocks as read tasks: asked for more, Ray Data would split every task's output

@@ -267,3 +267,18 @@ def test_deploy_files_keep_what_their_comments_promise():
     from importlib.metadata import requires
     dependencies = [r for r in requires("model-call-capture") or () if "extra ==" not in r or '"fast"' in r]
     assert {re.split(r"[<>=;\[ ]", dependency)[0].lower() for dependency in dependencies} <= pinned
+
+
+def test_the_docs_never_install_us_by_a_name_nobody_owns():
+    """Issue 33, point 1: `model-call-capture` is not on the package index; an install line by name
+    would fail, or install whatever someone registered under it (dependency confusion). Every
+    install of it in the docs and messages goes through the checkout, a path or a wheel."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in [*root.glob("*.md"), *root.glob("deploy/**/*.md"), *root.glob("proxy/**/*.py"), *root.glob("records/**/*.py"),
+                 *root.glob("capture/**/*.py")]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "pip install" in line and "model-call-capture" in line and " @ " not in line and "file://" not in line:
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

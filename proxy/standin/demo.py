@@ -31,7 +31,7 @@ async def run_demo(capture_dir: str) -> int:
         import anthropic  # noqa: F401
         import openai  # noqa: F401
     except ImportError:
-        print("mcc demo needs the official SDKs: pip install 'model-call-capture[demo]'")
+        print("mcc demo needs the official SDKs: pip install openai anthropic (or `make demo` from the checkout)")
         return 2
     capture_dir = os.path.abspath(capture_dir)
     store = CaptureStore(capture_dir)
