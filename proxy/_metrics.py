@@ -11,7 +11,7 @@ import os
 from bisect import bisect_left
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
@@ -29,6 +29,9 @@ class SidecarMetrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
+        # process_resident_memory_bytes and friends: what to alert on before the memory limit
+        # (deploy/README.md, "Sizing the sidecar").
+        ProcessCollector(registry=registry)
         # With --workers N every scrape sums all workers' counters: one sample per worker counted.
         Gauge("mcc_worker_info", "One sample per sidecar process whose counts this scrape includes.", ["pid"],
               registry=registry).labels(str(os.getpid())).set(1)

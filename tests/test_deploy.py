@@ -282,3 +282,23 @@ def test_the_docs_never_install_us_by_a_name_nobody_owns():
             if "pip install" in line and "model-call-capture" in line and " @ " not in line and "file://" not in line:
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_manifests_pin_the_proven_vllm_and_the_batch_the_sidecar_is_sized_for():
+    """Issue 33, points 2 and 7: the vLLM image is the release `make vllm-conformance` proves the
+    token capture mode's cut on, and vLLM's batch is pinned at the 256 sequences the sidecar's
+    memory limit holds (vLLM's own default is 1,024 on H100-class GPUs)."""
+    import pathlib
+    from tests.vllm_conformance.vllm_server import VLLM_REQUIREMENT
+    proven = VLLM_REQUIREMENT.split("==")[1]
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for manifest in ("deploy/kubernetes/deployment.yaml", "deploy/compose/compose.yaml"):
+        text = (root / manifest).read_text(encoding="utf-8")
+        assert f"vllm/vllm-openai:v{proven}" in text, manifest
+        assert "--max-num-seqs=256" in text or '"--max-num-seqs", "256"' in text, manifest
+
+
+async def test_metrics_show_the_resident_memory_to_alert_on(http, upstream, sidecar):
+    from tests.wire import fetch
+    text = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert "process_resident_memory_bytes" in text
