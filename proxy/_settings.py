@@ -8,6 +8,7 @@ else is ignored. The environment is read here and nowhere else.
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -26,6 +27,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 600.0
 #: Kubernetes' default terminationGracePeriodSeconds is 30; the drain must end before it.
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
+#: The longest --read-timeout: the silence allowed between two reads of a reply; a day is a typo.
+MAX_READ_TIMEOUT_S = 3600.0
 #: The longest --shutdown-delay: endpoints stop routing within seconds; an hour is a typo (1e9).
 MAX_SHUTDOWN_DELAY_S = 3600.0
 #: uvicorn (vLLM's server) closes idle keep-alive connections after 5 s: reuse them for less.
@@ -56,7 +59,7 @@ class Settings(BaseModel):
     model_name: str | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
     connect_timeout: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
-    read_timeout: float = Field(DEFAULT_READ_TIMEOUT_S, gt=0)
+    read_timeout: float = Field(DEFAULT_READ_TIMEOUT_S, gt=0, le=MAX_READ_TIMEOUT_S)
     session_id_header: str = "x-session-id"
     assistant_message_id_header: str = "x-assistant-message-id"
     log_level: str = "info"
@@ -168,6 +171,13 @@ class Settings(BaseModel):
     def _has_upstream(self) -> "Settings":
         if self.upstream is None and not self.stand_in:
             raise ValueError("an upstream is required: pass --upstream URL or set MCC_UPSTREAM")
+        if self.upstream is not None and self.stand_in:
+            # The records would name a server that was never used.
+            raise ValueError("--stand-in serves its own model, so --upstream (MCC_UPSTREAM) would be ignored: "
+                             "give one or the other")
+        if self.capture_tokens and not self.capture_on:
+            raise ValueError("--capture-tokens (MCC_CAPTURE_TOKENS) needs capture on, or it does nothing: "
+                             "pass --capture-dir DIR (MCC_CAPTURE_DIR), with capture enabled")
         return self
 
     @property
@@ -241,7 +251,9 @@ def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -
     for variable in sorted(environ):
         if variable.startswith(ENV_PREFIX) and variable not in known:
             listed = sorted(ENV_PREFIX + n.upper() for n in Settings.model_fields if n not in _INTERNAL_SETTINGS)
-            warn(f"ignoring unknown environment variable {variable} (settings: {', '.join(listed)})")
+            close = difflib.get_close_matches(variable, listed, n=1, cutoff=0.8)
+            warn(f"ignoring unknown environment variable {variable}: "
+                 + (f"did you mean {close[0]}?" if close else f"the settings are {', '.join(listed)}"))
     return found
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import sys
@@ -217,3 +218,24 @@ def test_the_stand_in_runs_alone_on_a_chosen_port_and_waits_as_asked():
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0
+
+
+@pytest.mark.parametrize("settings, environ, said", [
+    ({"upstream": "http://u", "capture_tokens": True}, {}, "--capture-tokens (MCC_CAPTURE_TOKENS) needs capture on"),
+    ({"upstream": "http://u", "stand_in": True}, {}, "--stand-in serves its own model"),
+    ({"upstream": "http://u", "read_timeout": 1e9}, {}, "3600"),
+    ({"upstream": "http://u", "shutdown_delay": 1e9}, {}, "3600"),
+])
+def test_no_setting_is_silently_ignored_or_absurd(settings, environ, said):
+    """Issue 33, point 3: a setting that would do nothing, or a server never used, or a timeout of
+    years, is refused in one sentence before anything starts."""
+    from proxy import ConfigError, load_settings
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_settings(settings, environ)
+
+
+def test_a_misspelt_variable_gets_the_likely_one():
+    from proxy import load_settings
+    heard = []
+    load_settings({"upstream": "http://u"}, {"MCC_CAPTURE_TOKEN": "1"}, heard.append)
+    assert heard == ["ignoring unknown environment variable MCC_CAPTURE_TOKEN: did you mean MCC_CAPTURE_TOKENS?"]

@@ -123,10 +123,11 @@ async def test_without_the_mode_nothing_is_added(http, stand_in, start, capture_
 
 
 def test_the_setting_reads_from_flag_variable_and_yaml(tmp_path):
-    assert load_settings({"upstream": "http://u", "capture_tokens": True}).capture_tokens is True
-    assert load_settings({"upstream": "http://u"}, {"MCC_CAPTURE_TOKENS": "true"}).capture_tokens is True
+    on = {"upstream": "http://u", "capture_dir": str(tmp_path)}
+    assert load_settings({**on, "capture_tokens": True}).capture_tokens is True
+    assert load_settings(on, {"MCC_CAPTURE_TOKENS": "true"}).capture_tokens is True
     config = tmp_path / "c.yaml"
-    config.write_text("mcc:\n  upstream: http://u\n  capture_tokens: true\n")
+    config.write_text(f"mcc:\n  upstream: http://u\n  capture_dir: {tmp_path}\n  capture_tokens: true\n")
     assert load_settings({"config": str(config)}, {}).capture_tokens is True
     assert load_settings({"upstream": "http://u"}, {}).capture_tokens is False
     with pytest.raises(ConfigError, match="MCC_CAPTURE_TOKENS"):
