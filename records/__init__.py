@@ -64,12 +64,15 @@ from ._rollouts import (
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
 from ._datasets import (
+    CALL_TOKEN_COLUMNS,
+    KINDS,
     ROLLOUT_COLUMNS,
     TOKEN_COLUMNS,
     TRAJECTORY_COLUMNS,
     arrow_schema,
     capture_files,
     ray_dataset,
+    rollout_rows_of,
     to_arrow,
     trajectory_rows,
 )
@@ -88,6 +91,9 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "CALL_TOKEN_COLUMNS",
+    "KINDS",
+    "rollout_rows_of",
     "ROLLOUT_COLUMNS",
     "TRAJECTORY_COLUMNS",
     "arrow_schema",

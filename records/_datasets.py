@@ -60,8 +60,17 @@ TRAJECTORY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("logprobs", "list<float64>"), ("call_ids", "list<string>"), ("call_starts", "list<int64>"),
     ("call_ends", "list<int64>"), ("masked", "bool"), ("mask_reason", "string"),
 )
-KINDS = ("calls", "tokens", "trajectories")
-_COLUMNS = {"calls": CALL_COLUMNS, "tokens": TOKEN_COLUMNS, "trajectories": TRAJECTORY_COLUMNS}
+#: The columns of ``kind="call_tokens"`` (`mcc export --token-arrays`): a call's columns, then one of
+#: its choices' training arrays and verdicts (``source`` and ``problem`` named for the arrays).
+CALL_TOKEN_COLUMNS: tuple[tuple[str, str], ...] = CALL_COLUMNS + (
+    ("choice_index", "int64"), ("prompt_token_ids", "list<int64>"), ("generation_token_ids", "list<int64>"),
+    ("generation_log_probs", "list<float64>"), ("token_source", "string"), ("token_problem", "string"),
+    ("missing", "list<string>"), ("usable", "bool"), ("unusable_reason", "string"), ("extends", "int64"),
+    ("drift_at", "int64"), ("drift_from", "int64"),
+)
+KINDS = ("calls", "tokens", "trajectories", "call_tokens")
+_COLUMNS = {"calls": CALL_COLUMNS, "tokens": TOKEN_COLUMNS, "trajectories": TRAJECTORY_COLUMNS,
+            "call_tokens": CALL_TOKEN_COLUMNS}
 #: A read task's files add up to about this much (one larger file is a task of its own). A task
 #: costs Ray Data a round trip to its driver before the next starts (~0.2 s on a busy node, with
 #: its default resource reservation): a few seconds of reading a task keeps that small. Memory
@@ -156,13 +165,7 @@ def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
     for path in files:
         directory, name = os.path.split(path)
         rollout_id = name[: -len(CAPTURE_SUFFIX)]
-        read = {"calls": _call_rows, "tokens": _token_rows, "trajectories": _trajectory_rows}[kind]
-        rollout_rows, unreadable = read(CaptureStore(directory), rollout_id)
-        base, attempt = split_attempt(rollout_id)
-        incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
-        for row in rollout_rows:
-            row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete,
-                       rollout_unreadable_lines=unreadable)
+        for row in rollout_rows_of(directory, rollout_id, kind):
             for column in names:
                 block[column].append(row[column])
             rows += 1
@@ -240,6 +243,48 @@ def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, An
     return rows, unreadable
 
 
+def rollout_rows_of(directory: str, rollout_id: str, kind: str) -> list[dict[str, Any]]:
+    """The rows of one rollout a read task of ``kind`` gives, its `ROLLOUT_COLUMNS` included:
+    what `mcc export` writes in one process too, so both give the same columns and rows."""
+    read = {"calls": _call_rows, "tokens": _token_rows, "trajectories": _trajectory_rows,
+            "call_tokens": _call_token_rows}[kind]
+    rows, unreadable = read(CaptureStore(directory), rollout_id)
+    base, attempt = split_attempt(rollout_id)
+    incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
+    for row in rows:
+        row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete, rollout_unreadable_lines=unreadable)
+    return rows
+
+
+def _call_token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
+    """Each call's row once per choice with its training arrays (`TokenRecord`), a call without
+    arrays once with none."""
+    calls, unreadable = _call_rows(store, rollout_id)
+    by_call: dict[int, list[TokenRecord]] = {}
+    for record in iter_token_records(store, rollout_id):
+        by_call.setdefault(record.call_index, []).append(record)
+    rows = []
+    for call in calls:
+        for record in by_call.get(call["call_index"]) or [None]:
+            row = dict(call)
+            if record is None:
+                row.update(choice_index=0, prompt_token_ids=None, generation_token_ids=None, generation_log_probs=None,
+                           token_source=None, token_problem=None, missing=["prompt_token_ids", "generation_token_ids",
+                                                                           "generation_log_probs"],
+                           usable=False, unusable_reason="no token arrays captured", extends=None, drift_at=None,
+                           drift_from=None)
+            else:
+                values = token_row(record)
+                row.update(choice_index=values["choice_index"], prompt_token_ids=values["prompt_token_ids"],
+                           generation_token_ids=values["generation_token_ids"],
+                           generation_log_probs=values["generation_log_probs"], token_source=values["source"],
+                           token_problem=values["problem"], missing=values["missing"], usable=values["usable"],
+                           unusable_reason=values["unusable_reason"], extends=values["extends"],
+                           drift_at=values["drift_at"], drift_from=values["drift_from"])
+            rows.append(row)
+    return rows, unreadable
+
+
 def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:
     """The rollout's chains (`records.trajectories` of the token file beside its capture file);
     a masked rollout gives its chains too, each marked, or one empty row saying why. ``logprobs``
@@ -264,12 +309,7 @@ def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[st
 
 def trajectory_rows(directory: str, rollout_id: str) -> list[dict[str, Any]]:
     """The rows ``kind="trajectories"`` gives for one rollout (with its `ROLLOUT_COLUMNS`)."""
-    rows, _ = _trajectory_rows(CaptureStore(directory), rollout_id)
-    base, attempt = split_attempt(rollout_id)
-    incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
-    for row in rows:
-        row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete, rollout_unreadable_lines=0)
-    return rows
+    return rollout_rows_of(directory, rollout_id, "trajectories")
 
 
 def token_row(record: TokenRecord) -> dict[str, Any]:

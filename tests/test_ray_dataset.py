@@ -255,6 +255,36 @@ def test_mcc_export_on_ray_writes_the_datasets_rows(tmp_path, local_ray):
     assert refused.exit_code == 2 and "--ray writes Parquet" in refused.output
 
 
+@pytest.mark.parametrize("flags", [[], ["--token-arrays"]])
+def test_one_export_command_gives_one_schema_with_or_without_ray(tmp_path, local_ray, flags):
+    """Issue 33, point 4: `mcc export --format parquet` in one process and with `--ray` write the
+    same columns (token arrays included: no call column dropped, none renamed), the same rows, and
+    files that say what made them."""
+    import json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from proxy import main
+
+    directory = str(tmp_path / "captures")
+    make_token_dir(directory, rollouts=4, calls=3, tokens=10)
+    alone, spread = str(tmp_path / "alone.parquet"), str(tmp_path / "spread")
+    for extra, output in (([], alone), (["--ray", "local"], spread)):
+        done = CliRunner().invoke(main, ["export", directory, "--format", "parquet", "-o", output, *flags, *extra])
+        assert done.exit_code == 0, done.output
+    one, many = pq.read_table(alone), pq.read_table(spread)
+    assert one.schema.names == many.schema.names and "added_request_fields" in one.schema.names
+    assert ("token_source" in one.schema.names) == bool(flags) and "rollout_base" in one.schema.names
+    key = lambda row: (row["rollout_id"], row["call_index"], row.get("choice_index", 0))  # noqa: E731
+    assert sorted(one.to_pylist(), key=key) == sorted(many.to_pylist(), key=key)
+    for table in (one, pq.ParquetFile(next(os.path.join(spread, n) for n in os.listdir(spread) if n.endswith(".parquet"))).schema_arrow):
+        metadata = (table.schema if hasattr(table, "schema") else table).metadata
+        assert metadata[b"model_call_capture.source_directory"] == os.path.abspath(directory).encode()
+        assert json.loads(metadata[b"model_call_capture.arguments"])["token_arrays"] is bool(flags)
+        assert b"model_call_capture.version" in metadata and b"model_call_capture.exported_at" in metadata
+
+
 async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(tmp_path, local_ray):
     """Three sidecar processes append to the same rollouts' files in one directory (flock + fsync,
     DESIGN §3) while the dataset reads it again and again: every read sees whole lines only, never

@@ -287,6 +287,10 @@ async def test_show_export_and_report_carry_the_chains(http, upstream, start, ca
     report = tmp_path / "report.html"
     assert runner.invoke(main, ["report", capture_dir, "-o", str(report)]).exit_code == 0
     assert "trajectory: trainable; main: #0 -&gt; #1" in report.read_text() or "trajectory: trainable; main: #0 -> #1" in report.read_text()
+    calls = str(tmp_path / "calls.parquet")
+    assert runner.invoke(main, ["export", capture_dir, "--format", "parquet", "-o", calls]).exit_code == 0
+    assert {row["added_request_fields"] for row in pq.read_table(calls).to_pylist()} == {
+        '{"logprobs":true,"return_token_ids":true}'}, "the arrays the sidecar asked for, against the agent's own"
 
 
 async def test_show_call_and_json_say_the_drift_and_what_was_added(http, upstream, start, capture_dir):
@@ -327,3 +331,21 @@ async def test_a_streamed_call_and_a_json_call_keep_the_same_entry_and_the_same_
     assert json_line["response"]["choices"][0]["logprobs"] is None
     (record,) = read_token_records(store, "stream")
     assert record.source == "token_file" and record.generation_log_probs == streamed["generation_log_probs"]
+
+
+async def test_show_call_summarises_per_token_lists_unless_full(http, stand_in, start, capture_dir):
+    """Issue 33, point 5: an agent that asked for logprobs itself keeps them on its line; `show --call`
+    says them in one line, `--full` prints them whole."""
+    from click.testing import CliRunner
+
+    from proxy import main
+    sidecar = await start(stand_in.url, capture_dir=capture_dir)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                         "return_token_ids": True})
+    await fetch(http, "POST", rollout_url(sidecar.url, "asked", "/v1/chat/completions"), body)
+    runner = CliRunner()
+    short = runner.invoke(main, ["show", capture_dir, "asked", "--call", "0"]).output
+    full = runner.invoke(main, ["show", capture_dir, "asked", "--call", "0", "--full"]).output
+    assert "logprob entries; --full prints them)" in short and "ids; --full prints them)" in short
+    assert '"logprob":' not in short and '"logprob":' in full
+    assert len(short.splitlines()) * 3 < len(full.splitlines())

@@ -176,7 +176,9 @@ def _errors(row: RolloutRow) -> str:
 @click.argument("rollout_id", metavar="ROLLOUT")
 @click.option("--call", "call_index", type=int, help="Print this call's request and response.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
-def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_json: bool) -> None:
+@click.option("--full", is_flag=True, help="With --call: print per-token logprob entries and token id lists whole "
+                                           "(by default each is summarised in one line).")
+def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_json: bool, full: bool) -> None:
     """The calls of one rollout in order, or one call in full with --call N."""
     store = _store(directory)
     rollout_id = _rollout_id(store, rollout_id)
@@ -206,7 +208,8 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                            ("failure", "failure")):
             if line.get(key) is not None:
                 click.echo(f"\n--- {title} ---")
-                click.echo(line[key] if isinstance(line[key], str) else pretty_json(line[key]))
+                value = line[key] if full or key != "response" else summarised_arrays(line[key])
+                click.echo(value if isinstance(value, str) else pretty_json(value))
         if line.get("response") is None and line.get("response_raw"):
             click.echo("\n--- response (raw) ---")
             click.echo(line["response_raw"])
@@ -255,6 +258,25 @@ def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:
         said.append(f"  {chain.chain_id}: {' -> '.join(name(call.model_call_id) for call in chain.calls)}; "
                     f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained")
     return said
+
+
+#: Per-token lists a reply may carry: printed as one line each unless ``--full``.
+_PER_TOKEN_KEYS = frozenset({"content", "refusal", "token_ids", "prompt_token_ids", "logprobs", "tokens", "top_logprobs",
+                             "token_logprobs", "text_offset"})
+
+
+def summarised_arrays(value: Any, key: str = "") -> Any:
+    """``value`` with every per-token list (logprob entries, id lists) of more than a few items
+    said in one line: a 15-token reply's logprobs are 15 objects of 5 lines each otherwise."""
+    if isinstance(value, dict):
+        return {name: summarised_arrays(item, name) for name, item in value.items()}
+    if isinstance(value, list):
+        if key in _PER_TOKEN_KEYS and len(value) > 3 and (all(isinstance(v, int) for v in value) or all(
+                isinstance(v, dict) and ("logprob" in v or "token" in v) for v in value)):
+            kind = "ids" if isinstance(value[0], int) else "logprob entries"
+            return f"({len(value):,} {kind}; --full prints them)"
+        return [summarised_arrays(item, key) for item in value]
+    return value
 
 
 def training_summary(store: CaptureStore, rollout_id: str, call_index: int) -> list[str]:

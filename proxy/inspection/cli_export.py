@@ -64,9 +64,9 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
     --ray, or records.ray_dataset in your own Ray job (README, "A whole run on Ray Data").
     """
-    from records import iter_token_records
+    from records import rollout_rows_of
 
-    from .export import otel_lines, with_token_arrays, write_parquet
+    from .export import export_metadata, otel_lines, write_parquet
     from .tables import iter_call_rows
 
     if (token_arrays or output_text or trajectories) and kind != "parquet":
@@ -79,7 +79,8 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         _writable_parent(output)
         _store(directory)
         count = _export_on_ray(directory, output, ray_address,
-                               "trajectories" if trajectories else "tokens" if token_arrays else "calls")
+                               "trajectories" if trajectories else "call_tokens" if token_arrays else "calls",
+                               export_metadata(directory, click.get_current_context()))
         click.echo(f"wrote {output}/: {count:,} rows")
         return
     _writable_parent(output)
@@ -96,26 +97,30 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         click.echo(f"wrote {output}: {count:,} calls in {len(rollout_ids):,} traces")
         return
     if trajectories:
-        count = _export_trajectories(store, rollout_ids, output)
+        count = _export_trajectories(store, rollout_ids, output, export_metadata(directory, click.get_current_context()))
         click.echo(f"wrote {output}: {count:,} chains")
         return
+    # The rows a `--ray` export's read tasks give (`records.rollout_rows_of`): one schema for one command.
+    dataset_kind = "call_tokens" if token_arrays else "calls"
     rows = []
     with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
-            rows.extend(iter_call_rows(store, rid, output_text=output_text))
+            found = rollout_rows_of(store.capture_dir, rid, dataset_kind)
+            if output_text:
+                texts = {row.call_index: row.output_text for row in iter_call_rows(store, rid, output_text=True)}
+                for row in found:
+                    row["output_text"] = texts.get(row["call_index"])
+            rows.extend(found)
             bar.update(1)
     try:
-        if token_arrays:
-            tokens = (record for rid in rollout_ids for record in iter_token_records(store, rid))
-            count = write_parquet(list(with_token_arrays(rows, tokens)), output, token_arrays=True, output_text=output_text)
-        else:
-            count = write_parquet(rows, output, output_text=output_text)
+        count = write_parquet(rows, output, dataset_kind, output_text=output_text,
+                              metadata=export_metadata(directory, click.get_current_context()))
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}: {count:,} rows")
 
 
-def _export_trajectories(store: Any, rollout_ids: list[str], output: str) -> int:
+def _export_trajectories(store: Any, rollout_ids: list[str], output: str, metadata: dict[bytes, bytes]) -> int:
     """The rollouts' chains as ``ray_dataset(kind="trajectories")`` gives them, in one Parquet file."""
     try:
         import pyarrow.parquet as pq
@@ -128,7 +133,7 @@ def _export_trajectories(store: Any, rollout_ids: list[str], output: str) -> int
         for rid in rollout_ids:
             rows += trajectory_rows(store.capture_dir, rid)
             bar.update(1)
-    pq.write_table(_table(rows, arrow_schema(TRAJECTORY_COLUMNS + ROLLOUT_COLUMNS)), output)
+    pq.write_table(_table(rows, arrow_schema(TRAJECTORY_COLUMNS + ROLLOUT_COLUMNS).with_metadata(metadata)), output)
     return len(rows)
 
 
@@ -137,7 +142,7 @@ def _table(rows: list[dict[str, Any]], schema: Any) -> Any:
     return to_arrow({field.name: [row[field.name] for row in rows] for field in schema}, schema)
 
 
-def _export_on_ray(directory: str, output: str, address: str, kind: str) -> int:
+def _export_on_ray(directory: str, output: str, address: str, kind: str, metadata: dict[bytes, bytes]) -> int:
     """`records.ray_dataset` written as a directory of Parquet files; the rows written."""
     try:
         import pyarrow.parquet as pq
@@ -147,7 +152,10 @@ def _export_on_ray(directory: str, output: str, address: str, kind: str) -> int:
     from records import ray_dataset
 
     _connect_to_ray(address)
-    ray_dataset(directory, kind=kind).write_parquet(output)
+    dataset = ray_dataset(directory, kind=kind)
+    # Each file says where it came from, as the one-process export's does (fused into the read).
+    dataset.map_batches(lambda table: table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata}),
+                        batch_format="pyarrow", zero_copy_batch=True).write_parquet(output)
     return sum(pq.ParquetFile(os.path.join(output, name)).metadata.num_rows
                for name in os.listdir(output) if name.endswith(".parquet"))
 

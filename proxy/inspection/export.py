@@ -10,38 +10,16 @@ it, written as NDJSON with one OTLP ``ExportTraceServiceRequest`` per line, whic
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CALL_COLUMNS, TokenRecord
-from records._call_rows import with_arrow_times
-from records._datasets import arrow_schema
+from records import CALL_COLUMNS, CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, to_arrow
 
 from .tables import CallRow
 
 _PROVIDERS = {"chat": "openai", "responses": "openai", "completions": "openai", "messages": "anthropic"}
-
-
-def with_token_arrays(rows: Iterable[CallRow], token_records: Iterable[TokenRecord]) -> Iterator[dict[str, Any]]:
-    """One row per call and choice, with that choice's training arrays (`records.read_token_records`)."""
-    by_call: dict[tuple[str, int], list[TokenRecord]] = {}
-    for record in token_records:
-        by_call.setdefault((record.rollout_id, record.call_index), []).append(record)
-    for row in rows:
-        for record in by_call.get((row.rollout_id, row.call_index)) or [None]:
-            values = row.as_dict()
-            values.update({name: getattr(record, name, None) for name in _TOKEN_COLUMNS})
-            values["choice_index"] = record.choice_index if record is not None else 0
-            values["usable"] = record.usable if record is not None else False
-            values["unusable_reason"] = record.unusable_reason if record is not None else "no token arrays captured"
-            values["missing"] = list(record.missing) if record is not None else list(_ARRAYS)
-            yield values
-
-
-_ARRAYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-_TOKEN_COLUMNS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "source", "problem", "extends",
-                  "drift_at", "drift_from")
 
 
 #: Said when pyarrow is missing: the package is not on PyPI, so name what works from a clone too.
@@ -49,30 +27,38 @@ PYARROW_HINT = ("Parquet export needs pyarrow: pip install pyarrow (in the envir
                 "from a clone, make install or .venv/bin/pip install pyarrow)")
 
 
-def write_parquet(rows: Iterable[CallRow | dict[str, Any]], path: str, token_arrays: bool = False,
-                  output_text: bool = False) -> int:
-    """One row per call; with ``token_arrays`` (rows from `with_token_arrays`), per call and choice;
-    with ``output_text``, the reply's text (rows from `iter_call_rows(..., output_text=True)`)."""
+def write_parquet(rows: list[dict[str, Any]], path: str, kind: str = "calls", output_text: bool = False,
+                  metadata: dict[bytes, bytes] | None = None) -> int:
+    """``rows`` (`records.rollout_rows_of` of ``kind``: ``calls``, or ``call_tokens`` with the
+    training arrays) in one Parquet file with that kind's columns (the ``--ray`` export's), plus
+    ``output_text`` when asked; ``metadata`` in the file's key-value metadata."""
     try:
-        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise RuntimeError(PYARROW_HINT) from None
-    records = [with_arrow_times(row if isinstance(row, dict) else row.as_dict()) for row in rows]
-    columns = list(CALL_COLUMNS)
+    columns = list(CALL_TOKEN_COLUMNS if kind == "call_tokens" else CALL_COLUMNS)
     if output_text:
         columns.append(("output_text", "string"))
-    if token_arrays:
-        for record in records:
-            record["token_source"] = record.pop("source", None)
-            record["token_problem"] = record.pop("problem", None)
-        columns += [("choice_index", "int64"), ("prompt_token_ids", "list<int64>"),
-                    ("generation_token_ids", "list<int64>"), ("generation_log_probs", "list<float64>"),
-                    ("token_source", "string"), ("token_problem", "string"), ("missing", "list<string>"),
-                    ("usable", "bool"), ("unusable_reason", "string"), ("extends", "int64"), ("drift_at", "int64"),
-                    ("drift_from", "int64")]
-    pq.write_table(pa.Table.from_pylist(records, schema=arrow_schema(columns)), path)
-    return len(records)
+    columns += list(ROLLOUT_COLUMNS)
+    schema = arrow_schema(columns).with_metadata(metadata or {})
+    pq.write_table(to_arrow({name: [row.get(name) for row in rows] for name, _ in columns}, schema), path)
+    return len(rows)
+
+
+def export_metadata(directory: str, context: Any) -> dict[bytes, bytes]:
+    """What every exported Parquet file says of itself: the tool and its version, the directory it
+    read, when, and the command's arguments."""
+    from datetime import datetime, timezone
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        tool_version = version("model-call-capture")
+    except PackageNotFoundError:
+        tool_version = "unknown"
+    arguments = {key: value for key, value in (context.params if context is not None else {}).items()}
+    return {b"model_call_capture.version": tool_version.encode(),
+            b"model_call_capture.source_directory": os.path.abspath(directory).encode(),
+            b"model_call_capture.exported_at": datetime.now(timezone.utc).isoformat().encode(),
+            b"model_call_capture.arguments": orjson.dumps(arguments, default=str)}
 
 
 #: Spans per OTLP request line: a collector's request size stays bounded however long a rollout is.
