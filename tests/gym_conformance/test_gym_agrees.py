@@ -20,19 +20,11 @@ from tests.conformance.test_recorded_through_proxy import _script
 from tests.wire import fetch, rollout_url
 
 from .agreement import compare_rollout, run_gym
-from .gym_venv import GymUnavailable, gym_python
 
 pytestmark = [pytest.mark.conformance, requires_fixtures]
 
 GYM_CONFIG = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "gym", "gym_config.yaml"))
 
-
-@pytest.fixture(scope="module")
-def gym() -> str:
-    try:
-        return gym_python()
-    except GymUnavailable as exc:
-        pytest.skip(f"NeMo Gym's reader is not available here: {exc}")
 
 
 async def test_records_agree_with_gyms_reader_field_by_field(http, upstream, sidecar, capture_dir, gym, tmp_path):

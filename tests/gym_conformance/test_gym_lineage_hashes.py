@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
 
 from records import assistant_fingerprint, conversation_digest
 
-from .gym_venv import GymUnavailable, gym_python
 
 _CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}
 #: Requests as agents send them: Chat, Responses input, Anthropic messages, and the odd shapes.
@@ -70,11 +68,7 @@ def _ours(messages: list) -> list[str]:
         return ["error", str(error)]
 
 
-def test_the_hashes_are_gyms():
-    try:
-        gym = gym_python()
-    except GymUnavailable as exc:
-        pytest.skip(f"NeMo Gym 0.7.0 is not available here: {exc}")
+def test_the_hashes_are_gyms(gym):
     done = subprocess.run([gym, "-c", _GYM_SCRIPT], input=json.dumps(CONVERSATIONS), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -8,13 +8,11 @@ import json
 import subprocess
 
 import orjson
-import pytest
 
 from records import read_token_entries
 from tests.test_token_files import SYSTEM, converse, serve_model
 from tests.vllm_chat_model import TinyChatModel
 
-from .gym_venv import GymUnavailable, gym_python
 
 _GYM_SCRIPT = """
 import json, sys
@@ -43,13 +41,6 @@ for rollout in rollouts:
 print(json.dumps(out))
 """
 
-
-@pytest.fixture(scope="module")
-def gym() -> str:
-    try:
-        return gym_python()
-    except GymUnavailable as exc:
-        pytest.skip(f"NeMo Gym 0.7.0 is not available here: {exc}")
 
 
 def run_gym(gym: str, directory: str, *rollouts: str) -> dict:
