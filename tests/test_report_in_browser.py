@@ -166,6 +166,27 @@ async def test_report_loads_offline_and_a_click_opens_a_call(tmp_path):
         assert_offline_and_clean(tools)
 
 
+async def test_incomplete_rollouts_are_counted_and_filtered_and_an_error_reads_as_one(tmp_path):
+    """Issue 33, point 5: the run card counts rollouts that lost capture lines and filters to them;
+    an error reply is drawn as an error with its sentence, not in the model's reply box."""
+    captures = str(tmp_path / "captures")
+    make_capture_dir(captures, rollouts=3, calls=10)
+    open(os.path.join(captures, "rollout-0002.capture.incomplete"), "wb").close()
+    report = str(tmp_path / "report.html")
+    assert CliRunner().invoke(main, ["report", captures, "-o", report]).exit_code == 0
+    async with Browser(tmp_path) as tools:
+        await open_page(tools, report)
+        run = await tools.evaluate("document.querySelector('#run').innerText")
+        assert "1 incomplete rollout (capture lines lost)" in run, run
+        await click(tools, "#run .incomplete a")
+        assert await tools.evaluate("[...document.querySelectorAll('section.rollout')].map(s => s.dataset.rollout)") == [
+            "rollout-0002"]
+        await click(tools, 'section[data-rollout="rollout-0002"] .call[data-index="9"] .track')
+        detail = await detail_text(tools, "boom")
+        assert "ERROR REPLY" in detail.upper() and "\nREPLY\n" not in detail.upper(), detail
+        assert_offline_and_clean(tools)
+
+
 HOSTILE = ["Continue this page: <html><!-- TODO add <script> tag", "</script><script>document.body.innerHTML=''</script>",
            "<!-- <script>", "line\u2028separator\u2029paragraph", "emoji \U0001f600 and \u00e9 and \u2603", "]]><![CDATA[",
            "<img src=x onerror=alert(1)>"]

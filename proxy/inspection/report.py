@@ -104,8 +104,24 @@ def _rollout(store: CaptureStore, rollout_id: str) -> tuple[list[list[Any]], lis
             request = "(the request body was over --max-body-bytes: refused unread, not kept)"
         response = line.get("response") if line.get("response") is not None else line.get("response_raw")
         bodies.append([conversation_of(line), _trimmed(request), _trimmed(response), _trimmed(line.get("failure")),
-                       arrays])
+                       arrays, error_sentence(line)])
     return calls, bodies, result.malformed
+
+
+def error_sentence(line: dict[str, Any]) -> Optional[str]:
+    """What an error reply says (OpenAI's and vLLM's ``error.message``, Anthropic's, vLLM's older
+    top-level ``message``), for a call that failed: drawn as an error, not as the model's reply."""
+    response = line.get("response")
+    if not isinstance(response, dict) or not (line.get("error_category") or (line.get("status_code") or 0) >= 400):
+        return None
+    error = response.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(error, str):
+        return error
+    if response.get("object") == "error" and isinstance(response.get("message"), str):
+        return response["message"]
+    return None
 
 
 def training_arrays(line: dict[str, Any], call_index: int, drift: DriftTracker,
@@ -155,13 +171,14 @@ def run_summary(rollouts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The numbers on top of the page, computed here so the page does no heavy lifting."""
     latencies, ttfts, errors = [], [], {}
     totals = {"calls": 0, "rollouts": 0, "tokens_in": None, "cached_tokens": None, "tokens_out": None,
-              "unreadable": 0}
+              "unreadable": 0, "incomplete": 0}
     slowest: list[tuple[float, str, int]] = []
     failed: dict[str, list[tuple[str, int]]] = {}
     started, ended = math.inf, -math.inf
     for rollout in rollouts:
         totals["rollouts"] += 1
         totals["unreadable"] += rollout.get("unreadable", 0)
+        totals["incomplete"] += bool(rollout.get("incomplete"))
         for call in rollout["calls"]:
             index, category, start, latency, ttft = call[0], call[4], call[5], call[6], call[7]
             totals["calls"] += 1
@@ -253,7 +270,7 @@ section.rollout h2{font-size:14px;margin:0 0 6px;overflow-wrap:anywhere}section.
 .hint{color:#5b6475}button{cursor:pointer}
 .msg{background:#fff;border:1px solid #dde1e7;border-left:4px solid #9aa3b2;border-radius:6px;padding:6px 8px;margin:6px 0}
 .msg.role-system,.msg.role-developer{border-left-color:#5b6475}.msg.role-user,.msg.role-prompt{border-left-color:#1f5fbf}
-.msg.role-assistant,.msg.role-completion{border-left-color:#2e7d32}.msg.role-tool{border-left-color:#00897b}.msg.reply{background:#f3faf3}
+.msg.error-reply{border-left-color:#c62828;background:#fdecea;white-space:pre-wrap}.msg.role-assistant,.msg.role-completion{border-left-color:#2e7d32}.msg.role-tool{border-left-color:#00897b}.msg.reply{background:#f3faf3}
 .role{font-size:11px;font-weight:700;text-transform:uppercase;color:#5b6475;margin-bottom:2px}
 .part{margin:4px 0}.part .label{font-size:11px;font-weight:600;color:#5b6475}
 .part.reasoning{background:#fff8e1;border-radius:4px;padding:4px 6px;color:#5d4a00}
@@ -270,6 +287,7 @@ section.rollout h2{font-size:14px;margin:0 0 6px;overflow-wrap:anywhere}section.
 <div id="controls"><label>sort <select id="sort"><option value="errors">errors first</option><option value="tokens">tokens</option>
 <option value="latency">slowest call</option><option value="calls">calls</option><option value="id">rollout id</option></select></label>
 <label><input type="checkbox" id="only-errors"> only rollouts with errors</label>
+<label><input type="checkbox" id="only-incomplete"> only incomplete rollouts (lines lost)</label>
 <input type="search" id="filter" placeholder="filter rollout ids"><span id="facets"></span><span id="shown" class="hint"></span></div>
 <main><div id="rollouts"></div><div id="detail"><p class="hint">Click a call to read it as a conversation.</p></div></main>
 <script id="data" type="application/json">__DATA__</script>
@@ -335,8 +353,13 @@ function summary() {
   const s = DATA.summary, box = document.getElementById("summary");
   const card = (title, body, id) => { const c = el("div", "card"); if (id) c.id = id; c.append(el("h3", null, title)); body.forEach(b => c.append(b)); box.append(c); };
   const failures = Object.values(s.errors).reduce((a, b) => a + b, 0);
+  const lost = el("div", "incomplete");
+  if (s.incomplete) {
+    const only = el("a", null, "show them"); only.onclick = () => { document.getElementById("only-incomplete").checked = true; selectRollouts(); document.getElementById("controls").scrollIntoView({block: "start"}); };
+    lost.append(`${plural(s.incomplete, "incomplete rollout")} (capture lines lost) · `, only);
+  }
   card("run", [el("div", "big", plural(s.calls, "call")),
-               el("div", null, `${plural(s.rollouts, "rollout")}, ${plural(failures, "error")}${s.unreadable ? `, ${plural(s.unreadable, "unreadable line")}` : ""}`),
+               el("div", null, `${plural(s.rollouts, "rollout")}, ${plural(failures, "error")}${s.unreadable ? `, ${plural(s.unreadable, "unreadable line")}` : ""}`), lost,
                el("div", "hint", `from ${utc(s.started_at)}`), el("div", "hint", `to ${utc(s.ended_at)}`),
                el("div", null, s.started_at === null ? "" : `wall clock ${ms((s.ended_at - s.started_at) * 1000)}`)], "run");
   card("tokens", [el("div", null, `in ${num(s.tokens_in)} (cached ${num(s.cached_tokens)})`), el("div", null, `out ${num(s.tokens_out)}`)]);
@@ -372,12 +395,13 @@ let order = [], shown = 0;
 function selectRollouts() {
   const key = document.getElementById("sort").value, text = document.getElementById("filter").value.trim().toLowerCase();
   const onlyErrors = document.getElementById("only-errors").checked;
+  const onlyIncomplete = document.getElementById("only-incomplete").checked;
   const active = FACETS.filter(([name]) => chosen[name]);
   const counts = Object.fromEntries(FACETS.map(([name]) => [name, new Map()]));
   let matching = 0;
   const list = [];
   for (const r of DATA.rollouts) {
-    if ((onlyErrors && !r.errors) || (text && !r.lower.includes(text))) continue;
+    if ((onlyErrors && !r.errors) || (onlyIncomplete && !r.incomplete) || (text && !r.lower.includes(text))) continue;
     let any = false;
     for (const c of r.calls) {
       let misses = 0, missed = null;
@@ -480,13 +504,16 @@ function show(r, c, row) {
   const at = r.calls.indexOf(c);
   withPayloads(r, bodies => {
     if (!row.classList.contains("selected")) return;
-    const [conv, request, response, failure, arrays] = bodies[at];
+    const [conv, request, response, failure, arrays, error] = bodies[at];
     if (failure) { const f = el("div", "failure"); f.append(el("h4", null, "failure"), el("pre", null, raw(failure))); d.append(f); }
     d.append(el("h4", null, `request · ${plural(conv.request.length, "message")}`));
     if (conv.tools.length) d.append(el("p", "hint", "tools offered: " + conv.tools.join(", ")));
     conv.request.forEach(m => d.append(message(m, false)));
-    d.append(el("h4", null, "reply"));
-    if (conv.reply.length) conv.reply.forEach(m => d.append(message(m, true))); else d.append(el("p", "hint", "no reply was captured"));
+    if (error) { d.append(el("h4", null, "error reply")); d.append(el("div", "msg error-reply", error)); }
+    else {
+      d.append(el("h4", null, "reply"));
+      if (conv.reply.length) conv.reply.forEach(m => d.append(message(m, true))); else d.append(el("p", "hint", "no reply was captured"));
+    }
     if (arrays.length) { d.append(el("h4", null, "training arrays")); arrays.forEach(a => d.append(el("p", null, a))); }
     for (const [title, value] of [["raw request JSON", request], ["raw response JSON", response]]) {
       if (value === null || value === undefined) continue;
@@ -512,7 +539,7 @@ function message(m, reply) {
 }
 summary();
 facetControls();
-for (const id of ["sort", "filter", "only-errors"]) document.getElementById(id).addEventListener("input", selectRollouts);
+for (const id of ["sort", "filter", "only-errors", "only-incomplete"]) document.getElementById(id).addEventListener("input", selectRollouts);
 selectRollouts();
 addEventListener("hashchange", route);
 route();
