@@ -309,3 +309,17 @@ def test_stats_is_quiet_on_stderr_off_a_terminal_and_a_missing_first_token_is_sa
 def test_the_pyarrow_hint_names_a_command_that_works_from_a_clone():
     from proxy.inspection.export import PYARROW_HINT
     assert "pip install pyarrow" in PYARROW_HINT and "model-call-capture[" not in PYARROW_HINT
+
+
+def test_small_things_read_as_a_person_reads_them(captures, tmp_path):
+    """Issue 33, point 9: `ls` of an empty directory prints no header alone; `stats` says turns as
+    integers; `report` gives a small page's size in KB."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    listed = CliRunner().invoke(main, ["ls", str(empty)])
+    assert listed.stdout == "" and "no capture files" in listed.stderr
+    stats = CliRunner().invoke(main, ["stats", captures]).output
+    turns = next(line for line in stats.splitlines() if line.startswith("turns per rollout"))
+    assert "." not in turns.split("rollout", 1)[1], turns
+    done = CliRunner().invoke(main, ["report", captures, "-o", str(tmp_path / "r.html")])
+    assert " KB)" in done.output or " MB)" in done.output

@@ -158,6 +158,8 @@ def ls_command(directory: str, pattern: Optional[str], category: Optional[str], 
         for row in rows:
             click.echo(orjson.dumps(row.as_dict()).decode())
         return
+    if not rows:
+        return  # Nothing to list (said on stderr when the directory is empty): no header alone.
     _print_table(["rollout", "calls", "in", "out", "cached", "errors", "unreadable", "first call (UTC)", "last call (UTC)",
                   "incomplete"],
                  [[_cut(r.rollout_id, ID_WIDTH), _n(r.calls), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
@@ -368,7 +370,7 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
                                    + (f", {stats.cached_token_ratio:.1%} of their prompt tokens" if stats.cached_token_ratio is not None else "")
                                    if stats.cache_hit_ratio is not None else "not reported by any call"),
         f"tool calls          {stats.tool_calls:,} ({stats.tool_calls_with_invalid_arguments:,} with arguments that are not valid JSON)",
-        "turns per rollout   " + _pcts(stats.turns_per_rollout),
+        "turns per rollout   " + _pcts({k: None if v is None else round(v) for k, v in stats.turns_per_rollout.items()}),
         (f"training arrays     {stats.usable_generations:,} of {stats.generations_with_token_ids:,} generations with token "
          f"ids usable" + (" (not: " + ", ".join(f"{k} {v:,}" for k, v in stats.unusable_reasons.items()) + ")"
                            if stats.unusable_reasons else "")

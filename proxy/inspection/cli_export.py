@@ -26,8 +26,13 @@ def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     with progress(len(rollout_ids), "writing the report") as bar:
         sizes = write_report(store, rollout_ids, output, bar.update)
-    click.echo(f"wrote {output} ({sizes['page_bytes'] / 1e6:.1f} MB) and {payload_dir(output)}/ "
-               f"({sizes['payload_bytes'] / 1e6:.1f} MB of payloads): {len(rollout_ids)} rollouts")
+    click.echo(f"wrote {output} ({_size(sizes['page_bytes'])}) and {payload_dir(output)}/ "
+               f"({_size(sizes['payload_bytes'])} of payloads): {len(rollout_ids)} rollouts")
+
+
+def _size(count: int) -> str:
+    """Bytes as a person reads them: KB under a megabyte (a small report is not '0.1 MB')."""
+    return f"{count / 1e6:,.1f} MB" if count >= 1e6 else f"{max(1, round(count / 1e3)):,} KB"
 
 
 def _writable_parent(output: str) -> None:
