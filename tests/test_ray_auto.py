@@ -76,3 +76,17 @@ def test_ctrl_c_ends_a_connect_that_hangs(tmp_path):
         assert code != 0
     finally:
         listener.close()
+
+
+def test_ray_says_no_info_lines_in_an_export(tmp_path):
+    """Issue 33, point 9: Ray's INFO lines (connecting, its dashboard, each dataset's plan) are not
+    the command's output: `mcc export --ray local` prints its own line, and warnings only."""
+    from .capture_dirs import make_capture_dir
+    captures = tmp_path / "captures"
+    make_capture_dir(str(captures), rollouts=2, calls=3)
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    done = subprocess.run([MCC, "export", str(captures), "--format", "parquet", "--ray", "local", "-o",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=clean)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("6 rows")
+    assert " INFO " not in done.stdout + done.stderr, done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -157,6 +158,9 @@ def _export_on_ray(directory: str, output: str, address: str, kind: str, metadat
     from records import ray_dataset
 
     _connect_to_ray(address)
+    from ray.data import DataContext
+    DataContext.get_current().print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     dataset = ray_dataset(directory, kind=kind)
     # Each file says where it came from, as the one-process export's does (fused into the read).
     dataset.map_batches(lambda table: table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata}),
@@ -196,7 +200,8 @@ def _connect_to_ray(address: str) -> None:
                               "--head` running there, and its port open to this machine?)") from None
     interrupt = signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ray's connect loop never returns to Python.
     try:
-        ray.init(address=address, log_to_driver=False)
+        # Ray's INFO lines (connecting, dashboard, each dataset's plan) are not the command's: quiet.
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, RayError) as exc:
         hint = ("; is this machine's token the cluster's (RAY_AUTH_TOKEN, or ~/.ray/auth_token)?"
                 if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else
