@@ -87,6 +87,8 @@ class _ServeCommand(click.Command):
 @click.option("--token-dir", type=str, help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
 @click.option("--capture-tokens/--no-capture-tokens", default=None,
               help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")
+@click.option("--trace-context/--no-trace-context", default=None,
+              help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
 @click.option("--upstream-idle-timeout", type=float, help="Seconds a pooled upstream connection may idle and be reused; keep it below the upstream's keep-alive (default 4; uvicorn: 5). [MCC_UPSTREAM_IDLE_TIMEOUT]")
 @click.option("--head-timeout", type=float, help="Seconds a client may take to send a request head (default 20). [MCC_HEAD_TIMEOUT]")

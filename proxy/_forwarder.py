@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from capture import AddedFieldCutter, BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
-from ._headers import client_response_headers, upstream_request_headers
+from ._headers import client_response_headers, upstream_request_headers, with_trace_context
 from ._http1 import Http1Connection, ServerRequest
 from ._local_replies import (
     BAD_REQUEST_TARGET,
@@ -161,8 +161,11 @@ class _Call:
         if self.exchange is not None:
             self.exchange.start()
         request = self.request
+        headers = upstream_request_headers(request.headers)
+        if self.exchange is not None and self.settings.trace_context:
+            headers = with_trace_context(headers, self.exchange.rollout_id, self.exchange.model_call_id)
         return await self.sidecar.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
-                                                   upstream_request_headers(request.headers), body, request.has_body)
+                                                   headers, body, request.has_body)
 
     # -- reply side ------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from records import traceparent
+
 
 # RFC 9110 §7.6.1 plus the legacy names every proxy strips; Host is replaced by the upstream's,
 # Content-Length is recomputed by the HTTP library from the body it sends.
@@ -41,6 +43,14 @@ def _end_to_end(headers: Headers, dropped: frozenset[bytes]) -> Headers:
 def upstream_request_headers(incoming: Headers) -> Headers:
     """The client's end-to-end request headers, to send upstream (Host and Content-Length are the pool's)."""
     return _end_to_end(incoming, _REQUEST_DROPPED)
+
+
+def with_trace_context(headers: Headers, rollout_id: str, model_call_id: str) -> Headers:
+    """``headers`` with a W3C ``traceparent`` for the call appended (`records.traceparent`), unless
+    the agent sent its own: its trace is the one it chose, and a second one would be ambiguous."""
+    if any(name.lower() == b"traceparent" for name, _ in headers):
+        return headers
+    return [*headers, (b"traceparent", traceparent(rollout_id, model_call_id).encode("ascii"))]
 
 
 def client_response_headers(raw_headers: Headers) -> Headers:

@@ -33,6 +33,7 @@ from ._token_entries import (
     token_digest,
     token_entry,
 )
+from ._trace_context import call_span_id, rollout_trace_id, traceparent
 from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
 from ._file_contract import (
@@ -91,6 +92,9 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "call_span_id",
+    "rollout_trace_id",
+    "traceparent",
     "CALL_TOKEN_COLUMNS",
     "KINDS",
     "rollout_rows_of",

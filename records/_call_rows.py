@@ -66,6 +66,10 @@ class CallRow:
     #: The fields the token capture mode added to the request (JSON text), None when it added none:
     #: arrays the sidecar asked for, against an agent's own (DESIGN §11).
     added_request_fields: Optional[str] = None
+    #: Prompt tokens written to the provider's cache (Anthropic ``cache_creation_input_tokens``).
+    cache_creation_tokens: Optional[int] = None
+    #: The request asked for a stream (``"stream": true``).
+    stream: bool = False
     #: The reply's answer text: filled only when asked for (``mcc export --output-text``; it is large).
     output_text: Optional[str] = None
 
@@ -102,6 +106,7 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         client_assistant_message_id=_str(line.get("client_assistant_message_id")),
         added_request_fields=(orjson.dumps(line["added_request_fields"]).decode()
                               if isinstance(line.get("added_request_fields"), dict) else None),
+        cache_creation_tokens=stats["cache_creation_tokens"], stream=(request or {}).get("stream") is True,
     )
 
 
@@ -128,7 +133,7 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("stream_truncated", "bool"), ("response_source", "string"), ("local_response_reason", "string"),
     ("upstream_status_code", "int64"), ("upstream_attempted", "bool"), ("failure_stage", "string"),
     ("failure_message", "string"), ("client_session_id", "string"), ("client_assistant_message_id", "string"),
-    ("added_request_fields", "string"),
+    ("added_request_fields", "string"), ("cache_creation_tokens", "int64"), ("stream", "bool"),
 )
 
 

@@ -58,13 +58,16 @@ def _writable_parent(output: str) -> None:
 @click.option("--trajectories", is_flag=True,
               help="Parquet: one row per chain of each rollout with a training-token file (records.trajectories: "
                    "token_ids, loss_mask, logprobs, call spans, masked and why), instead of one per call.")
+@click.option("--otel-compat", is_flag=True,
+              help="otel-json: also write the cache-write count under gen_ai.usage.cache_creation.input_tokens, the "
+                   "name the opentelemetry-semantic-conventions Python package still has (beside today's cache_write).")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Parquet, for a directory too big for one process: read it with records.ray_dataset on this Ray "
                    "cluster ('auto', 'head:6379', 'ray://head:10001', or 'local' to start one here) and write -o as a "
                    "directory of Parquet files, on a volume every node mounts: each read task writes its own file "
                    "(rows as ray_dataset's; needs the ray extra; deploy/README.md has the cluster's commands).")
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
-                   output_text: bool, trajectories: bool, ray_address: Optional[str]) -> None:
+                   output_text: bool, trajectories: bool, otel_compat: bool, ray_address: Optional[str]) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
 
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
@@ -77,6 +80,8 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
 
     if (token_arrays or output_text or trajectories) and kind != "parquet":
         raise click.UsageError("--token-arrays, --output-text and --trajectories go with --format parquet")
+    if otel_compat and kind != "otel-json":
+        raise click.UsageError("--otel-compat goes with --format otel-json")
     if trajectories and (token_arrays or output_text):
         raise click.UsageError("--trajectories writes one row per chain: without --token-arrays or --output-text")
     if ray_address is not None:
@@ -97,7 +102,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:
             for rid in rollout_ids:
                 rows = list(iter_call_rows(store, rid))
-                handle.writelines(otel_lines([(rid, rows)]))
+                handle.writelines(otel_lines([(rid, rows)], compat=otel_compat))
                 count += len(rows)
                 bar.update(1)
         click.echo(f"wrote {output}: {count:,} calls in {len(rollout_ids):,} traces")

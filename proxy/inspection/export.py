@@ -15,7 +15,8 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import CALL_COLUMNS, CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, to_arrow
+from records import (CALL_COLUMNS, CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, call_span_id,
+                     rollout_trace_id, to_arrow)
 
 from .tables import CallRow
 
@@ -65,15 +66,26 @@ def export_metadata(directory: str, context: Any) -> dict[bytes, bytes]:
 SPANS_PER_LINE = 1000
 
 
-def otel_lines(rollouts: Iterable[tuple[str, list[CallRow]]], spans_per_line: int = SPANS_PER_LINE) -> Iterator[bytes]:
+#: The cache-write count's name in the GenAI conventions (semantic-conventions-genai, span
+#: ``gen_ai.client.inference``), and the name it had before, which the ``opentelemetry-semantic-
+#: conventions`` Python package still exports (``GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS``):
+#: ``compat`` writes both, for dashboards built on the package's constants.
+CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
+CACHE_WRITE_BEFORE = "gen_ai.usage.cache_creation.input_tokens"
+
+
+def otel_lines(rollouts: Iterable[tuple[str, list[CallRow]]], spans_per_line: int = SPANS_PER_LINE,
+               compat: bool = False) -> Iterator[bytes]:
     """OTLP/JSON, one ``ExportTraceServiceRequest`` per line (NDJSON): each rollout a trace whose
     root span (the rollout) has its calls as children, a rollout over ``spans_per_line`` calls
-    continuing on the next lines. Each line can be POSTed as it is to a collector's ``/v1/traces``."""
+    continuing on the next lines. Each line can be POSTed as it is to a collector's ``/v1/traces``.
+    The trace and each call's span have the ids the sidecar sent upstream in ``traceparent``
+    (`records.traceparent`), so the upstream's own spans of a call sit under its span."""
     for rollout_id, rows in rollouts:
-        trace_id = hashlib.md5(rollout_id.encode()).hexdigest()  # One trace per rollout, the same every export.
+        trace_id = rollout_trace_id(rollout_id)  # One trace per rollout, the same every export.
         root_id = _span_id(f"rollout/{rollout_id}")
         spans = [_rollout_span(rollout_id, rows, trace_id, root_id)]
-        spans.extend(_call_span(row, trace_id, root_id) for row in rows)
+        spans.extend(_call_span(row, trace_id, root_id, compat) for row in rows)
         for first in range(0, len(spans), spans_per_line):
             yield orjson.dumps(_export_request(spans[first:first + spans_per_line]), option=orjson.OPT_APPEND_NEWLINE)
 
@@ -111,7 +123,8 @@ def _rollout_span(rollout_id: str, rows: list[CallRow], trace_id: str, span_id: 
 _OPERATIONS = {"completions": "text_completion"}
 
 
-def _call_span(row: CallRow, trace_id: str, parent_id: str) -> dict[str, Any]:
+def _call_span(row: CallRow, trace_id: str, parent_id: str, compat: bool = False) -> dict[str, Any]:
+    """The call as a ``gen_ai.client.inference`` span (semantic-conventions-genai, client-inference.md)."""
     operation = _OPERATIONS.get(row.dialect or "", "chat")
     attributes = {
         "gen_ai.operation.name": operation,
@@ -122,8 +135,13 @@ def _call_span(row: CallRow, trace_id: str, parent_id: str) -> dict[str, Any]:
         "gen_ai.usage.input_tokens": row.tokens_in,
         "gen_ai.usage.output_tokens": row.tokens_out,
         "gen_ai.usage.cache_read.input_tokens": row.cached_tokens,
+        CACHE_WRITE: row.cache_creation_tokens,
+        CACHE_WRITE_BEFORE: row.cache_creation_tokens if compat else None,
         "gen_ai.usage.reasoning.output_tokens": row.tokens_reasoning,
         "gen_ai.response.finish_reasons": [row.finish_reason] if row.finish_reason else None,
+        "gen_ai.request.stream": row.stream or None,
+        # Seconds from the request to the first chunk: the sidecar's TTFT is the upstream's first token.
+        "gen_ai.response.time_to_first_chunk": row.ttft_ms / 1000 if row.stream and row.ttft_ms is not None else None,
         "http.response.status_code": row.status_code,
         "error.type": row.error_category,
         "mcc.rollout_id": row.rollout_id,
@@ -140,7 +158,7 @@ def _call_span(row: CallRow, trace_id: str, parent_id: str) -> dict[str, Any]:
     model = row.request_model or row.model
     return {
         "traceId": trace_id,
-        "spanId": _span_id(f"{row.rollout_id}/{row.call_index}"),
+        "spanId": call_span_id(row.model_call_id, row.rollout_id, row.call_index),
         "parentSpanId": parent_id,
         "name": f"{operation} {model}" if model else operation,
         "kind": 3,  # SPAN_KIND_CLIENT

@@ -336,24 +336,31 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
 # -- Completions -------------------------------------------------------------------------------
 
 def completions_reply(plan: Plan, serial: int, created: int, prompts: list[list[int]], n: int,
-                      tokens: TokenOptions = TokenOptions()) -> dict[str, Any]:
+                      tokens: TokenOptions = TokenOptions(), texts: list[str] | None = None,
+                      max_tokens: int | None = None) -> dict[str, Any]:
     """A ``text_completion`` as vLLM writes it (completion/protocol.py): one choice per prompt and
-    sample, ``logprobs`` in the completions shape, ``token_ids`` / ``prompt_token_ids`` per choice."""
-    pieces = _pieces(plan.text or "")
-    choices = []
-    for prompt_index, prompt in enumerate(prompts):
+    sample, ``logprobs`` in the completions shape, ``token_ids`` / ``prompt_token_ids`` per choice.
+    ``texts``: what is said to each prompt (default: the plan's text to all); ``max_tokens`` cuts
+    each to that many tokens, ``finish_reason`` ``length`` then, else ``stop``."""
+    texts = texts if texts is not None else [plan.text or ""] * len(prompts)
+    choices, generated = [], 0
+    for prompt_index, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+        pieces = _pieces(text) if text else []
+        cut = max_tokens is not None and len(pieces) > max_tokens
+        pieces = pieces[:max_tokens] if cut else pieces
         for sample in range(n):
+            generated += len(pieces)
             choices.append({
                 "index": prompt_index * n + sample, "text": "".join(pieces),
                 "logprobs": _completions_logprobs(pieces, 0, tokens) if tokens.logprobs else None,
-                "finish_reason": "length", "stop_reason": None,
+                "finish_reason": "length" if cut else "stop", "stop_reason": None,
                 "token_ids": [token_id_of(piece) for piece in pieces] if tokens.return_token_ids else None,
                 "prompt_logprobs": None, "prompt_token_ids": prompt if tokens.return_token_ids else None})
-    prompt_total = sum(len(prompt) for prompt in prompts)
+    prompt_total = sum(len(prompt) for prompt in prompts)  # Once per prompt, whatever n (vLLM).
     return {"id": f"cmpl-standin-{serial}", "object": "text_completion", "created": created, "model": STAND_IN_MODEL,
             "choices": choices, "service_tier": None, "system_fingerprint": None,
-            "usage": {"prompt_tokens": prompt_total, "total_tokens": prompt_total + len(pieces) * len(choices),
-                      "completion_tokens": len(pieces) * len(choices), "prompt_tokens_details": None},
+            "usage": {"prompt_tokens": prompt_total, "total_tokens": prompt_total + generated,
+                      "completion_tokens": generated, "prompt_tokens_details": None},
             "kv_transfer_params": None}
 
 
@@ -370,14 +377,18 @@ def _completions_logprobs(pieces: list[str], offset: int, tokens: TokenOptions) 
 
 
 def completions_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions = TokenOptions()) -> Iterator[bytes]:
-    """One chunk per token and choice (choices interleaved, as vLLM sends n > 1), ``[DONE]`` last."""
+    """One chunk per token and choice (choices interleaved, as vLLM sends n > 1; a shorter choice
+    ends first), ``[DONE]`` last."""
     envelope = {key: reply[key] for key in ("id", "object", "created", "model")}
-    pieces = _pieces(reply["choices"][0]["text"]) if reply["choices"] else []
-    offsets = {choice["index"]: 0 for choice in reply["choices"]}
-    for position, piece in enumerate(pieces):
+    pieces = {choice["index"]: _pieces(choice["text"]) if choice["text"] else [] for choice in reply["choices"]}
+    offsets = {index: 0 for index in pieces}
+    for position in range(max((len(said) for said in pieces.values()), default=0)):
         for choice in reply["choices"]:
-            last = position == len(pieces) - 1
             index = choice["index"]
+            if position >= len(pieces[index]):
+                continue
+            piece = pieces[index][position]
+            last = position == len(pieces[index]) - 1
             yield sse(None, {**envelope, "choices": [{
                 "index": index, "text": piece,
                 "logprobs": _completions_logprobs([piece], offsets[index], tokens) if tokens.logprobs else None,

@@ -95,21 +95,52 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    """The legacy completions dialect: a prompt as text, a list of texts, token ids or lists of them."""
+    """The legacy completions dialect: a prompt as text, a list of texts, token ids or lists of them;
+    each prompt gets its own reply (a token-id prompt is answered by its length), ``n`` samples of
+    it, cut at ``max_tokens`` (``finish_reason`` ``length``) as vLLM does."""
     body, raw = await _json_body(request)
     prompts = _prompts(body.get("prompt"))
     if prompts is None:
-        raise web.HTTPBadRequest(text='{"error": {"message": "prompt must be text, a list of texts, token ids or '
-                                      'lists of token ids", "type": "BadRequestError", "code": 400}}',
-                                 content_type="application/json")
-    n = body.get("n") if isinstance(body.get("n"), int) and 1 <= body["n"] <= 16 else 1
+        raise _bad_request("prompt must be text, a list of texts, token ids or lists of token ids")
+    n, max_tokens = body.get("n", 1), body.get("max_tokens")
+    if n is None:
+        n = 1
+    if not _integer(n) or not 1 <= n <= MAX_N:
+        raise _bad_request(f"n must be an integer from 1 to {MAX_N}, not {n!r}")
+    if max_tokens is not None and (not _integer(max_tokens) or max_tokens < 1):
+        raise _bad_request(f"max_tokens must be at least 1, got {max_tokens!r}")
     tokens = TokenOptions.from_completions_request(body)
-    plan = _plan(raw, body["prompt"] if isinstance(body.get("prompt"), str) else "", None, False)
-    reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, prompts, n, tokens)
+    prompt = body["prompt"]
+    said = [_completion_text(item) for item in (prompt if isinstance(prompt, list) and prompt and
+                                                 not all(_integer(i) for i in prompt) else [prompt])]
+    plan = _plan(raw, "", None, False)
+    reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, prompts, n, tokens, said, max_tokens)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, completions_events(reply, include_usage, tokens))
     return web.json_response(reply, dumps=_dumps)
+
+
+#: The most samples a completions request may ask for (``n``).
+MAX_N = 16
+
+
+def _completion_text(prompt: Any) -> str:
+    """What the stand-in says to one prompt: its text echoed, or a token-id prompt's length."""
+    if isinstance(prompt, str):
+        return f"Hello from the stand-in model. You said: {prompt[:80]}"
+    return f"Hello from the stand-in model. You sent {len(prompt)} prompt tokens."
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    """A 400 in vLLM's error shape."""
+    return web.HTTPBadRequest(text=orjson.dumps({"error": {"message": message, "type": "BadRequestError",
+                                                            "param": None, "code": 400}}).decode(),
+                              content_type="application/json")
 
 
 def _prompts(prompt: Any) -> list[list[int]] | None:
@@ -117,11 +148,11 @@ def _prompts(prompt: Any) -> list[list[int]] | None:
     if isinstance(prompt, str):
         return [text_token_ids(prompt)]
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+        if all(_integer(item) for item in prompt):
             return [prompt]
         if all(isinstance(item, str) for item in prompt):
             return [text_token_ids(item) for item in prompt]
-        if all(isinstance(item, list) and item and all(isinstance(i, int) for i in item) for item in prompt):
+        if all(isinstance(item, list) and item and all(_integer(i) for i in item) for item in prompt):
             return prompt
     return None
 
