@@ -51,6 +51,8 @@ class Sidecar:
         self.idle_timeout = KEEPALIVE_IDLE_SECONDS
         #: Set when the drain timeout cut calls still in flight: their lines say so.
         self.cut_by_drain = False
+        #: (calls finished, calls cut) by the drain of `close`.
+        self.drained = (0, 0)
         self._capture_dir_was_writable = True
         #: Upstream failures and 413s repeat on every call while they last: said once per 10 s, with a count.
         self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
@@ -171,6 +173,7 @@ class Sidecar:
                 write_snapshot(self.settings.metrics_dir, self.metrics.exposition())
             except OSError:
                 pass
+        self.drained = (busy_at_start - len(in_flight), len(in_flight))
         log.info("drained: %d call%s finished, %d cut; exit 0", busy_at_start - len(in_flight),
                  "" if busy_at_start - len(in_flight) == 1 else "s", len(in_flight))
 

@@ -106,7 +106,8 @@ def serve(**options: Any) -> None:
     """
     warnings: list[str] = []
     settings = _settings_or_exit(options, warnings.append)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format,
+                      (settings.worker_index, settings.worker_count or 1) if settings.worker_index is not None else None)
     for message in warnings:  # Said once (by the supervisor, not every worker), in the chosen format.
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)

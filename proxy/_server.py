@@ -136,8 +136,8 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     else:
         await _warn_if_the_upstream_does_not_resolve(settings.upstream)
     startup = describe_startup(settings, stand_in.url if stand_in else settings.upstream)
-    if settings.worker_index is not None:
-        startup = f"worker {settings.worker_index}/{settings.worker_count} (pid {os.getpid()}): {startup}"
+    if settings.worker_index is not None:  # The log line's prefix names the worker.
+        startup = f"pid {os.getpid()}: {startup}"
     log.info("%s", startup)
     freeze_startup_objects()
     print(ready_line(sidecar.url, log_format), flush=True)
@@ -157,6 +157,8 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
             pass
     log.info("shutting down: draining in-flight calls")
     await sidecar.close()
+    if settings.worker_index is not None:  # For the supervisor's total line (`_workers`), not shown.
+        print(drained_line(*sidecar.sidecar.drained), flush=True)
     if stand_in is not None:
         await stand_in.close()
 
@@ -176,6 +178,14 @@ def ready_line(url: str, log_format: str) -> str:
         return f"listening on {url}"
     return orjson.dumps({"time": utc_timestamp(), "level": "info", "logger": "mcc",
                          "message": f"listening on {url}", "url": url}).decode()
+
+
+#: What a worker prints on its stdout after draining: its counts, for the supervisor's total.
+DRAINED_MARK = "mcc-worker-drained "
+
+
+def drained_line(finished: int, cut: int) -> str:
+    return DRAINED_MARK + orjson.dumps({"finished": finished, "cut": cut}).decode()
 
 
 def ready_url(line: str) -> str | None:
@@ -201,7 +211,8 @@ def describe_startup(settings: Settings, upstream: str | None) -> str:
         capture = "capture off: no capture dir (--capture-dir)"
     else:
         capture = "capture off: disabled (--no-capture / observability_enabled: false)"
-    return (f"forwarding to {upstream}; {capture}; workers {settings.workers}; "
+    workers = "" if settings.worker_index is not None else f"workers {settings.workers}; "  # A worker is one.
+    return (f"forwarding to {upstream}; {capture}; {workers}"
             f"drain timeout {settings.drain_timeout:g}s; model_ref.name {settings.model_ref_name}")
 
 

@@ -36,7 +36,9 @@ import threading
 import time
 from typing import Optional
 
-from ._server import free_port, ready_line, ready_url
+import orjson
+
+from ._server import DRAINED_MARK, free_port, ready_line, ready_url
 from ._settings import Settings
 from ._shared_metrics import retire
 
@@ -102,7 +104,10 @@ class _Worker:
         self.pid = self.process.pid
         self.started = time.monotonic()
         self.ready = threading.Event()
-        threading.Thread(target=self._read_output, daemon=True).start()
+        #: (finished, cut) the worker said it drained (`drained_line`), None until it did.
+        self.drained: Optional[tuple[int, int]] = None
+        self._reader = threading.Thread(target=self._read_output, daemon=True)
+        self._reader.start()
 
     def _read_output(self) -> None:
         """Wait for the ready line (not shown: the supervisor prints its own), then pass the
@@ -112,7 +117,16 @@ class _Worker:
             return
         self.ready.set()
         for line in self.process.stdout:  # type: ignore[union-attr]
-            sys.stdout.write(line)
+            if line.startswith(DRAINED_MARK):
+                counts = orjson.loads(line[len(DRAINED_MARK):])
+                self.drained = (counts["finished"], counts["cut"])
+            else:
+                sys.stdout.write(line)
+
+    def drained_counts(self) -> Optional[tuple[int, int]]:
+        """What the worker drained, once its output has ended (it has exited)."""
+        self._reader.join(timeout=5)
+        return self.drained
 
     def wait_ready(self, timeout: float) -> bool:
         """Ready within ``timeout``, or ended / stuck (then killed): False."""
@@ -193,7 +207,9 @@ def _watch(workers: _Workers, metrics_dir: str, stopping: threading.Event) -> in
             # A worker the forwarded signal ended before it could drain (still starting) stopped as asked.
             codes = [process.wait() for process in workers.processes]
             failed = [code for code in codes if code not in (0, -signal.SIGTERM, -signal.SIGINT)]
-            return 0 if not failed else max(max(failed), 1)
+            code = 0 if not failed else max(max(failed), 1)
+            _say_total(workers, code)
+            return code
         for worker in list(workers.workers):
             if stopping.is_set():
                 break
@@ -215,6 +231,17 @@ def _watch(workers: _Workers, metrics_dir: str, stopping: threading.Event) -> in
             log.error("worker %d/%d (pid %d) %s: its in-flight calls are lost; restarted as pid %d",
                       slot, count, worker.pid, how, replacement.pid)
         time.sleep(0.1)
+
+
+def _say_total(workers: _Workers, code: int) -> None:
+    """The supervisor's last line: every worker's drain added up (each said its own)."""
+    counts = [worker.drained_counts() for worker in workers.workers]
+    finished = sum(c[0] for c in counts if c is not None)
+    cut = sum(c[1] for c in counts if c is not None)
+    silent = sum(1 for c in counts if c is None)
+    log.info("all %d workers stopped: %d call%s finished, %d cut%s; exit %d", len(counts), finished,
+             "" if finished == 1 else "s", cut, f"; {silent} ended without draining" if silent else "", code,
+             extra={"count": finished})
 
 
 def _death(worker: _Worker) -> Optional[str]:

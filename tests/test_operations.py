@@ -300,7 +300,7 @@ def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
     stderr = process.stderr.read()  # type: ignore[union-attr]
     assert code == 0, stderr
     assert f"(pid {victim}) died (signal 9)" in stderr and "restarted as pid" in stderr
-    assert "2 workers on :" in stderr and "worker 1/2 (pid" in stderr and "worker 2/2 (pid" in stderr
+    assert "2 workers on :" in stderr and "mcc[worker 1/2]: pid " in stderr and "mcc[worker 2/2]: pid " in stderr
 
 
 def test_workers_find_a_writable_metrics_dir_or_say_why_not(tmp_path):

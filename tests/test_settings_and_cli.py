@@ -146,6 +146,16 @@ def test_workers_share_one_port_and_one_capture_dir(tmp_path):
     finally:
         process.terminate()
         assert process.wait(timeout=60) == 0
+    # Issue 33, point 9: every worker's line says which worker wrote it, none says "workers 1", and
+    # the supervisor's last line adds up the workers' drains.
+    lines = process.stderr.read().splitlines()  # type: ignore[union-attr]
+    workers = [line for line in lines if "mcc[worker " in line]
+    supervisor = [line for line in lines if line not in workers]
+    assert {line.split("mcc[worker ")[1][:4] for line in workers} == {"1/2]", "2/2]"}
+    assert all(" INFO mcc: " in line for line in supervisor), supervisor
+    assert len([line for line in workers if "drained: " in line]) == 2
+    assert not any("workers 1" in line for line in lines) and sum("forwarding to" in line for line in workers) == 2
+    assert supervisor[-1].endswith("all 2 workers stopped: 0 calls finished, 0 cut; exit 0"), supervisor
 
 
 def test_a_capture_dir_that_is_a_file_is_a_configuration_error(tmp_path):
