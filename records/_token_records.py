@@ -127,19 +127,31 @@ def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], roll
     """
     if not isinstance(store, CaptureStore):
         store = CaptureStore(store)
-    drift = DriftTracker()
-    arrays = None
+    follower = TokenRecordFollower(token_dir or store.capture_dir, rollout_id)
     for call_index, line in store.iter_available(rollout_id):
-        if line is None:
-            continue
-        records = token_records_of_line(line, rollout_id, call_index)
+        if line is not None:
+            yield from follower.records_of(call_index, line)
+
+
+class TokenRecordFollower:
+    """A rollout's token records line by line as its lines come (`iter_token_records`, and
+    `mcc tail` as a file grows): lineage and the token file's arrays carried from line to line, so
+    each line costs its own size, never the rollout's so far."""
+
+    def __init__(self, token_dir: str, rollout_id: str) -> None:
+        self.token_dir, self.rollout_id = token_dir, rollout_id
+        self.drift = DriftTracker()
+        self.arrays: Optional[TokenFileArrays] = None
+
+    def records_of(self, call_index: int, line: dict[str, Any]) -> list[TokenRecord]:
+        """The line's records (one per choice), in file order: call it for every line, in order."""
+        records = token_records_of_line(line, self.rollout_id, call_index)
         if names_token_entries(line):
-            if arrays is None:
-                arrays = TokenFileArrays(token_dir or store.capture_dir, rollout_id)
-            records = arrays.fill_line(records, line)
-        claimed = drift.claims(line, call_index)
-        for record in records:
-            yield drift.place(record, claimed)
+            if self.arrays is None:
+                self.arrays = TokenFileArrays(self.token_dir, self.rollout_id)
+            records = self.arrays.fill_line(records, line)
+        claimed = self.drift.claims(line, call_index)
+        return [self.drift.place(record, claimed) for record in records]
 
 
 def names_token_entries(line: dict[str, Any]) -> bool:
@@ -153,18 +165,28 @@ class TokenFileArrays:
     parents (entries are written parent first) and checked against its digest."""
 
     def __init__(self, token_dir: str, rollout_id: str) -> None:
-        from ._token_entries import token_digest
-        from ._token_files import TokenFiles, entry_sequence
+        from ._token_files import TokenFiles
 
+        self._files, self._rollout_id = TokenFiles(token_dir), rollout_id
         self._entries: dict[str, tuple[dict[str, Any], Optional[list[int]], Optional[str]]] = {}
-        sequences: dict[str, list[int]] = {}
+        self._sequences: dict[str, list[int]] = {}
+        self._offset = 0
+        self._problem: Optional[str] = None
+        self._read_more()
+
+    def _read_more(self) -> None:
+        """Take in the entries written since the last read (a file still growing: `mcc tail`)."""
+        from ._token_entries import token_digest
+        from ._token_files import entry_sequence
+
         try:
-            entries = [entry for _, entry in TokenFiles(token_dir).entries(rollout_id)[0]]
+            entries, self._offset = self._files.entries(self._rollout_id, self._offset)
         except (OSError, ValueError) as exc:
-            self._problem: Optional[str] = f"the token file cannot be read: {exc}"
+            self._problem = f"the token file cannot be read: {exc}"
             return
         self._problem = None
-        for entry in entries:
+        sequences = self._sequences
+        for _, entry in entries:
             call_id = entry["model_call_id"]
             try:
                 sequence = entry_sequence(entry, sequences.get(entry.get("parent_call_id") or ""))
@@ -188,6 +210,9 @@ class TokenFileArrays:
             return record  # The line has them (the agent asked for them itself).
         call_id = named[record.choice_index] if record.choice_index < len(named) else None
         found = self._entries.get(call_id) if isinstance(call_id, str) else None
+        if found is None and isinstance(call_id, str) and self._problem is None:
+            self._read_more()  # Written after the last read (the entries precede their line).
+            found = self._entries.get(call_id)
         if found is None:
             return record.model_copy(update={"problem": self._problem or f"no entry {call_id} in the token file"})
         entry, prompt, problem = found

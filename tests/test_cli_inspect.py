@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from proxy import main
 
-from .capture_dirs import chat_line, make_capture_dir
+from .capture_dirs import chat_line, make_capture_dir, token_line
 from .processes import read_line
 
 
@@ -88,7 +88,7 @@ def test_tail_follows_new_calls(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "proxy", "tail", str(path), "--interval", "0.1"],
                                stdout=subprocess.PIPE, text=True)
     try:
-        assert read_line(process.stdout).startswith("rollout #call ")  # The header: from here on, all is shown.
+        assert read_line(process.stdout).split()[:2] == ["rollout", "#call"]  # The header: from here on, all is shown.
         with open(path / "r1.capture.jsonl", "ab") as handle:
             handle.write(chat_line(0) + chat_line(1, status=500, error="upstream_error"))
         first = read_line(process.stdout)
@@ -96,7 +96,37 @@ def test_tail_follows_new_calls(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=10)
-    assert first.startswith("r1 #0 chat") and second.startswith("r1 #1 chat") and "upstream_error" in second
+    assert first.split()[:3] == ["r1", "#0", "chat"] and second.split()[:3] == ["r1", "#1", "chat"]
+    assert "upstream_error" in second
+
+
+def test_tail_is_aligned_and_says_the_training_arrays_across_looks(tmp_path):
+    """Issue 33, point 9: each cell starts under its header (the widths are fixed: tail prints as
+    calls come), and the training arrays column carries the lineage from one look to the next: a
+    call written after the first look still extends the one before it."""
+    path = tmp_path / "live"
+    path.mkdir()
+    with open(path / "a-rollout-id-longer-than-its-column-of-24.capture.jsonl", "ab") as handle:
+        handle.write(token_line([1, 2, 3], [7, 8], call_id="c0"))
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "tail", str(path), "--interval", "0.1", "--from-start"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        header = read_line(process.stdout)
+        first = read_line(process.stdout)
+        with open(path / "a-rollout-id-longer-than-its-column-of-24.capture.jsonl", "ab") as handle:
+            handle.write(token_line([1, 2, 3, 7, 8, 50, 51], [9], call_id="c1", turn=1) + chat_line(2))
+        second, third = read_line(process.stdout), read_line(process.stdout)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    starts = [header.index(name) for name in ("#call", "dialect", "model", "status", "in ", "error", "training arrays")]
+    for row in (first, second, third):
+        cells = [row[at:].split("  ")[0].strip() for at in starts]
+        assert cells[0].startswith("#") and cells[1] == "chat" and cells[4].isdigit(), (header, row)
+    assert first.startswith("a-rollout-id…olumn-of-24  #0 "), "a long id cut in the middle to its column"
+    assert first[starts[-1]:].rstrip() == "usable"
+    assert second[starts[-1]:].rstrip() == "usable, extends #0"
+    assert third[starts[-1]:].rstrip() == "-", "a call without token ids"
 
 
 def test_report_is_a_page_with_its_payloads_beside_it(captures, tmp_path):

@@ -9,12 +9,14 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import click
 import orjson
 
-from records import CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, is_valid_rollout_id, iter_token_records, trajectories
+from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, TokenRecord, TokenRecordFollower, is_valid_rollout_id,
+                     iter_token_records, trajectories)
 
 from .tables import (
     CallRow,
@@ -315,16 +317,23 @@ def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
     """Per call with token ids: ``usable`` or why not, then ``extends #k`` / ``drifts at N`` (issue 20)."""
     cells: dict[int, str] = {}
     for record in iter_token_records(store, rollout_id):
-        if record.choice_index != 0 or (record.prompt_token_ids is None and record.generation_token_ids is None):
-            continue
-        reason = record.unusable_reason
-        cell = "usable" if reason is None else "not usable: " + reason.split(":")[0]
-        if record.extends is not None:
-            cell += f", extends #{record.extends}"
-        elif record.drift_at is not None:
-            cell += f", drifts at {record.drift_at} from #{record.drift_from}"
-        cells[record.call_index] = cell
+        cell = training_cell(record) if record.choice_index == 0 else None
+        if cell is not None:
+            cells[record.call_index] = cell
     return cells
+
+
+def training_cell(record: TokenRecord) -> Optional[str]:
+    """``usable`` or why not, then ``extends #k`` / ``drifts at N``; None for a call without token ids."""
+    if record.prompt_token_ids is None and record.generation_token_ids is None:
+        return None
+    reason = record.unusable_reason
+    cell = "usable" if reason is None else "not usable: " + reason.split(":")[0]
+    if record.extends is not None:
+        cell += f", extends #{record.extends}"
+    elif record.drift_at is not None:
+        cell += f", drifts at {record.drift_at} from #{record.drift_from}"
+    return cell
 
 
 _UNREADABLE = "(unreadable line: not one JSON object; the capture file keeps its bytes)"
@@ -388,8 +397,26 @@ def _pcts(values: dict[str, Optional[float]]) -> str:
     return ", ".join(f"{k} {_n(v)}" for k, v in values.items())
 
 
-_TAIL_HEADER = "rollout #call " + " ".join(["dialect", "model", "status", "ttft_ms", "latency_ms", "in", "out", "cached",
-                                             "finish", "response_status", "tool_calls", "error"])
+#: `mcc tail`'s columns and their widths: it prints as calls come, so the widths are fixed (a
+#: longer cell is cut in the middle); the last column, the training arrays, runs on.
+_TAIL_COLUMNS = (("rollout", 24), ("#call", 5), ("dialect", 11), ("model", 20), ("status", 6), ("ttft_ms", 8),
+                 ("latency_ms", 10), ("in", 7), ("out", 7), ("cached", 7), ("finish", 10), ("response_status", 15),
+                 ("tool_calls", 20), ("error", 18), ("training arrays", 0))
+_TAIL_HEADER = "  ".join(name.ljust(width) for name, width in _TAIL_COLUMNS).rstrip()
+
+
+def _tail_row(cells: list[str]) -> str:
+    return "  ".join(_cut(cell, width).ljust(width) if width else cell
+                     for cell, (_, width) in zip(cells, _TAIL_COLUMNS)).rstrip()
+
+
+@dataclass
+class _Followed:
+    """Where `mcc tail` is in one rollout's file, and its training arrays' lineage so far."""
+
+    consumed: int
+    index: int
+    tokens: TokenRecordFollower
 
 
 @click.command("tail")
@@ -402,7 +429,7 @@ def tail_command(directory: str, rollout_id: Optional[str], interval: float, fro
     store = _store(directory)
     if rollout_id is not None:
         rollout_id = _rollout_id(store, rollout_id)
-    offsets: dict[str, tuple[int, int]] = {}  # rollout -> (bytes consumed, next call index)
+    offsets: dict[str, _Followed] = {}
     # Without --from-start the first look, which skips what is already there, happens before the
     # header is printed, so every line that lands after the header is shown. Looking after
     # printing would skip, unseen, a line written in between (issue 21, point 1).
@@ -424,12 +451,12 @@ def tail_command(directory: str, rollout_id: Optional[str], interval: float, fro
         pass
 
 
-def _tail_one(store: CaptureStore, rollout_id: str, offsets: dict[str, tuple[int, int]], emit: bool) -> None:
+def _tail_one(store: CaptureStore, rollout_id: str, followed: dict[str, _Followed], emit: bool) -> None:
     path = store.path_for(rollout_id)
-    consumed, index = offsets.get(rollout_id, (0, 0))
+    state = followed.get(rollout_id) or _Followed(0, 0, TokenRecordFollower(store.capture_dir, rollout_id))
     try:
         with open(path, "rb") as handle:
-            handle.seek(consumed)
+            handle.seek(state.consumed)
             data = handle.read()
     except FileNotFoundError:
         return
@@ -437,12 +464,21 @@ def _tail_one(store: CaptureStore, rollout_id: str, offsets: dict[str, tuple[int
     for raw in complete.splitlines():
         if not raw.strip():
             continue
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            line = None
+        # Every line goes through the lineage, shown or not: a later call extends an earlier one.
+        records = state.tokens.records_of(state.index, line) if isinstance(line, dict) else []
         if emit:
-            try:
-                row = call_row(rollout_id, index, orjson.loads(raw))
-                click.echo(f"{_cut(rollout_id, ID_WIDTH)} #{index} " + " ".join(_call_cells(row)[1:]), nl=True)
-            except orjson.JSONDecodeError:
-                click.echo(f"{_cut(rollout_id, ID_WIDTH)} #{index} {_UNREADABLE}")
+            if isinstance(line, dict):
+                row = call_row(rollout_id, state.index, line)
+                first = next((r for r in records if r.choice_index == 0), None)
+                cell = training_cell(first) if first is not None else None
+                click.echo(_tail_row([rollout_id, f"#{state.index}", *_call_cells(row)[1:], cell or "-"]))
+            else:
+                click.echo(_tail_row([rollout_id, f"#{state.index}"]) + "  " + _UNREADABLE)
             sys.stdout.flush()
-        index += 1
-    offsets[rollout_id] = (consumed + len(complete), index)
+        state.index += 1
+    state.consumed += len(complete)
+    followed[rollout_id] = state
