@@ -172,6 +172,44 @@ async def test_gym_harness_and_collector_examples_work_together(start, stand_in,
     assert [r["ng_model_call_capture"]["metrics"]["num_calls"] for r in records] == [1, 1, 1]
     assert all(r["response"]["status"] == "completed" and "gaps" not in r["ng_model_call_capture"] for r in records)
     assert CaptureStore(capture_dir).rollout_ids() == ["0-0", "0-1", "0-1-a1"]
+    # Issue 33, point 6: the agent reports its invocation, whose id its calls carry (x-session-id,
+    # the line's client_session_id): Gym joins them into the row's ng_trajectory.
+    for record in records:
+        (invocation,) = record["ng_agent_observations"]["records"]
+        (line,) = CaptureStore(capture_dir).read(record["ng_model_call_capture"]["rollout_id"])
+        assert line["client_session_id"] == invocation["invocation_id"]
+        assert invocation["kind"] == "agent_invocation" and invocation["status"] == "completed"
+        assert invocation["conversation"][0]["role"] == "user"
+        assert invocation["conversation"][1:] == record["response"]["output"], "the reply's items, reasoning first"
+
+
+def test_gym_deployment_says_one_agent_the_rl_settings_and_gyms_python():
+    """Issue 33, point 6: one agent name in the config and the README; the RL settings shown in
+    gym_config.yaml are ones the sidecar takes; Gym's real Python floor; a run leaves nothing
+    untracked where it runs."""
+    readme = open(os.path.join(GYM, "README.md"), encoding="utf-8").read()
+    agent_config = open(os.path.join(GYM, "responses_api_agents", "mcc_sdk_agent", "configs", "mcc_sdk_agent.yaml"),
+                        encoding="utf-8").read()
+    named = set(re.findall(r"--agent (\S+)", readme + agent_config)) | set(re.findall(r"agent_name=(\S+)", readme))
+    assert named == {"mcc_sdk_agent"} and "mcc_sdk_agent" in yaml.safe_load(agent_config)
+    config_text = open(os.path.join(GYM, "gym_config.yaml"), encoding="utf-8").read()
+    shown = [line.strip("# ").strip() for line in config_text.splitlines() if re.match(r"\s*# (capture-tokens|capture-raw-stream):", line)]
+    assert len(shown) == 2
+    document = yaml.safe_load(config_text)
+    document["mcc"].update(yaml.safe_load("\n".join(shown)))
+    settings = load_settings({"config": _written(document)}, environ={})
+    assert settings.capture_tokens and settings.capture_raw_stream == "on-failure"
+    assert ">= 3.13.14" in readme and "--ignore-requires-python" in readme
+    ignored = open(os.path.join(GYM, ".gitignore"), encoding="utf-8").read().split()
+    assert {"outputs/", "rollouts*.jsonl"} <= set(ignored)
+
+
+def _written(document) -> str:
+    import tempfile
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    with handle:
+        yaml.safe_dump(document, handle)
+    return handle.name
 
 
 def test_the_gym_harness_sends_only_what_the_task_set():

@@ -48,7 +48,8 @@ def _python313() -> str:
                                   capture_output=True, text=True)
             if done.returncode == 0 and done.stdout.strip() == "True":
                 return candidate
-    raise GymUnavailable("no Python 3.13 interpreter found (NeMo Gym 0.7.0 needs >= 3.13)")
+    raise GymUnavailable("no Python 3.13 interpreter found (NeMo Gym 0.7.0 declares >= 3.13.14; an earlier 3.13 "
+                         "works with --ignore-requires-python, as this venv is installed)")
 
 
 def _run(command: list[str], what: str) -> None:

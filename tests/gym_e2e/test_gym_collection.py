@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -129,6 +130,8 @@ class Collection:
     gym_python: str
     #: (the README's command, as run; what was added after it)
     commands: list[tuple[list[str], list[str]]]
+    #: What the resumed collection printed (Gym's rollout-health report is in it).
+    health: str = ""
 
 
 def _jsonl(path: str) -> list[dict[str, Any]]:
@@ -202,7 +205,8 @@ def collection(tmp_path_factory) -> Iterator[Collection]:
         assert resuming.wait(300) == 0, services.log("resume")[-3000:]
         services.processes.pop("resume")
         yield Collection(capture_dir, _jsonl(str(work / "rollouts.jsonl")), first_pass_rows,
-                         _jsonl(str(work / "rollouts_failures.jsonl")), files_at_kill, python, commands)
+                         _jsonl(str(work / "rollouts_failures.jsonl")), files_at_kill, python, commands,
+                         services.log("resume"))
     finally:
         services.stop_all()
 
@@ -294,3 +298,22 @@ def test_the_commands_run_are_the_readmes(collection):
         assert command[0] in ("mcc", "gym")
         flags = [word for word in added if word.startswith(("+", "-"))]
         assert all(word.startswith(allowed) for word in flags), added
+
+
+def test_each_row_has_gyms_trajectory_with_the_agents_turn(collection):
+    """Issue 33, point 6: the SDK agent reports its invocation (``ng_agent_observations``; its calls
+    carry the invocation's id in ``x-session-id``), so Gym's ``ng_trajectory`` has the turn and the
+    conversation its rollout-health checks read, instead of marking the rollout unobserved."""
+    for row in collection.rows:
+        trajectory = row["ng_trajectory"]
+        codes = {gap["code"] for gap in trajectory.get("gaps") or ()}
+        assert not codes & {"turns_unavailable", "conversation_unavailable", "model_calls_unavailable",
+                            "agent_observations_invalid", "agent_observation_join_failed"}, codes
+        (invocation,) = trajectory["invocations"]
+        assert invocation["status"] == "completed" and len(invocation["conversation"]) >= 2
+        (turn,) = trajectory["turns"]
+        (call,) = trajectory["model_calls"]
+        assert [ref["model_call_id"] for ref in turn["model_calls"]] == [call["model_call_id"]]
+        assert call["response"]["id"] == row["response"]["id"]
+    unobserved = re.findall(r"(\d+) unobserved", collection.health)
+    assert unobserved and int(unobserved[-1]) == 0, collection.health

@@ -56,10 +56,15 @@ class MccSdkAgent(SimpleResponsesAPIAgent):
             row["_ng_rollout_id"] = body.capture_rollout_id
         result = await run_agent(row, self.server_client.global_config_dict)
         result.pop("_ng_rollout_id", None)
+        # The agent's observations go to the collection (its ng_trajectory), not to the verifier.
+        observed = result.pop("ng_agent_observations", None)
         verified = await self.server_client.post(server_name=resources, url_path="/verify", json=result,
                                                  cookies=seeded.cookies)
         await raise_for_status(verified)
-        return MccSdkAgentVerifyResponse.model_validate(await get_response_json(verified))
+        reply = MccSdkAgentVerifyResponse.model_validate(await get_response_json(verified))
+        if observed is not None:
+            setattr(reply, "ng_agent_observations", observed)
+        return reply
 
 
 if __name__ == "__main__":
