@@ -249,3 +249,36 @@ def test_a_misspelt_variable_gets_the_likely_one():
     heard = []
     load_settings({"upstream": "http://u"}, {"MCC_CAPTURE_TOKEN": "1"}, heard.append)
     assert heard == ["ignoring unknown environment variable MCC_CAPTURE_TOKEN: did you mean MCC_CAPTURE_TOKENS?"]
+
+
+def test_the_supervisor_adds_up_what_its_workers_drained(tmp_path):
+    """Issue 33, point 9: calls in flight at SIGTERM finish in whichever worker has them, each worker
+    says its own count, and the supervisor's last line says the sum."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stand_in = subprocess.Popen([*MCC, "stand-in", "--port", "0", "--delay", "2"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    process = None
+    try:
+        upstream = read_line(stand_in.stdout).split(" listening on ")[1].split()[0]
+        process = subprocess.Popen([*MCC, "serve", "--upstream", upstream, "--port", "0", "--workers", "2",
+                                    "--capture-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        url = read_line(process.stdout).split()[-1]
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(post_chat, url, f"drain-{number}", close=True) for number in range(6)]
+            time.sleep(1.0)  # All six are waiting on the stand-in's 2 s.
+            process.terminate()
+            assert [call.result()[0] for call in calls] == [200] * 6
+        assert process.wait(timeout=60) == 0
+    finally:
+        stand_in.terminate()
+        stand_in.wait(timeout=30)
+        if process is not None and process.poll() is None:
+            process.kill()
+    lines = process.stderr.read().splitlines()  # type: ignore[union-attr]
+    drained = [int(re.search(r"drained: (\d+) call", line).group(1)) for line in lines if "mcc[worker" in line and "drained: " in line]
+    assert len(drained) == 2 and sum(drained) == 6, lines
+    assert lines[-1].endswith("all 2 workers stopped: 6 calls finished, 0 cut; exit 0"), lines
+    store = CaptureStore(str(tmp_path))
+    assert sorted(store.rollout_ids()) == sorted(f"drain-{number}" for number in range(6))
