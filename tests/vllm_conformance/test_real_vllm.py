@@ -63,12 +63,54 @@ _TRIES = 6
 _JSON = {"Content-Type": "application/json"}
 
 
+class SpanReceiver:
+    """An OTLP/HTTP trace receiver on loopback: keeps every ``ExportTraceServiceRequest`` posted."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.bodies: list[bytes] = []
+        bodies = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[Any]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        found = []
+        for body in list(self.bodies):
+            request = ExportTraceServiceRequest.FromString(body)
+            found += [span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans]
+        return found
+
+
 @pytest.fixture(scope="module")
-def vllm_url():
+def span_receiver():
+    receiver = SpanReceiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vllm_url(span_receiver):
     if os.environ.get("MCC_VLLM_URL"):
         yield os.environ["MCC_VLLM_URL"].rstrip("/")
         return
-    server = running_vllm()
+    server = running_vllm(otlp_traces_endpoint=span_receiver.url)
     try:
         url = server.__enter__()
     except VllmUnavailable as exc:
@@ -207,3 +249,32 @@ async def test_a_four_turn_tool_session_is_recorded_as_vllm_reported_it(vllm_url
         assert "without a verified parent" in build.mask_reason
         assert any(e["prompt_is_delta"] is False for e in entries[1:])
     del arrays
+
+
+async def test_vllms_own_spans_join_the_rollouts_trace_under_the_call(vllm_url, span_receiver, http, start, capture_dir,
+                                                                      store):
+    """Issue 33, point 8: the sidecar forwards each captured call with a W3C ``traceparent`` (the
+    body byte for byte); vLLM, exporting its spans, continues that context, so its span of the call
+    is in the rollout's trace under the call's span, the ids `mcc export --format otel-json` writes."""
+    import asyncio
+    import time
+
+    from proxy.inspection.export import otel_lines
+    from records import call_row, call_span_id, rollout_trace_id
+
+    if os.environ.get("MCC_VLLM_URL"):
+        pytest.skip("MCC_VLLM_URL: a vLLM started elsewhere, whose spans go where it was told")
+    sidecar = await start(vllm_url, capture_dir=capture_dir)
+    path, body = CASES["chat-stream"]
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "traced", path), orjson.dumps(body), _JSON)
+    assert reply.status == 200
+    (line,) = store.read("traced")
+    trace_id, parent_id = bytes.fromhex(rollout_trace_id("traced")), bytes.fromhex(call_span_id(line["model_call_id"]))
+    deadline = time.monotonic() + 60
+    while not (joined := [span for span in span_receiver.spans() if span.trace_id == trace_id]):
+        assert time.monotonic() < deadline, f"no span of the rollout's trace from vLLM ({len(span_receiver.spans())} others)"
+        await asyncio.sleep(0.2)
+    assert [span.parent_span_id for span in joined] == [parent_id], [span.name for span in joined]
+    (exported,) = otel_lines([("traced", [call_row("traced", 0, line)])])
+    call = orjson.loads(exported)["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    assert (call["traceId"], call["spanId"]) == (trace_id.hex(), parent_id.hex())

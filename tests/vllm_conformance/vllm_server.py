@@ -62,8 +62,9 @@ def vllm_python() -> str:
 
 
 @contextmanager
-def running_vllm(start_timeout: float = 600) -> Iterator[str]:
-    """Start vLLM on a free loopback port; yields its URL; stops it at the end."""
+def running_vllm(start_timeout: float = 600, otlp_traces_endpoint: str | None = None) -> Iterator[str]:
+    """Start vLLM on a free loopback port; yields its URL; stops it at the end. With
+    ``otlp_traces_endpoint`` vLLM exports its request spans there (OTLP/HTTP protobuf)."""
     python = vllm_python()
     port = _free_port()
     log_path = os.path.join(VENV, "server.log")
@@ -73,8 +74,13 @@ def running_vllm(start_timeout: float = 600) -> Iterator[str]:
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
                "--no-enable-prefix-caching"]
+    environment = {**os.environ, **_ENVIRONMENT}
+    if otlp_traces_endpoint is not None:
+        command += ["--otlp-traces-endpoint", otlp_traces_endpoint]
+        # vLLM's default is gRPC; a span batch goes out every 100 ms instead of every 5 s.
+        environment.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="100")
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **_ENVIRONMENT},
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                    start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
