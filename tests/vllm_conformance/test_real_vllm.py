@@ -120,9 +120,12 @@ def vllm_url(span_receiver):
 
 
 async def _beside(http, sidecar_url: str, vllm_url: str, path: str, body: bytes, rollout: str):
-    """A direct call and a call through the sidecar, retried until the two agree (or tries run out)."""
+    """A direct call and a call through the sidecar, retried until the two agree (or tries run out).
+    The direct call carries a ``traceparent`` too, as the sidecar's does (`--trace-context`): vLLM
+    traces both, so both are served alike."""
     for attempt in range(_TRIES):
-        direct = await fetch(http, "POST", vllm_url + path, body, headers=_JSON)
+        traced = {**_JSON, "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"}
+        direct = await fetch(http, "POST", vllm_url + path, body, headers=traced)
         proxied = await fetch(http, "POST", rollout_url(sidecar_url, f"{rollout}-{attempt}", path), body, headers=_JSON)
         if normalised(proxied.body) == normalised(direct.body):
             break

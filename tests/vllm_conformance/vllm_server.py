@@ -77,8 +77,9 @@ def running_vllm(start_timeout: float = 600, otlp_traces_endpoint: str | None = 
     environment = {**os.environ, **_ENVIRONMENT}
     if otlp_traces_endpoint is not None:
         command += ["--otlp-traces-endpoint", otlp_traces_endpoint]
-        # vLLM's default is gRPC; a span batch goes out every 100 ms instead of every 5 s.
-        environment.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="100")
+        # vLLM's default is gRPC. Its batches go out every 5 s (OpenTelemetry's default): a shorter
+        # delay wakes the exporter in vLLM's API server often enough to change how streams are chunked.
+        environment["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                    start_new_session=True)
