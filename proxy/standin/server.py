@@ -99,8 +99,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     each prompt gets its own reply (a token-id prompt is answered by its length), ``n`` samples of
     it, cut at ``max_tokens`` (``finish_reason`` ``length``) as vLLM does."""
     body, raw = await _json_body(request)
-    prompts = _prompts(body.get("prompt"))
-    if prompts is None:
+    given = _prompts(body.get("prompt"))
+    if given is None:
         raise _bad_request("prompt must be text, a list of texts, token ids or lists of token ids")
     n, max_tokens = body.get("n", 1), body.get("max_tokens")
     if n is None:
@@ -110,11 +110,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if max_tokens is not None and (not _integer(max_tokens) or max_tokens < 1):
         raise _bad_request(f"max_tokens must be at least 1, got {max_tokens!r}")
     tokens = TokenOptions.from_completions_request(body)
-    prompt = body["prompt"]
-    said = [_completion_text(item) for item in (prompt if isinstance(prompt, list) and prompt and
-                                                 not all(_integer(i) for i in prompt) else [prompt])]
     plan = _plan(raw, "", None, False)
-    reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, prompts, n, tokens, said, max_tokens)
+    reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, [ids for ids, _ in given], n, tokens,
+                              [_completion_text(text, ids) for ids, text in given], max_tokens)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, completions_events(reply, include_usage, tokens))
@@ -125,11 +123,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 MAX_N = 16
 
 
-def _completion_text(prompt: Any) -> str:
+def _completion_text(text: str | None, ids: list[int]) -> str:
     """What the stand-in says to one prompt: its text echoed, or a token-id prompt's length."""
-    if isinstance(prompt, str):
-        return f"Hello from the stand-in model. You said: {prompt[:80]}"
-    return f"Hello from the stand-in model. You sent {len(prompt)} prompt tokens."
+    if text is not None:
+        return f"Hello from the stand-in model. You said: {text[:80]}"
+    return f"Hello from the stand-in model. You sent {len(ids)} prompt tokens."
 
 
 def _integer(value: Any) -> bool:
@@ -143,17 +141,18 @@ def _bad_request(message: str) -> web.HTTPBadRequest:
                               content_type="application/json")
 
 
-def _prompts(prompt: Any) -> list[list[int]] | None:
-    """Each prompt as token ids (text through the stand-in tokenizer)."""
+def _prompts(prompt: Any) -> list[tuple[list[int], str | None]] | None:
+    """Each prompt as token ids (text through the stand-in tokenizer) and its text (None when it
+    came as ids); None for a prompt of no shape the dialect takes."""
     if isinstance(prompt, str):
-        return [text_token_ids(prompt)]
+        return [(text_token_ids(prompt), prompt)]
     if isinstance(prompt, list) and prompt:
         if all(_integer(item) for item in prompt):
-            return [prompt]
+            return [(prompt, None)]
         if all(isinstance(item, str) for item in prompt):
-            return [text_token_ids(item) for item in prompt]
+            return [(text_token_ids(item), item) for item in prompt]
         if all(isinstance(item, list) and item and all(_integer(i) for i in item) for item in prompt):
-            return prompt
+            return [(item, None) for item in prompt]
     return None
 
 
