@@ -11,6 +11,7 @@ from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
 from ._group_commit import SYNC_MODES, GroupCommitter
 from ._messages import MessagesReassembler
+from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
@@ -28,6 +29,7 @@ __all__ = [
     "EventBlock",
     "GroupCommitter",
     "MessagesReassembler",
+    "PrefixRenders",
     "REASSEMBLERS",
     "Reassembler",
     "ResponsesReassembler",
@@ -45,6 +47,9 @@ __all__ = [
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",
+    "proves_prefix",
+    "render_requests",
     "token_fields_to_add",
+    "tokenized_ids",
     "vllm_bool",
 ]

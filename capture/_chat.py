@@ -265,6 +265,11 @@ class TokenArrays:
                 return
             values.append(value)
 
+    def count(self, field: str = "token_ids") -> int | None:
+        """How many items a kept list of small ints holds so far (a comma count: no parse), or None."""
+        items = self._lists.get(field)
+        return None if items is None else (items.count(b",") + 1 if items else 0)
+
     def ids(self, field: str = "token_ids") -> list[Any] | None:
         """A kept list, parsed (the ids: small ints, quick to parse), or None when never seen."""
         items = self._lists.get(field)

@@ -38,6 +38,16 @@ class Reassembler:
         #: Text growing delta by delta, by (id(container), field): (container, field, pieces).
         self._texts: dict[tuple[int, Any], tuple[dict[Any, Any], Any, list[str]]] = {}
 
+    def generated_so_far(self) -> dict[int, int] | None:
+        """Per choice: the generated token ids that have streamed so far (vLLM's ``token_ids``),
+        for placing a declared weight update (issue 32); None when the stream does not carry
+        them. Counted when asked, never per event."""
+        arrays = getattr(self, "_arrays", None)
+        if not arrays:
+            return None
+        counts = {index: kept.count() for index, kept in arrays.items()}
+        return counts if all(count is not None for count in counts.values()) else None  # type: ignore[return-value]
+
     def feed_event(self, event: ServerSentEvent) -> None:
         """Fold one event into the state; events after the terminal are not part of the reply."""
         if self.terminal:

@@ -178,6 +178,10 @@ class StreamTap:
             self._failure = f"{type(exc).__name__}: {exc}"
         self.terminal = self._reassembler.terminal
 
+    def generated_so_far(self) -> dict[int, int] | None:
+        """`Reassembler.generated_so_far` of this stream."""
+        return self._reassembler.generated_so_far()
+
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """With a cutter, on chat: each choice's generated ids and logprobs as they streamed (see
         `ChatReassembler.collected_arrays`); None elsewhere, or when the stream had another shape."""

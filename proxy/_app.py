@@ -22,6 +22,7 @@ from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
 from ._retries import RetryMemory
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
+from ._prefix_supply import PrefixSupply
 from ._token_capture import TokenCapture
 from ._token_mode import TokenMode
 from ._upstream import UpstreamPool
@@ -67,6 +68,8 @@ class Sidecar:
         #: for Gym's training path; its training-token files (DESIGN §12) with it.
         self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_on else None
         self.token_capture: Optional[TokenCapture] = None
+        #: Prefix supply (--supply-prefix, DESIGN §12): the renderer round trips and what they taught.
+        self.prefix_supply: Optional[PrefixSupply] = PrefixSupply() if settings.supply_prefix else None
         #: Recent request bodies per rollout: a call that repeats one records ``retry_of``.
         self.retries = RetryMemory()
 

@@ -14,9 +14,9 @@ import errno
 import logging
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from capture import GroupCommitter, StreamTap, create_incomplete_marker
+from capture import GroupCommitter, StreamTap, create_incomplete_marker, proves_prefix
 from records import capture_path, encode_capture_line, incomplete_marker_path, token_records_of_line
 
 from ._exchange import CallExchange
@@ -85,14 +85,15 @@ class CaptureWriter:
         """The call's line; its training-token entry written first (on the writer thread: both are
         on disk before the agent sees the end of the reply)."""
         fields = exchange.capture_fields()
+        prefix = self._prefix_proof(exchange, fields)
         if exchange.token_plan is not None and self._token_capture is not None:
-            streamed = self._streamed_line(exchange, fields)
+            streamed = self._streamed_line(exchange, fields, prefix)
             if streamed is not None:
                 return streamed
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line
-        parsed = self._token_capture.commit(exchange.token_plan, line)
+        parsed = self._token_capture.commit(exchange.token_plan, line, prefix)
         if parsed is None:
             return line  # No entry holds the arrays: the line keeps them.
         # Linear storage (DESIGN §12): the arrays live once in the token file; the line keeps what
@@ -104,7 +105,22 @@ class CaptureWriter:
         parsed["token_entries"] = list(exchange.token_plan.entry_ids)
         return encode_capture_line(parsed)
 
-    def _streamed_line(self, exchange: CallExchange, fields: dict[str, Any]) -> bytes | None:
+    def _prefix_proof(self, exchange: CallExchange, fields: dict[str, Any]) -> Optional[bool]:
+        """Prefix supply's proof (DESIGN §12): the prompt ids the upstream reports begin with the
+        ids supplied. On the line as ``prefix_supplied`` (or ``prefix_not_supplied``: why a call
+        with a resolved parent went without); None when nothing was supplied."""
+        supplied = exchange.supplied_prefix
+        if supplied is None:
+            if exchange.prefix_not_supplied is not None:
+                fields["prefix_not_supplied"] = exchange.prefix_not_supplied
+            return None
+        response = fields.get("response")
+        proved = isinstance(response, dict) and proves_prefix(response.get("prompt_token_ids"), supplied.prompt_token_ids)
+        fields["prefix_supplied"] = proved
+        self._metrics.prefix_supply.labels("proved" if proved else "unproved").inc()
+        return proved
+
+    def _streamed_line(self, exchange: CallExchange, fields: dict[str, Any], prefix: Optional[bool]) -> bytes | None:
         """A chat stream in the token capture mode: the entries from the ids and logprobs the tap
         kept as they streamed, and the line of what the agent saw, without ever writing the
         arrays into a line and parsing them back (the tap's logprob entries are most of the
@@ -123,7 +139,7 @@ class CaptureWriter:
                 return None
             records.append(record.model_copy(update={"prompt_token_ids": prompt, "generation_token_ids": ids,
                                                      "generation_log_probs": logprobs, "missing": (), "problem": None}))
-        if not self._token_capture.commit_records(exchange.token_plan, records, response):  # type: ignore[union-attr]
+        if not self._token_capture.commit_records(exchange.token_plan, records, response, prefix):  # type: ignore[union-attr]
             restore(replaced)  # Not every choice has its entry: the line keeps the arrays (never tried twice).
             return encode_capture_line(fields)
         fields["token_entries"] = list(exchange.token_plan.entry_ids)

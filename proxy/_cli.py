@@ -87,6 +87,8 @@ class _ServeCommand(click.Command):
 @click.option("--token-dir", type=str, help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
 @click.option("--capture-tokens/--no-capture-tokens", default=None,
               help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")
+@click.option("--supply-prefix/--no-supply-prefix", default=None,
+              help="Prefix supply: send each chat turn whose parent call is known on the parent's exact token ids (vLLM kv_transfer_params.prompt_token_ids), so no turn drifts; changes what the model samples (off by default; needs --capture-tokens). [MCC_SUPPLY_PREFIX]")
 @click.option("--trace-context/--no-trace-context", default=None,
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")

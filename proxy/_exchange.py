@@ -81,6 +81,10 @@ class CallExchange:
     token_plan: Any = None
     #: The earlier call of the rollout this one repeats byte for byte (an SDK retry, a resend).
     retry_of: str | None = None
+    #: Prefix supply (DESIGN §12): the prompt ids sent (`proxy._prefix_supply.SuppliedPrefix`), or
+    #: why a call with a resolved parent was sent without.
+    supplied_prefix: Any = None
+    prefix_not_supplied: str | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 

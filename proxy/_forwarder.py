@@ -118,6 +118,7 @@ class _Call:
         self._open_exchange(self.request.body)
         body = self.tokens.request_body(self.request.body)
         await self.tokens.plan_entry()
+        body = await self.tokens.supply_prefix(body)
         try:
             upstream = await self._send_upstream(body)
             if self.tokens.must_resend(upstream):

@@ -90,6 +90,10 @@ class SidecarMetrics:
         self.token_entry_failures = Counter("mcc_token_entry_failures_total", "Calls in the token capture mode whose "
                                             "training-token entry could not be prepared or written, by kind.", ["kind"],
                                             registry=registry)
+        self.prefix_supply = Counter("mcc_prefix_supply_total", "Chat calls with a resolved parent under --supply-prefix, "
+                                     "by outcome: proved (the upstream's prompt ids begin with the supplied ones), "
+                                     "unproved (sent, not proved: recorded as drift), or why nothing was supplied.",
+                                     ["outcome"], registry=registry)
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
         #: Why the last capture line could not be written (a full disk), None after a success.

@@ -106,6 +106,11 @@ class Settings(BaseModel):
     #: ``--otlp-traces-endpoint``) join the trace `mcc export --format otel-json` writes. A header
     #: only: the body is forwarded byte-exact, and an agent's own ``traceparent`` is kept.
     trace_context: bool = True
+    #: Prefix supply (DESIGN §12, issue 32): a chat call whose lineage resolved a parent is sent
+    #: with ``kv_transfer_params.prompt_token_ids`` = the parent's prompt + generation ids + the new
+    #: turn's ids (the upstream's own renderer), so its prompt extends the parent exactly. Applies
+    #: to the calls the token capture mode covers.
+    supply_prefix: bool = False
 
     @field_validator("upstream_ca")
     @classmethod
@@ -183,6 +188,9 @@ class Settings(BaseModel):
         if self.capture_tokens and not self.capture_on:
             raise ValueError("--capture-tokens (MCC_CAPTURE_TOKENS) needs capture on, or it does nothing: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR), with capture enabled")
+        if self.supply_prefix and not self.capture_on:
+            raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
+                             "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
         return self
 
     @property
@@ -305,7 +313,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

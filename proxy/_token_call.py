@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Optional
 
-from capture import AddedFieldCutter, parse_json_object
+from capture import AddedFieldCutter, add_request_fields, parse_json_object
 
 from ._token_capture import TOKEN_DIALECTS
+from ._prefix_supply import SuppliedPrefix
 from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
 from ._upstream import UpstreamReply
 
@@ -31,6 +32,8 @@ class TokenCall:
         self.fields: Optional[dict[str, Any]] = None
         self.agent_request: dict[str, Any] = {}
         self.cutter: Optional[AddedFieldCutter] = None
+        #: The prompt ids supplied upstream (``--supply-prefix``), None when none were.
+        self.prefix: Optional[SuppliedPrefix] = None
 
     @property
     def on(self) -> bool:
@@ -63,18 +66,43 @@ class TokenCall:
             None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
             exchange.retry_of)
 
+    async def supply_prefix(self, body: bytes) -> bytes:
+        """``body`` with the parent's exact prompt ids supplied (``--supply-prefix``), for a chat
+        call whose lineage resolved a parent; else ``body`` (DESIGN §12, issue 32)."""
+        call = self.call
+        exchange, supply, token_mode = call.exchange, call.sidecar.prefix_supply, call.sidecar.token_mode
+        if supply is None or token_mode is None or exchange is None or exchange.dialect != "chat" or not self.on:
+            return body
+        plan = exchange.token_plan
+        if plan is None or not plan.verdict.resolved or not plan.verdict.parent_sequence:
+            return body
+        if "kv_transfer_params" in token_mode.refused:
+            call.metrics.prefix_supply.labels("refused_before").inc()
+            return body
+        request = self.agent_request or parse_json_object(call.request.body) or {}
+        prefix, why = await supply.prepare(call, request, plan.verdict.parent_call_id or "", plan.verdict.parent_sequence)
+        sent = add_request_fields(body, {"kv_transfer_params": {"prompt_token_ids": prefix.prompt_token_ids}}) \
+            if prefix is not None else None
+        if prefix is None or sent is None:
+            call.metrics.prefix_supply.labels(why or "body_not_an_object").inc()
+            exchange.prefix_not_supplied = why or "body_not_an_object"
+            return body
+        self.prefix = exchange.supplied_prefix = prefix
+        return sent
+
     def must_resend(self, upstream: UpstreamReply) -> bool:
         """Fields were added and the reply is a refusal (400, or FastAPI's 422: nothing was
         generated, maybe an added field refused) or a success the mode cannot cut (compressed):
         the agent gets the reply to its own request instead."""
-        return self.fields is not None and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
+        added = self.fields is not None or self.prefix is not None
+        return added and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
 
     async def resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
         """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
         get is learnt (those fields are not added again); a compressed reply is not a refusal: the
         mode stays on, this call goes without arrays, and the sidecar says so once."""
         call = self.call
-        fields = self.fields or {}
+        fields = {**(self.fields or {}), **({"kv_transfer_params": None} if self.prefix is not None else {})}
         refused = upstream.status in REFUSAL_STATUSES
         refused_body = b""
         if refused:
@@ -85,9 +113,13 @@ class TokenCall:
             except UpstreamBroke as broke:
                 refused_body = broke.partial
         upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
-        self.fields = None
+        self.fields = self.prefix = None
         if call.exchange is not None:
             call.exchange.added_request_fields = None
+            if call.exchange.supplied_prefix is not None:
+                call.exchange.supplied_prefix = None
+                call.exchange.prefix_not_supplied = "refused"
+                call.metrics.prefix_supply.labels("refused").inc()
         own = await call._send_upstream(call.request.body)
         token_mode = call.sidecar.token_mode
         if token_mode is None:

@@ -90,7 +90,7 @@ class TokenCapture:
             return None
         return TokenPlan(rollout_id, ids, items, verdict, retry_of)
 
-    def commit(self, plan: TokenPlan, line: bytes) -> Optional[dict[str, Any]]:
+    def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None) -> Optional[dict[str, Any]]:
         """Write the call's entries from its capture line (arrays included), on the capture writer
         thread. When every choice's entry is on disk, the line's fields parsed (the line may then
         leave the arrays to the token file); else None."""
@@ -100,10 +100,13 @@ class TokenCapture:
         except Exception as exc:
             self._failed(plan, exc)
             return None
-        return fields if self.commit_records(plan, records, fields.get("response")) else None
+        return fields if self.commit_records(plan, records, fields.get("response"), prefix) else None
 
-    def commit_records(self, plan: TokenPlan, records: list[TokenRecord], response: Any) -> bool:
-        """Write an entry per choice from its records (arrays present); True when all are on disk."""
+    def commit_records(self, plan: TokenPlan, records: list[TokenRecord], response: Any,
+                       prefix: Optional[bool] = None) -> bool:
+        """Write an entry per choice from its records (arrays present); True when all are on disk.
+        ``prefix``: None when no prefix was supplied, else its proof (Gym's ``prefix_requested`` /
+        ``prefix_supplied``)."""
         response = response if isinstance(response, dict) else {}
         written = 0
         try:
@@ -123,6 +126,8 @@ class TokenCapture:
                     parent_sequence=plan.verdict.parent_sequence)
                 if plan.retry_of is not None:
                     entry["retry_of"] = plan.retry_of
+                if prefix is not None:
+                    entry["prefix_requested"], entry["prefix_supplied"] = True, prefix
                 outcome = self.files.append(entry)
                 self._metrics.token_entries.labels(outcome).inc()
                 written += 1

@@ -28,6 +28,10 @@ class LineageVerdict:
     parent_sequence: Optional[list[int]] = None
     reason: str = ""
 
+    @property
+    def resolved(self) -> bool:
+        return self.status == RESOLVED
+
 
 @dataclass(frozen=True)
 class _Node:

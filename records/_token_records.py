@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._lineage import LINE_ROOT, LineLineage
 from ._store import CaptureStore, gc_paused
+from ._weight_versions import resolved_spans, token_versions
 
 #: Where the generation arrays were found (see the module docstring); ``missing`` when nowhere.
 TOKEN_SOURCES = ("message", "vllm", "logprob_tokens", "token_file", "missing")
@@ -94,6 +95,33 @@ class TokenRecord(BaseModel):
     drift_from: Optional[int] = None
     #: The ``model_call_id`` of the earlier call this one repeated byte for byte (a retry), if any.
     retry_of: Optional[str] = None
+    #: Prefix supply (``--supply-prefix``): True when the prompt was sent as the parent's exact ids
+    #: and the upstream's reported prompt proves it, False when sent but not proved (then this is
+    #: drift like any other), None when none was supplied.
+    prefix_supplied: Optional[bool] = None
+    #: The weight versions that sampled the generation: ``{"version", "start", "end"}`` over
+    #: generation token indexes (``end`` None: to the end), from ``weight_version_source``
+    #: (``engine`` or ``declared``; `records._weight_versions`). `token_weight_versions` per token.
+    weight_versions: Optional[list[dict[str, Any]]] = None
+    weight_version_source: Optional[str] = None
+    #: A weight update fell during this call where it could not be placed (a non-streamed reply).
+    weight_versions_unplaced: bool = False
+    #: The ``model_call_id`` of the aborted call (``finish_reason: "abort"``) this call resumes: its
+    #: prompt is that call's prompt + partial generation.
+    resumes: Optional[str] = None
+
+    @property
+    def token_weight_versions(self) -> Optional[list[Optional[str]]]:
+        """One weight version per generated token, or None when none is known."""
+        if self.weight_versions is None or self.generation_token_ids is None:
+            return None
+        spans = resolved_spans(self.weight_versions, len(self.generation_token_ids))
+        return token_versions(spans, len(self.generation_token_ids)) if spans is not None else None
+
+    @property
+    def spans_weight_update(self) -> bool:
+        """More than one weight version sampled this generation (or an update fell in it unplaced)."""
+        return self.weight_versions_unplaced or len({span["version"] for span in self.weight_versions or ()}) > 1
 
     @property
     def unusable_reason(self) -> Optional[str]:
@@ -102,6 +130,8 @@ class TokenRecord(BaseModel):
             return f"the call ended {self.error_category}: the agent did not see this generation whole"
         if self.finish_reason is None:
             return "no finish reason: the generation did not end"
+        if self.finish_reason == "abort":
+            return "finish reason 'abort': the engine stopped it (a weight update); a later call may resume it"
         if self.finish_reason in _UNFINISHED_REASONS:
             return f"finish reason {self.finish_reason!r}: the generation did not end"
         if self.missing:
@@ -314,6 +344,25 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
     category = line.get("error_category") if isinstance(line.get("error_category"), str) else None
     base = {"rollout_id": rollout_id, "model_call_id": call_id, "call_index": call_index, "error_category": category,
             "retry_of": line.get("retry_of") if isinstance(line.get("retry_of"), str) else None}
+    for name, kind in _LINE_EXTRAS:
+        value = line.get(name)
+        if type(value) is kind:
+            base[name] = value
+    records = _records_of_response(base, response)
+    versions = line.get("weight_versions")
+    if type(versions) is list and versions:
+        records = [record.model_copy(update={"weight_versions": versions[position]})
+                   if position < len(versions) and type(versions[position]) is list else record
+                   for position, record in enumerate(records)]
+    return records
+
+
+#: Line fields a record carries as they are, with their JSON type.
+_LINE_EXTRAS = (("prefix_supplied", bool), ("weight_version_source", str), ("weight_versions_unplaced", bool),
+                ("resumes", str))
+
+
+def _records_of_response(base: dict[str, Any], response: Any) -> list[TokenRecord]:
     if not isinstance(response, dict):
         return [_record(base, 0, None, None, None, None, None)]
     model = response.get("model") if isinstance(response.get("model"), str) else None

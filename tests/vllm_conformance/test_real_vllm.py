@@ -281,3 +281,52 @@ async def test_vllms_own_spans_join_the_rollouts_trace_under_the_call(vllm_url, 
     (exported,) = otel_lines([("traced", [call_row("traced", 0, line)])])
     call = orjson.loads(exported)["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
     assert (call["traceId"], call["spanId"]) == (trace_id.hex(), parent_id.hex())
+
+
+async def _drifting_session(http, sidecar_url: str, rollout: str, turns: int) -> None:
+    """A chat session whose replies are sent back as text, streamed: the tiny model's text
+    re-tokenizes differently (issue 32), so the natural prompts drift."""
+    messages: list[dict[str, Any]] = [_SYSTEM, {"role": "user", "content": "Write a small Python function."}]
+    for turn in range(turns):
+        body = {"model": SERVED_NAME, "messages": messages, "max_tokens": 8, "stream": True, **_SAMPLING}
+        reply = await fetch(http, "POST", rollout_url(sidecar_url, rollout, "/v1/chat/completions"), orjson.dumps(body),
+                            headers=_JSON)
+        text = "".join(chunk["choices"][0]["delta"].get("content") or ""
+                       for chunk in _chunks(reply.body) if chunk.get("choices"))
+        messages = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": f"Again ({turn})."}]
+
+
+def _chunks(body: bytes) -> list[dict[str, Any]]:
+    from capture import SSEParser
+    return [orjson.loads(event.data) for event in SSEParser().feed(body) if event.data != "[DONE]"]
+
+
+async def test_prefix_supply_makes_a_drifting_session_extend_every_turn(vllm_url, http, start, capture_dir, store):
+    """Issue 32: without --supply-prefix the tiny model's session drifts (the records say where);
+    with it every later turn is sent on its parent's exact ids, vLLM reports exactly those ids as
+    the prompt (the proof), the turn extends its parent, and the trajectory's ids are vLLM's."""
+    from records import read_token_entries, trajectories
+    plain = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, capture_raw_stream="always")
+    await _drifting_session(http, plain.url, "natural", 4)
+    natural = read_token_records(store, "natural")
+    assert any(record.drift_at is not None for record in natural[1:]), "the natural session no longer drifts"
+    assert all(record.prefix_supplied is None for record in natural)
+
+    supplied = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=True,
+                           capture_raw_stream="always")
+    await _drifting_session(http, supplied.url, "supplied", 4)
+    records = read_token_records(store, "supplied")
+    lines = store.read("supplied")
+    assert [record.prefix_supplied for record in records] == [None, True, True, True]
+    assert [record.extends for record in records] == [None, 0, 1, 2]
+    assert all(record.drift_at is None and record.usable for record in records)
+    for line, record in zip(lines, records):
+        assert (record.prompt_token_ids, record.generation_token_ids) == _vllm_reported(line["response_raw"])
+        assert line["response"]["prompt_token_ids"] is None  # The agent's view: what the mode added is cut.
+    entries = read_token_entries(capture_dir, "supplied")
+    assert [(e["prefix_requested"], e["prefix_supplied"], e["prompt_is_delta"]) for e in entries] == \
+        [(False, False, False)] + [(True, True, True)] * 3
+    build = trajectories(capture_dir, "supplied")
+    assert not build.masked, build.mask_reason
+    last = records[-1]
+    assert build.main.token_ids == [*last.prompt_token_ids, *last.generation_token_ids]

@@ -1,0 +1,86 @@
+"""Which policy weights sampled each generated token (DESIGN §12, issue 32).
+
+Asynchronous RL corrects for stale samples, so a trainer needs, per token, the weight version that
+sampled it. Two sources, the engine's first:
+
+- ``engine``: vLLM 0.33 (``return_weight_versions: true``, which the token capture mode adds) gives
+  each choice ``weight_versions: [{"version", "start", "end"}]``, half-open ranges over its output
+  token indexes (``vllm/outputs.py`` ``WeightVersionSpan``; streamed, on the choice's last chunk).
+  SGLang 0.5.23 puts ``metadata.weight_version`` on every chat response: one version for the whole
+  output.
+- ``declared``: the trainer tells the sidecar (``POST /-/weight-version``) which version it has
+  just loaded; the sidecar knows how many generated ids of each stream in flight had passed at
+  that moment and splits the stream's span there. A non-streamed reply (or a stream without token
+  ids) across an update cannot be split: it is marked ``weight_versions_unplaced``.
+
+On a capture line: ``weight_versions`` (per choice, in the order of ``choices``; a span's ``end``
+may be null: to the end of the generation), ``weight_version_source``, and
+``weight_versions_unplaced`` when an update fell where it could not be placed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+ENGINE, DECLARED = "engine", "declared"
+
+
+def engine_weight_versions(response: Any) -> Optional[list[Optional[list[dict[str, Any]]]]]:
+    """Per choice: the engine's spans (``end`` null for SGLang's one version), or None when the
+    reply names no version."""
+    if type(response) is not dict:
+        return None
+    choices = response.get("choices")
+    count = len(choices) if type(choices) is list and choices else 1
+    if type(choices) is list:
+        spans = [_spans(choice.get("weight_versions")) if type(choice) is dict else None for choice in choices]
+        if any(found is not None for found in spans):
+            return spans
+    metadata = response.get("metadata")
+    version = metadata.get("weight_version") if type(metadata) is dict else None
+    if type(version) is str and version:
+        return [[{"version": version, "start": 0, "end": None}] for _ in range(count)]
+    return None
+
+
+def resolved_spans(spans: Any, generated: Optional[int]) -> Optional[list[dict[str, Any]]]:
+    """A line's spans of one choice with an open ``end`` closed at ``generated`` (the generation's
+    length); None when there are none or they cannot be read."""
+    checked = _spans(spans, open_end=True)
+    if checked is None:
+        return None
+    closed = []
+    for span in checked:
+        end = span["end"]
+        if end is None:
+            if generated is None:
+                return None
+            end = generated
+        if end < span["start"]:
+            continue  # An update declared after the last token: an empty span.
+        closed.append({"version": span["version"], "start": span["start"], "end": end})
+    return closed or None
+
+
+def token_versions(spans: Optional[list[dict[str, Any]]], generated: int) -> list[Optional[str]]:
+    """One version per generated token (None where no span covers it)."""
+    versions: list[Optional[str]] = [None] * generated
+    for span in spans or ():
+        start, end = max(0, span["start"]), min(generated, span["end"])
+        if end > start:
+            versions[start:end] = [span["version"]] * (end - start)
+    return versions
+
+
+def _spans(value: Any, open_end: bool = False) -> Optional[list[dict[str, Any]]]:
+    if type(value) is not list or not value:
+        return None
+    spans = []
+    for span in value:
+        if type(span) is not dict or type(span.get("version")) is not str or type(span.get("start")) is not int:
+            return None
+        end = span.get("end")
+        if not (type(end) is int or (open_end and end is None)):
+            return None
+        spans.append({"version": span["version"], "start": span["start"], "end": end})
+    return spans
