@@ -5,7 +5,7 @@ manner of h11; the appender and the group committer built on it are all that tou
 """
 
 from records import append_capture_line, create_incomplete_marker
-from ._categories import ERROR_CATEGORIES, categorize_status, is_context_length_error
+from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
@@ -44,6 +44,7 @@ __all__ = [
     "append_capture_line",
     "categorize_status",
     "create_incomplete_marker",
+    "is_aborted_reply",
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",

@@ -18,6 +18,7 @@ ERROR_CATEGORIES = frozenset(
         "connection",
         "cancelled",
         "incomplete",
+        "aborted",
         "stream_truncated",
         "capture_parse_error",
     }
@@ -49,6 +50,15 @@ def categorize_status(status: int, body: Any = None) -> str | None:
     if status < 500:
         return "client_error"
     return "upstream_error"
+
+
+def is_aborted_reply(response: Any) -> bool:
+    """A reply the engine cut short itself: a choice ends ``finish_reason: "abort"`` (vLLM aborts
+    requests around a weight update, ``pause_generation``; issue 32). Its generation never ended:
+    the ``aborted`` category, never trained on (a later call may resume it)."""
+    choices = response.get("choices") if type(response) is dict else None
+    return type(choices) is list and any(type(choice) is dict and choice.get("finish_reason") == "abort"
+                                         for choice in choices)
 
 
 def is_context_length_error(body: Any) -> bool:

@@ -65,6 +65,8 @@ class AddedFieldCutter:
         asked_token_data = vllm_bool(request.get("logprobs")) or vllm_bool(request.get("return_token_ids"))
         self._cut_logprobs = "logprobs" in added
         self._cut_token_ids = "return_token_ids" in added
+        #: vLLM 0.33 writes ``weight_versions`` on a choice's last chunk only (issue 32).
+        self._cut_weight_versions = "return_weight_versions" in added
         self._drop_empty_chunks = dialect == "chat" and not asked_token_data
         #: Per choice index: the Mistral tool-call JSON followed through the token texts.
         self._tool_texts: dict[Any, _ToolCallJson] = {}
@@ -248,6 +250,8 @@ class AddedFieldCutter:
         choice = choices[0]
         if type(choice) is not dict or (self._drop_empty_chunks and choice.get("delta") == {}):
             return None
+        if self._cut_weight_versions and choice.get("weight_versions") is not None:
+            return None  # The choice's last chunk: the general way cuts its spans too.
         written = self.written
         first = second = None
         logprobs = choice.get("logprobs") if self._cut_logprobs else None
@@ -280,7 +284,7 @@ class AddedFieldCutter:
         if type(choices) is not list or len(choices) != 1 or payload.get("prompt_token_ids") is not None:
             return None
         choice = choices[0]
-        if type(choice) is not dict:
+        if type(choice) is not dict or (self._cut_weight_versions and choice.get("weight_versions") is not None):
             return None
         spans = []
         logprobs = choice.get("logprobs") if self._cut_logprobs else None
@@ -306,12 +310,14 @@ class AddedFieldCutter:
         if "return_token_ids" in self.added and payload.get("prompt_token_ids") is not None:
             cuts.append((("prompt_token_ids",), "null"))
         cuts += self._choice_cuts(payload, ("logprobs",) if "logprobs" in self.added else (),
-                                  ("token_ids",) if "return_token_ids" in self.added else ())
+                                  ("token_ids",) if "return_token_ids" in self.added else (),
+                                  ("weight_versions",) if self._cut_weight_versions else ())
         return cuts
 
     def _completions_cuts(self, event_type: str, payload: dict[str, Any]) -> list[Cut]:
         return self._choice_cuts(payload, ("logprobs",) if "logprobs" in self.added else (),
-                                 ("prompt_token_ids", "token_ids") if "return_token_ids" in self.added else ())
+                                 ("prompt_token_ids", "token_ids") if "return_token_ids" in self.added else (),
+                                 ("weight_versions",) if self._cut_weight_versions else ())
 
     @staticmethod
     def _choice_cuts(payload: dict[str, Any], *groups: tuple[str, ...]) -> list[Cut]:

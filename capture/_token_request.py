@@ -6,6 +6,9 @@ What vLLM 0.32.0 takes, read from its source (``vllm/entrypoints/openai/chat_com
 
 - chat: ``logprobs: true`` and ``return_token_ids: true``;
 - completions: ``logprobs: 0`` (the sampled token's logprob, no alternatives) and ``return_token_ids``;
+- both, for vLLM 0.33: ``return_weight_versions: true`` (each choice's ``weight_versions``, the
+  weight version that sampled each range of its tokens; issue 32). vLLM 0.32 ignores the field
+  (its request models allow unknown fields, with a warning in its log) and replies as it would;
 - Responses: ``include: ["message.output_text.logprobs"]`` and ``enable_response_messages``
   (refused for ``background`` requests); it has no ``return_token_ids``;
 - Messages: nothing (vLLM's Anthropic endpoint has no field for either).
@@ -24,8 +27,8 @@ import orjson
 
 #: The fields each dialect gets, in the order they are added, with the values sent.
 TOKEN_FIELDS: dict[str, tuple[tuple[str, Any], ...]] = {
-    "chat": (("logprobs", True), ("return_token_ids", True)),
-    "completions": (("logprobs", 0), ("return_token_ids", True)),
+    "chat": (("logprobs", True), ("return_token_ids", True), ("return_weight_versions", True)),
+    "completions": (("logprobs", 0), ("return_token_ids", True), ("return_weight_versions", True)),
     "responses": (("include", ["message.output_text.logprobs"]), ("enable_response_messages", True)),
     "messages": (),
 }

@@ -23,6 +23,7 @@ from ._settings import Settings
 from ._retries import RetryMemory
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 from ._prefix_supply import PrefixSupply
+from ._weight_versions import DeclaredWeightVersions, declared_version
 from ._token_capture import TokenCapture
 from ._token_mode import TokenMode
 from ._upstream import UpstreamPool
@@ -32,6 +33,7 @@ log = logging.getLogger("mcc")
 
 #: A readiness probe must answer quickly even when the upstream is down.
 _ADMIN_METHODS = ("GET", "HEAD")
+_REASONS = {200: b"OK", 400: b"Bad Request", 405: b"Method Not Allowed"}
 
 
 class Sidecar:
@@ -70,6 +72,9 @@ class Sidecar:
         self.token_capture: Optional[TokenCapture] = None
         #: Prefix supply (--supply-prefix, DESIGN §12): the renderer round trips and what they taught.
         self.prefix_supply: Optional[PrefixSupply] = PrefixSupply() if settings.supply_prefix else None
+        #: The weight version the trainer declared (``/-/weight-version``), shared by --workers.
+        self.weight_versions = DeclaredWeightVersions(settings.metrics_dir if settings.worker_index is not None else None)
+        self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
         #: Recent request bodies per rollout: a call that repeats one records ``retry_of``.
         self.retries = RetryMemory()
 
@@ -122,6 +127,11 @@ class Sidecar:
         return self.url
 
     async def handle(self, request: ServerRequest, client: Http1Connection) -> None:
+        if request.target.startswith(b"/-/weight-version") and request.target.partition(b"?")[0] == b"/-/weight-version":
+            status, body = self._weight_version(request)
+            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
+                         b"" if request.method == "HEAD" else body)
+            return
         if request.method in _ADMIN_METHODS and request.target.startswith(b"/-/"):
             path = request.target.partition(b"?")[0]
             admin = {b"/-/healthy": self._healthy, b"/-/health": self._healthy, b"/-/ready": self._ready,
@@ -181,6 +191,20 @@ class Sidecar:
                  "" if busy_at_start - len(in_flight) == 1 else "s", len(in_flight))
 
     # -- admin endpoints --------------------------------------------------------------------
+
+    def _weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
+        """``GET`` the declared weight version; ``POST {"version": "<label>"}`` declares the one the
+        trainer has just loaded (issue 32, `_weight_versions`). Reachable by whatever reaches the
+        port, as every admin path: deploy/ says who that is."""
+        if request.method in _ADMIN_METHODS:
+            return 200, orjson.dumps(self.weight_versions.state())
+        if request.method != "POST":
+            return 405, orjson.dumps({"error": "GET reads the declared weight version; POST {\"version\": \"<label>\"} sets it"})
+        version, problem = declared_version(request.body)
+        if version is None:
+            return 400, orjson.dumps({"error": problem})
+        self.weight_versions.declare(version)
+        return 200, orjson.dumps(self.weight_versions.state())
 
     async def _healthy(self) -> tuple[int, bytes, bytes]:
         """Liveness: the process is up and serving."""

@@ -17,7 +17,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from capture import GroupCommitter, StreamTap, create_incomplete_marker, proves_prefix
-from records import capture_path, encode_capture_line, incomplete_marker_path, token_records_of_line
+from records import (
+    capture_path,
+    encode_capture_line,
+    engine_weight_versions,
+    incomplete_marker_path,
+    token_records_of_line,
+)
 
 from ._exchange import CallExchange
 from ._logging import RepeatLimiter
@@ -86,6 +92,8 @@ class CaptureWriter:
         on disk before the agent sees the end of the reply)."""
         fields = exchange.capture_fields()
         prefix = self._prefix_proof(exchange, fields)
+        _note_weight_versions(exchange, fields)
+        _note_resumption(exchange, fields)
         if exchange.token_plan is not None and self._token_capture is not None:
             streamed = self._streamed_line(exchange, fields, prefix)
             if streamed is not None:
@@ -199,6 +207,38 @@ class CaptureWriter:
             await loop.run_in_executor(None, create_incomplete_marker, marker)
         except Exception:
             pass  # The directory may be gone or read-only; the failure is already counted.
+
+
+def _note_resumption(exchange: CallExchange, fields: dict[str, Any]) -> None:
+    """``resumes``: this call continues an aborted one -- its parent ended ``abort`` and the prompt
+    the upstream reports is that call's prompt + partial generation, exactly (issue 32)."""
+    plan = exchange.token_plan
+    if plan is None or not plan.verdict.parent_aborted:
+        return
+    response = fields.get("response")
+    prompt = response.get("prompt_token_ids") if isinstance(response, dict) else None
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if prompt is None and isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        prompt = choices[0].get("prompt_token_ids")  # Completions: on the choice.
+    if prompt == plan.verdict.parent_sequence:
+        fields["resumes"] = plan.verdict.parent_call_id
+
+
+def _note_weight_versions(exchange: CallExchange, fields: dict[str, Any]) -> None:
+    """The line's weight versions (issue 32): the engine's when the reply names them, else the
+    trainer's declared ones as this call saw them (`records._weight_versions`)."""
+    response = fields.get("response")
+    engine = engine_weight_versions(response)
+    if engine is not None:
+        fields["weight_versions"], fields["weight_version_source"] = engine, "engine"
+        return
+    watch = exchange.weight_watch
+    if watch is None or exchange.status_code is None:
+        return
+    choices = response.get("choices") if isinstance(response, dict) else None
+    indexes = [choice.get("index", position) if isinstance(choice, dict) else position
+               for position, choice in enumerate(choices)] if isinstance(choices, list) and choices else [0]
+    fields.update(watch.line_fields(indexes))
 
 
 def failure_kind(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture import BodyTap, StreamTap, TapOutcome, make_decoder, parse_json_object
+from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
 from ._headers import Headers, single_value
 from ._http1 import header_value
@@ -84,9 +84,22 @@ class CallExchange:
     #: Prefix supply (DESIGN §12): the prompt ids sent (`proxy._prefix_supply.SuppliedPrefix`), or
     #: why a call with a resolved parent was sent without.
     supplied_prefix: Any = None
+    #: The trainer's declared weight versions as this call saw them (`proxy._weight_versions.WeightWatch`).
+    weight_watch: Any = None
     prefix_not_supplied: str | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
+
+    def generated_so_far(self) -> dict[int, int] | None:
+        """Per choice, the generated ids relayed so far (a declared weight update's split point), or
+        None when a reply cannot be counted mid-way. Before the reply's head: none for a stream
+        (a server sends its head before the first token), unknown for a JSON reply (its head
+        comes when the generation is done). Asked only when a version is declared."""
+        tap = self.tap
+        if tap is None:
+            request = self.parsed_request if self.parsed_request is not None else parse_json_object(self.request_body)
+            return {} if isinstance(request, dict) and request.get("stream") is True else None
+        return tap.generated_so_far() if type(tap) is StreamTap else None
 
     def start(self) -> None:
         """Taken immediately before the request goes upstream (DESIGN §3)."""
@@ -102,6 +115,8 @@ class CallExchange:
         """The upstream exchange ended (last byte, error or cancel), before parsing and persistence."""
         if self.completed_at is not None:
             return
+        if self.weight_watch is not None:
+            self.weight_watch.stop()  # Tokens after this are no call's.
         if self.started_at is None:  # Refused before anything went upstream (body too large).
             self.started_at = time.time()
             self._started_monotonic = time.monotonic()
@@ -179,6 +194,8 @@ class CallExchange:
                 fields["response_raw"] = outcome.response_raw
             fields["stream_truncated"] = outcome.stream_truncated
             fields["error_category"] = self.category_override or outcome.error_category
+            if fields["error_category"] is None and is_aborted_reply(outcome.response):
+                fields["error_category"] = "aborted"
             if failure is None and outcome.parse_failure is not None:
                 failure = Failure("capture", "capture_parse_error", outcome.parse_failure)
         if failure is not None:

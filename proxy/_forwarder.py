@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from capture import AddedFieldCutter, BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
-from ._headers import client_response_headers, upstream_request_headers, with_trace_context
+from ._headers import client_response_headers, upstream_request_headers, with_session_affinity, with_trace_context
 from ._http1 import Http1Connection, ServerRequest
 from ._local_replies import (
     BAD_REQUEST_TARGET,
@@ -161,10 +161,14 @@ class _Call:
     async def _send_upstream(self, body: bytes) -> UpstreamReply:
         if self.exchange is not None:
             self.exchange.start()
+            if self.exchange.weight_watch is None:
+                self.exchange.weight_watch = self.sidecar.weight_versions.watch(self.exchange)
         request = self.request
         headers = upstream_request_headers(request.headers)
         if self.exchange is not None and self.settings.trace_context:
             headers = with_trace_context(headers, self.exchange.rollout_id, self.exchange.model_call_id)
+        if self.exchange is not None and self.tokens.on:
+            headers = with_session_affinity(headers, self.exchange.rollout_id)
         return await self.sidecar.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
                                                    headers, body, request.has_body)
 

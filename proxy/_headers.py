@@ -53,6 +53,16 @@ def with_trace_context(headers: Headers, rollout_id: str, model_call_id: str) ->
     return [*headers, (b"traceparent", traceparent(rollout_id, model_call_id).encode("ascii"))]
 
 
+def with_session_affinity(headers: Headers, rollout_id: str) -> Headers:
+    """``headers`` with ``X-Session-ID: <rollout_id>`` (issue 32): vLLM 0.33 routes and caches a
+    session's calls together by it (``entrypoints/generate/base/serving.py``, ``SESSION_ID_HEADER``;
+    a ``session_id`` in the body wins there); other servers ignore it. An agent's own header is
+    kept: it named its session (NeMo Gym's agents send their invocation's id)."""
+    if not rollout_id or any(name.lower() == b"x-session-id" for name, _ in headers):
+        return headers
+    return [*headers, (b"X-Session-ID", rollout_id.encode("latin-1", "replace"))]
+
+
 def client_response_headers(raw_headers: Headers) -> Headers:
     """The upstream's end-to-end response headers, names in the case and order they arrived.
 

@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -124,9 +124,16 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
     # ready line, and a SIGTERM from then on must drain, never kill (a supervisor stopping a
     # worker it has just restarted, a rolling update right after a start).
     stop = _stop_on_sigint_or_sigterm()
+    started: list[Any] = []
+    if settings.worker_index is not None:
+        # Another worker declared a weight version (`_weight_versions`): the supervisor signals
+        # every worker. Handled from the start, so a signal never kills a worker still starting.
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGUSR1, lambda: started and started[0].sidecar.weight_versions.reread())
     stand_in = await start_stand_in() if settings.stand_in else None
     try:
         sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
+        started.append(sidecar)
     except OSError as exc:
         if stand_in is not None:
             await stand_in.close()

@@ -33,6 +33,7 @@ from records import (
     TokenFiles,
     output_items,
     request_items,
+    resolved_spans,
     TokenRecord,
     token_entry,
     token_records_of_line,
@@ -112,7 +113,7 @@ class TokenCapture:
         try:
             for position, entry_id in enumerate(plan.entry_ids):
                 record = next((r for r in records if r.choice_index == position), None)
-                if record is None or not record.usable:
+                if record is None or not (record.usable or _resumable(record)):
                     continue  # No entry: the intent stays, and the rollout is masked (nothing was seen whole).
                 entry = token_entry(
                     rollout_id=plan.rollout_id, model_call_id=entry_id, model=record.model or "",
@@ -128,6 +129,13 @@ class TokenCapture:
                     entry["retry_of"] = plan.retry_of
                 if prefix is not None:
                     entry["prefix_requested"], entry["prefix_supplied"] = True, prefix
+                if record.finish_reason == "abort":  # Kept for the call that resumes it (issue 32).
+                    entry["finish_reason"] = "abort"
+                if record.resumes is not None:
+                    entry["resumes"] = record.resumes
+                spans = resolved_spans(record.weight_versions, len(entry["generation_token_ids"]))
+                if spans is not None:  # Extra keys: Gym's entries allow them (issue 32).
+                    entry["weight_versions"], entry["weight_version_source"] = spans, record.weight_version_source
                 outcome = self.files.append(entry)
                 self._metrics.token_entries.labels(outcome).inc()
                 written += 1
@@ -158,6 +166,12 @@ class TokenCapture:
         self._metrics.token_entry_failures.labels(kind).inc()
         log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
                     extra={"rollout_id": rollout_id, "kind": kind})
+
+
+def _resumable(record: TokenRecord) -> bool:
+    """An aborted generation with its arrays whole: never usable alone, but a later call may
+    resume it, so its entry is written and the trajectory stitches the two (issue 32)."""
+    return record.finish_reason == "abort" and not record.missing and record.problem is None
 
 
 def agent_view(exchange: Any, response: Any) -> Optional[dict[str, Any]]:

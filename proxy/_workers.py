@@ -171,6 +171,14 @@ def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
     command = [sys.executable, "-m", "proxy", *argv, "--workers", "1", "--port", str(port), "--reuse-port",
                "--metrics-dir", metrics_dir, "--worker-count", str(settings.workers)]
     workers = _Workers(command, settings.workers)
+
+    def share_weight_version(signum: int, frame: object) -> None:
+        """A worker declared a weight version in the shared directory: every worker reads it."""
+        for process in workers.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGUSR1)
+
+    signal.signal(signal.SIGUSR1, share_weight_version)
     for slot in range(1, settings.workers + 1):
         worker = workers.start(slot)
         if not worker.wait_ready(START_TIMEOUT_S):

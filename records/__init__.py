@@ -33,6 +33,7 @@ from ._token_entries import (
     token_digest,
     token_entry,
 )
+from ._weight_versions import engine_weight_versions, resolved_spans, token_versions
 from ._trace_context import call_span_id, rollout_trace_id, traceparent
 from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
@@ -93,6 +94,9 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "engine_weight_versions",
+    "resolved_spans",
+    "token_versions",
     "call_span_id",
     "rollout_trace_id",
     "traceparent",

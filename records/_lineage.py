@@ -27,6 +27,8 @@ class LineageVerdict:
     parent_call_id: Optional[str] = None
     parent_sequence: Optional[list[int]] = None
     reason: str = ""
+    #: The parent ended ``finish_reason: "abort"``: this call may resume it (issue 32).
+    parent_aborted: bool = False
 
     @property
     def resolved(self) -> bool:
@@ -43,6 +45,7 @@ class _Node:
     context_digest: str
     parent_call_id: Optional[str]
     delta: bool
+    aborted: bool = False
 
 
 @dataclass
@@ -71,7 +74,7 @@ class RolloutLineage:
         self.nodes[call_id] = _Node(call_id, offset, entry.get("cum_len") or 0, entry.get("digest") or "",
                                     entry.get("continuation_context_len") or 0,
                                     entry.get("continuation_context_digest") or "", entry.get("parent_call_id"),
-                                    bool(entry.get("prompt_is_delta")))
+                                    bool(entry.get("prompt_is_delta")), entry.get("finish_reason") == "abort")
         self.by_fingerprint.setdefault(fingerprint, []).append(call_id)
 
     def resolve(self, messages: list[dict[str, Any]]) -> LineageVerdict:
@@ -89,7 +92,7 @@ class RolloutLineage:
         sequence = self.sequence(parent.call_id)
         if sequence is None or token_digest(sequence) != parent.digest:
             return LineageVerdict(UNRESOLVED, reason="parent_unverified")
-        return LineageVerdict(RESOLVED, parent.call_id, sequence)
+        return LineageVerdict(RESOLVED, parent.call_id, sequence, parent_aborted=parent.aborted)
 
     def sequence(self, call_id: str) -> Optional[list[int]]:
         """A call's whole sequence, rebuilt through its delta ancestors; None when one is missing."""

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
 from ._token_files import TokenFiles
+from ._weight_versions import resolved_spans, token_versions
 
 
 class CallSpan(BaseModel):
@@ -49,6 +50,9 @@ class Trajectory(BaseModel):
     loss_mask: list[int]
     logprobs: list[Optional[float]]
     calls: list[CallSpan]
+    #: Per token, the weight version that sampled it (None on prompt tokens and where no version
+    #: is known); None when no call of the chain names one (issue 32).
+    weight_versions: Optional[list[Optional[str]]] = None
 
 
 class TrajectoryBuild(BaseModel):
@@ -302,6 +306,8 @@ def _chain(path: list[_Node]) -> tuple[Trajectory, float]:
     mask = [0] * len(tokens)
     logprobs: list[Optional[float]] = [None] * len(tokens)
     calls = []
+    versions: list[Optional[str]] = []
+    versioned = any(node.entry.get("weight_versions") for node in path)
     for node in path:
         new_prompt = node.prompt[len(tokens):] if node is not path[0] else []
         tokens += new_prompt
@@ -311,11 +317,15 @@ def _chain(path: list[_Node]) -> tuple[Trajectory, float]:
         tokens += node.entry["generation_token_ids"]
         mask += [1] * len(node.entry["generation_token_ids"])
         logprobs += node.entry["generation_log_probs"]
+        if versioned:
+            versions += [None] * (start - len(versions))
+            versions += token_versions(resolved_spans(node.entry.get("weight_versions"), len(tokens) - start),
+                                       len(tokens) - start)
         calls.append(CallSpan.model_construct(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens)))
     root_finished = path[0].entry.get("created_at") or 0.0
     # Built here, from checked entries: constructed without validating every id again.
     return Trajectory.model_construct(chain_id="", token_ids=tokens, loss_mask=mask, logprobs=logprobs,
-                                      calls=calls), root_finished
+                                      calls=calls, weight_versions=versions if versioned else None), root_finished
 
 
 def _mask_reason(notes: dict[str, Any], chains: list[Trajectory]) -> Optional[str]:

@@ -39,8 +39,8 @@ REQUESTS = {
     "messages-stream": ("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
                                          "messages": [{"role": "user", "content": "Say hello."}]}),
 }
-ADDED = {"/v1/chat/completions": {"logprobs": True, "return_token_ids": True},
-         "/v1/completions": {"logprobs": 0, "return_token_ids": True},
+ADDED = {"/v1/chat/completions": {"logprobs": True, "return_token_ids": True, "return_weight_versions": True},
+         "/v1/completions": {"logprobs": 0, "return_token_ids": True, "return_weight_versions": True},
          "/v1/responses": {"include": ["message.output_text.logprobs"], "enable_response_messages": True},
          "/v1/messages": None}
 
@@ -77,7 +77,7 @@ async def test_what_the_agent_asked_for_itself_is_left_alone(http, stand_in, sta
     assert_same_reply(direct, proxied)
     assert b'"top_logprobs":[{' in proxied.body and b'"token_ids":null' in proxied.body
     (line,) = store.read("own")
-    assert line["added_request_fields"] == {"return_token_ids": True}
+    assert line["added_request_fields"] == {"return_token_ids": True, "return_weight_versions": True}
     (record,) = read_token_records(store, "own")
     assert record.usable
 

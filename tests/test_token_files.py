@@ -290,7 +290,7 @@ async def test_show_export_and_report_carry_the_chains(http, upstream, start, ca
     calls = str(tmp_path / "calls.parquet")
     assert runner.invoke(main, ["export", capture_dir, "--format", "parquet", "-o", calls]).exit_code == 0
     assert {row["added_request_fields"] for row in pq.read_table(calls).to_pylist()} == {
-        '{"logprobs":true,"return_token_ids":true}'}, "the arrays the sidecar asked for, against the agent's own"
+        '{"logprobs":true,"return_token_ids":true,"return_weight_versions":true}'}, "the arrays the sidecar asked for, against the agent's own"
 
 
 async def test_show_call_and_json_say_the_drift_and_what_was_added(http, upstream, start, capture_dir):

@@ -65,7 +65,7 @@ def test_the_agent_gets_vllms_reply_to_its_own_request_in_every_framing(generati
     choices, options = GENERATIONS[generation], USAGE[usage]
     request = {**CHAT, "n": len(choices)}
     added = token_fields_to_add("chat", request)
-    assert added == {"logprobs": True, "return_token_ids": True}
+    assert added == {"logprobs": True, "return_token_ids": True, "return_weight_versions": True}
     frame = FRAMINGS[framing]
     expected = frame(chat_payloads(choices, logprobs=False, token_ids=False, **options))
     sent = frame(chat_payloads(choices, logprobs=True, token_ids=True, **options))
@@ -108,7 +108,7 @@ def test_logprobs_false_as_vllm_reads_it_asks_for_nothing(written):
     the held-back chunks that only the ids brought are dropped."""
     request = {**CHAT, "logprobs": written}
     added = token_fields_to_add("chat", request)
-    assert added == {"return_token_ids": True}
+    assert added == {"return_token_ids": True, "return_weight_versions": True}
     choices = GENERATIONS["held-back"]
     expected = FRAMINGS["lf"](chat_payloads(choices, logprobs=False, token_ids=False))
     sent = FRAMINGS["lf"](chat_payloads(choices, logprobs=False, token_ids=True))
@@ -142,8 +142,9 @@ def test_nothing_is_added_where_it_would_change_the_verdict_or_the_reply(dialect
 
 
 def test_a_valid_top_logprobs_request_still_gets_its_ids():
-    assert token_fields_to_add("chat", {"model": "m", "logprobs": True, "top_logprobs": 2}) == {"return_token_ids": True}
-    assert token_fields_to_add("chat", {"model": "m", "top_logprobs": 0}) == {"logprobs": True, "return_token_ids": True}
+    assert token_fields_to_add("chat", {"model": "m", "logprobs": True, "top_logprobs": 2}) == {"return_token_ids": True, "return_weight_versions": True}
+    assert token_fields_to_add("chat", {"model": "m", "top_logprobs": 0}) == {"logprobs": True, "return_token_ids": True,
+                                                                                      "return_weight_versions": True}
 
 
 @pytest.mark.parametrize("body, named", [
@@ -188,7 +189,7 @@ def test_a_responses_stream_is_cut_whatever_its_line_ends(line_end):
 # -- through the sidecar --------------------------------------------------------------------------
 
 def _added_request(request: dict) -> bytes:
-    return orjson.dumps(request)[:-1] + b',"logprobs":true,"return_token_ids":true}'
+    return orjson.dumps(request)[:-1] + b',"logprobs":true,"return_token_ids":true,"return_weight_versions":true}'
 
 
 async def test_a_compressed_reply_leaves_the_mode_on(http, upstream, start, capture_dir, store):
@@ -221,8 +222,8 @@ async def test_a_compressed_reply_leaves_the_mode_on(http, upstream, start, capt
     assert upstream.received[-1].body == _added_request(request), "the mode is still on"
     assert second.body == plain_body
     lines = store.read("gz")
-    assert "added_request_fields" not in lines[0] and lines[1]["added_request_fields"] == {"logprobs": True,
-                                                                                          "return_token_ids": True}
+    assert "added_request_fields" not in lines[0] and lines[1]["added_request_fields"] == {
+        "logprobs": True, "return_token_ids": True, "return_weight_versions": True}
     metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
     assert "mcc_token_mode_compressed_replies_total 1.0" in metrics
     assert "mcc_token_fields_refused_total 0.0" in metrics
@@ -247,7 +248,7 @@ async def test_a_422_refusal_is_resent_and_learnt(http, upstream, start, capture
         reply = await fetch(http, "POST", url, orjson.dumps(CHAT))
         assert reply.status == 200 and reply.body == FRAMINGS["lf"](events)
     assert [b"return_token_ids" in r.body for r in upstream.received] == [True, False, False]
-    assert store.read("fastapi")[1]["added_request_fields"] == {"logprobs": True}
+    assert store.read("fastapi")[1]["added_request_fields"] == {"logprobs": True, "return_weight_versions": True}
 
 
 async def test_an_invalid_request_gets_vllms_verdict(http, upstream, start, capture_dir):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -59,12 +59,15 @@ class TokenOptions:
     top_logprobs: int = 0
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    #: vLLM 0.33's ``return_weight_versions`` (chat; `chat_reply`, `chat_events`).
+    return_weight_versions: bool = False
 
     @classmethod
     def from_request(cls, body: dict[str, Any]) -> "TokenOptions":
         top = body.get("top_logprobs")
         return cls(bool(body.get("logprobs")), top if isinstance(top, int) and 0 <= top <= 20 else 0,
-                   bool(body.get("return_token_ids")), bool(body.get("return_tokens_as_token_ids")))
+                   bool(body.get("return_token_ids")), bool(body.get("return_tokens_as_token_ids")),
+                   bool(body.get("return_weight_versions")))
 
     @classmethod
     def from_completions_request(cls, body: dict[str, Any]) -> "TokenOptions":
@@ -273,7 +276,8 @@ def _responses_item_events(event: Any, index: int, item: dict[str, Any]) -> Iter
 
 # -- Chat Completions --------------------------------------------------------------------------
 
-def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = TokenOptions()) -> dict[str, Any]:
+def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = TokenOptions(),
+               weight_version: str = "default") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": plan.text, "reasoning_content": plan.reasoning}
     if plan.tool_name:
         message["tool_calls"] = [{"id": plan.call_id, "type": "function",
@@ -284,7 +288,11 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
         "index": 0, "message": message,
         "logprobs": {"content": [_logprob_entry(piece, tokens) for piece in generated]} if tokens.logprobs else None,
         "finish_reason": "tool_calls" if plan.tool_name else "stop",
-        "token_ids": [token_id_of(piece) for piece in generated] if tokens.return_token_ids else None}
+        "token_ids": [token_id_of(piece) for piece in generated] if tokens.return_token_ids else None,
+        # vLLM 0.33 (chat_completion/serving.py): the spans of the weight versions that sampled
+        # the output, over its token indexes (vllm/outputs.py WeightVersionSpan), else null.
+        "weight_versions": [{"version": weight_version, "start": 0, "end": len(generated)}]
+        if tokens.return_weight_versions else None}
     reply = {
         "id": f"chatcmpl-standin-{serial}", "object": "chat.completion", "created": created, "model": STAND_IN_MODEL,
         "choices": [choice],
@@ -303,9 +311,14 @@ def _generated_pieces(plan: Plan) -> list[str]:
     return _pieces(plan.reasoning) + _pieces(said)
 
 
-def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions = TokenOptions()) -> Iterator[bytes]:
+def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions = TokenOptions(),
+                weight_version: Callable[[], str] = lambda: "default") -> Iterator[bytes]:
+    """The reply as vLLM streams it, one chunk per token. ``weight_version``: the engine's label
+    when each token is generated (read as the chunk is made: an update while the stream is
+    written splits its spans, as vLLM 0.33's output_processor.py ``track_weight_version`` does)."""
     envelope = {key: reply[key] for key in ("id", "created", "model")}
     message = reply["choices"][0]["message"]
+    spans: list[dict[str, Any]] = []
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, piece: str | None = None, **extra: Any) -> bytes:
         choice: dict[str, Any] = {
@@ -313,6 +326,10 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
             "logprobs": {"content": [_logprob_entry(piece, tokens)]} if tokens.logprobs and piece is not None else None,
             "finish_reason": finish_reason,
             "token_ids": ([token_id_of(piece)] if piece is not None else []) if tokens.return_token_ids else None}
+        if piece is not None:
+            _track(spans, weight_version())
+        if finish_reason is not None:  # vLLM 0.33: on the choice's last chunk only, null unless asked.
+            choice["weight_versions"] = spans if tokens.return_weight_versions else None
         return sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [choice], **extra})
 
     yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [
@@ -331,6 +348,15 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
     if include_usage:
         yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [], "usage": reply["usage"]})
     yield sse(None, "[DONE]")
+
+
+def _track(spans: list[dict[str, Any]], version: str) -> None:
+    """One more token sampled by ``version``: a new span when the version changed."""
+    if spans and spans[-1]["version"] == version:
+        spans[-1]["end"] += 1
+    else:
+        start = spans[-1]["end"] if spans else 0
+        spans.append({"version": version, "start": start, "end": start + 1})
 
 
 # -- Completions -------------------------------------------------------------------------------

@@ -48,12 +48,15 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain") -> web.Appl
         raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app[TEMPLATE] = template
+    app[WEIGHT_VERSION] = ["default"]  # vLLM 0.33's engine label until an update (v1/engine/core.py).
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
+    app.router.add_post("/update_weight_version", _update_weight_version)
+    app.router.add_get("/weight_info", _weight_info)
     return app
 
 
@@ -87,10 +90,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
                      any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw),
                      chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request)))
     tokens = TokenOptions.from_request(body)
-    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens)
+    version = request.app[WEIGHT_VERSION]
+    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens, version[0])
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await _stream(request, chat_events(reply, include_usage, tokens))
+        return await _stream(request, chat_events(reply, include_usage, tokens, lambda: version[0]))
     return web.json_response(reply, dumps=_dumps)
 
 
@@ -177,11 +181,34 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
+async def _update_weight_version(request: web.Request) -> web.Response:
+    """vLLM 0.33's ``POST /update_weight_version`` (entrypoints/rl/online/api_router.py): the label
+    of the weights loaded from now on; tokens generated after it carry it."""
+    body, _ = await _json_body(request)
+    version = body.get("new_version")
+    if not isinstance(version, str) or not version:
+        raise _bad_request("new_version must be a non-empty string")
+    request.app[WEIGHT_VERSION][0] = version
+    return web.json_response({"success": True, "new_version": version})
+
+
+async def _weight_info(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[WEIGHT_VERSION][0]})
+
+
 async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """Each event written as it is made; ``X-Stand-In-Pace: S`` waits S seconds after each (a
+    generation's pace, so a stream is seen in flight: weight updates mid-stream)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
+    try:
+        pace = float(request.headers.get("X-Stand-In-Pace") or 0)
+    except ValueError:
+        pace = 0.0
     for event in events:
         await response.write(event)
+        if pace > 0:
+            await asyncio.sleep(pace)
     await response.write_eof()
     return response
 
@@ -204,7 +231,7 @@ async def _json_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
 
 #: Request fields that say what to return, not what to generate.
 _RETURN_FIELDS = frozenset({"logprobs", "top_logprobs", "return_token_ids", "return_tokens_as_token_ids", "include",
-                            "enable_response_messages"})
+                            "enable_response_messages", "return_weight_versions"})
 
 
 def _plan(raw: bytes, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:
@@ -231,6 +258,7 @@ def _last_user_text(messages: list[Any]) -> str:
 
 
 TEMPLATE = web.AppKey("template", str)
+WEIGHT_VERSION = web.AppKey("weight_version", list)
 
 
 def _template(request: web.Request) -> str:

@@ -129,6 +129,11 @@ class Replay:
             for exchange in (case.asked, case.added):
                 if exchange is not None:
                     self.exchanges[exchange.request] = exchange
+            if case.added is not None:  # With the fields newer than the recordings, which vLLM 0.32 ignores.
+                import orjson
+                from capture import add_request_fields, token_fields_to_add
+                fields = token_fields_to_add(case.dialect, orjson.loads(case.asked.request))
+                self.exchanges.setdefault(add_request_fields(case.asked.request, fields), case.added)
 
     def __call__(self, request: ReceivedRequest) -> Optional[Script]:
         exchange = self.exchanges.get(request.body)

@@ -1,0 +1,215 @@
+"""Weight versions (issue 32): from the engine (vLLM 0.33's ``return_weight_versions``, emulated by
+the stand-in from vLLM's source; SGLang's ``metadata.weight_version``) and declared by the trainer
+(``/-/weight-version``), split where an update fell in a stream, and carried into the records."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from capture import SSEParser
+from proxy._server import start_stand_in
+from records import read_token_entries, read_token_records
+from tests.scripted_upstream import Script
+from tests.wire import fetch, rollout_url
+
+_JSON = {"Content-Type": "application/json"}
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Count slowly to twenty, please."}], "stream": True}
+#: Seconds between the stand-in's chunks: a generation's pace, so an update lands mid-stream.
+_PACE = "0.03"
+
+
+async def _stream_with_an_update(http, url: str, body: dict[str, Any], after_chunks: int, update) -> tuple[bytes, int]:
+    """Stream ``body`` from ``url``; after ``after_chunks`` chunks with token data, await ``update()``.
+    The reply's bytes, and how many token chunks the client had when it asked for the update."""
+    received, seen = bytearray(), 0
+    parser, updated = SSEParser(), False
+    async with http.post(url, data=orjson.dumps(body), headers={**_JSON, "X-Stand-In-Pace": _PACE}) as response:
+        async for piece in response.content.iter_any():
+            received += piece
+            for event in parser.feed(piece):
+                if event.data != "[DONE]" and '"delta":{"' in event.data and '"role"' not in event.data:
+                    seen += 1  # A chunk with a token (the first, the role's, has none).
+            if not updated and seen >= after_chunks:
+                updated, at = True, seen
+                await update()
+    return bytes(received), at
+
+
+async def test_the_engines_spans_across_an_update_mid_stream_are_recorded_and_cut(http, start, capture_dir, store):
+    """The stand-in, as vLLM 0.33, labels each token with the weights current when it was made; an
+    update mid-stream gives two spans. The mode asked for them: the agent's bytes are those of its
+    own request (``weight_versions: null``), the record and the entry have the spans."""
+    stand_in = await start_stand_in()
+    try:
+        sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+
+        async def update() -> None:
+            reply = await fetch(http, "POST", stand_in.url + "/update_weight_version",
+                                orjson.dumps({"new_version": "step-8"}), headers=_JSON)
+            assert reply.status == 200
+
+        proxied, _ = await _stream_with_an_update(
+            http, rollout_url(sidecar.url, "engine", "/v1/chat/completions"), _CHAT, 5, update)
+        direct = await fetch(http, "POST", stand_in.url + "/v1/chat/completions", orjson.dumps(_CHAT), headers=_JSON)
+    finally:
+        await stand_in.close()
+    assert proxied == direct.body, "the agent gets the bytes of its own request"
+    assert b'"weight_versions":null' in proxied
+    (record,) = read_token_records(store, "engine")
+    generated = len(record.generation_token_ids)
+    assert record.weight_version_source == "engine" and record.spans_weight_update
+    (first, second) = record.weight_versions
+    assert (first["version"], first["start"], second["version"], second["end"]) == ("default", 0, "step-8", generated)
+    assert 5 <= first["end"] == second["start"] < generated
+    assert record.token_weight_versions == ["default"] * first["end"] + ["step-8"] * (generated - first["end"])
+    (entry,) = read_token_entries(capture_dir, "engine")
+    assert entry["weight_versions"] == record.weight_versions and entry["weight_version_source"] == "engine"
+
+
+async def test_a_declared_update_splits_a_stream_where_it_fell(http, upstream, start, capture_dir, store):
+    """No engine version: the trainer's declaration is recorded, and a stream in flight across the
+    next one gets two spans split at the ids the sidecar had relayed when it came."""
+    stand_in = await start_stand_in()
+    try:
+        sidecar = await start(stand_in.url, capture_dir=capture_dir)
+        declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
+                                        orjson.dumps({"version": version}), headers=_JSON)
+        assert (await declare("step-1")).status == 200
+        asked = {**_CHAT, "return_token_ids": True}  # The agent's own ids: the sidecar can count a stream.
+
+        async def update() -> None:
+            reply = await declare("step-2")
+            assert orjson.loads(reply.body)["version"] == "step-2"
+
+        _, at = await _stream_with_an_update(http, rollout_url(sidecar.url, "declared", "/v1/chat/completions"),
+                                             asked, 6, update)
+        state = orjson.loads((await fetch(http, "GET", sidecar.url + "/-/weight-version")).body)
+    finally:
+        await stand_in.close()
+    assert state["version"] == "step-2"
+    (record,) = read_token_records(store, "declared")
+    generated = len(record.generation_token_ids)
+    assert record.weight_version_source == "declared" and record.spans_weight_update
+    (first, second) = record.weight_versions
+    assert (first["version"], second["version"]) == ("step-1", "step-2")
+    assert at <= first["end"] == second["start"] < generated, "split where the update fell, never before what was seen"
+    assert record.token_weight_versions.count("step-2") == generated - first["end"]
+
+
+async def test_a_non_streamed_reply_across_a_declared_update_is_marked_unplaced(http, upstream, start, capture_dir, store):
+    reply_body = orjson.dumps({"id": "c", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+    upstream.scripts["/v1/chat/completions"] = Script(  # A generation's time: the update falls in it.
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(reply_body)))], pieces=[reply_body],
+        delay_head=0.5)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
+                                    orjson.dumps({"version": version}), headers=_JSON)
+    await declare("a")
+    call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "flat", "/v1/chat/completions"),
+                                       orjson.dumps({"model": "m", "messages": []}), headers=_JSON))
+    await asyncio.sleep(0.2)
+    await declare("b")
+    assert (await call).body == reply_body
+    (line,) = store.read("flat")
+    assert line["weight_versions"] == [[{"version": "a", "start": 0, "end": None}]]
+    assert line["weight_versions_unplaced"] is True
+    (record,) = read_token_records(store, "flat")
+    assert record.spans_weight_update and record.weight_version_source == "declared"
+
+
+async def test_sglangs_metadata_version_is_read_as_it_passes(http, upstream, start, capture_dir, store):
+    body = orjson.dumps({"id": "c", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop",
+         "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]}}], "prompt_token_ids": [1, 2],
+        "metadata": {"weight_version": "v7"}}).replace(b'"finish_reason"', b'"token_ids":[9],"finish_reason"')
+    upstream.scripts["/v1/chat/completions"] = Script(
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(body)))], pieces=[body])
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "sg", "/v1/chat/completions"), b'{"model":"m"}',
+                        headers=_JSON)
+    assert reply.body == body
+    (record,) = read_token_records(store, "sg")
+    assert record.weight_version_source == "engine" and record.token_weight_versions == ["v7"]
+    assert not record.spans_weight_update
+
+
+async def test_the_admin_endpoint_says_what_is_wrong_with_a_bad_declaration(http, upstream, start, capture_dir):
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    url = sidecar.url + "/-/weight-version"
+    assert orjson.loads((await fetch(http, "GET", url)).body) == {"version": None, "declared_at": None}
+    for bad in (b"not json", b'{"version": ""}', b'{"version": 3}', b"[]"):
+        reply = await fetch(http, "POST", url, bad, headers=_JSON)
+        assert reply.status == 400 and "version" in orjson.loads(reply.body)["error"], bad
+    assert (await fetch(http, "PUT", url, b"{}")).status == 405
+    assert orjson.loads((await fetch(http, "GET", url)).body)["version"] is None, "nothing was declared"
+    assert not upstream.received, "the admin path is the sidecar's own"
+
+
+def _chat_json(content: str, finish: str, prompt: list[int], ids: list[int]) -> bytes:
+    """A vLLM chat reply with the token capture mode's arrays."""
+    entries = [{"token": f"t{token}", "logprob": -0.5, "bytes": [116], "top_logprobs": []} for token in ids]
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": {"content": entries},
+         "finish_reason": finish, "stop_reason": None, "token_ids": ids}], "prompt_token_ids": prompt,
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}})
+
+
+async def test_an_aborted_call_is_its_own_category_and_the_call_resuming_it_is_stitched(http, upstream, start,
+                                                                                          capture_dir, store):
+    """vLLM aborts a call around a weight update (``finish_reason: "abort"``); the agent resumes it
+    (its partial reply sent back, continued). The aborted call is ``aborted``, never usable, but its
+    entry is kept; the next call ``resumes`` it, and the trajectory is one chain: the partial
+    generation under the old version, the rest under the new one."""
+    from records import read_model_call_records, trajectories
+    question = [{"role": "user", "content": "Say hello."}]
+
+    def respond(received):
+        body = orjson.loads(received.body)
+        reply = _chat_json("Hel", "abort", [1, 2, 3], [11, 12]) if len(body["messages"]) == 1 else \
+            _chat_json("lo!", "stop", [1, 2, 3, 11, 12], [13, 14])
+        return Script(headers=[("Content-Type", "application/json"), ("Content-Length", str(len(reply)))],
+                      pieces=[reply])
+
+    upstream.responder = respond
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "resumed", "/v1/chat/completions")
+    declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
+                                    orjson.dumps({"version": version}), headers=_JSON)
+    await declare("v1")
+    await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": question}), headers=_JSON)
+    await declare("v2")
+    resume = {"model": "m", "messages": [*question, {"role": "assistant", "content": "Hel"}],
+              "continue_final_message": True, "add_generation_prompt": False}
+    await fetch(http, "POST", url, orjson.dumps(resume), headers=_JSON)
+    aborted, resumed = read_model_call_records(store, "resumed")
+    assert (aborted.error_category, resumed.error_category) == ("aborted", None)
+    first, second = read_token_records(store, "resumed")
+    assert not first.usable and "abort" in first.unusable_reason
+    assert second.usable and second.resumes == aborted.model_call_id
+    build = trajectories(capture_dir, "resumed")
+    assert not build.masked, build.mask_reason
+    assert build.main.token_ids == [1, 2, 3, 11, 12, 13, 14]
+    assert build.main.loss_mask == [0, 0, 0, 1, 1, 1, 1]
+    assert build.main.weight_versions == [None, None, None, "v1", "v1", "v2", "v2"]
+
+
+async def test_the_mode_names_the_rollout_as_the_session_upstream_unless_the_agent_did(http, upstream, start, capture_dir):
+    """vLLM 0.33 routes and caches a session by ``X-Session-ID``: the token capture mode sends the
+    rollout's id; an agent's own header is kept; without the mode nothing is added."""
+    reply = _chat_json("hi", "stop", [1], [2])
+    upstream.scripts["/v1/chat/completions"] = Script(
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(reply)))], pieces=[reply])
+    moded = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    plain = await start(upstream.url, capture_dir=capture_dir)
+    body = orjson.dumps({"model": "m", "messages": []})
+    await fetch(http, "POST", rollout_url(moded.url, "r-1", "/v1/chat/completions"), body, headers=_JSON)
+    await fetch(http, "POST", rollout_url(moded.url, "r-2", "/v1/chat/completions"), body,
+                headers={**_JSON, "x-session-id": "agent-own"})
+    await fetch(http, "POST", rollout_url(plain.url, "r-3", "/v1/chat/completions"), body, headers=_JSON)
+    sessions = [[value for name, value in request.headers if name.lower() == "x-session-id"]
+                for request in upstream.received]
+    assert sessions == [["r-1"], ["agent-own"], []]
