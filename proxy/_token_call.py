@@ -78,6 +78,7 @@ class TokenCall:
             return body
         if "kv_transfer_params" in token_mode.refused:
             call.metrics.prefix_supply.labels("refused_before").inc()
+            exchange.prefix_not_supplied = "refused_before"
             return body
         request = self.agent_request or parse_json_object(call.request.body) or {}
         prefix, why = await supply.prepare(call, request, plan.verdict.parent_call_id or "", plan.verdict.parent_sequence)

@@ -52,6 +52,13 @@ TOKEN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("generation_log_probs", "list<float64>"), ("finish_reason", "string"), ("error_category", "string"),
     ("source", "string"), ("missing", "list<string>"), ("problem", "string"), ("extends", "int64"),
     ("drift_at", "int64"), ("drift_from", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
+) + (
+    # Issue 32: prefix supply's proof, the aborted call resumed, and the weight versions that
+    # sampled the generation (per token; the labels in order, to filter stale samples:
+    # ``ds.filter(lambda row: set(row["weight_version_labels"]) <= fresh)``).
+    ("prefix_supplied", "bool"), ("resumes", "string"), ("weight_version_source", "string"),
+    ("weight_version_labels", "list<string>"), ("token_weight_versions", "list<string>"),
+    ("spans_weight_update", "bool"),
 )
 #: The columns of ``kind="trajectories"``: one row per chain of a rollout (`records.trajectories`),
 #: the main chain first; each call's id and generated span as parallel lists.
@@ -59,6 +66,8 @@ TRAJECTORY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rollout_id", "string"), ("chain_id", "string"), ("token_ids", "list<int64>"), ("loss_mask", "list<int64>"),
     ("logprobs", "list<float64>"), ("call_ids", "list<string>"), ("call_starts", "list<int64>"),
     ("call_ends", "list<int64>"), ("masked", "bool"), ("mask_reason", "string"),
+    # Per token, the weight version that sampled it (null on prompt tokens); the labels in order.
+    ("weight_versions", "list<string>"), ("weight_version_labels", "list<string>"),
 )
 #: The columns of ``kind="call_tokens"`` (`mcc export --token-arrays`): a call's columns, then one of
 #: its choices' training arrays and verdicts (``source`` and ``problem`` named for the arrays).
@@ -299,11 +308,13 @@ def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[st
              # 0 on prompt tokens (the loss mask says which are sampled): Arrow lists of numbers have no None.
              "logprobs": [0.0 if value is None else value for value in chain.logprobs],
              "call_ids": [call.model_call_id for call in chain.calls], "call_starts": [call.start for call in chain.calls],
-             "call_ends": [call.end for call in chain.calls], "masked": build.masked, "mask_reason": build.mask_reason}
+             "call_ends": [call.end for call in chain.calls], "masked": build.masked, "mask_reason": build.mask_reason,
+             "weight_versions": chain.weight_versions, "weight_version_labels": chain.weight_version_labels}
             for chain in build.chains]
     if not rows:
         rows = [{"rollout_id": rollout_id, "chain_id": None, "token_ids": [], "loss_mask": [], "logprobs": [],
-                 "call_ids": [], "call_starts": [], "call_ends": [], "masked": True, "mask_reason": build.mask_reason}]
+                 "call_ids": [], "call_starts": [], "call_ends": [], "masked": True, "mask_reason": build.mask_reason,
+                 "weight_versions": None, "weight_version_labels": []}]
     return rows, 0
 
 
@@ -316,6 +327,7 @@ def token_row(record: TokenRecord) -> dict[str, Any]:
     """A `TokenRecord` as a row of ``kind="tokens"``."""
     row = {name: getattr(record, name) for name, _ in TOKEN_COLUMNS if name not in ("usable", "unusable_reason")}
     row["missing"] = list(record.missing)
+    row["weight_version_labels"] = list(row["weight_version_labels"])
     reason = record.unusable_reason
     row["usable"], row["unusable_reason"] = reason is None, reason
     return row

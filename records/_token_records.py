@@ -119,6 +119,11 @@ class TokenRecord(BaseModel):
         return token_versions(spans, len(self.generation_token_ids)) if spans is not None else None
 
     @property
+    def weight_version_labels(self) -> tuple[str, ...]:
+        """The versions that sampled this generation, in order (empty when none is known)."""
+        return tuple(dict.fromkeys(span["version"] for span in self.weight_versions or ()))
+
+    @property
     def spans_weight_update(self) -> bool:
         """More than one weight version sampled this generation (or an update fell in it unplaced)."""
         return self.weight_versions_unplaced or len({span["version"] for span in self.weight_versions or ()}) > 1

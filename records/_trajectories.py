@@ -54,6 +54,11 @@ class Trajectory(BaseModel):
     #: is known); None when no call of the chain names one (issue 32).
     weight_versions: Optional[list[Optional[str]]] = None
 
+    @property
+    def weight_version_labels(self) -> list[str]:
+        """The versions that sampled this chain's tokens, in order (a trainer's staleness filter)."""
+        return [label for label in dict.fromkeys(self.weight_versions or ()) if label is not None]
+
 
 class TrajectoryBuild(BaseModel):
     """A rollout's chains (the main one first), whether it must be masked and why, and what the

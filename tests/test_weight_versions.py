@@ -159,7 +159,7 @@ def _chat_json(content: str, finish: str, prompt: list[int], ids: list[int]) -> 
 
 
 async def test_an_aborted_call_is_its_own_category_and_the_call_resuming_it_is_stitched(http, upstream, start,
-                                                                                          capture_dir, store):
+                                                                                          capture_dir, store, tmp_path):
     """vLLM aborts a call around a weight update (``finish_reason: "abort"``); the agent resumes it
     (its partial reply sent back, continued). The aborted call is ``aborted``, never usable, but its
     entry is kept; the next call ``resumes`` it, and the trajectory is one chain: the partial
@@ -195,6 +195,36 @@ async def test_an_aborted_call_is_its_own_category_and_the_call_resuming_it_is_s
     assert build.main.token_ids == [1, 2, 3, 11, 12, 13, 14]
     assert build.main.loss_mask == [0, 0, 0, 1, 1, 1, 1]
     assert build.main.weight_versions == [None, None, None, "v1", "v1", "v2", "v2"]
+    await _the_surfaces_carry_them(capture_dir, tmp_path, aborted.model_call_id)
+
+
+async def _the_surfaces_carry_them(capture_dir: str, tmp_path, aborted_id: str) -> None:
+    """`mcc show`, `stats`, the report, Parquet and the Ray rows carry the versions and the resume."""
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from proxy import main
+    from records import rollout_rows_of, trajectory_rows
+    runner = CliRunner()
+    shown = runner.invoke(main, ["show", capture_dir, "resumed", "--call", "1"]).output
+    assert f"resumes the aborted call {aborted_id}" in shown and "weight versions (declared): v2 [0, end)" in shown, shown
+    table = runner.invoke(main, ["show", capture_dir, "resumed"]).output
+    assert "weights v1" in table and "weights v2" in table and "main: #0 -> #1;" in table and "weights v1, v2" in table
+    stats = runner.invoke(main, ["stats", capture_dir]).output
+    assert "weight versions     v1 1, v2 1 generations; 0 spanning an update" in stats, stats
+    assert "aborted, resumed    1 calls resumed an aborted one" in stats
+    assert "aborted 1" in stats, "its own error category"
+    output = str(tmp_path / "chains.parquet")
+    assert runner.invoke(main, ["export", capture_dir, "--format", "parquet", "--trajectories", "-o", output]).exit_code == 0
+    (row,) = pq.read_table(output).to_pylist()
+    assert row == trajectory_rows(capture_dir, "resumed")[0]
+    assert row["weight_versions"] == [None, None, None, "v1", "v1", "v2", "v2"] and row["weight_version_labels"] == ["v1", "v2"]
+    tokens = rollout_rows_of(capture_dir, "resumed", "tokens")
+    assert [(r["weight_version_labels"], r["resumes"], r["usable"]) for r in tokens] == [
+        (["v1"], None, False), (["v2"], aborted_id, True)]
+    report = tmp_path / "report.html"
+    assert runner.invoke(main, ["report", capture_dir, "-o", str(report)]).exit_code == 0
+    assert "resumes the aborted call" in report.read_text()
 
 
 async def test_the_mode_names_the_rollout_as_the_session_upstream_unless_the_agent_did(http, upstream, start, capture_dir):
@@ -213,3 +243,33 @@ async def test_the_mode_names_the_rollout_as_the_session_upstream_unless_the_age
     sessions = [[value for name, value in request.headers if name.lower() == "x-session-id"]
                 for request in upstream.received]
     assert sessions == [["r-1"], ["agent-own"], []]
+
+
+def test_every_worker_takes_a_declaration_made_to_one(tmp_path):
+    """``--workers 2``: connections are spread over the workers; a version declared on one is read
+    back on every new connection (the supervisor passes it to each worker), and calls made after
+    it record it, whichever worker served them."""
+    import time
+    import urllib.request
+
+    from records import CaptureStore
+    from tests.processes import SidecarProcess, post_chat
+
+    sidecar = SidecarProcess.start("--stand-in", "--workers", "2", "--capture-dir", str(tmp_path))
+    try:
+        request = urllib.request.Request(sidecar.url + "/-/weight-version", data=b'{"version": "step-3"}',
+                                         headers=_JSON, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert orjson.loads(reply.read())["version"] == "step-3"
+        time.sleep(0.5)  # The supervisor's signal, then each worker's read: milliseconds.
+        versions = set()
+        for _ in range(24):  # A fresh connection each: the kernel spreads them over both workers.
+            with urllib.request.urlopen(sidecar.url + "/-/weight-version", timeout=30) as reply:
+                versions.add(orjson.loads(reply.read())["version"])
+        for index in range(16):
+            assert post_chat(sidecar.url, f"w-{index}", close=True)[0] == 200
+        lines = [line for index in range(16) for line in CaptureStore(str(tmp_path)).read(f"w-{index}")]
+    finally:
+        assert sidecar.terminate() == 0
+    assert versions == {"step-3"}
+    assert {line["weight_versions"][0][0]["version"] for line in lines} == {"step-3"}

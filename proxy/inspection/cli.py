@@ -18,6 +18,7 @@ import orjson
 from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, TokenRecord, TokenRecordFollower, is_valid_rollout_id,
                      iter_token_records, trajectories)
 
+from .lineage_words import lineage_words
 from .tables import (
     CallRow,
     RolloutRow,
@@ -260,7 +261,8 @@ def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:
     said = ["", "trajectory: " + ("trainable" if not build.masked else f"masked ({build.mask_reason})")]
     for chain in build.chains:
         said.append(f"  {chain.chain_id}: {' -> '.join(name(call.model_call_id) for call in chain.calls)}; "
-                    f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained")
+                    f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained"
+                    + (f"; weights {', '.join(chain.weight_version_labels)}" if chain.weight_version_labels else ""))
     return said
 
 
@@ -310,7 +312,9 @@ def training_summary(store: CaptureStore, rollout_id: str, call_index: int) -> l
                         "ids, or send prompts as token ids")
         if record.retry_of is not None:
             said.append(f"  repeats call {record.retry_of} byte for byte (a retry)")
+        said += ["  " + words for words in lineage_words(record)]
     return ["", "--- training arrays ---", *said] if said else []
+
 
 
 def _training_cells(store: CaptureStore, rollout_id: str) -> dict[int, str]:
@@ -333,6 +337,10 @@ def training_cell(record: TokenRecord) -> Optional[str]:
         cell += f", extends #{record.extends}"
     elif record.drift_at is not None:
         cell += f", drifts at {record.drift_at} from #{record.drift_from}"
+    if record.prefix_supplied is not None:
+        cell += ", prefix supplied" if record.prefix_supplied else ", prefix unproved"
+    if record.weight_version_labels:
+        cell += ", weights " + "→".join(record.weight_version_labels)
     return cell
 
 
@@ -385,6 +393,13 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None
                            if stats.unusable_reasons else "")
          + f"; prompts extending an earlier call {stats.prompts_extending_an_earlier_call:,}, "
            f"drifting from one {stats.prompts_drifting:,}") if stats.generations_with_token_ids else "",
+        (f"prefix supply       {stats.prompts_supplied:,} prompts sent on their parent's exact ids and proved"
+         f" ({stats.prompts_supplied_unproved:,} sent, not proved)")
+        if stats.prompts_supplied or stats.prompts_supplied_unproved else "",
+        f"aborted, resumed    {stats.resumed_calls:,} calls resumed an aborted one" if stats.resumed_calls else "",
+        ("weight versions     " + ", ".join(f"{k} {v:,}" for k, v in stats.generations_by_weight_version.items())
+         + f" generations; {stats.generations_spanning_an_update:,} spanning an update")
+        if stats.generations_by_weight_version else "",
     ]
     click.echo("\n".join(line for line in lines if line))
 

@@ -32,6 +32,7 @@ from records import (CaptureStore, DriftTracker, TokenFileArrays, has_token_arra
                      token_records_of_line)
 
 from .conversation import conversation_of
+from .lineage_words import lineage_words
 from .tables import call_row, percentiles
 
 #: Strings above this many characters are cut in the report's raw JSON (the capture file keeps them whole).
@@ -144,6 +145,9 @@ def training_arrays(line: dict[str, Any], call_index: int, drift: DriftTracker,
             words += f", extends call #{record.extends}"
         elif record.drift_at is not None:
             words += f", prompt drifts at token {record.drift_at:,} from call #{record.drift_from}"
+        lineage = lineage_words(record)
+        if lineage:
+            words += "; " + "; ".join(lineage)
         sizes = [f"{name} {len(values):,}" for name, values in (
             ("prompt ids", record.prompt_token_ids), ("generation ids", record.generation_token_ids),
             ("logprobs", record.generation_log_probs)) if values is not None]

@@ -126,6 +126,14 @@ class DirectoryStats:
     unusable_reasons: dict[str, int] = field(default_factory=dict)
     prompts_extending_an_earlier_call: int = 0
     prompts_drifting: int = 0
+    #: Issue 32: prompts sent on their parent's exact ids (proved / sent but not proved), calls
+    #: resuming an aborted one, and generations per weight version (a generation counts once per
+    #: version that sampled it) and those that spanned an update.
+    prompts_supplied: int = 0
+    prompts_supplied_unproved: int = 0
+    resumed_calls: int = 0
+    generations_by_weight_version: dict[str, int] = field(default_factory=dict)
+    generations_spanning_an_update: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,6 +249,12 @@ class _StatsAccumulator:
                 self.unusable[kind] = self.unusable.get(kind, 0) + 1
             stats.prompts_extending_an_earlier_call += record.extends is not None
             stats.prompts_drifting += record.drift_at is not None
+            stats.prompts_supplied += record.prefix_supplied is True
+            stats.prompts_supplied_unproved += record.prefix_supplied is False
+            stats.resumed_calls += record.resumes is not None
+            stats.generations_spanning_an_update += record.spans_weight_update
+            for label in record.weight_version_labels:
+                stats.generations_by_weight_version[label] = stats.generations_by_weight_version.get(label, 0) + 1
 
     def add_rollout(self, lines: int, unreadable: int, incomplete: bool) -> None:
         self.stats.rollouts += 1
