@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_rl.py
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_trajectories.py
+	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py
 	$(BIN)/python benchmarks/bench_report.py
 
