@@ -36,6 +36,8 @@ STREAM_BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","conte
 #: Events in each streamed reply of `fast_upstream` (``"stream":true``).
 STREAM_EVENTS = 256
 HOLD_BODY = b'{"model":"bench","stream":true,"hold":true,"messages":[]}'
+#: A vLLM-shaped stream with a logprob entry and a token id per chunk (fast_upstream), whole in one write.
+LOGPROB_BODY = b'{"model":"bench","stream":true,"logprob_stream":true,"messages":[{"role":"user","content":"hello"}]}'
 BIG_BODY = b'{"model":"bench","messages":[{"role":"user","content":"' + b"x" * (1024 * 1024) + b'"}]}'
 
 
@@ -118,6 +120,15 @@ http {{
     process = subprocess.Popen(["nginx", "-c", path, "-p", workdir], stderr=subprocess.DEVNULL)
     _wait_for_port(port)
     return Target("nginx", port, process)
+
+
+def start_naive(upstream: Target, capture_dir: str) -> Target:
+    """The naive capture proxy (`naive_capture_proxy.py`): aiohttp, raw bytes appended and fsynced."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, os.path.join(HERE, "naive_capture_proxy.py"), str(port),
+                                f"http://127.0.0.1:{upstream.port}", capture_dir])
+    _wait_for_port(port)
+    return Target("naive capture proxy", port, process)
 
 
 def start_sidecar(name: str, upstream: Target, capture_dir: str | None, workers: int = 1,
@@ -241,10 +252,10 @@ def wrk_rps(port: int, concurrency: int, seconds: int, workdir: str, body: bytes
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))
 
 
-def wrk_events(port: int, concurrency: int, seconds: int, workdir: str) -> float:
+def wrk_events(port: int, concurrency: int, seconds: int, workdir: str, body: bytes = STREAM_BODY) -> float:
     """Events/s delivered to wrk (C: the client is not what limits the figure) reading 256-event
     streams back to back; wrk reads every chunked body to its end."""
-    return wrk_rps(port, concurrency, seconds, workdir, STREAM_BODY) * STREAM_EVENTS
+    return wrk_rps(port, concurrency, seconds, workdir, body) * STREAM_EVENTS
 
 
 async def rss_with_open_streams(target: Target, streams: int) -> int:
@@ -283,9 +294,12 @@ async def run(quick: bool) -> str:
     capture_dir = os.path.join(work, "captures")
     os.makedirs(capture_dir)
     upstream = start_upstream()
-    targets = [upstream, start_nginx(upstream, work),
+    naive_dir, token_dir = os.path.join(work, "naive"), os.path.join(work, "token-mode")
+    targets = [upstream, start_nginx(upstream, work), start_naive(upstream, naive_dir),
                start_sidecar("sidecar, capture off", upstream, None),
-               start_sidecar("sidecar, capture on", upstream, capture_dir)]
+               start_sidecar("sidecar, capture on", upstream, capture_dir),
+               start_sidecar("sidecar, token mode", upstream, token_dir,
+                             extra=("--capture-tokens", "--capture-raw-stream", "on-failure"))]
     scaling = [start_sidecar("sidecar x2, capture off", upstream, None, workers=2),
                start_sidecar("sidecar x2, capture on", upstream, capture_dir, workers=2)]
     try:
@@ -303,16 +317,19 @@ async def run(quick: bool) -> str:
                 add(target.name, "json_c1", totals)
                 ttfts, _ = await sequential(target.port, STREAM_BODY, stream_n)
                 add(target.name, "ttft_c1", ttfts)
+                ttfts, _ = await sequential(target.port, LOGPROB_BODY, stream_n)
+                add(target.name, "ttft_logprob_c1", ttfts)
                 _, big = await sequential(target.port, BIG_BODY, 20)
                 add(target.name, "big_body", big)
                 add(target.name, "rps_c64", wrk_rps(target.port, 64, wrk_s, work))
                 add(target.name, "events_c64", wrk_events(target.port, 64, wrk_s, work))
+                add(target.name, "logprob_events_c64", wrk_events(target.port, 64, wrk_s, work, LOGPROB_BODY))
             for target in scaling:
                 add(target.name, "rps_c64", wrk_rps(target.port, 64, wrk_s, work))
         for target in targets[2:]:
             add(target.name, "open_loop_500", await open_loop(target.port, 500, 5 if quick else 10))
         add("direct", "open_loop_500", await open_loop(upstream.port, 500, 5 if quick else 10))
-        rss = await rss_with_open_streams(targets[3], 500)
+        rss = await rss_with_open_streams(targets[4], 500)
         fsync = fsync_p50(capture_dir)
     finally:
         for target in targets + scaling:
@@ -321,8 +338,9 @@ async def run(quick: bool) -> str:
 
 
 def report(results: dict[str, dict[str, list[float]]], rss: int, fsync: float) -> str:
-    direct, nginx = results["direct"], results["nginx"]
-    off, on = results["sidecar, capture off"], results["sidecar, capture on"]
+    direct, nginx, naive = results["direct"], results["nginx"], results["naive capture proxy"]
+    off, on, token = results["sidecar, capture off"], results["sidecar, capture on"], results["sidecar, token mode"]
+    columns = (direct, nginx, naive, off, on, token)
     ms = lambda seconds: f"{seconds * 1000:.3f}"  # noqa: E731
     med = lambda d, k: statistics.median(d[k])  # noqa: E731
 
@@ -334,18 +352,32 @@ def report(results: dict[str, dict[str, list[float]]], rss: int, fsync: float) -
              f"httptools {_version('httptools')}, uvloop {_version('uvloop')}, "
              f"{subprocess.run(['nginx', '-v'], capture_output=True, text=True).stderr.strip()}; fsync p50 of the capture dir {ms(fsync)} ms.",
              "", "Everything on loopback on this machine; the load generators (a Python keep-alive client, wrk) share its cores.", "",
-             "| measure | direct | nginx | sidecar, capture off | sidecar, capture on |", "|---|---:|---:|---:|---:|"]
+             "| measure | direct | nginx | naive capture proxy | sidecar, capture off | sidecar, capture on | sidecar, token mode |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
 
     def row(label: str, cells: list[str]) -> None:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
-    row("JSON 1 KB, c=1: p50 latency (ms)", [ms(pct(d["json_c1"], 50)) for d in (direct, nginx, off, on)])
-    row("JSON 1 KB, c=1: added p50 / p99 vs direct (ms)", ["-"] + [f"{ms(added(d, 'json_c1', 50))} / {ms(added(d, 'json_c1', 99))}" for d in (nginx, off, on)])
-    row("JSON 1 KB, c=64: requests/s (wrk)", [f"{med(d, 'rps_c64'):,.0f}" for d in (direct, nginx, off, on)])
-    row("stream 256 events, c=1: added TTFT p50 / p99 (ms)", ["-"] + [f"{ms(added(d, 'ttft_c1', 50))} / {ms(added(d, 'ttft_c1', 99))}" for d in (nginx, off, on)])
-    row("stream 256 events, c=64: events/s delivered (wrk)", [f"{med(d, 'events_c64'):,.0f}" for d in (direct, nginx, off, on)])
-    row("1 MiB request body: added p50 (ms)", ["-"] + [ms(added(d, "big_body", 50)) for d in (nginx, off, on)])
-    row("open loop 500 req/s: added p99 (ms)", ["-", "-"] + [ms(pct(d["open_loop_500"], 99) - pct(direct["open_loop_500"], 99)) for d in (off, on)])
+    row("JSON 1 KB, c=1: p50 latency (ms)", [ms(pct(d["json_c1"], 50)) for d in columns])
+    row("JSON 1 KB, c=1: added p50 / p99 vs direct (ms)", ["-"] + [f"{ms(added(d, 'json_c1', 50))} / {ms(added(d, 'json_c1', 99))}" for d in columns[1:]])
+    row("JSON 1 KB, c=64: requests/s (wrk)", [f"{med(d, 'rps_c64'):,.0f}" for d in columns])
+    row("stream 256 events, c=1: added TTFT p50 / p99 (ms)", ["-"] + [f"{ms(added(d, 'ttft_c1', 50))} / {ms(added(d, 'ttft_c1', 99))}" for d in columns[1:]])
+    row("stream 256 events, c=64: events/s delivered (wrk)", [f"{med(d, 'events_c64'):,.0f}" for d in columns])
+    row("vLLM-shaped logprob stream (85 KB, one read), c=1: added TTFT p50 / p99 (ms)", ["-"] + [
+        f"{ms(added(d, 'ttft_logprob_c1', 50))} / {ms(added(d, 'ttft_logprob_c1', 99))}" for d in columns[1:]])
+    row("vLLM-shaped logprob stream, c=64: events/s delivered (wrk)", [f"{med(d, 'logprob_events_c64'):,.0f}" for d in columns])
+    row("1 MiB request body: added p50 (ms)", ["-"] + [ms(added(d, "big_body", 50)) for d in columns[1:]])
+    row("open loop 500 req/s: added p99 (ms)", ["-", "-"] + [ms(pct(d["open_loop_500"], 99) - pct(direct["open_loop_500"], 99)) for d in columns[2:]])
+    lines += ["", "## Issue 34's targets", "", "| measure | measured | target |", "|---|---:|---:|",
+              f"| added p50, JSON, c=1, capture on | {ms(added(on, 'json_c1', 50))} ms | <= 0.4 ms |",
+              f"| JSON req/s, c=64, capture on / nginx | {med(on, 'rps_c64') / med(nginx, 'rps_c64'):.2f} x | >= 0.25 x |",
+              f"| streaming events/s, c=64, capture on / naive capture proxy | {med(on, 'events_c64') / med(naive, 'events_c64'):.2f} x | >= 1.5 x |",
+              f"| added TTFT, a whole vLLM-shaped stream in one read, capture on | {ms(added(on, 'ttft_logprob_c1', 50))} ms | <= 0.5 ms |",
+              f"| added TTFT, the same, token mode | {ms(added(token, 'ttft_logprob_c1', 50))} ms | <= 0.5 ms |",
+              f"| token mode, vLLM-shaped logprob stream events/s / naive (same bytes) | "
+              f"{med(token, 'logprob_events_c64') / med(naive, 'logprob_events_c64'):.2f} x | >= 1 x |",
+              f"| capture on (no token mode), the same / naive | "
+              f"{med(on, 'logprob_events_c64') / med(naive, 'logprob_events_c64'):.2f} x | - |"]
     lines += ["", "| ratio | capture off | capture on |", "|---|---:|---:|"]
     lines.append(f"| requests/s c=64, sidecar / direct | {med(off, 'rps_c64') / med(direct, 'rps_c64'):.2f} | {med(on, 'rps_c64') / med(direct, 'rps_c64'):.2f} |")
     lines.append(f"| requests/s c=64, sidecar / nginx | {med(off, 'rps_c64') / med(nginx, 'rps_c64'):.2f} | {med(on, 'rps_c64') / med(nginx, 'rps_c64'):.2f} |")

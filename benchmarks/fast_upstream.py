@@ -4,7 +4,8 @@
 
 It must never be the bottleneck, so it does the least an HTTP/1.1 server can: keep-alive, a
 Content-Length or chunked request body, and one of three pre-built replies chosen by the body:
-``"stream":true`` -> 256 chat events (chunked), ``"batch":true`` -> an 8,000-token RL stream at
+``"stream":true`` -> 256 chat events (chunked), ``"logprob_stream":true`` -> 256 vLLM-shaped
+events with logprobs and token ids (about 80 KB, one write), ``"batch":true`` -> an 8,000-token RL stream at
 `BATCH_TOKENS_PER_S`, ``"hold":true`` -> one event then silence until the
 client leaves, ``"rl":true`` -> a vLLM-shaped 32,000-token RL stream (one logprob entry and one
 token id per chunk, `prompt_token_ids` on the first) written at `RL_TOKENS_PER_S`, anything
@@ -76,6 +77,9 @@ def rl_events(tokens: int = RL_TOKENS) -> list[bytes]:
 
 
 RL_CHUNKS: list[bytes] = []  # Built on first use: 13 MB.
+#: ``"logprob_stream":true``: 256 vLLM-shaped events (a logprob entry and a token id in every
+#: chunk, the prompt's ids on the first), written whole at once (issue 34): about 80 KB.
+LOGPROB_STREAM = HEAD + b"".join(_chunked(event) for event in rl_events(EVENTS - 3)) + b"0\r\n\r\n"
 BATCH_CHUNKS: list[bytes] = []
 
 
@@ -113,6 +117,8 @@ class Upstream(asyncio.Protocol):
                 RL_CHUNKS.extend(_chunked(event) for event in rl_events())
             self.transport.write(HEAD)  # type: ignore[attr-defined]
             self._pace(0)
+        elif b'"logprob_stream":true' in body:
+            self.transport.write(LOGPROB_STREAM)  # type: ignore[attr-defined]
         elif b'"hold":true' in body:
             self.transport.write(HEAD + FIRST)  # type: ignore[attr-defined]
         elif b'"stream":true' in body:

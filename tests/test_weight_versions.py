@@ -208,6 +208,8 @@ async def _the_surfaces_carry_them(capture_dir: str, tmp_path, aborted_id: str) 
     runner = CliRunner()
     shown = runner.invoke(main, ["show", capture_dir, "resumed", "--call", "1"]).output
     assert f"resumes the aborted call {aborted_id}" in shown and "weight versions (declared): v2 [0, end)" in shown, shown
+    as_json = [orjson.loads(line) for line in runner.invoke(main, ["show", capture_dir, "resumed", "--json"]).output.splitlines()]
+    assert [(row["resumes"], row["weight_version_source"]) for row in as_json] == [(None, "declared"), (aborted_id, "declared")]
     table = runner.invoke(main, ["show", capture_dir, "resumed"]).output
     assert "weights v1" in table and "weights v2" in table and "main: #0 -> #1;" in table and "weights v1, v2" in table
     stats = runner.invoke(main, ["stats", capture_dir]).output

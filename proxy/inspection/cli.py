@@ -234,7 +234,11 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
             values = row.as_dict()
             record = verdicts.get(row.call_index)
             values.update(usable=record.usable if record else None, extends=record.extends if record else None,
-                          drift_at=record.drift_at if record else None, drift_from=record.drift_from if record else None)
+                          drift_at=record.drift_at if record else None, drift_from=record.drift_from if record else None,
+                          prefix_supplied=record.prefix_supplied if record else None,
+                          resumes=record.resumes if record else None,
+                          weight_versions=record.weight_versions if record else None,
+                          weight_version_source=record.weight_version_source if record else None)
             click.echo(orjson.dumps(values).decode())
         return
     training = _training_cells(store, rollout_id)
