@@ -268,6 +268,11 @@ class SSEParser:
             data = raw[spans[0][0]:spans[0][1]] if len(spans) == 1 else b"\n".join(raw[a:b] for a, b in spans)
         return EventBlock(raw, self._event_type or "message", data, spans)
 
+    def between_events(self) -> bool:
+        """Nothing of an event is buffered: the next byte starts a line of a new event."""
+        return not (self._partial_line or self._skip_leading_lf or self._data_lines or self._event_type
+                    or self._discarding or self._block or self._dropping_line)
+
     def _reset_blocks(self) -> None:
         self._block = bytearray()
         self._line_start = 0

@@ -45,6 +45,11 @@ class TapOutcome:
     parse_failure: str | None = None
 
 
+#: Bytes every terminal event of every dialect contains (see `StreamTap.quiet_prefix`).
+_TERMINAL_MARKERS = (b"[DONE]", b"error", b"response.completed", b"response.incomplete", b"response.failed",
+                     b"message_stop")
+
+
 class StreamTap:
     """Observe an SSE reply of ``dialect``; `feed` returns True for the chunk with the terminal."""
 
@@ -100,6 +105,26 @@ class StreamTap:
         """With a cutter: the client's bytes for the chunks fed since the last call."""
         output, self._output = self._output, []
         return output[0] if len(output) == 1 else b"".join(output)
+
+    def quiet_prefix(self, data: bytes) -> int:
+        """How many leading bytes of ``data`` (the next bytes of the stream) cannot complete its
+        terminal event: the whole events before the first that names a terminal, found by a byte
+        search (issue 34: the relay sends them before they are parsed, and holds back only the
+        rest). A terminal event (``[DONE]``, an error, ``response.completed`` / ``incomplete`` /
+        ``failed``, ``message_stop``) carries its name in its own bytes; a false match only holds
+        back more. 0 when it cannot be known: a compressed stream, an event already begun, a
+        framing already failed."""
+        if self._decode is not None or self._framing_failed or self.terminal or not self._parser.between_events():
+            return 0
+        first = -1
+        for marker in _TERMINAL_MARKERS:
+            at = data.find(marker)
+            if at >= 0 and (first < 0 or at < first):
+                first = at
+        if first < 0:
+            return len(data)
+        boundary = data.rfind(b"\n\n", 0, first)  # Always an event's end, whatever the line ends.
+        return boundary + 2 if boundary >= 0 else 0
 
     def feed(self, chunk: bytes) -> bool:
         """Observe one chunk; True when it completed the stream's terminal event."""

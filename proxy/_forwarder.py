@@ -425,8 +425,8 @@ class _BodyPump:
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
             return
-        if self.cutter is not None:
-            self._flush_cut(batch, tap)  # type: ignore[arg-type]
+        if type(tap) is StreamTap:
+            self._flush_stream(batch[0] if len(batch) == 1 else b"".join(batch), tap)
             return
         exchange, start = self.exchange, 0
         for index, chunk in enumerate(batch):
@@ -453,25 +453,57 @@ class _BodyPump:
             data, self.held = self.held, data
         write(data)
 
-    def _flush_cut(self, batch: list[bytes], tap: StreamTap) -> None:
-        """`flush` in the token capture mode: the tap parses each chunk once for the capture and
-        the cut (DESIGN §11), and what goes out is its output; the terminal chunk's is held."""
-        exchange, client, pieces = self.exchange, self.client, []
-        for index, chunk in enumerate(batch):
-            ends_reply = tap.feed(chunk)
-            pieces.append(tap.take_output())
-            if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
-                exchange.mark_first_content()
-            if ends_reply:
-                client.write(b"".join(pieces[:-1]))
-                self.held_ready = pieces[-1]
-                self.held = b"".join(batch[index + 1:])  # Not fed to the tap: cut when written.
-                self._persist_then_flush()
+    def _flush_stream(self, data: bytes, tap: StreamTap) -> None:
+        """`flush` for a stream: one read's bytes, relayed first and parsed after (issue 34).
+
+        The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
+        go to the client before they are parsed -- or, in the token capture mode, as soon as they
+        are cut, the first event on its own (TTFT) -- then the tap takes them in one pass. The rest
+        of the read is fed whole; when it completes the terminal event it is held, with what
+        follows it, until the line is durable (DESIGN §2).
+        """
+        quiet = tap.quiet_prefix(data)
+        if quiet:
+            head = data if quiet == len(data) else data[:quiet]
+            if self.cutter is None:
+                self.client.write(head)
+                tap.feed(head)  # Cannot complete the terminal event.
+            else:
+                self._write_cut_events(head, tap)
+            self.first_written = True
+            self._mark_first_content(tap)
+            if head is data:
                 return
-            if not self.first_written:
-                self.first_written = True  # The first bytes go out before the rest is parsed: TTFT.
-                client.write(pieces.pop())
-        client.write(b"".join(pieces))
+            data = data[quiet:]
+        ends_reply = tap.feed(data)
+        out = tap.take_output() if self.cutter is not None else data
+        self._mark_first_content(tap)
+        if ends_reply:
+            if self.cutter is not None:
+                self.held_ready = out  # The terminal event's bytes, and those behind it, already cut.
+            else:
+                self.held = out
+            self._persist_then_flush()
+            return
+        self.first_written = True
+        self.client.write(out)
+
+    def _write_cut_events(self, data: bytes, tap: StreamTap) -> None:
+        """Token capture mode: ``data`` (whole events) cut and written; the stream's first event
+        on its own, so that the first token does not wait for the rest of the read to be cut."""
+        if not self.first_written:
+            first = data.find(b"\n\n") + 2
+            if 2 <= first < len(data):
+                tap.feed(data[:first])
+                self.client.write(tap.take_output())
+                data = data[first:]
+        tap.feed(data)
+        self.client.write(tap.take_output())
+
+    def _mark_first_content(self, tap: StreamTap) -> None:
+        exchange = self.exchange
+        if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+            exchange.mark_first_content()
 
     def on_end(self) -> None:
         self.ended = True

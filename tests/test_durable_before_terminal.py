@@ -62,3 +62,29 @@ async def test_sized_json_line_is_durable_before_its_last_bytes_reach_the_client
     async with http.post(rollout_url(sidecar.url, "r1", "/v1/chat/completions"), data=CHAT_JSON_REQUEST) as response:
         await _read_until(response, CHAT_JSON[-20:])
         assert len(store.read("r1")) == 1
+
+
+import pytest  # noqa: E402
+
+from .transcripts import RESPONSES_REQUEST, RESPONSES_STREAM  # noqa: E402
+
+_WHOLE = {"chat": ("/v1/chat/completions", CHAT_REQUEST, CHAT_STREAM, CHAT_TERMINAL),
+          "responses": ("/v1/responses", RESPONSES_REQUEST, RESPONSES_STREAM, b"response.completed"),
+          "messages": ("/v1/messages", MESSAGES_REQUEST, MESSAGES_STREAM, b"message_stop")}
+
+
+@pytest.mark.parametrize("token_mode", [False, True])
+@pytest.mark.parametrize("dialect", sorted(_WHOLE))
+async def test_a_whole_stream_in_one_read_is_relayed_first_and_its_terminal_held(http, upstream, start, capture_dir,
+                                                                                  store, dialect, token_mode):
+    """Issue 34: a stream that arrives in one read has its events before the terminal relayed
+    before they are parsed; the terminal still waits for the line (durable when the client sees it),
+    and the client's bytes are the upstream's."""
+    path, request, stream, terminal = _WHOLE[dialect]
+    upstream.scripts[path] = sse_script(stream, [stream], ending="hang", hang_for=HANG_S)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=token_mode)
+    async with http.post(rollout_url(sidecar.url, "whole", path), data=request) as response:
+        received = await _read_until(response, terminal)
+        lines = store.read("whole")
+        assert len(lines) == 1 and lines[0]["stream_truncated"] is False and lines[0]["response"], lines
+    assert stream.startswith(received) or received == stream
