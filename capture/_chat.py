@@ -46,6 +46,10 @@ class ChatReassembler(Reassembler):
     dialect = "chat"
     #: Keep each token's logprob as a float beside its JSON (the token capture mode's entries).
     collect_logprobs = False
+    #: Keep the logprob entries' JSON too. Off in the token capture mode when the agent did not ask
+    #: for logprobs: its line has none, and the floats are all the training entry takes (a
+    #: 12k-token stream's entries are ~1 MiB held until its end: issue 34).
+    keep_logprob_entries = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -156,13 +160,15 @@ class ChatReassembler(Reassembler):
         logprobs = get("logprobs")
         written = self.written
         if type(logprobs) is dict:
-            arrays = self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays(self.collect_logprobs))
+            arrays = self._arrays.get(index) or self._arrays.setdefault(
+                index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
             choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs, written=written.get(id(logprobs))
                                                        if written else None)
         if "token_ids" in chunk_choice:
             token_ids = chunk_choice["token_ids"]
             if type(token_ids) is list:  # vLLM's: concatenated.
-                (self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays(self.collect_logprobs))).extend(
+                (self._arrays.get(index) or self._arrays.setdefault(
+                    index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))).extend(
                     "token_ids", token_ids, written.get(id(token_ids)) if written else None)
             else:
                 merge_unknown(choice, "token_ids", token_ids)
@@ -237,14 +243,16 @@ class TokenArrays:
     (``compact``) so the capture line embeds the JSON as it is, with no objects made at all.
     """
 
-    __slots__ = ("_lists", "logprob_values")
+    __slots__ = ("_lists", "logprob_values", "_keep_entries")
 
-    def __init__(self, collect_logprobs: bool = False) -> None:
+    def __init__(self, collect_logprobs: bool = False, keep_entries: bool = True) -> None:
         #: field -> the items of the list so far, comma-joined JSON (the list was seen: never None).
         self._lists: dict[str, bytearray] = {}
         #: With ``collect_logprobs``: each ``logprobs.content`` entry's logprob, as it is parsed
         #: anyway (the token capture mode's entry takes them without parsing the entries again).
         self.logprob_values: array | None = array("d") if collect_logprobs else None
+        #: Without: only the floats are kept (``collect_logprobs`` on; see `keep_logprob_entries`).
+        self._keep_entries = keep_entries or not collect_logprobs
 
     def extend(self, field: str, items: list[Any], written: bytes | None = None) -> None:
         """Append ``items``; ``written``: their list's JSON, when someone already wrote it."""
@@ -265,6 +273,8 @@ class TokenArrays:
             current = {name: None for name in lists}
         if self.logprob_values is not None:
             self._collect(chunk.get("content"))
+            if not self._keep_entries and len(chunk) == 1 and self.logprob_values is not None:
+                return current  # The floats are kept; the entries' JSON is nobody's (`keep_logprob_entries`).
         if written is not None and len(chunk) == 1 and written.startswith(b'{"content":[') and written.endswith(b"]}"):
             self.extend("logprobs.content", chunk["content"], written[11:-1])
             return current

@@ -79,6 +79,8 @@ class StreamTap:
             self._reassembler.written = self._written = cutter.written
             # The mode's entry takes each token's logprob as it is parsed here (DESIGN §12).
             self._reassembler.collect_logprobs = True
+            if cutter.cuts_logprobs:
+                self._reassembler.keep_logprob_entries = False
         self._framing_failed = False
         self._raw = bytearray()
         self._raw_window = raw_window
@@ -105,6 +107,11 @@ class StreamTap:
         """With a cutter: the client's bytes for the chunks fed since the last call."""
         output, self._output = self._output, []
         return output[0] if len(output) == 1 else b"".join(output)
+
+    @property
+    def cutter(self) -> "AddedFieldCutter | None":
+        """The token capture mode's cutter of this stream, if any."""
+        return self._cutter
 
     def quiet_prefix(self, data: bytes) -> int:
         """How many leading bytes of ``data`` (the next bytes of the stream) cannot complete its

@@ -77,6 +77,11 @@ class AddedFieldCutter:
             "chat": self._chat_cuts, "completions": self._completions_cuts, "responses": self._responses_cuts,
         }.get(dialect, _no_cuts)
 
+    @property
+    def cuts_logprobs(self) -> bool:
+        """The mode added ``logprobs``: the agent's reply (and line) carries none."""
+        return self._cut_logprobs
+
     # -- streams ---------------------------------------------------------------------------
 
     def feed(self, chunk: bytes) -> bytes:

@@ -98,6 +98,8 @@ class CaptureWriter:
             streamed = self._streamed_line(exchange, fields, prefix)
             if streamed is not None:
                 return streamed
+        if isinstance(exchange.tap, StreamTap) and isinstance(fields.get("response"), dict):
+            _put_back_logprobs(fields["response"], exchange.tap.collected_arrays() or {})
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line
@@ -144,11 +146,13 @@ class CaptureWriter:
             ids, logprobs = collected.get(record.choice_index, (None, None))
             if type(prompt) is not list or ids is None or logprobs is None or len(ids) != len(logprobs):
                 restore(replaced)
+                _put_back_logprobs(response, collected)
                 return None
             records.append(record.model_copy(update={"prompt_token_ids": prompt, "generation_token_ids": ids,
                                                      "generation_log_probs": logprobs, "missing": (), "problem": None}))
         if not self._token_capture.commit_records(exchange.token_plan, records, response, prefix):  # type: ignore[union-attr]
             restore(replaced)  # Not every choice has its entry: the line keeps the arrays (never tried twice).
+            _put_back_logprobs(response, collected)
             return encode_capture_line(fields)
         fields["token_entries"] = list(exchange.token_plan.entry_ids)
         return encode_capture_line(fields)
@@ -207,6 +211,19 @@ class CaptureWriter:
             await loop.run_in_executor(None, create_incomplete_marker, marker)
         except Exception:
             pass  # The directory may be gone or read-only; the failure is already counted.
+
+
+def _put_back_logprobs(response: dict[str, Any], collected: dict[int, Any]) -> None:
+    """The line keeps the arrays after all (an entry was not written): logprobs whose entries the
+    stream's fold did not keep (`ChatReassembler.keep_logprob_entries`) go back as ``{"logprob"}``
+    entries -- what a trainer reads of them -- so nothing is lost."""
+    for choice in response.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        logprobs = choice.get("logprobs")
+        floats = collected.get(choice.get("index"), (None, None))[1]
+        if floats is not None and isinstance(logprobs, dict) and logprobs.get("content") is None:
+            choice["logprobs"] = {**logprobs, "content": [{"logprob": value} for value in floats]}
 
 
 def _note_resumption(exchange: CallExchange, fields: dict[str, Any]) -> None:

@@ -349,3 +349,30 @@ async def test_show_call_summarises_per_token_lists_unless_full(http, stand_in, 
     assert "logprob entries; --full prints them)" in short and "ids; --full prints them)" in short
     assert '"logprob":' not in short and '"logprob":' in full
     assert len(short.splitlines()) * 3 < len(full.splitlines())
+
+
+async def test_a_stream_whose_entry_is_not_written_keeps_its_logprobs_in_the_line(http, upstream, start, capture_dir, store):
+    """Issue 34: in the token capture mode a stream's logprob entries are not held (only their
+    floats); a call whose entry cannot be written (its rollout is frozen) keeps the arrays in its
+    line all the same, each logprob as an entry: nothing is lost."""
+    from records import TokenFiles, read_token_records
+    from tests.scripted_upstream import sse_script
+    from tests.vllm_chat_model import FRAMINGS, chat_payloads, text_tokens
+
+    stream = FRAMINGS["lf"](chat_payloads([text_tokens("Hel", "lo", "!")], logprobs=True, token_ids=True))
+    upstream.scripts["/v1/chat/completions"] = sse_script(stream, [stream])
+    files = TokenFiles(capture_dir)
+    files.begin_call("frozen", ["x"])
+    with files._locked("frozen"):
+        state = files._state("frozen")
+        state["frozen"] = True
+        files._write_state("frozen", state, durable=True)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "frozen", "/v1/chat/completions"), body)
+    assert reply.status == 200 and b'"logprob"' not in reply.body, "the agent's bytes are cut"
+    (line,) = store.read("frozen")
+    assert "token_entries" not in line
+    (record,) = read_token_records(store, "frozen")
+    assert record.usable and record.generation_log_probs and \
+        len(record.generation_log_probs) == len(record.generation_token_ids)
