@@ -104,7 +104,8 @@ async def batch_alone(raw_stream: str, count: int, workdir: str, mode: bool = Tr
     with open(os.path.join(capture_dir, "batch-0.capture.jsonl"), "rb") as handle:
         line = handle.readline()
     parsed = orjson.loads(line)
-    assert parsed.get("added_request_fields") == ({"logprobs": True, "return_token_ids": True} if mode else None)
+    assert parsed.get("added_request_fields") == ({"logprobs": True, "return_token_ids": True,
+                                                   "return_weight_versions": True} if mode else None)
     tokens = count * BATCH_TOKENS
     return {"idle": idle, "peak": peak, "cpu": cpu, "elapsed": elapsed, "tokens": tokens,
             "received": statistics.mean(received), "line": len(line)}

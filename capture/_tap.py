@@ -45,9 +45,12 @@ class TapOutcome:
     parse_failure: str | None = None
 
 
-#: Bytes every terminal event of every dialect contains (see `StreamTap.quiet_prefix`).
-_TERMINAL_MARKERS = (b"[DONE]", b"error", b"response.completed", b"response.incomplete", b"response.failed",
-                     b"message_stop")
+#: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
+#: end with ``[DONE]`` or a chunk with an ``error``; Responses with its terminal events or an
+#: ``error`` event; Messages with ``message_stop`` or an ``error`` event.
+_TERMINAL_MARKERS = {"chat": (b"[DONE]", b"error"), "completions": (b"[DONE]", b"error"),
+                     "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
+                     "messages": (b"message_stop", b"error")}
 
 
 class StreamTap:
@@ -70,6 +73,7 @@ class StreamTap:
         the bytes for the client, the added fields cut."""
         self._parser = SSEParser(max_event_bytes)
         self._reassembler = REASSEMBLERS[dialect]()
+        self._terminal_markers = _TERMINAL_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
         self._cutter = cutter
         self._output: list[bytes] = []
@@ -124,7 +128,7 @@ class StreamTap:
         if self._decode is not None or self._framing_failed or self.terminal or not self._parser.between_events():
             return 0
         first = -1
-        for marker in _TERMINAL_MARKERS:
+        for marker in self._terminal_markers:
             at = data.find(marker)
             if at >= 0 and (first < 0 or at < first):
                 first = at
@@ -151,12 +155,13 @@ class StreamTap:
             self._saw_bytes = True
             self._keep_raw(chunk)
         try:
-            plain = self._parser.feed_plain(chunk)
-            if plain is not None:
-                self._cut_plain(plain)
-            else:
-                for block in self._parser.feed_blocks(chunk):
-                    self._cut_block(block)
+            for piece, whole_events in self._plain_split(chunk):
+                plain = self._parser.feed_plain(piece) if whole_events else None
+                if plain is not None:
+                    self._cut_plain(plain)
+                else:
+                    for block in self._parser.feed_blocks(piece):
+                        self._cut_block(block)
         except Exception as exc:  # A bug in the framing: the rest passes as it comes (DESIGN §5).
             self._failure = self._failure or f"{type(exc).__name__}: {exc}"
             self._framing_failed = True
@@ -243,19 +248,40 @@ class StreamTap:
             return False
         self._keep_raw(data)
         if self._failure is None:
-            try:
-                plain = self._parser.feed_plain(data)
-                if plain is not None:
-                    feed_data = self._reassembler.feed_data
-                    for event_type, event_data, _ in plain:
-                        feed_data(event_type, event_data)
-                    self.terminal = self._reassembler.terminal
-                    return self.terminal
-            except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
-                self._failure = f"{type(exc).__name__}: {exc}"
-                return False
-            self._parse_events(data)
+            for piece, whole_events in self._plain_split(data):
+                try:
+                    plain = self._parser.feed_plain(piece) if whole_events else None
+                    if plain is not None:
+                        feed_data = self._reassembler.feed_data
+                        for event_type, event_data, _ in plain:
+                            feed_data(event_type, event_data)
+                        self.terminal = self._reassembler.terminal
+                        continue
+                except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+                    self._failure = f"{type(exc).__name__}: {exc}"
+                    return False
+                self._parse_events(piece)
         return self.terminal
+
+    def _plain_split(self, chunk: bytes) -> list[tuple[bytes, bool]]:
+        """``chunk`` as the pieces to frame: the end of an event an earlier read began, the whole
+        events (True: `SSEParser.feed_plain` may take them, the fast path), and the start of an
+        event the next read ends. A read is cut by TCP, not by events: without this, a read that
+        begins or ends mid-event would be framed line by line whole (issue 34)."""
+        start = 0
+        if not self._parser.between_events():
+            end = chunk.find(b"\n\n")
+            if end < 0:
+                return [(chunk, False)]
+            start = end + 2
+        last = chunk.rfind(b"\n\n")
+        stop = last + 2 if last + 2 > start else start
+        pieces = [(chunk[:start], False)] if start else []
+        if stop > start:
+            pieces.append((chunk[start:stop], True) if start or stop < len(chunk) else (chunk, True))
+        if stop < len(chunk):
+            pieces.append((chunk[stop:], False))
+        return pieces
 
     def _keep_raw(self, data: bytes) -> None:
         self._raw += data  # Kept even after a parse failure: the raw text is the evidence.

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mcc.proxy")
 #: With ``--capture-raw-stream on-failure``, the raw text of a stream that parses cleanly is kept
-#: only this far back (it is written only if the stream then fails): 256 streams x 256 KiB.
-RAW_WINDOW_BYTES = 256 * 1024
+#: only this far back (it is written only if the stream then fails): the last ~200 events of a
+#: logprob stream, which is what says how it failed; 1,024 streams x 64-128 KiB (issue 34).
+RAW_WINDOW_BYTES = 64 * 1024
 access_log = logging.getLogger("mcc.access")
 
 

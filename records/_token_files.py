@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -45,6 +46,11 @@ class TokenFiles:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        #: Each rollout's state as this object last wrote it, with the file's identity then
+        #: (`_state`): a rollout's state indexes every entry, so parsing it on every call of a
+        #: long rollout is quadratic (issue 34). Another writer's state has another identity.
+        self._states: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        self._states_lock = threading.Lock()  # Calls of other rollouts prepare and commit on other threads.
 
     def path(self, rollout_id: str, suffix: str = TOKENS_SUFFIX) -> str:
         return os.path.join(self.directory, validate_rollout_id(rollout_id) + suffix)
@@ -139,8 +145,16 @@ class TokenFiles:
             return check_token_entry(orjson.loads(handle.readline()))
 
     def state(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout's state as on disk (a copy of its own: the cache is the writer's)."""
         with self._locked(rollout_id, shared=True):
-            return self._state(rollout_id)
+            try:
+                with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
+                    state = orjson.loads(handle.read())
+            except FileNotFoundError:
+                return {**_NEW_STATE, "entry_digests": {}}
+        if not isinstance(state, dict):
+            raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
+        return state
 
     def intents(self, rollout_id: str) -> list[str]:
         try:
@@ -161,8 +175,16 @@ class TokenFiles:
             os.close(fd)  # Closing releases the lock.
 
     def _state(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout's state (under its lock). The caller owns the dict: the cached one is handed
+        over (and taken back by `_write_state`), so a caller that fails half-way leaves no cache."""
+        path = self.path(rollout_id, ".tokens.state.json")
+        with self._states_lock:
+            cached = self._states.pop(rollout_id, None)
         try:
-            with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
+            with open(path, "rb") as handle:
+                identity = _identity(os.fstat(handle.fileno()))
+                if cached is not None and cached[0] == identity:
+                    return cached[1]
                 state = orjson.loads(handle.read())
         except FileNotFoundError:
             return {**_NEW_STATE, "entry_digests": {}}
@@ -204,11 +226,25 @@ class TokenFiles:
                 if durable:
                     os.fsync(handle.fileno())
             os.replace(handle.name, self.path(rollout_id, ".tokens.state.json"))
+            identity = _identity(os.stat(self.path(rollout_id, ".tokens.state.json")))
+            with self._states_lock:
+                self._states[rollout_id] = (identity, state)
+                if len(self._states) > _STATES_KEPT:
+                    self._states.pop(next(iter(self._states)))
         finally:
             if os.path.exists(handle.name):
                 os.unlink(handle.name)
         if durable:
             fsync_directory(self.directory)
+
+
+#: Rollouts whose state `TokenFiles` keeps parsed (each a few KB: an index of its entries).
+_STATES_KEPT = 1024
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int]:
+    """What changes when the state file is replaced (each write is a new file, then a rename)."""
+    return status.st_ino, status.st_mtime_ns, status.st_size
 
 
 def _append_durably(path: str, data: bytes) -> int:
