@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_rl.py
 	$(BIN)/python benchmarks/bench_batch.py
+	$(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_trajectories.py
 	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py

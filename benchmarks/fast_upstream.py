@@ -30,6 +30,10 @@ BATCH_TOKENS_PER_S = 200
 #: ``"gpu_pace":true``: what one sequence of a 256-sequence batch gets from one GPU (an 8B model
 #: on an H100 decodes ~13k tokens/s at that batch size: ~50 tokens/s per sequence).
 GPU_TOKENS_PER_S = 50
+#: ``"memory":true``: one of vLLM's default batch on an H100 (1,024 sequences) of 12,000 tokens each
+#: (issue 34's memory target), at a pace that keeps all 1,024 open together on a 2-core machine.
+MEMORY_TOKENS = 12_000
+MEMORY_TOKENS_PER_S = 60
 #: Events written together every 1 / (RL_TOKENS_PER_S / RL_BATCH) seconds.
 RL_BATCH = 40
 
@@ -81,6 +85,7 @@ RL_CHUNKS: list[bytes] = []  # Built on first use: 13 MB.
 #: chunk, the prompt's ids on the first), written whole at once (issue 34): about 80 KB.
 LOGPROB_STREAM = HEAD + b"".join(_chunked(event) for event in rl_events(EVENTS - 3)) + b"0\r\n\r\n"
 BATCH_CHUNKS: list[bytes] = []
+MEMORY_CHUNKS: list[bytes] = []
 
 
 class Upstream(asyncio.Protocol):
@@ -107,7 +112,12 @@ class Upstream(asyncio.Protocol):
             self.reply(body)
 
     def reply(self, body: bytes) -> None:
-        if b'"batch":true' in body:  # One sequence of a full vLLM batch: 8k tokens, at a GPU's pace.
+        if b'"memory":true' in body:
+            if not MEMORY_CHUNKS:
+                MEMORY_CHUNKS.extend(_chunked(event) for event in rl_events(MEMORY_TOKENS))
+            self.transport.write(HEAD)  # type: ignore[attr-defined]
+            self._pace(0, MEMORY_CHUNKS, MEMORY_TOKENS_PER_S)
+        elif b'"batch":true' in body:  # One sequence of a full vLLM batch: 8k tokens, at a GPU's pace.
             if not BATCH_CHUNKS:
                 BATCH_CHUNKS.extend(_chunked(event) for event in rl_events(BATCH_TOKENS))
             self.transport.write(HEAD)  # type: ignore[attr-defined]
