@@ -329,7 +329,12 @@ async def run(quick: bool) -> str:
         for target in targets[2:]:
             add(target.name, "open_loop_500", await open_loop(target.port, 500, 5 if quick else 10))
         add("direct", "open_loop_500", await open_loop(upstream.port, 500, 5 if quick else 10))
-        rss = await rss_with_open_streams(targets[4], 500)
+        # A sidecar of its own: one that just served the logprob streams holds its high-water mark.
+        fresh = start_sidecar("sidecar, capture on (fresh)", upstream, os.path.join(work, "rss"))
+        try:
+            rss = await rss_with_open_streams(fresh, 500)
+        finally:
+            fresh.stop()
         fsync = fsync_p50(capture_dir)
     finally:
         for target in targets + scaling:

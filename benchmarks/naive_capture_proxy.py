@@ -40,6 +40,12 @@ def make_app(upstream: str, capture_dir: str) -> web.Application:
             os.close(fd)
 
     async def forward(request: web.Request) -> web.StreamResponse:
+        try:
+            return await relay(request)
+        except ConnectionResetError:  # wrk closes its connections mid-reply when a run ends.
+            return web.Response(status=499)
+
+    async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         parts = request.path.split("/")
         rollout = parts[2] if len(parts) > 3 and parts[1] == "ng-rollout" else "_"
