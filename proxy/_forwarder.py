@@ -118,22 +118,31 @@ class _Call:
             return
         self._open_exchange(self.request.body)
         body = self.tokens.request_body(self.request.body)
-        await self.tokens.plan_entry()
+        # The call's lineage and its intent (DESIGN §12) are prepared while the request goes
+        # upstream, and awaited before the agent gets a byte of the reply (issue 34); prefix
+        # supply needs the lineage before the request.
+        self.tokens.plan_entry_soon()
+        if self.settings.supply_prefix:
+            await self.tokens.planned()
         body = await self.tokens.supply_prefix(body)
         try:
             upstream = await self._send_upstream(body)
             if self.tokens.must_resend(upstream):
                 upstream = await self.tokens.resend_own_request(upstream)
+            await self.tokens.planned()
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
         except UpstreamConnectError as exc:
+            await self.tokens.planned()
             await self._upstream_failed("connect", UPSTREAM_UNREACHABLE, "upstream_connect", exc)
             return
         except UpstreamTimeout as exc:
+            await self.tokens.planned()
             await self._upstream_failed("timeout", UPSTREAM_TIMEOUT, "upstream_response", exc)
             return
         except (UpstreamProtocolError, OSError) as exc:
+            await self.tokens.planned()
             await self._upstream_failed("protocol", UPSTREAM_UNREACHABLE, "upstream_response", exc)
             return
         try:
