@@ -69,9 +69,6 @@ class GroupCommitter:
         self._appended_ready = threading.Condition(threading.Lock())
         #: A barrier is running (on either thread); barriers never overlap.
         self._syncing = False
-        #: Held while the open files are used to append: by the appender thread for a batch, or by
-        #: a caller committing one line itself (`commit_inline`).
-        self._claim = threading.Lock()
         # Two stages, so the next batch is appended while the last one's barrier runs.
         self._appender = threading.Thread(target=self._append_loop, name="mcc-capture-writer", daemon=True)
         self._syncer = threading.Thread(target=self._barrier_loop, name="mcc-capture-sync", daemon=True)
@@ -86,45 +83,6 @@ class GroupCommitter:
             if self._closing:
                 raise RuntimeError("the capture writer is closed")
             self._queue.put((path, make_line, done))
-
-    def commit_inline(self, path: str, make_line: Callable[[], bytes]) -> Optional[tuple[int, Outcome]]:
-        """Append one line and make it durable on the caller's thread, when nothing else is queued,
-        being appended or being synced: (its size, the barrier's seconds or the error). None when
-        the writer is busy: then `submit`. Saves the two thread hand-offs of a lone call (issue 34);
-        the caller decides when blocking its own thread for one fsync is acceptable."""
-        if self._closing or not self._queue.empty() or not self._claim.acquire(blocking=False):
-            return None
-        try:
-            with self._appended_ready:
-                if self._syncing or self._appended:
-                    return None
-                self._syncing = True  # The barrier is ours while the line is written and synced.
-            try:
-                return self._write_and_sync(path, make_line)
-            finally:
-                with self._appended_ready:
-                    self._syncing = False
-                    self._appended_ready.notify()
-        finally:
-            self._claim.release()
-
-    def _write_and_sync(self, path: str, make_line: Callable[[], bytes]) -> tuple[int, Outcome]:
-        try:
-            line = make_line()
-            file, created = self._files.append(path, line)
-        except Exception as exc:  # As a queued line: it fails alone, with its reason.
-            return 0, exc
-        try:
-            started = time.perf_counter()
-            os.fsync(file.fd)
-            if created:  # A new file's directory entry must be durable too (`_barrier`).
-                _fsync_directory(os.path.dirname(path) or ".")
-            outcome: Outcome = time.perf_counter() - started
-        except OSError as exc:
-            outcome = exc
-        finally:
-            self._files.release(file)
-        return len(line), outcome
 
     def close(self) -> None:
         """Write what is queued, then stop the threads."""
@@ -147,8 +105,7 @@ class GroupCommitter:
                 first = _IDLE
             if time.monotonic() - swept >= _SWEEP_SECONDS:
                 swept = time.monotonic()
-                with self._claim:
-                    self._files.close_idle(swept)
+                self._files.close_idle(swept)
             if first is _IDLE:
                 continue
             batch = [first] if first is not None else []
@@ -161,8 +118,7 @@ class GroupCommitter:
                     batch.append(entry)
             if not batch:
                 continue
-            with self._claim:
-                appended = self._append(batch)
+            appended = self._append(batch)
             if not self._claim_idle_barrier():
                 self._hand_over(appended)
                 continue

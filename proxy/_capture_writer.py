@@ -63,8 +63,6 @@ class CaptureWriter:
         #: Why the last line could not be written to disk (``ENOSPC: ...``), None once one is:
         #: what `/-/ready` and `mcc_capture_dir_writable` report, beside the directory's mode.
         self.write_problem: str | None = None
-        #: The durability barrier's recent duration (seconds, a moving average), None before the first.
-        self._barrier_seconds: float | None = None
 
     def submit(self, exchange: CallExchange, on_settled: Callable[[bool], None]) -> None:
         """Queue the call's line; ``on_settled(written)`` runs on the event loop once the line is
@@ -85,22 +83,9 @@ class CaptureWriter:
                 if len(self._paths) >= _PATHS_KEPT:
                     self._paths.clear()
                 self._paths[rollout_id] = path
-            if self._alone_on_a_fast_disk():
-                committed = self._committer.commit_inline(path, lambda: self._line(exchange))
-                if committed is not None:
-                    self._settle(on_settled, rollout_id, *committed)
-                    return
             self._committer.submit(path, lambda: self._line(exchange), done)
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
-
-    def _alone_on_a_fast_disk(self) -> bool:
-        """This call is the only one in flight and the disk syncs in well under a millisecond: its
-        line is written and synced on the event loop's thread (`GroupCommitter.commit_inline`),
-        which has nothing else to do meanwhile, without two thread hand-offs (issue 34). Under
-        load, or on a slow disk (NFS), the writer threads take it, and the loop is never held."""
-        barrier = self._barrier_seconds
-        return self._metrics.requests_in_flight <= 1 and (barrier is None or barrier < _INLINE_BARRIER_S)
 
     def _line(self, exchange: CallExchange) -> bytes:
         """The call's line; its training-token entry written first (on the writer thread: both are
@@ -201,8 +186,6 @@ class CaptureWriter:
         metrics.capture_lines.inc()
         metrics.capture_bytes.inc(size)
         metrics.fsync_duration.observe(outcome)  # type: ignore[arg-type]
-        barrier = self._barrier_seconds
-        self._barrier_seconds = outcome if barrier is None else 0.8 * barrier + 0.2 * outcome  # type: ignore[operator]
         on_settled(True)
 
     async def _fail_then(self, on_settled: Callable[[bool], None], rollout_id: str, exc: BaseException) -> None:
@@ -256,10 +239,6 @@ def _note_resumption(exchange: CallExchange, fields: dict[str, Any]) -> None:
         prompt = choices[0].get("prompt_token_ids")  # Completions: on the choice.
     if prompt == plan.verdict.parent_sequence:
         fields["resumes"] = plan.verdict.parent_call_id
-
-
-#: A barrier slower than this (a network filesystem) is never run on the event loop's thread.
-_INLINE_BARRIER_S = 0.001
 
 
 def _note_weight_versions(exchange: CallExchange, fields: dict[str, Any]) -> None:

@@ -210,33 +210,3 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def test_a_lone_line_is_committed_inline_and_a_busy_writer_declines(tmp_path):
-    """Issue 34: `commit_inline` appends and syncs on the caller's thread when the writer is idle
-    (the line is durable when it returns, in the file's order with queued ones); while a queued
-    line is being built it declines (None) and the caller queues; a line that cannot be built
-    fails alone, with its reason."""
-    path = str(tmp_path / "r.capture.jsonl")
-    committer = GroupCommitter(directory=str(tmp_path))
-    try:
-        size, outcome = committer.commit_inline(path, lambda: encode_capture_line({"model_call_id": "a"}))
-        assert isinstance(outcome, float) and size == os.path.getsize(path)
-        building, release = threading.Event(), threading.Event()
-
-        def slow_line() -> bytes:
-            building.set()
-            release.wait(5)
-            return encode_capture_line({"model_call_id": "b"})
-
-        settled = threading.Event()
-        committer.submit(path, slow_line, lambda size, outcome: settled.set())
-        assert building.wait(5)
-        assert committer.commit_inline(path, lambda: encode_capture_line({"model_call_id": "c"})) is None
-        release.set()
-        assert settled.wait(5)
-        assert committer.commit_inline(path, lambda: 1 / 0)[1].__class__ is ZeroDivisionError
-        committer.commit_inline(path, lambda: encode_capture_line({"model_call_id": "d"}))
-    finally:
-        committer.close()
-    assert [line["model_call_id"] for line in CaptureStore(str(tmp_path)).read("r")] == ["a", "b", "d"]
