@@ -35,10 +35,10 @@ _KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "
 # Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
 _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 # The chunk a server writes for each token of text, which `_on_payload` folds on its hot path: these
-# top-level keys at most (``usage`` null), one choice with these keys at most (``logprobs`` and
-# ``finish_reason`` null), and a delta of one text field.
+# top-level keys at most (``usage`` null), one choice with these keys at most (``finish_reason``
+# null; vLLM's ``logprobs`` object and ``token_ids`` list, or neither), and a delta of one text field.
 _TEXT_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage"})
-_TEXT_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs"})
+_TEXT_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "token_ids"})
 
 
 class ChatReassembler(Reassembler):
@@ -100,8 +100,11 @@ class ChatReassembler(Reassembler):
         if (type(choices) is list and len(choices) == 1 and not self._envelope_missing
                 and payload.keys() <= _TEXT_CHUNK_KEYS and payload.get("usage") is None):
             chunk_choice = choices[0]
+            logprobs = chunk_choice.get("logprobs") if type(chunk_choice) is dict else None
+            token_ids = chunk_choice.get("token_ids", ()) if type(chunk_choice) is dict else None
             if (type(chunk_choice) is dict and chunk_choice.keys() <= _TEXT_CHOICE_KEYS
-                    and chunk_choice.get("finish_reason") is None and chunk_choice.get("logprobs") is None):
+                    and chunk_choice.get("finish_reason") is None and (logprobs is None or type(logprobs) is dict)
+                    and (token_ids == () or type(token_ids) is list)):
                 delta = chunk_choice.get("delta")
                 if type(delta) is dict and len(delta) == 1:
                     key, piece = next(iter(delta.items()))
@@ -109,7 +112,10 @@ class ChatReassembler(Reassembler):
                     known = self._choices
                     if (key in _TEXT_KEYS and type(piece) is str and type(index) is int
                             and 0 <= index < len(known) and known[index] is not None):
-                        self.append_text(known[index]["message"], key, piece)
+                        choice = known[index]
+                        self.append_text(choice["message"], key, piece)
+                        if logprobs is not None or token_ids != ():
+                            self._token_data(index, choice, logprobs, token_ids)
                         return
         if self._envelope_missing:
             self._fill_envelope(payload)
@@ -132,6 +138,18 @@ class ChatReassembler(Reassembler):
             self.error_category = "upstream_error"
             self._error = payload["error"]
             self.terminal = True
+
+    def _token_data(self, index: int, choice: dict[str, Any], logprobs: Any, token_ids: Any) -> None:
+        """A hot chunk's logprobs and token ids, as `_on_choice` folds them (the token capture mode's
+        chunk, one per token: issue 34)."""
+        arrays = self._arrays.get(index) or self._arrays.setdefault(
+            index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+        written = self.written
+        if logprobs is not None:
+            choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs,
+                                                       written=written.get(id(logprobs)) if written else None)
+        if token_ids != ():
+            arrays.extend("token_ids", token_ids, written.get(id(token_ids)) if written else None)
 
     def _fill_envelope(self, payload: dict[str, Any]) -> None:
         """id, created, model, ... from the first chunk with an id (the SDK snapshots the first chunk)."""
