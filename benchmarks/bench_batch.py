@@ -88,16 +88,7 @@ async def batch_alone(raw_stream: str, count: int, workdir: str, mode: bool = Tr
     extra = ("--capture-tokens",) if mode else ()
     sidecar = bp.start_sidecar("on", upstream, capture_dir, extra=(*extra, "--capture-raw-stream", raw_stream))
     try:
-        await short_calls(sidecar.port, 8, 0.5)
-        idle = sidecar.rss_bytes()
-        pid = sidecar.process.pid  # type: ignore[union-attr]
-        cpu_before, started = cpu_seconds(pid), time.perf_counter()
-        stop = asyncio.Event()
-        rss_task = asyncio.create_task(sample_rss(sidecar, stop))
-        received = await streams(sidecar.port, count, AGENT_BODY if mode else ASKING_BODY)
-        stop.set()
-        peak = await rss_task
-        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
+        measured = await measure_streams(sidecar, count, AGENT_BODY if mode else ASKING_BODY)
     finally:
         sidecar.stop()
         upstream.stop()
@@ -106,9 +97,24 @@ async def batch_alone(raw_stream: str, count: int, workdir: str, mode: bool = Tr
     parsed = orjson.loads(line)
     assert parsed.get("added_request_fields") == ({"logprobs": True, "return_token_ids": True,
                                                    "return_weight_versions": True} if mode else None)
-    tokens = count * BATCH_TOKENS
-    return {"idle": idle, "peak": peak, "cpu": cpu, "elapsed": elapsed, "tokens": tokens,
-            "received": statistics.mean(received), "line": len(line)}
+    return {**measured, "tokens": count * BATCH_TOKENS, "received": statistics.mean(measured["received"]),
+            "line": len(line)}
+
+
+async def measure_streams(sidecar: bp.Target, count: int, body: bytes, rollout: str = "batch") -> dict:
+    """``count`` streams at once through a warmed-up ``sidecar``: its RSS idle and at peak, its CPU
+    seconds and the wall time over them, and the bytes each agent received (``received``)."""
+    await short_calls(sidecar.port, 8, 0.5)
+    idle = sidecar.rss_bytes()
+    pid = sidecar.process.pid  # type: ignore[union-attr]
+    cpu_before, started = cpu_seconds(pid), time.perf_counter()
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(sample_rss(sidecar, stop))
+    received = await streams(sidecar.port, count, body, rollout)
+    stop.set()
+    peak = await sampling
+    return {"idle": idle, "peak": peak, "cpu": cpu_seconds(pid) - cpu_before, "elapsed": time.perf_counter() - started,
+            "received": received}
 
 
 async def short_calls_during_batch(count: int, workdir: str) -> dict[str, float]:

@@ -16,15 +16,13 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import bench_proxy as bp  # noqa: E402
-from bench_batch import cpu_seconds, streams  # noqa: E402
-from bench_rl import sample_rss, short_calls  # noqa: E402
+from bench_batch import measure_streams  # noqa: E402
 from fast_upstream import MEMORY_TOKENS, MEMORY_TOKENS_PER_S  # noqa: E402
 
 BODY = b'{"model":"bench","stream":true,"memory":true,"messages":[{"role":"user","content":"solve"}]}'
@@ -38,19 +36,11 @@ async def run(count: int) -> list[str]:
     sidecar = bp.start_sidecar("on", upstream, capture_dir,
                                extra=("--capture-tokens", "--capture-raw-stream", "on-failure"))
     try:
-        await short_calls(sidecar.port, 8, 0.5)
-        idle = sidecar.rss_bytes()
-        pid = sidecar.process.pid  # type: ignore[union-attr]
-        cpu_before, started = cpu_seconds(pid), time.perf_counter()
-        stop = asyncio.Event()
-        sampling = asyncio.create_task(sample_rss(sidecar, stop))
-        received = await streams(sidecar.port, count, BODY, rollout="memory")
-        stop.set()
-        peak = await sampling
-        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
+        measured = await measure_streams(sidecar, count, BODY, rollout="memory")
     finally:
         sidecar.stop()
         upstream.stop()
+    idle, peak, cpu, elapsed, received = (measured[key] for key in ("idle", "peak", "cpu", "elapsed", "received"))
     lines = sum(1 for name in os.listdir(capture_dir) if name.endswith(".capture.jsonl"))
     tokens = count * MEMORY_TOKENS
     per_stream = (peak - idle) / count

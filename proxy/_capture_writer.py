@@ -98,8 +98,10 @@ class CaptureWriter:
             streamed = self._streamed_line(exchange, fields, prefix)
             if streamed is not None:
                 return streamed
-        if isinstance(exchange.tap, StreamTap) and isinstance(fields.get("response"), dict):
-            _put_back_logprobs(fields["response"], exchange.tap.collected_arrays() or {})
+        tap = exchange.tap
+        if isinstance(tap, StreamTap) and tap.cutter is not None and tap.cutter.cuts_logprobs \
+                and isinstance(fields.get("response"), dict):  # Its fold kept floats, not entries.
+            _put_back_logprobs(fields["response"], tap.collected_arrays() or {})
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line

@@ -34,7 +34,7 @@ class TokenCall:
         self.cutter: Optional[AddedFieldCutter] = None
         #: The prompt ids supplied upstream (``--supply-prefix``), None when none were.
         self.prefix: Optional[SuppliedPrefix] = None
-        #: `plan_entry` under way (`plan_entry_soon`), None when not started or done.
+        #: `_plan_entry` under way (`plan_entry_soon`), None when not started or done.
         self._planning: Optional[asyncio.Future[None]] = None
 
     @property
@@ -57,19 +57,19 @@ class TokenCall:
         return sent
 
     def plan_entry_soon(self) -> None:
-        """Start `plan_entry` beside the call's own work (a call it does not concern starts
+        """Start `_plan_entry` beside the call's own work (a call it does not concern starts
         nothing); `planned` waits for it."""
         exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
         if exchange is not None and token_capture is not None and self.on and exchange.dialect in TOKEN_DIALECTS:
-            self._planning = asyncio.ensure_future(self.plan_entry())
+            self._planning = asyncio.ensure_future(self._plan_entry())
 
     async def planned(self) -> None:
-        """`plan_entry` done (its failures are its own: logged, counted, never the call's)."""
+        """`_plan_entry` done (its failures are its own: logged, counted, never the call's)."""
         planning, self._planning = self._planning, None
         if planning is not None:
             await planning
 
-    async def plan_entry(self) -> None:
+    async def _plan_entry(self) -> None:
         """Resolve the call's lineage and note its intent, off the event loop (DESIGN §12)."""
         exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
         if exchange is None or token_capture is None or not self.on or exchange.dialect not in TOKEN_DIALECTS:

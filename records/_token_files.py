@@ -147,14 +147,7 @@ class TokenFiles:
     def state(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's state as on disk (a copy of its own: the cache is the writer's)."""
         with self._locked(rollout_id, shared=True):
-            try:
-                with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
-                    state = orjson.loads(handle.read())
-            except FileNotFoundError:
-                return {**_NEW_STATE, "entry_digests": {}}
-        if not isinstance(state, dict):
-            raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
-        return state
+            return self._read_state(rollout_id)[1]
 
     def intents(self, rollout_id: str) -> list[str]:
         try:
@@ -177,20 +170,25 @@ class TokenFiles:
     def _state(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's state (under its lock). The caller owns the dict: the cached one is handed
         over (and taken back by `_write_state`), so a caller that fails half-way leaves no cache."""
-        path = self.path(rollout_id, ".tokens.state.json")
         with self._states_lock:
             cached = self._states.pop(rollout_id, None)
+        return self._read_state(rollout_id, cached)[1]
+
+    def _read_state(self, rollout_id: str, cached: Optional[tuple[tuple[int, int, int], dict[str, Any]]] = None
+                    ) -> tuple[Optional[tuple[int, int, int]], dict[str, Any]]:
+        """(the state file's identity, its state): ``cached`` when the file is still the one it
+        was read from, else parsed; a new state when there is no file."""
         try:
-            with open(path, "rb") as handle:
+            with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
                 identity = _identity(os.fstat(handle.fileno()))
                 if cached is not None and cached[0] == identity:
-                    return cached[1]
+                    return cached
                 state = orjson.loads(handle.read())
         except FileNotFoundError:
-            return {**_NEW_STATE, "entry_digests": {}}
+            return None, {**_NEW_STATE, "entry_digests": {}}
         if not isinstance(state, dict):
             raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
-        return state
+        return identity, state
 
     def _index_tail(self, rollout_id: str, state: dict[str, Any]) -> None:
         """Index entries written after the state was (a writer stopped between its two writes),
