@@ -20,10 +20,12 @@ the same list), so concatenating it would double the prompt.
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from itertools import chain
+from typing import Any, Optional
 
 import orjson
 
+from ._event_templates import INTS, NUMBER, TEXT, EventTemplate, Slot, learn_template, split_at, written_rows
 from ._reassembler import Reassembler, grow_list
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
@@ -39,6 +41,8 @@ _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 # null; vLLM's ``logprobs`` object and ``token_ids`` list, or neither), and a delta of one text field.
 _TEXT_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage"})
 _TEXT_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "token_ids"})
+#: A logprob entry a template takes: vLLM's, without top logprobs (the token capture mode asks none).
+_ENTRY_KEYS = frozenset({"token", "logprob", "bytes", "top_logprobs"})
 
 
 class ChatReassembler(Reassembler):
@@ -138,6 +142,117 @@ class ChatReassembler(Reassembler):
             self.error_category = "upstream_error"
             self._error = payload["error"]
             self.terminal = True
+
+    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None
+                       ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
+        """The template of a token's chunk just folded (`capture._event_templates`; ``payload``: its
+        data parsed, if it was): its text, its logprob entries' token, logprob and bytes, and its
+        token ids are the slots; its fold is `_on_payload`'s hot path (`_on_choice`'s for a chunk
+        with an empty delta), once per run."""
+        if self.terminal or self._envelope_missing:
+            return None
+        if payload is None:
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return None
+        slots = self._template_slots(payload) if type(payload) is dict else None
+        learnt = learn_template(prefix, data, payload, slots) if slots else None
+        if learnt is None:
+            return None
+        template, _, marked, markers = learnt
+        index = payload["choices"][0].get("index", 0)
+        entries = None
+        if any(name[0] == "logprob" for name in template.names):
+            # The entries' JSON as the general path keeps it: orjson's, from the marked entries.
+            entry_names = [name for name in template.names if name[0] in ("token", "logprob", "bytes")]
+            written = orjson.dumps(marked["choices"][0]["logprobs"]["content"])[1:-1]
+            split = split_at(written, [markers[template.names.index(name)] for name in entry_names])
+            if split is None or len(split[1]) != len(entry_names):
+                return None
+            entries = (split[0], [template.names.index(entry_names[position]) for position in split[1]])
+        template.fold = self._template_fold(template, index, entries)
+        return learnt
+
+    def _template_slots(self, payload: dict[str, Any]) -> Optional[list[Slot]]:
+        """The slots of a chunk `_on_payload` folds on its hot path (or with an empty delta and token
+        data), with its choice already known; None for any other chunk."""
+        choices = payload.get("choices")
+        if (type(choices) is not list or len(choices) != 1 or not payload.keys() <= _TEXT_CHUNK_KEYS
+                or payload.get("usage") is not None):
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or not choice.keys() <= _TEXT_CHOICE_KEYS or choice.get("finish_reason") is not None:
+            return None
+        index = choice.get("index", 0)
+        if not (type(index) is int and 0 <= index < len(self._choices) and self._choices[index] is not None):
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) > 1:
+            return None
+        slots: list[Slot] = []
+        for key, piece in delta.items():
+            if key not in _TEXT_KEYS or type(piece) is not str:
+                return None
+            slots.append((("text", key), ("choices", 0, "delta", key), TEXT))
+        logprobs = choice.get("logprobs")
+        if logprobs is not None:
+            entries = logprobs.get("content") if type(logprobs) is dict and len(logprobs) == 1 else None
+            if type(entries) is not list:
+                return None
+            for position, entry in enumerate(entries):
+                if (type(entry) is not dict or entry.keys() != _ENTRY_KEYS or entry["top_logprobs"] != []
+                        or type(entry["token"]) is not str or type(entry["logprob"]) not in (float, int)):
+                    return None
+                at = ("choices", 0, "logprobs", "content", position)
+                slots += [(("token", position), (*at, "token"), TEXT), (("logprob", position), (*at, "logprob"), NUMBER)]
+                if entry["bytes"] is not None:
+                    if type(entry["bytes"]) is not list or any(type(item) is not int for item in entry["bytes"]):
+                        return None
+                    slots.append((("bytes", position), (*at, "bytes"), INTS))
+        token_ids = choice.get("token_ids", None)
+        if token_ids is not None:
+            if type(token_ids) is not list or any(type(item) is not int for item in token_ids):
+                return None
+            slots.append((("token_ids",), ("choices", 0, "token_ids"), INTS))
+        return slots
+
+    def _template_fold(self, template: EventTemplate, index: int,
+                       entries: Optional[tuple[list[bytes], list[int]]]) -> Any:
+        """A run's fold: what `_on_payload` does for each of its chunks, once for all of them."""
+        names = template.names
+        text = next(((position, name[1]) for position, name in enumerate(names) if name[0] == "text"), None)
+        logprobs = [position for position, name in enumerate(names) if name[0] == "logprob"]
+        token_ids = names.index(("token_ids",)) if ("token_ids",) in names else None
+        choice = self._choices[index]
+        assert choice is not None
+        message = choice["message"]
+
+        def fold(columns: list[list[bytes]], count: int, decoded: list[Any]) -> None:
+            if text is not None:
+                self.append_text(message, text[1], decoded[text[0]])
+            if not logprobs and token_ids is None:
+                return
+            arrays = self._arrays.get(index) or self._arrays.setdefault(
+                index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+            if logprobs:
+                values = decoded[logprobs[0]] if len(logprobs) == 1 else list(
+                    chain.from_iterable(zip(*(decoded[position] for position in logprobs))))
+                if choice["logprobs"] is None:
+                    choice["logprobs"] = {"content": None, "refusal": None}
+                if arrays.logprob_values is not None:
+                    arrays.logprob_values.extend(values)
+                if arrays.logprob_values is None or arrays.keeps_entries:
+                    assert entries is not None
+                    segments, columns_of = entries
+                    kept = written_rows(segments[:-1] + [segments[-1] + b","], [columns[position] for position in columns_of],
+                                        count)[:-1]
+                    arrays.extend_json("logprobs.content", kept)
+            if token_ids is not None:
+                ids = columns[token_ids]
+                arrays.extend_json("token_ids", b",".join(filter(None, ids[:count] if count < len(ids) else ids)))
+
+        return fold
 
     def _token_data(self, index: int, choice: dict[str, Any], logprobs: Any, token_ids: Any) -> None:
         """A hot chunk's logprobs and token ids, as `_on_choice` folds them (the token capture mode's
@@ -281,6 +396,21 @@ class TokenArrays:
             if kept:
                 kept += b","
             kept += (written or orjson.dumps(items))[1:-1]
+
+    @property
+    def keeps_entries(self) -> bool:
+        """The logprob entries' JSON is kept (not only their floats)."""
+        return self._keep_entries
+
+    def extend_json(self, field: str, items: bytes) -> None:
+        """`extend` with the items already written: their JSON, comma-joined (maybe empty)."""
+        kept = self._lists.get(field)
+        if kept is None:
+            kept = self._lists[field] = bytearray()
+        if items:
+            if kept:
+                kept += b","
+            kept += items
 
     def merge_logprobs(self, current: dict[str, Any] | None, chunk: dict[str, Any],
                        lists: tuple[str, ...] = ("content", "refusal"), written: bytes | None = None) -> dict[str, Any]:

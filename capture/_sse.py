@@ -178,6 +178,16 @@ class SSEParser:
         self._irregular = self._at_stream_start = False
         return events
 
+    def takes_plain(self, chunk: bytes) -> bool:
+        """`feed_plain` could take ``chunk`` whole (whole events, LF line ends, between events), so
+        a caller that frames its plain events itself (the tap's templates) may, with `took_plain`."""
+        return not ((self._irregular and not self._plain_stream_start(chunk)) or self._skip_leading_lf or self._data_lines
+                    or self._event_type or self._discarding or self._block or chunk[-2:] != b"\n\n" or b"\r" in chunk)
+
+    def took_plain(self, field_lines: int) -> None:
+        """Plain events framed by the caller (`takes_plain`): their ``field_lines`` counted."""
+        self.field_lines += field_lines
+
     def feed_blocks(self, chunk: bytes) -> list[EventBlock]:
         """Frame ``chunk``: the blocks it completed, every byte of them as it came (`EventBlock`).
 

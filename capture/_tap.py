@@ -17,6 +17,7 @@ from ._categories import categorize_status
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import Decoder, make_decoder
+from ._event_templates import EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
@@ -48,6 +49,11 @@ class TapOutcome:
 #: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
 #: end with ``[DONE]`` or a chunk with an ``error``; Responses with its terminal events or an
 #: ``error`` event; Messages with ``message_stop`` or an ``error`` event.
+#: A stream learns at most this many event templates, and gives up learning after this many events
+#: that had none (a stream of tool-call deltas, or an upstream whose JSON is not compact).
+_MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
+_TOOL_CALLS = b"[TOOL_CALLS]"
+
 _TERMINAL_MARKERS = {"chat": (b"[DONE]", b"error"), "completions": (b"[DONE]", b"error"),
                      "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
                      "messages": (b"message_stop", b"error")}
@@ -64,14 +70,18 @@ class StreamTap:
         compact_arrays: bool = False,
         raw_window: int | None = None,
         cutter: "AddedFieldCutter | None" = None,
+        templates: bool = True,
     ) -> None:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
         cleanly (``--capture-raw-stream on-failure``, where the raw text is written only for a
         stream that failed); from the first fault on, everything is kept. ``cutter``: the token
         capture mode's (DESIGN §11): each event is parsed once for both, and `take_output` gives
-        the bytes for the client, the added fields cut."""
+        the bytes for the client, the added fields cut. ``templates``: learn the stream's repeated
+        events and take runs of them the fast way (`capture._event_templates`; off only to test
+        that the outcome is the same)."""
         self._parser = SSEParser(max_event_bytes)
+        self._max_event_bytes = max_event_bytes
         self._reassembler = REASSEMBLERS[dialect]()
         self._terminal_markers = _TERMINAL_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
@@ -86,6 +96,11 @@ class StreamTap:
             if cutter.cuts_logprobs:
                 self._reassembler.keep_logprob_entries = False
         self._framing_failed = False
+        learns = templates and hasattr(self._reassembler, "learn_template")
+        self._templates: list[EventTemplate] | None = [] if learns else None
+        self._learn_attempts = _LEARN_ATTEMPTS if learns else 0
+        #: Events taken by a template, not parsed one by one.
+        self.templated_events = 0
         self._raw = bytearray()
         self._raw_window = raw_window
         #: Bytes of raw text dropped from the front by the window.
@@ -156,6 +171,9 @@ class StreamTap:
             self._keep_raw(chunk)
         try:
             for piece, whole_events in self._plain_split(chunk):
+                if whole_events and self._templates is not None and self._parser.takes_plain(piece):
+                    self._take_templates(piece)
+                    continue
                 plain = self._parser.feed_plain(piece) if whole_events else None
                 if plain is not None:
                     self._cut_plain(plain)
@@ -182,6 +200,8 @@ class StreamTap:
                 try:
                     if type(payload) is dict:
                         reassembler.feed_payload(event_type, payload)
+                        if self._learn_attempts:
+                            self._learn(part, event_type, event_data, payload)
                     else:
                         reassembler.feed_data(event_type, event_data)
                 except Exception as exc:  # The output is complete whatever happens here.
@@ -250,18 +270,109 @@ class StreamTap:
         if self._failure is None:
             for piece, whole_events in self._plain_split(data):
                 try:
+                    if whole_events and self._templates is not None and self._parser.takes_plain(piece):
+                        self._take_templates(piece)
+                        continue
                     plain = self._parser.feed_plain(piece) if whole_events else None
                     if plain is not None:
-                        feed_data = self._reassembler.feed_data
-                        for event_type, event_data, _ in plain:
-                            feed_data(event_type, event_data)
-                        self.terminal = self._reassembler.terminal
+                        self._fold_plain(plain)
                         continue
                 except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
                     self._failure = f"{type(exc).__name__}: {exc}"
                     return False
                 self._parse_events(piece)
         return self.terminal
+
+    def _fold_plain(self, plain: list[tuple[str, bytes, bytes]]) -> None:
+        """The plain events of one read, folded (without a cutter)."""
+        reassembler = self._reassembler
+        feed_data = reassembler.feed_data
+        for event_type, event_data, part in plain:
+            feed_data(event_type, event_data)
+            if self._learn_attempts and not reassembler.terminal:
+                self._learn(part, event_type, event_data, None)
+        self.terminal = reassembler.terminal
+
+    def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any) -> None:
+        """Learn the template of a plain event just folded (and cut, with the cutter: its client's
+        bytes are the last output), if it is a shape the reassembler takes in runs."""
+        templates = self._templates
+        assert templates is not None
+        if any(template.take([part], 0, [[] for _ in template.kinds]) for template in templates):
+            return  # Taken the general way for another reason (a bad value, a tool call's text).
+        prefix = part[:len(part) - len(data)]
+        learnt = self._reassembler.learn_template(prefix, data, payload)  # type: ignore[attr-defined]
+        template = learnt[0] if learnt is not None else None
+        if template is not None and self._cutter is not None:
+            _, marked_part, marked_payload, markers = learnt  # type: ignore[misc]
+            cut = self._cutter.cut_template(marked_part, event_type, marked_part[len(prefix):], marked_payload)
+            columns: list[list[bytes]] = [[] for _ in template.kinds]
+            template.take([part], 0, columns)
+            if cut is None or not template.learn_output(cut[0], markers, cut[1], cut[2]) \
+                    or template.write(columns, 1) != self._output[-1]:
+                template = None
+        if template is None:
+            self._learn_attempts -= 1
+            return
+        template.maximum = self._max_event_bytes - 6
+        templates.append(template)
+        if len(templates) >= _MAX_TEMPLATES:
+            self._learn_attempts = 0
+
+    def _take_templates(self, piece: bytes) -> None:
+        """A piece of whole plain events (`SSEParser.takes_plain`): each run of events that fits a
+        learnt template taken at once (folded, and cut with the cutter), each other event the
+        general way (where a template may be learnt)."""
+        parts = piece[:-2].split(b"\n\n")
+        reassembler, parser, cutter = self._reassembler, self._parser, self._cutter
+        templates = self._templates
+        assert templates is not None
+        watch = cutter is not None and cutter.watches_tool_calls and _TOOL_CALLS in piece
+        at, end = 0, len(parts)
+        while at < end:
+            taken = 0
+            if self._failure is None and not reassembler.terminal and (cutter is None or cutter.takes_templates):
+                for template in templates:
+                    columns: list[list[bytes]] = [[] for _ in template.kinds]
+                    stop = template.take(parts, at, columns)
+                    if stop == at:
+                        continue
+                    count, decoded = template.checked(columns, stop - at)
+                    if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
+                        count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
+                    if not count:
+                        continue
+                    parser.took_plain(count * template.field_lines)
+                    if cutter is not None:
+                        _, _, cut_values, dropped = template.output  # type: ignore[misc]
+                        self._output.append(template.write(columns, count))
+                        cutter.took_template_events(count, cut_values, dropped)
+                    try:
+                        template.fold(columns, count, decoded)
+                    except Exception as exc:  # The output is complete whatever happens here.
+                        self._failure = f"{type(exc).__name__}: {exc}"
+                    taken = count
+                    self.templated_events += count
+                    break
+            if taken:
+                at += taken
+                continue
+            if cutter is None and self._failure is not None:
+                return  # Nothing more is parsed (`_observe`).
+            event = parts[at] + b"\n\n"
+            plain = parser.feed_plain(event)
+            if cutter is None:
+                if plain is not None:
+                    self._fold_plain(plain)
+                else:
+                    self._parse_events(event)
+            elif plain is not None:
+                self._cut_plain(plain)
+            else:
+                for block in parser.feed_blocks(event):
+                    self._cut_block(block)
+            at += 1
+        self.terminal = reassembler.terminal
 
     def _plain_split(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         """``chunk`` as the pieces to frame: the end of an event an earlier read began, the whole

@@ -146,6 +146,40 @@ class AddedFieldCutter:
             return b"".join((part[:a + offset], first, part[b + offset:c + offset], second, part[d + offset:], b"\n\n"))
         return spliced(part, [(start + offset, end + offset, value) for start, end, value in spans]) + b"\n\n"  # type: ignore[union-attr]
 
+    # -- event templates (the tap's fast path, `capture._event_templates`) -------------------
+
+    @property
+    def takes_templates(self) -> bool:
+        """Events may be cut by a learnt template: no Mistral tool call is being followed."""
+        return not self._tool_texts
+
+    @property
+    def watches_tool_calls(self) -> bool:
+        """A token text holding ``[TOOL_CALLS]`` changes what this cutter does next (it follows
+        Mistral's tool call to know which empty chunks are the parser's own)."""
+        return self._drop_empty_chunks
+
+    def cut_template(self, part: bytes, event_type: str, data: bytes, payload: dict[str, Any]
+                     ) -> Optional[tuple[bytes, int, bool]]:
+        """`cut_part` of an event with markers in its slots, leaving this cutter as it was: the cut
+        bytes, the values cut, whether the event is dropped. None when it could not be cut."""
+        if self._tool_texts:
+            return None
+        saved = self.cut_values, self.dropped_events, self._dropped_last, self.uncut_events
+        cut = self.cut_part(part, event_type, data, payload)
+        outcome = cut, self.cut_values - saved[0], self.dropped_events > saved[1]
+        uncut = self.uncut_events != saved[3]
+        self.cut_values, self.dropped_events, self._dropped_last, self.uncut_events = saved
+        self.written.clear()
+        return None if uncut else outcome
+
+    def took_template_events(self, count: int, cut_values: int, dropped: bool) -> None:
+        """``count`` events were cut by a template whose event has ``cut_values`` and ``dropped``."""
+        self.cut_values += cut_values * count
+        if dropped:
+            self.dropped_events += count
+        self._dropped_last = dropped
+
     # -- bodies ----------------------------------------------------------------------------
 
     def cut_body(self, body: bytes) -> bytes:

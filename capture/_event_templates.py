@@ -1,0 +1,299 @@
+"""Event templates: the tap's fast path for a stream's repeated event (issue 34).
+
+A streamed reply is one event over and over: a token's chunk, whose bytes differ from the last
+one's only in a few values (the token's text, its logprob, its id). Parsing each into a dict and
+folding it key by key costs microseconds of Python an event; a GPU server streams tens of
+thousands of them a second.
+
+So once the general path has parsed and folded such an event, the reassembler names its variable
+values (the slots: a text, a number, a list of ints) and the event's bytes are learnt as the
+constant segments between them. A later event that is exactly those segments around well-formed
+values of the slots' kinds is, as JSON, the same object with other values in the slots: its fold
+(and its cut, in the token capture mode) is known without parsing it. A run of such events costs a
+few byte searches an event; its values are checked, folded and cut once per run.
+
+Why this is the same outcome as the general path, whatever the bytes:
+
+- the segments are the template event's own bytes (learnt by serialising it with a marker in
+  each slot, then checked against the event as it came: an upstream that writes other JSON than
+  orjson's compact form gets no template);
+- a slot ends at the first occurrence of the next segment, and a value is taken only when it is
+  well-formed for its kind: a text with no quote and no backslash (so no escape, and no way to
+  end the string early), a JSON number, integers joined by commas. None of them can hold a quote
+  or a bracket, so the event cannot have another structure than the template's;
+- a run's texts are decoded by the JSON parser the general path uses (control characters and bad
+  UTF-8 rejected as there, each piece on its own when the run is not ASCII: two halves of a
+  character must not pass as one), its numbers by the same parser. The first value that fails
+  ends the run there; that event takes the general path, which says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from itertools import chain, repeat
+from typing import Any, Callable, Optional
+
+import orjson
+
+#: Slot kinds: the body of a JSON string with no escape; a JSON number; a list of integers (the
+#: slot is what stands between its brackets).
+TEXT, NUMBER, INTS = "text", "number", "ints"
+
+_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_NUMBERS = re.compile(_NUMBER + rb"(?:," + _NUMBER + rb")*")
+# As orjson writes one (no ``-0``), of at most 18 digits: orjson reads a longer one as a float,
+# which the general path keeps as such.
+_INT = rb"(?:0|-?[1-9][0-9]{0,17})"
+_INTS = re.compile(rb"(?:" + _INT + rb"(?:," + _INT + rb")*)?")
+
+#: A slot: its name (the fold's), where the value is in the payload (keys and list positions), its kind.
+Slot = tuple[Any, tuple[Any, ...], str]
+
+
+class EventTemplate:
+    """One learnt event shape: ``segments`` (k + 1 byte strings, the first with the event's SSE
+    line prefix) around k slots of ``kinds``. `take` collects a run of events of this shape;
+    `checked` says how many of them hold well-formed values and decodes them; ``fold`` (the
+    reassembler's) folds them; with the token capture mode, ``output`` (`learn_output`) writes the client's bytes."""
+
+    __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum")
+
+    def __init__(self, segments: list[bytes], kinds: tuple[str, ...], names: tuple[Any, ...],
+                 fold: Callable[[list[list[bytes]], int, list[Any]], None]) -> None:
+        self.segments = segments
+        self.kinds = kinds
+        #: Each column's slot name, in the order of the slots in the event's bytes.
+        self.names = names
+        #: ``fold(columns, count, decoded)``: the first ``count`` values of each slot's column, and
+        #: their values decoded (`checked`).
+        self.fold = fold
+        #: The client's bytes of one event as segments around the slots that survive the cut:
+        #: (segments, slot positions, cut values an event, dropped); None without the mode.
+        self.output: Optional[tuple[list[bytes], tuple[int, ...], int, bool]] = None
+        #: SSE field lines an event of this shape has (``data:``, and ``event:`` when named).
+        self.field_lines = segments[0].count(b"\n") + 1
+        #: Longer events take the general path (which drops one past the parser's bound).
+        self.maximum = 1 << 20
+        self._minimum = sum(map(len, segments))
+
+    def take(self, parts: list[bytes], start: int, columns: list[list[bytes]]) -> int:
+        """Collect the slot values of ``parts[start:]`` while they fit the segments; the end of the run.
+
+        The hot loop of the stream: a few byte searches an event, nothing parsed."""
+        segments, minimum, maximum = self.segments, self._minimum, self.maximum
+        first, last = segments[0], segments[-1]
+        head, tail = len(first), -len(last)
+        end = len(parts)
+        at = start
+        if len(segments) == 2:  # One slot: the common text chunk.
+            (column,) = columns
+            is_text = self.kinds[0] == TEXT
+            while at < end:
+                part = parts[at]
+                if not minimum <= len(part) <= maximum or not part.startswith(first) or not part.endswith(last):
+                    break
+                value = part[head:tail]
+                if is_text and (b'"' in value or b"\\" in value):
+                    break
+                column.append(value)
+                at += 1
+            return at
+        middle = segments[1:-1]
+        text_slots = [slot for slot, kind in enumerate(self.kinds) if kind == TEXT]
+        while at < end:
+            part = parts[at]
+            if not minimum <= len(part) <= maximum or not part.startswith(first) or not part.endswith(last):
+                break
+            position, stop = head, len(part) + tail
+            row = []
+            for segment in middle:
+                found = part.find(segment, position, stop)
+                if found < 0:
+                    return at
+                row.append(part[position:found])
+                position = found + len(segment)
+            row.append(part[position:stop])
+            for slot in text_slots:
+                value = row[slot]
+                if b'"' in value or b"\\" in value:
+                    return at
+            for column, value in zip(columns, row):
+                column.append(value)
+            at += 1
+        return at
+
+    def checked(self, columns: list[list[bytes]], count: int) -> tuple[int, list[Any]]:
+        """How many of the first ``count`` rows hold well-formed values of their kinds, and those
+        rows' values decoded per slot: a text slot's joined, a number slot's as a list (None for
+        a list of ints: its JSON is what is kept)."""
+        while count:
+            decoded: list[Any] = []
+            for column, kind in zip(columns, self.kinds):
+                if kind == TEXT:
+                    good, value = _texts(column, count)
+                elif kind == NUMBER:
+                    good, value = _numbers(column, count)
+                else:
+                    good, value = _well_formed(column, count, _INTS, skip_empty=True), None
+                if good < count:
+                    count = good  # Decoded again over the rows before the first bad one.
+                    break
+                decoded.append(value)
+            else:
+                return count, decoded
+        return 0, []
+
+    def learn_output(self, cut_marked: bytes, markers: list[bytes], cut_values: int, dropped: bool) -> bool:
+        """The token capture mode: the cutter's bytes for this event with a marker in each slot
+        (``cut_marked``) give the client's bytes of every event of the run. False when they cannot."""
+        split = split_at(cut_marked, markers)
+        if split is None or (split[1] and dropped):
+            return False
+        segments, slots = split
+        self.output = (segments, tuple(slots), cut_values, dropped)
+        return True
+
+    def write(self, columns: list[list[bytes]], count: int) -> bytes:
+        """The client's bytes of ``count`` events of the run (`learn_output`)."""
+        segments, slots, _, _ = self.output  # type: ignore[misc]
+        return written_rows(segments, [columns[slot] for slot in slots], count)
+
+
+def written_rows(segments: list[bytes], columns: list[list[bytes]], count: int) -> bytes:
+    """``count`` rows, each ``segments`` around one value of each column (len(segments) ==
+    len(columns) + 1), joined. Rows joined by a separator: append it to the last segment and
+    drop it from the end."""
+    if not columns:
+        return segments[0] * count
+    if len(columns) == 1:
+        values = columns[0][:count] if count < len(columns[0]) else columns[0]
+        return segments[0] + (segments[1] + segments[0]).join(values) + segments[1]
+    pieces: list[Any] = [repeat(segments[0], count)]
+    for position, column in enumerate(columns):
+        pieces += [column[:count], repeat(segments[position + 1], count)]
+    return b"".join(chain.from_iterable(zip(*pieces)))
+
+
+def split_at(marked: bytes, tokens: list[bytes]) -> Optional[tuple[list[bytes], list[int]]]:
+    """``marked`` cut at each of ``tokens`` found in it (each at most once): the segments around
+    them and which token each gap held, in the order they stand; None when one occurs twice."""
+    found = []
+    for position, token in enumerate(tokens):
+        at = marked.find(token)
+        if at >= 0:
+            if marked.find(token, at + 1) >= 0:
+                return None
+            found.append((at, position))
+    found.sort()
+    segments, start = [], 0
+    for at, position in found:
+        segments.append(marked[start:at])
+        start = at + len(tokens[position])
+    segments.append(marked[start:])
+    return segments, [position for _, position in found]
+
+
+def learn_template(prefix: bytes, data: bytes, payload: dict[str, Any], slots: list[Slot],
+                   ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
+    """The template of an event (``prefix``: its lines before the data value, e.g. ``data: ``),
+    or None when its bytes are not orjson's compact JSON of ``payload``. Also returned: the event
+    with a marker in each slot (its bytes and payload) and each slot's marker as written there,
+    in the template's column order (for `learn_output` and the fold's own segments). The caller
+    sets ``fold``."""
+    nonce = secrets.token_hex(6)
+    marked: Any = payload
+    tokens = []
+    for position, (_, path, kind) in enumerate(slots):
+        marker = f"mcc{nonce}s{position}"
+        marked = _put(marked, path, [marker] if kind == INTS else marker)
+        tokens.append(marker.encode() if kind == TEXT else b'"' + marker.encode() + b'"')
+    marked_data = orjson.dumps(marked)
+    split = split_at(marked_data, tokens)
+    if split is None or len(split[1]) != len(slots):
+        return None
+    segments, order = split
+    segments[0] = prefix + segments[0]
+    if any(not segment for segment in segments[1:-1]):
+        return None  # Two slots side by side: nothing would tell where one ends.
+    template = EventTemplate(segments, tuple(slots[slot][2] for slot in order), tuple(slots[slot][0] for slot in order),
+                             _no_fold)
+    columns: list[list[bytes]] = [[] for _ in order]
+    if template.take([prefix + data], 0, columns) != 1 or template.checked(columns, 1)[0] != 1:
+        return None
+    for column, slot in zip(columns, order):
+        _, path, kind = slots[slot]
+        expected = orjson.dumps(_at(payload, path))
+        if (expected[1:-1] if kind in (TEXT, INTS) else expected) != column[0]:
+            return None
+    return template, prefix + marked_data, marked, [tokens[slot] for slot in order]
+
+
+def _no_fold(columns: list[list[bytes]], count: int, decoded: list[Any]) -> None:
+    raise RuntimeError("a template's fold is set by the reassembler that learnt it")
+
+
+def _put(container: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """A copy of ``container`` with ``value`` at ``path`` (only the containers on the path copied)."""
+    copy = dict(container) if type(container) is dict else list(container)
+    copy[path[0]] = value if len(path) == 1 else _put(container[path[0]], path[1:], value)
+    return copy
+
+
+def _at(container: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        container = container[step]
+    return container
+
+
+def _texts(column: list[bytes], count: int) -> tuple[int, Optional[str]]:
+    """How many of the first ``count`` text bodies the JSON parser takes, and their text joined."""
+    joined = b"".join(column[:count]) if count < len(column) else b"".join(column)
+    try:
+        text = orjson.loads(b'"' + joined + b'"')
+        if joined.isascii():
+            return count, text
+    except orjson.JSONDecodeError:
+        pass
+    for position in range(count):  # Each on its own, as the general path parses them.
+        try:
+            orjson.loads(b'"' + column[position] + b'"')
+        except orjson.JSONDecodeError:
+            count = position
+            break
+    joined = b"".join(column[:count])
+    return count, joined.decode("utf-8")
+
+
+def _numbers(column: list[bytes], count: int) -> tuple[int, list[Any]]:
+    """How many of the first ``count`` numbers are one JSON number each, written as orjson writes
+    it (the general path keeps a re-serialised entry: a template keeps the bytes), and their values."""
+    values = column[:count] if count < len(column) else column
+    joined = b"[" + b",".join(values) + b"]"
+    if _NUMBERS.fullmatch(joined, 1, len(joined) - 1):
+        try:
+            parsed = orjson.loads(joined)
+            if orjson.dumps(parsed) == joined:
+                return count, parsed
+        except orjson.JSONDecodeError:  # Out of a double's range, as the general path finds too.
+            pass
+    parsed = []
+    for value in values:
+        try:
+            number = orjson.loads(value) if _NUMBERS.fullmatch(value) and b"," not in value else None
+        except orjson.JSONDecodeError:
+            break
+        if number is None or orjson.dumps(number) != value:
+            break
+        parsed.append(number)
+    return len(parsed), parsed
+
+
+def _well_formed(column: list[bytes], count: int, pattern: re.Pattern[bytes], skip_empty: bool = False) -> int:
+    values = column[:count] if count < len(column) else column
+    if pattern.fullmatch(b",".join(filter(None, values) if skip_empty else values)):
+        return count
+    for position, value in enumerate(values):
+        if not pattern.fullmatch(value):
+            return position
+    return count

@@ -1,0 +1,162 @@
+"""The tap's event templates (issue 34) change nothing but the speed: differential tests.
+
+A stream is generated from a model of vLLM's chat chunks (text, held-back tokens' empty deltas,
+logprob entries, token ids, several tokens a chunk), then spoilt the ways real bytes go wrong
+between one event and the next (escapes and quotes in a text, control characters, bad UTF-8, half
+a character in each of two events, a number orjson would write otherwise, an id too long for an
+int, spaces, an event that is another shape, ``[TOOL_CALLS]``). The same bytes, whole, one event a
+read and at random splits, go through a tap that learns templates and one that does not: the
+capture (the line's response, category, failure), the counters, the SSE framing's count and, with
+the token capture mode's cutter, every byte the client gets must be the same.
+"""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capture import AddedFieldCutter, StreamTap, token_fields_to_add
+from capture._event_templates import INTS, NUMBER, TEXT, learn_template
+
+from .capture_outcomes import outcome_with_cut_entries
+
+HEAD = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1796084163, "model": "m"}
+REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+#: Texts a token may have: plain, with what a template must not take (a quote, a backslash, a
+#: control character), non-ASCII, the Mistral marker.
+TEXTS = st.sampled_from([" the", "lo", "", " é", "日本", "\"", "a\\b", "\n", "\t", "[TOOL_CALLS]", "x\x7f", "\u2028"])
+
+
+@st.composite
+def chat_stream(draw: st.DrawFn) -> list[bytes]:
+    """One vLLM-shaped chat stream's event data, spoilt here and there."""
+    logprobs = draw(st.booleans())
+    token_ids = draw(st.booleans())
+    events = [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}],
+                            "prompt_token_ids": [1, 2] if token_ids else None})]
+    for position in range(draw(st.integers(1, 40))):
+        per_chunk = draw(st.sampled_from([1, 1, 1, 2]))
+        texts = [draw(TEXTS) for _ in range(per_chunk)]
+        held_back = draw(st.integers(0, 9)) == 0
+        choice: dict = {"index": 0, "delta": {} if held_back else {draw(st.sampled_from(["content", "content", "reasoning_content"])): "".join(texts)},
+                        "logprobs": {"content": [{"token": text, "logprob": -0.25 - position / 8 - number / 16,
+                                                  "bytes": list(text.encode()), "top_logprobs": []}
+                                                 for number, text in enumerate(texts)]} if logprobs else None,
+                        "finish_reason": None}
+        if token_ids:
+            choice["token_ids"] = [1000 + position * 2 + number for number in range(per_chunk)]
+        events.append(orjson.dumps({**HEAD, "choices": [choice]}))
+        spoil = draw(st.integers(0, 14))
+        if spoil == 1:  # Half a character in this event's text, the other half in the next event's.
+            events[-1] = events[-1].replace(b'":"', b'":"\xe2\x82', 1) if b'"content":"' in events[-1] else events[-1]
+            events.append(orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": "\u00ac"[:0] + "z"},
+                                                             "logprobs": None, "finish_reason": None}]}).replace(b'"z"', b'"\xacz"'))
+        elif spoil == 2:
+            events[-1] = events[-1].replace(b"-0.", b"-00.", 1)  # Not JSON.
+        elif spoil == 3:
+            events[-1] = events[-1].replace(b"5,", b"50,", 1).replace(b"25", b"250", 1)  # A number orjson writes otherwise.
+        elif spoil == 4 and token_ids:
+            events[-1] = events[-1].replace(b'"token_ids":[', b'"token_ids":[123456789012345678901,', 1)
+        elif spoil == 5:
+            events[-1] = events[-1].replace(b'"index":0', b'"index": 0', 1)  # Another writer's spacing.
+        elif spoil == 6:
+            events[-1] = events[-1][:-2]  # Cut short.
+        elif spoil == 7:
+            events[-1] = events[-1].replace(b'"finish_reason":null', b'"finish_reason":null,"extra":1', 1)
+        elif spoil == 8 and b'"content":"' in events[-1]:
+            events[-1] = events[-1].replace(b'"content":"', b'"content":"\x01', 1)  # A raw control character.
+        elif spoil == 9 and logprobs:
+            events[-1] = events[-1].replace(b'"logprob":-', b'"logprob":-1e999', 1).replace(b"-1e9990.", b"-1e999", 1)
+        elif spoil == 10 and b'"content":"' in events[-1]:
+            events[-1] = events[-1].replace(b'"content":"', b'"content":"\xff', 1)  # Not UTF-8.
+    last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    if token_ids:
+        last["token_ids"] = []
+    events.append(orjson.dumps({**HEAD, "choices": [last]}))
+    events.append(orjson.dumps({**HEAD, "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}}))
+    events.append(b"[DONE]")
+    return events
+
+
+def _pieces(body: bytes, events: list[bytes], seed: int) -> dict[str, list[bytes]]:
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, 12)))
+    one_a_read = [b"data: " + event + b"\n\n" for event in events]
+    halves = [one_a_read[at:at + 5] for at in range(0, len(one_a_read), 5)]
+    return {"whole": [body], "one event a read": one_a_read, "five a read": [b"".join(group) for group in halves],
+            "random": [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]}
+
+
+def _tap_through(pieces: list[bytes], templates: bool, cut: bool, request: dict) -> tuple[StreamTap, bytes, int]:
+    cutter = AddedFieldCutter("chat", token_fields_to_add("chat", request), request) if cut else None
+    tap = StreamTap("chat", cutter=cutter, templates=templates)
+    out, terminal_at = [], -1
+    for position, piece in enumerate(pieces):
+        if tap.feed(piece) and terminal_at < 0:
+            terminal_at = position
+        out.append(tap.take_output())
+    return tap, b"".join(out) + tap.close_output(), terminal_at
+
+
+def _same(pieces: list[bytes], cut: bool, request: dict) -> int:
+    """Asserts the two taps agree on everything; the events the template tap took in runs."""
+    fast, fast_out, fast_terminal = _tap_through(pieces, True, cut, request)
+    slow, slow_out, slow_terminal = _tap_through(pieces, False, cut, request)
+    assert fast_terminal == slow_terminal
+    assert fast.has_content == slow.has_content
+    assert fast._parser.field_lines == slow._parser.field_lines
+    assert fast.generated_so_far() == slow.generated_so_far()
+    assert fast.collected_arrays() == slow.collected_arrays()
+    if cut:
+        assert fast_out == slow_out
+        for counter in ("cut_values", "dropped_events", "uncut_events"):
+            assert getattr(fast.cutter, counter) == getattr(slow.cutter, counter), counter
+    assert fast.finish(200) == slow.finish(200)
+    return len(fast._templates or ())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chat_stream(), st.booleans(), st.sampled_from([{}, {"logprobs": True}, {"return_token_ids": True}]))
+def test_a_tap_with_templates_captures_and_cuts_what_one_without_does(events, cut, asked):
+    body = b"".join(b"data: " + event + b"\n\n" for event in events)
+    for pieces in _pieces(body, events, seed=len(body)).values():
+        _same(pieces, cut, {**REQUEST, **asked})
+
+
+def test_templates_take_the_runs_of_a_clean_stream():
+    """The fast path is taken (a test that the differential one is not comparing two slow paths)."""
+    events = [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]})]
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "logprobs": {"content": [
+        {"token": f" t{i}", "logprob": -0.5, "bytes": [32, 116], "top_logprobs": []}]}, "finish_reason": None,
+        "token_ids": [i]}]}) for i in range(50)]
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}), b"[DONE]"]
+    body = b"".join(b"data: " + event + b"\n\n" for event in events)
+    for cut in (False, True):
+        for pieces in ([body], [b"data: " + event + b"\n\n" for event in events]):
+            cutter = AddedFieldCutter("chat", token_fields_to_add("chat", REQUEST), REQUEST) if cut else None
+            tap = StreamTap("chat", cutter=cutter)
+            assert sum(tap.feed(piece) for piece in pieces) == 1
+            assert tap.templated_events == 49, "the first token's chunk is learnt, the 49 after it are taken"
+            assert outcome_with_cut_entries(tap).response["choices"][0]["message"]["content"] == "".join(
+                f" t{i}" for i in range(50))
+            assert _same(pieces, cut, REQUEST) == 1
+
+
+@pytest.mark.parametrize("kind, value, written", [(TEXT, "é x", "é x".encode()), (NUMBER, -0.5, b"-0.5"), (INTS, [1, 22], b"1,22")])
+def test_a_template_is_learnt_only_from_compact_json(kind, value, written):
+    payload = {"a": 1, "v": value, "z": None}
+    data = orjson.dumps(payload)
+    learnt = learn_template(b"data: ", data, payload, [("v", ("v",), kind)])
+    assert learnt is not None
+    template = learnt[0]
+    columns: list[list[bytes]] = [[]]
+    assert template.take([b"data: " + data], 0, columns) == 1 and columns == [[written]]
+    spaced = data.replace(b'"a":1', b'"a": 1')
+    assert learn_template(b"data: ", spaced, payload, [("v", ("v",), kind)]) is None
