@@ -333,11 +333,10 @@ class StreamTap:
             taken = 0
             if self._failure is None and not reassembler.terminal and (cutter is None or cutter.takes_templates):
                 for template in templates:
-                    columns: list[list[bytes]] = [[] for _ in template.kinds]
-                    stop = template.take(parts, at, columns)
-                    if stop == at:
+                    count, columns = template.take_run(parts, at)
+                    if not count:
                         continue
-                    count, decoded = template.checked(columns, stop - at)
+                    count, decoded = template.checked(columns, count)
                     if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
                         count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
                     if not count:
