@@ -50,6 +50,8 @@ _INTS = re.compile(rb"(?:" + _INT + rb"(?:," + _INT + rb")*)?")
 #: Stands for each constant segment while a run's values are split out: no event's text holds it
 #: (a raw control character is not JSON), and a run that did is rebuilt wrong and not taken so.
 _SEPARATOR = b"\x00"
+#: Events split out at once: bytes.replace searches a haystack under 30,000 bytes the fast way.
+_SPLIT_EVENTS = 64
 
 #: A slot: its name (the fold's), where the value is in the payload (keys and list positions), its kind.
 Slot = tuple[Any, tuple[Any, ...], str]
@@ -61,8 +63,7 @@ class EventTemplate:
     `checked` says how many of them hold well-formed values and decodes them; ``fold`` (the
     reassembler's) folds them; with the token capture mode, ``output`` (`learn_output`) writes the client's bytes."""
 
-    __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum", "_ended",
-                 "_boundary")
+    __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum", "_inner")
 
     def __init__(self, segments: list[bytes], kinds: tuple[str, ...], names: tuple[Any, ...],
                  fold: Callable[[list[list[bytes]], int, list[Any]], None]) -> None:
@@ -82,16 +83,17 @@ class EventTemplate:
         self.maximum = 1 << 20
         self._minimum = sum(map(len, segments))
         #: The segments with the event's blank line after the last; the bytes between two events.
-        self._ended = [*segments[:-1], segments[-1] + b"\n\n"]
-        self._boundary = segments[-1] + b"\n\n" + segments[0]
+        #: The segments between the slots, each event's middle ended by the separator (`_split_run`).
+        self._inner = [b"", *segments[1:-1], _SEPARATOR]
 
-    def take_run(self, parts: list[bytes], start: int) -> tuple[int, list[list[bytes]]]:
+    def take_run(self, parts: list[bytes], start: int, shortest: int = 1) -> tuple[int, list[list[bytes]]]:
         """The run of events of this shape at ``parts[start]`` (each an event without its blank
-        line): how many, and each slot's values (a column). Most of the work is done in C over the
-        run's bytes at once: each constant segment replaced by a separator, the values split out,
-        and the run rebuilt from them and compared with its bytes -- whatever the split did, the
-        run is taken only when it is exactly these segments around these values (and `checked`
-        finds the values well-formed). Otherwise event by event (`take`)."""
+        line): how many, and each slot's values (a column). Past the first and last segments (each
+        event's checked), the work is done in C over the run's middles at once: each inner segment
+        replaced by a separator, the values split out, and the middles rebuilt from them and
+        compared -- whatever the split did, the run is taken only when it is exactly these segments
+        around these values (and `checked` finds the values well-formed). Otherwise event by event
+        (`take`). A run shorter than ``shortest`` is counted, not taken (no columns)."""
         first, last, minimum, maximum = self.segments[0], self.segments[-1], self._minimum, self.maximum
         stop = start
         for part in parts[start:] if start else parts:
@@ -99,8 +101,8 @@ class EventTemplate:
                 break
             stop += 1
         count = stop - start
-        if not count:
-            return 0, []
+        if count < shortest:
+            return count, []
         last_part = parts[stop - 1]
         if count > 1 and not all(segment in last_part for segment in self.segments[1:-1]):
             count -= 1  # The stream's last token chunk (its finish reason set) often ends like the others.
@@ -111,22 +113,31 @@ class EventTemplate:
         return self.take(parts, start, columns) - start, columns
 
     def _split_run(self, parts: list[bytes], start: int, count: int) -> Optional[list[list[bytes]]]:
-        """`take_run`'s C way for ``parts[start:start + count]``; None when they are not all this shape."""
-        run = b"\n\n".join(parts[start:start + count]) + b"\n\n"
-        body = run[len(self.segments[0]):len(run) - len(self.segments[-1]) - 2].replace(self._boundary, _SEPARATOR)
-        for segment in self.segments[1:-1]:
-            body = body.replace(segment, _SEPARATOR)
-        values = body.split(_SEPARATOR)
+        """`take_run`'s C way for ``parts[start:start + count]``, each known to begin and end with
+        the first and last segments; None when they are not all this shape."""
+        head, tail = len(self.segments[0]), -len(self.segments[-1])
+        middles = [part[head:tail] for part in parts[start:start + count]]
         slots = len(self.kinds)
-        if len(values) != slots * count:
-            return None
-        columns = [values[slot::slots] for slot in range(slots)] if slots > 1 else [values]
+        if slots == 1:  # Nothing to split: the value is what the two segments leave.
+            columns = [middles]
+        else:
+            values: list[bytes] = []
+            for at in range(0, count, _SPLIT_EVENTS):
+                body = _SEPARATOR.join(middles[at:at + _SPLIT_EVENTS])
+                for segment in self.segments[1:-1]:
+                    body = body.replace(segment, _SEPARATOR)
+                values += body.split(_SEPARATOR)
+            if len(values) != slots * count:
+                return None
+            columns = [values[slot::slots] for slot in range(slots)]
+            if written_rows(self._inner, columns, count) != _SEPARATOR.join(middles) + _SEPARATOR:
+                return None
         for column, kind in zip(columns, self.kinds):
             if kind == TEXT:
                 joined = b"".join(column)
                 if b'"' in joined or b"\\" in joined:
                     return None
-        return columns if written_rows(self._ended, columns, count) == run else None
+        return columns
 
     def take(self, parts: list[bytes], start: int, columns: list[list[bytes]]) -> int:
         """Collect the slot values of ``parts[start:]`` while they fit the segments; the end of the run.

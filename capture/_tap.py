@@ -52,6 +52,9 @@ class TapOutcome:
 #: A stream learns at most this many event templates, and gives up learning after this many events
 #: that had none (a stream of tool-call deltas, or an upstream whose JSON is not compact).
 _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
+#: Runs shorter than this take the general way: a run's fixed cost (some C calls per slot) is about
+#: what three events cost the general way (`benchmarks/bench_reassembly.py`).
+_SHORTEST_RUN = 4
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
 _TERMINAL_MARKERS = {"chat": (b"[DONE]", b"error"), "completions": (b"[DONE]", b"error"),
@@ -171,7 +174,7 @@ class StreamTap:
             self._keep_raw(chunk)
         try:
             for piece, whole_events in self._plain_split(chunk):
-                if whole_events and self._templates is not None and self._parser.takes_plain(piece):
+                if whole_events and self._templates_may_take(piece):
                     self._take_templates(piece)
                     continue
                 plain = self._parser.feed_plain(piece) if whole_events else None
@@ -187,7 +190,7 @@ class StreamTap:
         self.terminal = self._reassembler.terminal
         return self.terminal
 
-    def _cut_plain(self, plain: list[tuple[str, bytes, bytes]]) -> None:
+    def _cut_plain(self, plain: list[tuple[str, bytes, bytes]], learn: bool = False) -> None:
         """The plain events of one read: each parsed once, cut, then folded (the hot path: inline)."""
         cutter, output, written, reassembler = self._cutter, self._output, self._written, self._reassembler
         for event_type, event_data, part in plain:
@@ -200,7 +203,7 @@ class StreamTap:
                 try:
                     if type(payload) is dict:
                         reassembler.feed_payload(event_type, payload)
-                        if self._learn_attempts:
+                        if learn and self._learn_attempts:
                             self._learn(part, event_type, event_data, payload)
                     else:
                         reassembler.feed_data(event_type, event_data)
@@ -270,7 +273,7 @@ class StreamTap:
         if self._failure is None:
             for piece, whole_events in self._plain_split(data):
                 try:
-                    if whole_events and self._templates is not None and self._parser.takes_plain(piece):
+                    if whole_events and self._templates_may_take(piece):
                         self._take_templates(piece)
                         continue
                     plain = self._parser.feed_plain(piece) if whole_events else None
@@ -283,23 +286,28 @@ class StreamTap:
                 self._parse_events(piece)
         return self.terminal
 
-    def _fold_plain(self, plain: list[tuple[str, bytes, bytes]]) -> None:
-        """The plain events of one read, folded (without a cutter)."""
+    def _fold_plain(self, plain: list[tuple[str, bytes, bytes]], learn: bool = False) -> None:
+        """The plain events of one read, folded (without a cutter); ``learn``: a template may be
+        learnt from them."""
         reassembler = self._reassembler
         feed_data = reassembler.feed_data
         for event_type, event_data, part in plain:
             feed_data(event_type, event_data)
-            if self._learn_attempts and not reassembler.terminal:
+            if learn and self._learn_attempts and not reassembler.terminal:
                 self._learn(part, event_type, event_data, None)
         self.terminal = reassembler.terminal
+
+    def _templates_may_take(self, piece: bytes) -> bool:
+        """``piece`` (whole events) holds enough plain events for a template's run to pay: a run
+        costs some microseconds however short, then a fraction of the general way an event."""
+        return (self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1
+                and self._parser.takes_plain(piece))
 
     def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any) -> None:
         """Learn the template of a plain event just folded (and cut, with the cutter: its client's
         bytes are the last output), if it is a shape the reassembler takes in runs."""
         templates = self._templates
         assert templates is not None
-        if any(template.take([part], 0, [[] for _ in template.kinds]) for template in templates):
-            return  # Taken the general way for another reason (a bad value, a tool call's text).
         prefix = part[:len(part) - len(data)]
         learnt = self._reassembler.learn_template(prefix, data, payload)  # type: ignore[attr-defined]
         template = learnt[0] if learnt is not None else None
@@ -330,15 +338,17 @@ class StreamTap:
         watch = cutter is not None and cutter.watches_tool_calls and _TOOL_CALLS in piece
         at, end = 0, len(parts)
         while at < end:
-            taken = 0
-            if self._failure is None and not reassembler.terminal and (cutter is None or cutter.takes_templates):
+            taken, fits = 0, False
+            if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal \
+                    and (cutter is None or cutter.takes_templates):
                 for template in templates:
-                    count, columns = template.take_run(parts, at)
-                    if not count:
+                    count, columns = template.take_run(parts, at, _SHORTEST_RUN)
+                    fits = fits or count > 0
+                    if count < _SHORTEST_RUN:
                         continue
-                    count, decoded = template.checked(columns, count)
                     if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
                         count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
+                    count, decoded = template.checked(columns, count)
                     if not count:
                         continue
                     parser.took_plain(count * template.field_lines)
@@ -358,15 +368,16 @@ class StreamTap:
                 continue
             if cutter is None and self._failure is not None:
                 return  # Nothing more is parsed (`_observe`).
+            # One event the general way; one no template fits may teach a new one.
             event = parts[at] + b"\n\n"
             plain = parser.feed_plain(event)
             if cutter is None:
                 if plain is not None:
-                    self._fold_plain(plain)
+                    self._fold_plain(plain, learn=not fits)
                 else:
                     self._parse_events(event)
             elif plain is not None:
-                self._cut_plain(plain)
+                self._cut_plain(plain, learn=not fits)
             else:
                 for block in parser.feed_blocks(event):
                     self._cut_block(block)

@@ -27,9 +27,10 @@ from .capture_outcomes import outcome_with_cut_entries
 HEAD = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1796084163, "model": "m"}
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
-#: Texts a token may have: plain, with what a template must not take (a quote, a backslash, a
-#: control character), non-ASCII, the Mistral marker.
-TEXTS = st.sampled_from([" the", "lo", "", " é", "日本", "\"", "a\\b", "\n", "\t", "[TOOL_CALLS]", "x\x7f", "\u2028"])
+#: Texts a token may have: mostly plain or non-ASCII, one in eight with what a template must not
+#: take (a quote, a backslash, a control character) or the Mistral marker.
+TEXTS = st.tuples(st.integers(0, 7), st.sampled_from([" the", "lo", "", " é", "日本", " a", "x\x7f", "\u2028"]),
+                  st.sampled_from(["\"", "a\\b", "\n", "\t", "[TOOL_CALLS]"])).map(lambda drawn: drawn[2] if drawn[0] == 0 else drawn[1])
 
 
 @st.composite
@@ -37,14 +38,15 @@ def chat_stream(draw: st.DrawFn) -> list[bytes]:
     """One vLLM-shaped chat stream's event data, spoilt here and there."""
     logprobs = draw(st.booleans())
     token_ids = draw(st.booleans())
+    key = draw(st.sampled_from(["content", "reasoning_content"]))
     events = [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                  "logprobs": None, "finish_reason": None}],
                             "prompt_token_ids": [1, 2] if token_ids else None})]
-    for position in range(draw(st.integers(1, 40))):
-        per_chunk = draw(st.sampled_from([1, 1, 1, 2]))
+    for position in range(draw(st.integers(1, 60))):
+        per_chunk = draw(st.sampled_from([1] * 7 + [2]))
         texts = [draw(TEXTS) for _ in range(per_chunk)]
-        held_back = draw(st.integers(0, 9)) == 0
-        choice: dict = {"index": 0, "delta": {} if held_back else {draw(st.sampled_from(["content", "content", "reasoning_content"])): "".join(texts)},
+        held_back = draw(st.integers(0, 14)) == 0
+        choice: dict = {"index": 0, "delta": {} if held_back else {key: "".join(texts)},
                         "logprobs": {"content": [{"token": text, "logprob": -0.25 - position / 8 - number / 16,
                                                   "bytes": list(text.encode()), "top_logprobs": []}
                                                  for number, text in enumerate(texts)]} if logprobs else None,
@@ -52,7 +54,7 @@ def chat_stream(draw: st.DrawFn) -> list[bytes]:
         if token_ids:
             choice["token_ids"] = [1000 + position * 2 + number for number in range(per_chunk)]
         events.append(orjson.dumps({**HEAD, "choices": [choice]}))
-        spoil = draw(st.integers(0, 14))
+        spoil = draw(st.integers(0, 40))
         if spoil == 1:  # Half a character in this event's text, the other half in the next event's.
             events[-1] = events[-1].replace(b'":"', b'":"\xe2\x82', 1) if b'"content":"' in events[-1] else events[-1]
             events.append(orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": "\u00ac"[:0] + "z"},
@@ -121,7 +123,7 @@ def _same(pieces: list[bytes], cut: bool, request: dict) -> int:
     return len(fast._templates or ())
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chat_stream(), st.booleans(), st.sampled_from([{}, {"logprobs": True}, {"return_token_ids": True}]))
 def test_a_tap_with_templates_captures_and_cuts_what_one_without_does(events, cut, asked):
     body = b"".join(b"data: " + event + b"\n\n" for event in events)
@@ -143,10 +145,10 @@ def test_templates_take_the_runs_of_a_clean_stream():
             cutter = AddedFieldCutter("chat", token_fields_to_add("chat", REQUEST), REQUEST) if cut else None
             tap = StreamTap("chat", cutter=cutter)
             assert sum(tap.feed(piece) for piece in pieces) == 1
-            assert tap.templated_events == 49, "the first token's chunk is learnt, the 49 after it are taken"
+            assert tap.templated_events == (49 if len(pieces) == 1 else 0), "taken in runs from one read"
             assert outcome_with_cut_entries(tap).response["choices"][0]["message"]["content"] == "".join(
                 f" t{i}" for i in range(50))
-            assert _same(pieces, cut, REQUEST) == 1
+            assert _same(pieces, cut, REQUEST) == (1 if len(pieces) == 1 else 0)
 
 
 @pytest.mark.parametrize("kind, value, written", [(TEXT, "é x", "é x".encode()), (NUMBER, -0.5, b"-0.5"), (INTS, [1, 22], b"1,22")])
