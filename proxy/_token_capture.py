@@ -136,13 +136,25 @@ class TokenCapture:
                 spans = resolved_spans(record.weight_versions, len(entry["generation_token_ids"]))
                 if spans is not None:  # Extra keys: Gym's entries allow them (issue 32).
                     entry["weight_versions"], entry["weight_version_source"] = spans, record.weight_version_source
-                outcome = self.files.append(entry)
+                outcome, start, end = self.files.append_indexed(entry)
                 self._metrics.token_entries.labels(outcome).inc()
+                if start is not None:
+                    self._indexed(plan.rollout_id, entry, start, end)
                 written += 1
         except Exception as exc:
             self._failed(plan, exc)
             return False
         return written == len(plan.entry_ids)
+
+    def _indexed(self, rollout_id: str, entry: dict[str, Any], start: int, end: Optional[int]) -> None:
+        """The rollout's lineage takes the entry just written as it is, when it had read the file up
+        to the entry's line (no other writer in between): the next call's `refresh` does not read
+        it back (issue 34)."""
+        with self._lock:
+            lineage = self._lineages.get(rollout_id)
+            if lineage is not None and lineage.offset == start and end is not None:
+                lineage.add(start, entry)
+                lineage.offset = end
 
     def _failed(self, plan: TokenPlan, exc: Exception) -> None:
         self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import tempfile
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
@@ -69,18 +68,23 @@ class TokenFiles:
         """Write one entry durably: ``written``, ``same`` (this exact entry is already there) or
         ``late`` (the rollout is frozen or retired: kept in the late file). ValueError when the
         call id is already there with other content (the rollout is then marked incomplete)."""
+        return self.append_indexed(entry)[0]
+
+    def append_indexed(self, entry: dict[str, Any]) -> tuple[str, Optional[int], Optional[int]]:
+        """`append`, and where a ``written`` entry's line starts and ends in the file (a reader
+        that had read up to its start may take the entry as it is instead of reading it back)."""
         payload = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
         rollout_id, call_id = entry["rollout_id"], entry["model_call_id"]
         with self._locked(rollout_id):
             state = self._state(rollout_id)
             if state.get("retired") or state.get("frozen"):
                 _append_durably(self.path(rollout_id, ".tokens.late.jsonl"), payload + b"\n")
-                return "late"
+                return "late", None, None
             self._index_tail(rollout_id, state)
             digest = hashlib.sha256(payload).hexdigest()
             known = state["entry_digests"].get(call_id)
             if known == digest:
-                return "same"
+                return "same", None, None
             if known is not None:
                 state.update(incomplete=True, version=state["version"] + 1)
                 self._write_state(rollout_id, state, durable=True)
@@ -90,7 +94,7 @@ class TokenFiles:
             state["version"] += 1
             # The entry's fsync is the promise; the index is rebuilt from the tail if this is lost.
             self._write_state(rollout_id, state, durable=False)
-            return "written"
+            return "written", state["indexed_size"] - len(payload) - 1, state["indexed_size"]
 
     def mark_incomplete(self, rollout_id: str, model_call_id: str) -> None:
         """Durably note that a call's entry could not be written (the rollout is unsafe to train on)."""
@@ -194,7 +198,10 @@ class TokenFiles:
         """Index entries written after the state was (a writer stopped between its two writes),
         and cut a torn last line, which nobody was told was written."""
         path = self.path(rollout_id)
-        size = os.path.getsize(path) if os.path.exists(path) else 0
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            size = 0
         digests = state.setdefault("entry_digests", {})
         indexed = state.get("indexed_size") if isinstance(state.get("indexed_size"), int) else 0
         if indexed == size:
@@ -215,23 +222,34 @@ class TokenFiles:
         state["indexed_size"] = indexed + position
 
     def _write_state(self, rollout_id: str, state: dict[str, Any], durable: bool) -> None:
+        """Replace the state file atomically: a new file, then a rename. The new file is named for
+        the rollout, this process and this thread: two writers of one name would be one thread, or
+        two processes (in two containers: pids repeat) writing one rollout under its lock at once."""
         payload = orjson.dumps(state, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
-        handle = tempfile.NamedTemporaryFile(dir=self.directory, prefix=".tokens-state-", delete=False)
+        target = self.path(rollout_id, ".tokens.state.json")
+        staging = os.path.join(self.directory, f".{rollout_id}.tokens-state-{os.getpid()}-{threading.get_ident()}.tmp")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            with handle:
-                handle.write(payload)
-                handle.flush()
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
                 if durable:
-                    os.fsync(handle.fileno())
-            os.replace(handle.name, self.path(rollout_id, ".tokens.state.json"))
-            identity = _identity(os.stat(self.path(rollout_id, ".tokens.state.json")))
-            with self._states_lock:
-                self._states[rollout_id] = (identity, state)
-                if len(self._states) > _STATES_KEPT:
-                    self._states.pop(next(iter(self._states)))
-        finally:
-            if os.path.exists(handle.name):
-                os.unlink(handle.name)
+                    os.fsync(fd)
+                identity = _identity(os.fstat(fd))  # A rename keeps the inode, size and mtime.
+            finally:
+                os.close(fd)
+            os.replace(staging, target)
+        except BaseException:
+            try:
+                os.unlink(staging)
+            except FileNotFoundError:
+                pass
+            raise
+        with self._states_lock:
+            self._states[rollout_id] = (identity, state)
+            if len(self._states) > _STATES_KEPT:
+                self._states.pop(next(iter(self._states)))
         if durable:
             fsync_directory(self.directory)
 
