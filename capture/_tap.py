@@ -53,7 +53,8 @@ class TapOutcome:
 #: that had none (a stream of tool-call deltas, or an upstream whose JSON is not compact).
 _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
 #: Runs shorter than this take the general way: a run's fixed cost (some C calls per slot) is about
-#: what three events cost the general way (`benchmarks/bench_reassembly.py`).
+#: what three events cost the general way. A read of one event (a GPU's pace) is never a run: its
+#: events cost the general way's, plus one byte count (in process: 4.8 -> 5.1 us an event).
 _SHORTEST_RUN = 4
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
@@ -174,7 +175,8 @@ class StreamTap:
             self._keep_raw(chunk)
         try:
             for piece, whole_events in self._plain_split(chunk):
-                if whole_events and self._templates_may_take(piece):
+                if whole_events and self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
+                        and self._parser.takes_plain(piece):  # Enough events for a template's run to pay.
                     self._take_templates(piece)
                     continue
                 plain = self._parser.feed_plain(piece) if whole_events else None
@@ -273,7 +275,8 @@ class StreamTap:
         if self._failure is None:
             for piece, whole_events in self._plain_split(data):
                 try:
-                    if whole_events and self._templates_may_take(piece):
+                    if whole_events and self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
+                            and self._parser.takes_plain(piece):
                         self._take_templates(piece)
                         continue
                     plain = self._parser.feed_plain(piece) if whole_events else None
@@ -296,12 +299,6 @@ class StreamTap:
             if learn and self._learn_attempts and not reassembler.terminal:
                 self._learn(part, event_type, event_data, None)
         self.terminal = reassembler.terminal
-
-    def _templates_may_take(self, piece: bytes) -> bool:
-        """``piece`` (whole events) holds enough plain events for a template's run to pay: a run
-        costs some microseconds however short, then a fraction of the general way an event."""
-        return (self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1
-                and self._parser.takes_plain(piece))
 
     def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any) -> None:
         """Learn the template of a plain event just folded (and cut, with the cutter: its client's
