@@ -61,11 +61,11 @@ def messages_events() -> list[bytes]:
                      _sse("message_stop", {"type": "message_stop"})]
 
 
-def best_seconds(dialect: str, chunks: list[bytes]) -> float:
+def best_seconds(dialect: str, chunks: list[bytes], templates: bool = True) -> float:
     best = float("inf")
     for _ in range(ROUNDS):
         started = time.perf_counter()
-        tap = StreamTap(dialect)
+        tap = StreamTap(dialect, templates=templates)
         for chunk in chunks:
             tap.feed(chunk)
         outcome = tap.finish(200)
@@ -76,14 +76,19 @@ def best_seconds(dialect: str, chunks: list[bytes]) -> float:
 
 def main() -> None:
     print(f"# Tap throughput (parse + reassemble), one core, Python {sys.version.split()[0]}\n")
-    print("| dialect | chunking | events | events/s | MB/s |")
-    print("|---|---|---:|---:|---:|")
+    print("Event templates (issue 34) take runs of a stream's repeated chunk in one read; chat learns them,")
+    print("the other dialects parse every event. 'general' is the same tap with templates off.\n")
+    print("| dialect | chunking | events | events/s | MB/s | events/s, general | templates / general |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for dialect, build in (("chat", chat_events), ("responses", responses_events), ("messages", messages_events)):
         events = build()
         body = b"".join(events)
-        for label, chunks in (("one event per chunk", events), ("4 KiB chunks", [body[i:i + 4096] for i in range(0, len(body), 4096)])):
+        for label, chunks in (("one event per chunk", events), ("4 KiB chunks", [body[i:i + 4096] for i in range(0, len(body), 4096)]),
+                              ("64 KiB chunks", [body[i:i + 65536] for i in range(0, len(body), 65536)])):
             seconds = best_seconds(dialect, chunks)
-            print(f"| {dialect} | {label} | {len(events)} | {len(events) / seconds:,.0f} | {len(body) / seconds / 1e6:.1f} |")
+            general = best_seconds(dialect, chunks, templates=False)
+            print(f"| {dialect} | {label} | {len(events)} | {len(events) / seconds:,.0f} | {len(body) / seconds / 1e6:.1f} "
+                  f"| {len(events) / general:,.0f} | {general / seconds:.2f} |")
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ class ChatReassembler(Reassembler):
             self._error = payload["error"]
             self.terminal = True
 
-    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None
+    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None, event_type: str = "message"
                        ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
         """The template of a token's chunk just folded (`capture._event_templates`; ``payload``: its
         data parsed, if it was): its text, its logprob entries' token, logprob and bytes, and its

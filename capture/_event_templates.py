@@ -86,6 +86,11 @@ class EventTemplate:
         #: The segments between the slots, each event's middle ended by the separator (`_split_run`).
         self._inner = [b"", *segments[1:-1], _SEPARATOR]
 
+    @property
+    def shortest(self) -> int:
+        """The bytes of the shortest event of this shape, its blank line included."""
+        return self._minimum + 2
+
     def take_run(self, parts: list[bytes], start: int, shortest: int = 1) -> tuple[int, list[list[bytes]]]:
         """The run of events of this shape at ``parts[start]`` (each an event without its blank
         line): how many, and each slot's values (a column). Past the first and last segments (each

@@ -52,6 +52,24 @@ class MessagesReassembler(Reassembler):
             message["error"] = self._error
         return message
 
+    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None, event_type: str = "message") -> Any:
+        """A ``content_block_delta`` of text, thinking or a tool's input JSON: its piece is the slot
+        (`capture._event_templates`); a run's pieces go where `_on_content_block_delta` puts each."""
+        return self._text_template(prefix, data, payload, event_type, self._template_slots)
+
+    def _template_slots(self, event_type: str, payload: dict[str, Any]) -> Any:
+        index, delta = payload.get("index"), payload.get("delta")
+        if event_type != "content_block_delta" or type(index) is not int or type(delta) is not dict:
+            return None
+        block = self._blocks[index] if 0 <= index < len(self._blocks) else None
+        kind = delta.get("type")
+        field = _DELTA_TEXT_FIELDS.get(kind) if type(kind) is str else None
+        if block is not None and field is not None and type(delta.get(field)) is str:
+            return [("text", ("delta", field), "text")], lambda text: self.append_text(block, field, text)
+        if kind == "input_json_delta" and index in self._partial_json and type(delta.get("partial_json")) is str:
+            return [("text", ("delta", "partial_json"), "text")], self._partial_json[index].append
+        return None
+
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         handler = self._handlers.get(event_type)
         if handler is not None:  # `ping` and unknown future events carry nothing to keep.

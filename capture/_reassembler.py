@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import orjson
 
+from ._event_templates import EventTemplate, Slot, learn_template
 from ._sse import ServerSentEvent
 
 
@@ -93,6 +94,44 @@ class Reassembler:
     def result(self) -> dict[str, Any] | None:
         """The reassembled object: final after the terminal event, else the best partial one."""
         raise NotImplementedError
+
+    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None, event_type: str = "message"
+                       ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
+        """The template of an event just folded whose runs this dialect folds at once
+        (`capture._event_templates`), or None (the default: every event is parsed)."""
+        return None
+
+    def _text_template(self, prefix: bytes, data: bytes, payload: Any, event_type: str,
+                       slots: Callable[[str, dict[str, Any]], Optional[tuple[list[Slot], Callable[[str], None]]]]
+                       ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
+        """`learn_template` for an event whose fold appends one text: ``slots(event_type, payload)``
+        gives its slots (the text's named ``text``; others only checked) and what takes the
+        run's text joined, or None when the event is not such an event in this state."""
+        if self.terminal:
+            return None
+        if payload is None:
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return None
+        if type(payload) is not dict:
+            return None
+        if event_type == "message" and isinstance(payload.get("type"), str):
+            event_type = payload["type"]  # As `_fold` resolves it.
+        found = slots(event_type, payload)
+        if found is None:
+            return None
+        learnt = learn_template(prefix, data, payload, found[0])
+        if learnt is None:
+            return None
+        template, take_text = learnt[0], found[1]
+        text = template.names.index("text")
+
+        def fold(columns: list[list[bytes]], count: int, decoded: list[Any]) -> None:
+            take_text(decoded[text])
+
+        template.fold = fold
+        return learnt
 
     def append_text(self, container: dict[Any, Any], field: Any, piece: str) -> None:
         """``container[field] += piece`` (a value that is not text is replaced), in time linear in

@@ -61,6 +61,39 @@ class ResponsesReassembler(Reassembler):
         partial["output"] = [item for item in self._items if item is not None]
         return partial
 
+    def learn_template(self, prefix: bytes, data: bytes, payload: Any = None, event_type: str = "message") -> Any:
+        """A text, reasoning, refusal or arguments ``*.delta`` event without logprobs: its delta is
+        the slot, its ``sequence_number`` is only checked (`capture._event_templates`); a run's
+        deltas go where `_on_delta_or_done` puts each."""
+        return self._text_template(prefix, data, payload, event_type, self._template_slots)
+
+    def _template_slots(self, event_type: str, payload: dict[str, Any]) -> Any:
+        stem, _, phase = event_type.rpartition(".")
+        if phase != "delta" or type(payload.get("delta")) is not str or payload.get("logprobs"):
+            return None
+        if event_type in _TERMINAL_EVENTS or event_type in _SNAPSHOT_EVENTS or stem.startswith(
+                ("response.output_item", "response.content_part", "response.reasoning_summary_part")):
+            return None
+        item = self._item_at(payload)
+        if item is None:
+            return None
+        if stem in _ITEM_FIELDS:
+            target, field = item, _ITEM_FIELDS[stem]
+        elif stem in _TEXT_FIELDS:
+            key, index_key, field = _TEXT_FIELDS[stem]
+            parts, index = item.get(key), payload.get(index_key)
+            if type(parts) is not list or type(index) is not int or not 0 <= index < len(parts) or type(parts[index]) is not dict:
+                return None
+            target = parts[index]
+        else:
+            return None
+        if type(target.get(field)) is not str:
+            return None  # The first delta makes it one (`_apply_text`); runs come after.
+        slots = [("text", ("delta",), "text")]
+        if type(payload.get("sequence_number")) is int:
+            slots.append(("sequence_number", ("sequence_number",), "number"))
+        return slots, lambda text: self.append_text(target, field, text)
+
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         if event_type in _TERMINAL_EVENTS:
             self._on_terminal(event_type, payload)

@@ -8,6 +8,7 @@ capture line. Neither ever raises into the proxy's pump: a bug becomes ``capture
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,9 +101,12 @@ class StreamTap:
             if cutter.cuts_logprobs:
                 self._reassembler.keep_logprob_entries = False
         self._framing_failed = False
-        learns = templates and hasattr(self._reassembler, "learn_template")
+        learns = templates and type(self._reassembler).learn_template is not Reassembler.learn_template
         self._templates: list[EventTemplate] | None = [] if learns else None
         self._learn_attempts = _LEARN_ATTEMPTS if learns else 0
+        #: A read shorter than this cannot hold a run worth taking (one length check per read at a
+        #: GPU's pace, where every read is one event): 4 of the shortest event learnt.
+        self._run_bytes = _SHORTEST_RUN * 64 if learns else sys.maxsize
         #: Events taken by a template, not parsed one by one.
         self.templated_events = 0
         self._raw = bytearray()
@@ -175,7 +179,7 @@ class StreamTap:
             self._keep_raw(chunk)
         try:
             for piece, whole_events in self._plain_split(chunk):
-                if whole_events and self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
+                if whole_events and len(piece) >= self._run_bytes and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
                         and self._parser.takes_plain(piece):  # Enough events for a template's run to pay.
                     self._take_templates(piece)
                     continue
@@ -275,7 +279,7 @@ class StreamTap:
         if self._failure is None:
             for piece, whole_events in self._plain_split(data):
                 try:
-                    if whole_events and self._templates is not None and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
+                    if whole_events and len(piece) >= self._run_bytes and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
                             and self._parser.takes_plain(piece):
                         self._take_templates(piece)
                         continue
@@ -306,7 +310,7 @@ class StreamTap:
         templates = self._templates
         assert templates is not None
         prefix = part[:len(part) - len(data)]
-        learnt = self._reassembler.learn_template(prefix, data, payload)  # type: ignore[attr-defined]
+        learnt = self._reassembler.learn_template(prefix, data, payload, event_type)
         template = learnt[0] if learnt is not None else None
         if template is not None and self._cutter is not None:
             _, marked_part, marked_payload, markers = learnt  # type: ignore[misc]
@@ -321,6 +325,7 @@ class StreamTap:
             return
         template.maximum = self._max_event_bytes - 6
         templates.append(template)
+        self._run_bytes = _SHORTEST_RUN * min(template.shortest for template in templates)
         if len(templates) >= _MAX_TEMPLATES:
             self._learn_attempts = 0
 

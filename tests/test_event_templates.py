@@ -162,3 +162,100 @@ def test_a_template_is_learnt_only_from_compact_json(kind, value, written):
     assert template.take([b"data: " + data], 0, columns) == 1 and columns == [[written]]
     spaced = data.replace(b'"a":1', b'"a": 1')
     assert learn_template(b"data: ", spaced, payload, [("v", ("v",), kind)]) is None
+
+
+def _named(name: str, payload: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+@st.composite
+def messages_stream(draw: st.DrawFn) -> bytes:
+    """An Anthropic Messages stream: text, thinking (with its signature), a tool's input JSON and
+    pings, each delta's text sometimes one a template must not take."""
+    events = [_named("message_start", {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 3, "output_tokens": 1}}})]
+    kinds = draw(st.lists(st.sampled_from(["text", "thinking", "tool_use"]), min_size=1, max_size=3))
+    for index, kind in enumerate(kinds):
+        block = {"text": {"type": "text", "text": ""}, "thinking": {"type": "thinking", "thinking": ""},
+                 "tool_use": {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {}}}[kind]
+        events.append(_named("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+        for _ in range(draw(st.integers(0, 30))):
+            piece = draw(TEXTS)
+            delta = {"text": {"type": "text_delta", "text": piece}, "thinking": {"type": "thinking_delta", "thinking": piece},
+                     "tool_use": {"type": "input_json_delta", "partial_json": piece}}[kind]
+            events.append(_named("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            if draw(st.integers(0, 19)) == 0:
+                events.append(_named("ping", {"type": "ping"}))
+            if draw(st.integers(0, 29)) == 0:
+                events[-1] = events[-1].replace(b'"index":', b'"index": ', 1)
+        if kind == "thinking":
+            events.append(_named("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                          "delta": {"type": "signature_delta", "signature": "c2ln"}}))
+        events.append(_named("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(_named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}}))
+    events.append(_named("message_stop", {"type": "message_stop"}))
+    return b"".join(events)
+
+
+@st.composite
+def responses_stream(draw: st.DrawFn) -> bytes:
+    """An OpenAI Responses stream: a reasoning item and a message, or a function call, with
+    numbered deltas (a number out of order, a number written otherwise) and text done events."""
+    number = iter(range(10_000))
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    events = [_named("response.created", {"type": "response.created", "sequence_number": next(number), "response": response})]
+    function = draw(st.booleans())
+    item = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "add", "arguments": ""} if function else \
+        {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+    events.append(_named("response.output_item.added", {"type": "response.output_item.added", "sequence_number": next(number),
+                                                        "output_index": 0, "item": item}))
+    if not function:
+        events.append(_named("response.content_part.added", {"type": "response.content_part.added", "sequence_number": next(number),
+                                                             "item_id": "msg_1", "output_index": 0, "content_index": 0,
+                                                             "part": {"type": "output_text", "text": "", "annotations": []}}))
+    name = "response.function_call_arguments.delta" if function else "response.output_text.delta"
+    for _ in range(draw(st.integers(0, 40))):
+        payload = {"type": name, "sequence_number": next(number), "item_id": item["id"], "output_index": 0}
+        if not function:
+            payload["content_index"] = 0
+        payload["delta"] = draw(TEXTS)
+        if not function:
+            payload["logprobs"] = []
+        event = _named(name, payload)
+        spoil = draw(st.integers(0, 30))
+        if spoil == 1:
+            event = event.replace(b'"sequence_number":', b'"sequence_number":0', 1)  # 0123: not JSON.
+        elif spoil == 2:
+            event = event.replace(b'"logprobs":[]', b'"logprobs":[{"token":"x","logprob":-1.0,"bytes":[120],"top_logprobs":[]}]', 1)
+        events.append(event)
+    events.append(_named("response.completed", {"type": "response.completed", "sequence_number": next(number),
+                                                "response": {**response, "status": "completed"}}))
+    return b"".join(events)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(messages_stream().map(lambda body: ("messages", body)), responses_stream().map(lambda body: ("responses", body))))
+def test_messages_and_responses_templates_capture_what_the_general_way_does(case):
+    dialect, body = case
+    events = [event + b"\n\n" for event in body.split(b"\n\n")[:-1]]
+    rng = random.Random(len(body))
+    cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, 12)))
+    for pieces in ([body], events, [b"".join(events[at:at + 6]) for at in range(0, len(events), 6)],
+                   [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]):
+        fast, slow = StreamTap(dialect), StreamTap(dialect, templates=False)
+        assert [fast.feed(piece) for piece in pieces] == [slow.feed(piece) for piece in pieces]
+        assert fast._parser.field_lines == slow._parser.field_lines
+        assert fast.finish(200) == slow.finish(200)
+
+
+def test_messages_and_responses_runs_are_taken():
+    text = [_named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f" t{i}"}})
+            for i in range(20)]
+    body = (_named("message_start", {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": []}})
+            + _named("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            + b"".join(text) + _named("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + _named("message_stop", {"type": "message_stop"}))
+    tap = StreamTap("messages")
+    assert tap.feed(body)
+    assert tap.templated_events == 19
+    assert tap.finish(200).response["content"] == [{"type": "text", "text": "".join(f" t{i}" for i in range(20))}]
