@@ -23,8 +23,6 @@ each file is fsynced.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import threading
 import time
@@ -32,7 +30,10 @@ from collections import deque
 from queue import Empty, SimpleQueue
 from typing import Callable, Optional, Union
 
+from records import call_syncfs as _call_syncfs
+from records import filesystem_type, syncfs_flushes
 from records import fsync_directory as _fsync_directory
+from records import load_syncfs as _load_syncfs
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.
@@ -241,54 +242,3 @@ class _Appended:
         #: (file, indexes of its lines): held open until the barrier has run.
         self.open_files: list[tuple[OpenFile, list[int]]] = []
         self.new_directories: set[str] = set()
-
-
-#: Local filesystems whose ``syncfs`` writes back every file's data and metadata. Elsewhere --
-#: FUSE (a daemon may not implement it: the call then returns 0 and flushes nothing), NFS, CIFS,
-#: Ceph, unknown -- each file is fsynced, which every filesystem honours.
-_SYNCFS_FLUSHES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
-
-
-def syncfs_flushes(fstype: Optional[str]) -> bool:
-    return fstype in _SYNCFS_FLUSHES
-
-
-def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional[str]:
-    """The type of the filesystem ``directory`` is on, from ``/proc/self/mountinfo`` (None if unknown)."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-                mountinfo = handle.read()
-        except OSError:
-            return None
-    path = os.path.realpath(directory)
-    best, best_type = -1, None
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if " - " not in line or len(fields) < 5:
-            continue
-        mount_point = fields[4].replace("\\040", " ")
-        after = line.split(" - ", 1)[1].split(" ")
-        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) >= best:  # The deepest mount wins; a later one shadows.
-            best, best_type = len(mount_point), after[0]
-    return best_type
-
-
-def _load_syncfs() -> Optional[Callable[[int], int]]:
-    """libc's ``syncfs(fd)`` (Linux), or None where there is none (then: fsync file by file)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        syncfs = libc.syncfs
-    except (OSError, AttributeError):
-        return None
-    syncfs.argtypes = [ctypes.c_int]
-    syncfs.restype = ctypes.c_int
-    return syncfs  # type: ignore[no-any-return]
-
-
-def _call_syncfs(syncfs: Callable[[int], int], fd: int) -> Optional[OSError]:
-    if syncfs(fd) == 0:
-        return None
-    code = ctypes.get_errno()
-    return OSError(code, f"syncfs: {os.strerror(code)}")

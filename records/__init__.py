@@ -22,6 +22,7 @@ from ._collect import (
     read_model_call_records,
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
+from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
 from ._lineage import LineageVerdict, RolloutLineage
 from ._token_entries import (
@@ -94,6 +95,11 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "GroupSync",
+    "call_syncfs",
+    "filesystem_type",
+    "load_syncfs",
+    "syncfs_flushes",
     "engine_weight_versions",
     "resolved_spans",
     "token_versions",

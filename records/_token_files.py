@@ -28,6 +28,7 @@ from typing import Any, Iterator, Optional
 import orjson
 
 from ._appender import fsync_directory
+from ._group_sync import GroupSync
 from ._rollout_ids import validate_rollout_id
 from ._token_entries import check_token_entry
 
@@ -50,6 +51,9 @@ class TokenFiles:
         #: long rollout is quadratic (issue 34). Another writer's state has another identity.
         self._states: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._states_lock = threading.Lock()  # Calls of other rollouts prepare and commit on other threads.
+        #: Intents and entries written at once by several threads, made durable by one barrier
+        #: (issue 34): each call writes two, and every fsync is a journal commit of its own.
+        self._sync = GroupSync(directory)
 
     def path(self, rollout_id: str, suffix: str = TOKENS_SUFFIX) -> str:
         return os.path.join(self.directory, validate_rollout_id(rollout_id) + suffix)
@@ -62,7 +66,11 @@ class TokenFiles:
             state = self._state(rollout_id)
             if state.get("retired") or state.get("frozen"):
                 raise RolloutClosed(f"rollout {rollout_id} is {'retired' if state.get('retired') else 'frozen'}")
-            _append_durably(self.path(rollout_id, ".tokens.intents"), "".join(f"{i}\n" for i in model_call_ids).encode())
+            # Durable before the call is dispatched (Gym's protocol), by a barrier shared with the
+            # intents other threads wrote meanwhile: one syncfs for all instead of an fsync each.
+            path = self.path(rollout_id, ".tokens.intents")
+            _append_durably(path, "".join(f"{i}\n" for i in model_call_ids).encode(), sync=False)
+            self._sync.wait_durable(path)
 
     def append(self, entry: dict[str, Any]) -> str:
         """Write one entry durably: ``written``, ``same`` (this exact entry is already there) or
@@ -89,7 +97,8 @@ class TokenFiles:
                 state.update(incomplete=True, version=state["version"] + 1)
                 self._write_state(rollout_id, state, durable=True)
                 raise ValueError(f"model call {call_id} of rollout {rollout_id} was written before with other content")
-            state["indexed_size"] = _append_durably(self.path(rollout_id), payload + b"\n")
+            state["indexed_size"] = _append_durably(self.path(rollout_id), payload + b"\n", sync=False)
+            self._sync.wait_durable(self.path(rollout_id))
             state["entry_digests"][call_id] = digest
             state["version"] += 1
             # The entry's fsync is the promise; the index is rebuilt from the tail if this is lost.
@@ -263,15 +272,17 @@ def _identity(status: os.stat_result) -> tuple[int, int, int]:
     return status.st_ino, status.st_mtime_ns, status.st_size
 
 
-def _append_durably(path: str, data: bytes) -> int:
-    """Append and fsync; the file's size after."""
+def _append_durably(path: str, data: bytes, sync: bool = True) -> int:
+    """Append and fsync (``sync=False``: the caller makes the data durable; a new file's name is
+    made durable here either way); the file's size after."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         created = os.fstat(fd).st_size == 0
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)

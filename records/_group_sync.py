@@ -1,0 +1,141 @@
+"""Group sync: appends to many files made durable by one ``syncfs`` (issue 34).
+
+The capture writer (`capture.GroupCommitter`) makes a batch of capture lines durable with one
+barrier; the token capture mode's intents (`records.TokenFiles.begin_call`) come one a call from
+many threads, each of which must wait for its own line. `GroupSync` gives them the same: a
+thread whose file must be durable either runs the next barrier itself or waits for one that
+began after its write -- ``fsync`` of the file when it is alone, ``syncfs`` of the filesystem when
+several threads wait (one flush for all, where each ``fsync`` would be a journal commit of its
+own). ``syncfs`` only where the filesystem is known to honour it; elsewhere each file is fsynced.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from typing import Callable, Optional
+
+#: Local filesystems whose ``syncfs`` writes back every file's data and metadata. Elsewhere --
+#: FUSE (a daemon may not implement it: the call then returns 0 and flushes nothing), NFS, CIFS,
+#: Ceph, unknown -- each file is fsynced, which every filesystem honours.
+_SYNCFS_FLUSHES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
+
+
+def syncfs_flushes(fstype: Optional[str]) -> bool:
+    return fstype in _SYNCFS_FLUSHES
+
+
+def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the filesystem ``directory`` is on, from ``/proc/self/mountinfo`` (None if unknown)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return None
+    path = os.path.realpath(directory)
+    best, best_type = -1, None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        after = line.split(" - ", 1)[1].split(" ")
+        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= best:  # The deepest mount wins; a later one shadows.
+            best, best_type = len(mount_point), after[0]
+    return best_type
+
+
+def load_syncfs() -> Optional[Callable[[int], int]]:
+    """libc's ``syncfs(fd)`` (Linux), or None where there is none (then: fsync file by file)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    syncfs.argtypes = [ctypes.c_int]
+    syncfs.restype = ctypes.c_int
+    return syncfs  # type: ignore[no-any-return]
+
+
+def call_syncfs(syncfs: Callable[[int], int], fd: int) -> Optional[OSError]:
+    if syncfs(fd) == 0:
+        return None
+    code = ctypes.get_errno()
+    return OSError(code, f"syncfs: {os.strerror(code)}")
+
+
+#: Failed barriers remembered for threads still waiting on them (each waiter needs only the last few).
+_FAILURES_KEPT = 1024
+
+
+class GroupSync:
+    """Durability for appends under ``directory``, shared by the threads that wait at once."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(directory)) else None
+        self._changed = threading.Condition(threading.Lock())
+        #: Barriers started and finished (numbered from 1); one runs at a time.
+        self._started = self._finished = 0
+        self._running = False
+        #: Files written since the running barrier began: the next barrier's.
+        self._waiting: list[str] = []
+        self._failures: dict[int, OSError] = {}
+
+    def wait_durable(self, path: str) -> None:
+        """Return once what was written to ``path`` before this call is on disk; OSError when the
+        barrier that was to make it so failed."""
+        if self._syncfs is None:
+            _fsync_path(path)
+            return
+        with self._changed:
+            self._waiting.append(path)
+            needed = self._started + 1  # The first barrier to begin after the write.
+            while self._finished < needed:
+                if self._running:
+                    self._changed.wait()
+                    continue
+                self._running = True
+                self._started += 1
+                number, batch, self._waiting = self._started, self._waiting, []
+                self._changed.release()
+                try:
+                    failure = self._barrier(batch)
+                finally:
+                    self._changed.acquire()
+                    self._running = False
+                    self._finished = number
+                    self._changed.notify_all()
+                if failure is not None:
+                    self._failures[number] = failure
+                    while len(self._failures) > _FAILURES_KEPT:
+                        self._failures.pop(next(iter(self._failures)))
+            failure = next((self._failures[n] for n in range(needed, self._finished + 1) if n in self._failures), None)
+        if failure is not None:
+            raise failure
+
+    def _barrier(self, batch: list[str]) -> Optional[OSError]:
+        files = set(batch)
+        try:
+            if len(files) == 1:
+                _fsync_path(batch[0])
+                return None
+            fd = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                return call_syncfs(self._syncfs, fd)  # type: ignore[arg-type]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return exc
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
