@@ -9,7 +9,7 @@ from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, 
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
-from ._group_commit import SYNC_MODES, GroupCommitter
+from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
@@ -21,6 +21,7 @@ from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_ad
 
 __all__ = [
     "AddedFieldCutter",
+    "AlsoDurable",
     "BodyTap",
     "ChatReassembler",
     "CompletionsReassembler",

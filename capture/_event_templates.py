@@ -29,6 +29,7 @@ Why this is the same outcome as the general path, whatever the bytes:
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from itertools import chain, repeat
@@ -52,6 +53,10 @@ _INTS = re.compile(rb"(?:" + _INT + rb"(?:," + _INT + rb")*)?")
 _SEPARATOR = b"\x00"
 #: Events split out at once: bytes.replace searches a haystack under 30,000 bytes the fast way.
 _SPLIT_EVENTS = 64
+
+#: Markers put in a template event's slots: unique in this process, random across processes (an
+#: event that holds one already is found out: each marker must occur once in the marked event).
+_NONCE, _NUMBERS_USED = secrets.token_hex(4), itertools.count()
 
 #: A slot: its name (the fold's), where the value is in the payload (keys and list positions), its kind.
 Slot = tuple[Any, tuple[Any, ...], str]
@@ -268,12 +273,16 @@ def learn_template(prefix: bytes, data: bytes, payload: dict[str, Any], slots: l
     with a marker in each slot (its bytes and payload) and each slot's marker as written there,
     in the template's column order (for `learn_output` and the fold's own segments). The caller
     sets ``fold``."""
-    nonce = secrets.token_hex(6)
-    marked: Any = payload
+    nonce = f"{_NONCE}x{next(_NUMBERS_USED)}"
+    try:
+        marked: Any = orjson.loads(data)  # A copy of ``payload`` of its own, cheaper than copying it.
+    except orjson.JSONDecodeError:
+        return None
     tokens = []
     for position, (_, path, kind) in enumerate(slots):
         marker = f"mcc{nonce}s{position}"
-        marked = _put(marked, path, [marker] if kind == INTS else marker)
+        container = _at(marked, path[:-1])
+        container[path[-1]] = [marker] if kind == INTS else marker
         tokens.append(marker.encode() if kind == TEXT else b'"' + marker.encode() + b'"')
     marked_data = orjson.dumps(marked)
     split = split_at(marked_data, tokens)
@@ -298,13 +307,6 @@ def learn_template(prefix: bytes, data: bytes, payload: dict[str, Any], slots: l
 
 def _no_fold(columns: list[list[bytes]], count: int, decoded: list[Any]) -> None:
     raise RuntimeError("a template's fold is set by the reassembler that learnt it")
-
-
-def _put(container: Any, path: tuple[Any, ...], value: Any) -> Any:
-    """A copy of ``container`` with ``value`` at ``path`` (only the containers on the path copied)."""
-    copy = dict(container) if type(container) is dict else list(container)
-    copy[path[0]] = value if len(path) == 1 else _put(container[path[0]], path[1:], value)
-    return copy
 
 
 def _at(container: Any, path: tuple[Any, ...]) -> Any:

@@ -38,6 +38,9 @@ from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.
 Outcome = Union[float, BaseException]
+#: Other files a line's builder wrote that must be durable with it (the token capture mode's
+#: entries, issue 34), and whom to tell if the barrier fails for them.
+AlsoDurable = tuple[list[str], Callable[[BaseException], None]]
 #: How often the writer thread closes capture files left idle (`OpenFiles.close_idle`).
 _SWEEP_SECONDS = 1.0
 _IDLE = object()
@@ -76,10 +79,12 @@ class GroupCommitter:
         self._appender.start()
         self._syncer.start()
 
-    def submit(self, path: str, make_line: Callable[[], bytes], done: Callable[[int, Outcome], None]) -> None:
+    def submit(self, path: str, make_line: Callable[[], Union[bytes, tuple[bytes, AlsoDurable]]],
+               done: Callable[[int, Outcome], None]) -> None:
         """Queue one line for ``path``. ``make_line`` runs on the writer thread (serialising off
-        the event loop); ``done(size, outcome)`` runs on a writer thread too, once the line is
-        durable or failed."""
+        the event loop); it may name other files it wrote (`AlsoDurable`): the line's barrier
+        makes them durable too. ``done(size, outcome)`` runs on a writer thread too, once the
+        line (and those files) are durable or failed."""
         with self._submit_lock:  # Nothing is queued behind the stop sentinel.
             if self._closing:
                 raise RuntimeError("the capture writer is closed")
@@ -151,10 +156,14 @@ class GroupCommitter:
         outcomes, by_path, lines = appended.outcomes, {}, [b""] * len(batch)
         for index, (path, make_line, _) in enumerate(batch):
             try:
-                lines[index] = make_line()
+                made = make_line()
             except Exception as exc:  # A line that cannot be built fails alone.
                 outcomes[index] = exc
                 continue
+            if type(made) is tuple:
+                made, also = made
+                appended.also.append((index, also))
+            lines[index] = made
             appended.sizes[index] = len(lines[index])
             by_path.setdefault(path, []).append(index)
         for path, indexes in by_path.items():
@@ -205,14 +214,21 @@ class GroupCommitter:
         if not files:
             return
         started = time.perf_counter()
-        if self._syncfs is not None and len(files) > 1:
-            # One flush of the filesystem covers every file and new directory entry appended.
+        also = [(appended, index, extra) for appended in pending for index, extra in appended.also
+                if not isinstance(appended.outcomes[index], BaseException)]
+        if self._syncfs is not None and (len(files) > 1 or also):
+            # One flush of the filesystem covers every file and new directory entry appended
+            # (and a line's other files on the same filesystem; those elsewhere are fsynced).
             error = _call_syncfs(self._syncfs, files[0][1])
+            if also:
+                self._also_durable(also, os.fstat(files[0][1]).st_dev if error is None else None)
             seconds = time.perf_counter() - started
             for appended, _, indexes in files:
                 for i in indexes:
-                    appended.outcomes[i] = error if error is not None else seconds
+                    if not isinstance(appended.outcomes[i], BaseException):
+                        appended.outcomes[i] = error if error is not None else seconds
             return
+        self._also_durable(also, None)
         for appended, fd, indexes in files:
             try:
                 os.fsync(fd)
@@ -220,20 +236,43 @@ class GroupCommitter:
             except OSError as exc:
                 outcome = exc
             for i in indexes:
-                appended.outcomes[i] = outcome
+                if not isinstance(appended.outcomes[i], BaseException):
+                    appended.outcomes[i] = outcome
         for directory in {d for appended in pending for d in appended.new_directories}:
             # A new file's directory entry must be durable too, or a crash can lose the whole file.
             _fsync_directory(directory)
 
 
+    @staticmethod
+    def _also_durable(also: list[tuple["_Appended", int, AlsoDurable]], synced_device: Optional[int]) -> None:
+        """The other files lines named: fsynced, unless on ``synced_device`` (just flushed whole).
+        A failure fails the line and is told to whoever wrote the file."""
+        for appended, index, (paths, on_failure) in also:
+            for path in dict.fromkeys(paths):
+                try:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    try:
+                        if synced_device is None or os.fstat(fd).st_dev != synced_device:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    appended.outcomes[index] = exc
+                    try:
+                        on_failure(exc)
+                    except Exception:
+                        pass  # Its own failure is its own; the line's outcome says enough.
+                    break
+
+
 #: One queued line: its file, how to build it, whom to tell.
-_Entry = tuple[str, Callable[[], bytes], Callable[[int, "Outcome"], None]]
+_Entry = tuple[str, Callable[[], Union[bytes, tuple[bytes, AlsoDurable]]], Callable[[int, "Outcome"], None]]
 
 
 class _Appended:
     """A batch whose lines are written (not yet durable): what the barrier thread needs."""
 
-    __slots__ = ("batch", "outcomes", "sizes", "open_files", "new_directories")
+    __slots__ = ("batch", "outcomes", "sizes", "open_files", "new_directories", "also")
 
     def __init__(self, batch: list[_Entry]) -> None:
         self.batch = batch
@@ -242,3 +281,5 @@ class _Appended:
         #: (file, indexes of its lines): held open until the barrier has run.
         self.open_files: list[tuple[OpenFile, list[int]]] = []
         self.new_directories: set[str] = set()
+        #: (index of a line, the other files it needs durable with it).
+        self.also: list[tuple[int, AlsoDurable]] = []

@@ -14,9 +14,9 @@ import errno
 import logging
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from capture import GroupCommitter, StreamTap, create_incomplete_marker, proves_prefix
+from capture import AlsoDurable, GroupCommitter, StreamTap, create_incomplete_marker, proves_prefix
 from records import (
     capture_path,
     encode_capture_line,
@@ -87,15 +87,26 @@ class CaptureWriter:
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
 
-    def _line(self, exchange: CallExchange) -> bytes:
-        """The call's line; its training-token entry written first (on the writer thread: both are
-        on disk before the agent sees the end of the reply)."""
+    def _line(self, exchange: CallExchange) -> Union[bytes, tuple[bytes, AlsoDurable]]:
+        """The call's line; its training-token entry written first (on the writer thread), made
+        durable by the line's own barrier (the entry's file is named with the line: both are on
+        disk before the agent sees the end of the reply, for one flush where there were two)."""
+        plan, token_capture = exchange.token_plan, self._token_capture
+        if plan is None or token_capture is None:
+            return self._line_and_entries(exchange, None)
+        unsynced: list[str] = []
+        line = self._line_and_entries(exchange, unsynced)
+        if not unsynced:
+            return line
+        return line, (unsynced, lambda exc: token_capture.not_durable(plan, exc))
+
+    def _line_and_entries(self, exchange: CallExchange, unsynced: Optional[list[str]]) -> bytes:
         fields = exchange.capture_fields()
         prefix = self._prefix_proof(exchange, fields)
         _note_weight_versions(exchange, fields)
         _note_resumption(exchange, fields)
         if exchange.token_plan is not None and self._token_capture is not None:
-            streamed = self._streamed_line(exchange, fields, prefix)
+            streamed = self._streamed_line(exchange, fields, prefix, unsynced)
             if streamed is not None:
                 return streamed
         tap = exchange.tap
@@ -105,7 +116,7 @@ class CaptureWriter:
         line = encode_capture_line(fields)
         if exchange.token_plan is None or self._token_capture is None:
             return line
-        parsed = self._token_capture.commit(exchange.token_plan, line, prefix)
+        parsed = self._token_capture.commit(exchange.token_plan, line, prefix, unsynced)
         if parsed is None:
             return line  # No entry holds the arrays: the line keeps them.
         # Linear storage (DESIGN §12): the arrays live once in the token file; the line keeps what
@@ -132,7 +143,8 @@ class CaptureWriter:
         self._metrics.prefix_supply.labels("proved" if proved else "unproved").inc()
         return proved
 
-    def _streamed_line(self, exchange: CallExchange, fields: dict[str, Any], prefix: Optional[bool]) -> bytes | None:
+    def _streamed_line(self, exchange: CallExchange, fields: dict[str, Any], prefix: Optional[bool],
+                       unsynced: Optional[list[str]] = None) -> bytes | None:
         """A chat stream in the token capture mode: the entries from the ids and logprobs the tap
         kept as they streamed, and the line of what the agent saw, without ever writing the
         arrays into a line and parsing them back (the tap's logprob entries are most of the
@@ -152,7 +164,8 @@ class CaptureWriter:
                 return None
             records.append(record.model_copy(update={"prompt_token_ids": prompt, "generation_token_ids": ids,
                                                      "generation_log_probs": logprobs, "missing": (), "problem": None}))
-        if not self._token_capture.commit_records(exchange.token_plan, records, response, prefix):  # type: ignore[union-attr]
+        if not self._token_capture.commit_records(exchange.token_plan, records, response, prefix,  # type: ignore[union-attr]
+                                                  unsynced):
             restore(replaced)  # Not every choice has its entry: the line keeps the arrays (never tried twice).
             _put_back_logprobs(response, collected)
             return encode_capture_line(fields)

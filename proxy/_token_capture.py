@@ -64,7 +64,9 @@ class TokenCapture:
     def __init__(self, directory: str, metrics: Any) -> None:
         self.files = TokenFiles(directory)
         self._metrics = metrics
-        self._lineages: OrderedDict[str, RolloutLineage] = OrderedDict()
+        self._lineages: OrderedDict[str, tuple[RolloutLineage, threading.Lock]] = OrderedDict()
+        #: Guards the index of lineages; each lineage has its own lock (`_lineage`), so calls of
+        #: other rollouts resolve at once (each reads its own files).
         self._lock = threading.Lock()
 
     def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any],
@@ -78,8 +80,8 @@ class TokenCapture:
             choices = request.get("n") if dialect != "responses" else 1
             choices = choices if type(choices) is int and choices > 1 else 1
             ids = (model_call_id,) if choices == 1 else tuple(f"{model_call_id}-{i}" for i in range(choices))
-            with self._lock:
-                lineage = self._lineage(rollout_id)
+            lineage, lock = self._lineage(rollout_id)
+            with lock:
                 lineage.refresh()
                 verdict = lineage.resolve(items)
             self.files.begin_call(rollout_id, list(ids))
@@ -91,7 +93,8 @@ class TokenCapture:
             return None
         return TokenPlan(rollout_id, ids, items, verdict, retry_of)
 
-    def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None) -> Optional[dict[str, Any]]:
+    def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None,
+               unsynced: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
         """Write the call's entries from its capture line (arrays included), on the capture writer
         thread. When every choice's entry is on disk, the line's fields parsed (the line may then
         leave the arrays to the token file); else None."""
@@ -101,13 +104,14 @@ class TokenCapture:
         except Exception as exc:
             self._failed(plan, exc)
             return None
-        return fields if self.commit_records(plan, records, fields.get("response"), prefix) else None
+        return fields if self.commit_records(plan, records, fields.get("response"), prefix, unsynced) else None
 
     def commit_records(self, plan: TokenPlan, records: list[TokenRecord], response: Any,
-                       prefix: Optional[bool] = None) -> bool:
-        """Write an entry per choice from its records (arrays present); True when all are on disk.
-        ``prefix``: None when no prefix was supplied, else its proof (Gym's ``prefix_requested`` /
-        ``prefix_supplied``)."""
+                       prefix: Optional[bool] = None, unsynced: Optional[list[str]] = None) -> bool:
+        """Write an entry per choice from its records (arrays present); True when all are on disk
+        (or written, with ``unsynced``: the files to make durable are added to it, see
+        `TokenFiles.append_indexed`). ``prefix``: None when no prefix was supplied, else its proof
+        (Gym's ``prefix_requested`` / ``prefix_supplied``)."""
         response = response if isinstance(response, dict) else {}
         written = 0
         try:
@@ -136,7 +140,7 @@ class TokenCapture:
                 spans = resolved_spans(record.weight_versions, len(entry["generation_token_ids"]))
                 if spans is not None:  # Extra keys: Gym's entries allow them (issue 32).
                     entry["weight_versions"], entry["weight_version_source"] = spans, record.weight_version_source
-                outcome, start, end = self.files.append_indexed(entry)
+                outcome, start, end = self.files.append_indexed(entry, unsynced)
                 self._metrics.token_entries.labels(outcome).inc()
                 if start is not None:
                     self._indexed(plan.rollout_id, entry, start, end)
@@ -151,10 +155,18 @@ class TokenCapture:
         to the entry's line (no other writer in between): the next call's `refresh` does not read
         it back (issue 34)."""
         with self._lock:
-            lineage = self._lineages.get(rollout_id)
-            if lineage is not None and lineage.offset == start and end is not None:
+            found = self._lineages.get(rollout_id)
+        if found is None or end is None:
+            return
+        lineage, lock = found
+        with lock:
+            if lineage.offset == start:
                 lineage.add(start, entry)
                 lineage.offset = end
+
+    def not_durable(self, plan: TokenPlan, exc: Exception) -> None:
+        """The barrier that was to make the call's entries durable failed: they may be lost."""
+        self._failed(plan, exc)
 
     def _failed(self, plan: TokenPlan, exc: Exception) -> None:
         self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
@@ -164,15 +176,17 @@ class TokenCapture:
             except OSError:
                 pass
 
-    def _lineage(self, rollout_id: str) -> RolloutLineage:
-        lineage = self._lineages.get(rollout_id)
-        if lineage is None:
-            lineage = self._lineages[rollout_id] = RolloutLineage(self.files, rollout_id)
-            while len(self._lineages) > _ROLLOUTS_KEPT:
-                self._lineages.popitem(last=False)
-        else:
-            self._lineages.move_to_end(rollout_id)
-        return lineage
+    def _lineage(self, rollout_id: str) -> tuple[RolloutLineage, threading.Lock]:
+        """The rollout's lineage and the lock its readers and writers hold."""
+        with self._lock:
+            found = self._lineages.get(rollout_id)
+            if found is None:
+                found = self._lineages[rollout_id] = (RolloutLineage(self.files, rollout_id), threading.Lock())
+                while len(self._lineages) > _ROLLOUTS_KEPT:
+                    self._lineages.popitem(last=False)
+            else:
+                self._lineages.move_to_end(rollout_id)
+            return found
 
     def _fail(self, kind: str, rollout_id: str, model_call_id: str, message: str) -> None:
         self._metrics.token_entry_failures.labels(kind).inc()

@@ -78,9 +78,13 @@ class TokenFiles:
         call id is already there with other content (the rollout is then marked incomplete)."""
         return self.append_indexed(entry)[0]
 
-    def append_indexed(self, entry: dict[str, Any]) -> tuple[str, Optional[int], Optional[int]]:
+    def append_indexed(self, entry: dict[str, Any], unsynced: Optional[list[str]] = None
+                       ) -> tuple[str, Optional[int], Optional[int]]:
         """`append`, and where a ``written`` entry's line starts and ends in the file (a reader
-        that had read up to its start may take the entry as it is instead of reading it back)."""
+        that had read up to its start may take the entry as it is instead of reading it back).
+        ``unsynced``: the entry is written but not made durable here; its file's path is added
+        to the list, and the caller makes it durable before anyone is told (the capture line's
+        barrier, issue 34)."""
         payload = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
         rollout_id, call_id = entry["rollout_id"], entry["model_call_id"]
         with self._locked(rollout_id):
@@ -98,7 +102,10 @@ class TokenFiles:
                 self._write_state(rollout_id, state, durable=True)
                 raise ValueError(f"model call {call_id} of rollout {rollout_id} was written before with other content")
             state["indexed_size"] = _append_durably(self.path(rollout_id), payload + b"\n", sync=False)
-            self._sync.wait_durable(self.path(rollout_id))
+            if unsynced is None:
+                self._sync.wait_durable(self.path(rollout_id))
+            else:
+                unsynced.append(self.path(rollout_id))
             state["entry_digests"][call_id] = digest
             state["version"] += 1
             # The entry's fsync is the promise; the index is rebuilt from the tail if this is lost.

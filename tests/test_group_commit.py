@@ -210,3 +210,42 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.parametrize("sync_mode", ["auto", "fsync"])
+def test_a_lines_other_files_are_made_durable_by_its_barrier(tmp_path, monkeypatch, sync_mode):
+    """The token capture mode's entry is written while its line is built and made durable by the
+    line's barrier (issue 34): a syncfs of its filesystem, or an fsync of the file itself; the
+    line is settled only after. A file that cannot be synced fails its line and is told."""
+    import capture._group_commit as group_commit
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(group_commit.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))[1])
+    flushed: list[int] = []
+    real_syncfs = group_commit._call_syncfs
+    monkeypatch.setattr(group_commit, "_call_syncfs", lambda syncfs, fd: (flushed.append(fd), real_syncfs(syncfs, fd))[1])
+    committer = GroupCommitter(sync_mode, directory=str(tmp_path))
+    entry = tmp_path / "r.tokens.jsonl"
+    told: list[BaseException] = []
+    outcomes = Outcomes()
+
+    def line_with_entry() -> tuple[bytes, tuple[list[str], object]]:
+        entry.write_bytes(b'{"entry":1}\n')
+        return _line("with-entry"), ([str(entry)], told.append)
+
+    committer.submit(str(tmp_path / "r.capture.jsonl"), line_with_entry, outcomes.callback("with-entry"))
+    outcomes.wait(1)
+    if committer._syncfs is not None:
+        assert flushed, "one flush covers the line and its entry"
+    else:
+        assert str(entry) in synced and str(tmp_path / "r.capture.jsonl") in synced
+    assert isinstance(outcomes.settled["with-entry"][1], float) and not told
+
+    missing = str(tmp_path / "gone" / "r.tokens.jsonl")
+    committer.submit(str(tmp_path / "r.capture.jsonl"), lambda: (_line("lost-entry"), ([missing], told.append)),
+                     outcomes.callback("lost-entry"))
+    outcomes.wait(2)
+    committer.close()
+    assert isinstance(outcomes.settled["lost-entry"][1], OSError)
+    assert len(told) == 1 and isinstance(told[0], OSError)
