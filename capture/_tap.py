@@ -47,19 +47,20 @@ class TapOutcome:
     parse_failure: str | None = None
 
 
-#: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
-#: end with ``[DONE]`` or a chunk with an ``error``; Responses with its terminal events or an
-#: ``error`` event; Messages with ``message_stop`` or an ``error`` event.
 #: A stream learns at most this many event templates, and gives up learning after this many events
 #: that had none (a stream of tool-call deltas, or an upstream whose JSON is not compact).
 _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
 #: Runs shorter than this take the general way: a run's fixed cost (some C calls per slot) is about
-#: what three events cost the general way. A read of one event (a GPU's pace) is never a run: its
-#: events cost the general way's, plus one byte count (in process: 4.8 -> 5.1 us an event).
+#: what three events cost the general way. A read of one event (a GPU's pace) is never a run, and
+#: is told by its length alone (`StreamTap._run_bytes`).
 _SHORTEST_RUN = 4
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
-_TERMINAL_MARKERS = {"chat": (b"[DONE]", b"error"), "completions": (b"[DONE]", b"error"),
+#: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
+#: end with ``[DONE]`` or a chunk with an ``"error"`` key (the fold takes nothing else for one);
+#: Responses with its terminal events or an ``error`` event; Messages with ``message_stop`` or an
+#: ``error`` event.
+_TERMINAL_MARKERS = {"chat": (b"[DONE]", b'"error"'), "completions": (b"[DONE]", b'"error"'),
                      "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
                      "messages": (b"message_stop", b"error")}
 
@@ -179,8 +180,8 @@ class StreamTap:
             self._keep_raw(chunk)
         try:
             for piece, whole_events in self._plain_split(chunk):
-                if whole_events and len(piece) >= self._run_bytes and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
-                        and self._parser.takes_plain(piece):  # Enough events for a template's run to pay.
+                if whole_events and len(piece) >= self._run_bytes and self._parser.takes_plain(piece):
+                    # Long enough for a template's run to pay (shorter reads: the general way).
                     self._take_templates(piece)
                     continue
                 plain = self._parser.feed_plain(piece) if whole_events else None
@@ -279,8 +280,7 @@ class StreamTap:
         if self._failure is None:
             for piece, whole_events in self._plain_split(data):
                 try:
-                    if whole_events and len(piece) >= self._run_bytes and piece.count(b"\n\n", 0, -2) >= _SHORTEST_RUN - 1 \
-                            and self._parser.takes_plain(piece):
+                    if whole_events and len(piece) >= self._run_bytes and self._parser.takes_plain(piece):
                         self._take_templates(piece)
                         continue
                     plain = self._parser.feed_plain(piece) if whole_events else None
