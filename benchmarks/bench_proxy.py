@@ -327,6 +327,9 @@ async def run(quick: bool) -> str:
             for target in scaling:
                 add(target.name, "rps_c64", wrk_rps(target.port, 64, wrk_s, work))
         for target in targets[2:]:
+            # The rounds above left hundreds of MB of capture lines for the kernel to write back; a
+            # barrier (syncfs) waits for that, so each latency run starts with nothing dirty.
+            os.sync()
             add(target.name, "open_loop_500", await open_loop(target.port, 500, 5 if quick else 10))
         add("direct", "open_loop_500", await open_loop(upstream.port, 500, 5 if quick else 10))
         # A sidecar of its own: one that just served the logprob streams holds its high-water mark.
