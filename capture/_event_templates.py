@@ -17,22 +17,25 @@ Why this is the same outcome as the general path, whatever the bytes:
 - the segments are the template event's own bytes (learnt by serialising it with a marker in
   each slot, then checked against the event as it came: an upstream that writes other JSON than
   orjson's compact form gets no template);
-- a slot ends at the first occurrence of the next segment, and a value is taken only when it is
-  well-formed for its kind: a text with no quote and no backslash (so no escape, and no way to
-  end the string early), a JSON number, integers joined by commas. None of them can hold a quote
-  or a bracket, so the event cannot have another structure than the template's;
+- the values are split out of a run by its inner segments, and the run is taken only when the
+  values rebuild it byte for byte and each is well-formed for its kind: a text with no quote and
+  no backslash (so no escape, and no way to end the string early), a JSON number written as
+  orjson writes it (a logprob entry kept is orjson's JSON, as the general path keeps it),
+  integers joined by commas. None of them holds a quote or a bracket, so the event cannot have
+  another structure than the template's;
 - a run's texts are decoded by the JSON parser the general path uses (control characters and bad
   UTF-8 rejected as there, each piece on its own when the run is not ASCII: two halves of a
   character must not pass as one), its numbers by the same parser. The first value that fails
   ends the run there; that event takes the general path, which says what is wrong with it.
+
+`tests/test_event_templates.py` compares a tap with templates and one without on spoilt streams.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 import secrets
-from itertools import chain, repeat
+from itertools import chain, count, repeat
 from typing import Any, Callable, Optional
 
 import orjson
@@ -56,7 +59,7 @@ _SPLIT_EVENTS = 64
 
 #: Markers put in a template event's slots: unique in this process, random across processes (an
 #: event that holds one already is found out: each marker must occur once in the marked event).
-_NONCE, _NUMBERS_USED = secrets.token_hex(4), itertools.count()
+_NONCE, _NUMBERS_USED = secrets.token_hex(4), count()
 
 #: A slot: its name (the fold's), where the value is in the payload (keys and list positions), its kind.
 Slot = tuple[Any, tuple[Any, ...], str]
@@ -64,9 +67,10 @@ Slot = tuple[Any, tuple[Any, ...], str]
 
 class EventTemplate:
     """One learnt event shape: ``segments`` (k + 1 byte strings, the first with the event's SSE
-    line prefix) around k slots of ``kinds``. `take` collects a run of events of this shape;
-    `checked` says how many of them hold well-formed values and decodes them; ``fold`` (the
-    reassembler's) folds them; with the token capture mode, ``output`` (`learn_output`) writes the client's bytes."""
+    line prefix) around k slots of ``kinds``. `take_run` collects a run of events of this shape
+    (`take`: event by event, when the C way fails); `checked` says how many of them hold
+    well-formed values and decodes them; ``fold`` (the reassembler's) folds them; with the token
+    capture mode, `write` gives the client's bytes (``output``, `learn_output`)."""
 
     __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum", "_inner")
 
