@@ -54,6 +54,8 @@ _INTS = re.compile(rb"(?:" + _INT + rb"(?:," + _INT + rb")*)?")
 #: Stands for each constant segment while a run's values are split out: no event's text holds it
 #: (a raw control character is not JSON), and a run that did is rebuilt wrong and not taken so.
 _SEPARATOR = b"\x00"
+#: A run is taken when it has at least this many events per slot (`EventTemplate.shortest_run`).
+_SHORTEST_RUN_PER_SLOT = 4
 #: Events split out at once: bytes.replace searches a haystack under 30,000 bytes the fast way.
 _SPLIT_EVENTS = 64
 
@@ -99,6 +101,18 @@ class EventTemplate:
     def shortest(self) -> int:
         """The bytes of the shortest event of this shape, its blank line included."""
         return self._minimum + 2
+
+    @property
+    def shortest_run(self) -> int:
+        """The fewest events a run must have to be taken: a run's fixed cost grows with its slots
+        (some C calls each: split, check, fold, write), about what 3 events cost the general way
+        per slot (`benchmarks/bench_cutter.py`: vLLM's logprob chunk, 5 slots, breaks even near 14
+        events a read). A shorter run takes the general way."""
+        return _SHORTEST_RUN_PER_SLOT * len(self.kinds)
+
+    def may_fit(self, part: bytes) -> bool:
+        """``part`` begins and ends as this shape's events do (it is one, or a spoilt one)."""
+        return part.startswith(self.segments[0]) and part.endswith(self.segments[-1])
 
     def take_run(self, parts: list[bytes], start: int, shortest: int = 1) -> tuple[int, list[list[bytes]]]:
         """The run of events of this shape at ``parts[start]`` (each an event without its blank

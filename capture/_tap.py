@@ -50,9 +50,8 @@ class TapOutcome:
 #: A stream learns at most this many event templates, and gives up learning after this many events
 #: that had none (a stream of tool-call deltas, or an upstream whose JSON is not compact).
 _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
-#: Runs shorter than this take the general way: a run's fixed cost (some C calls per slot) is about
-#: what three events cost the general way. A read of one event (a GPU's pace) is never a run, and
-#: is told by its length alone (`StreamTap._run_bytes`).
+#: No run is shorter than this (`EventTemplate.shortest_run`: 4 events a slot); a read too short to
+#: hold a run (one event at a GPU's pace) is told by its length alone (`StreamTap._run_bytes`).
 _SHORTEST_RUN = 4
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
@@ -325,7 +324,7 @@ class StreamTap:
             return
         template.maximum = self._max_event_bytes - 6
         templates.append(template)
-        self._run_bytes = _SHORTEST_RUN * min(template.shortest for template in templates)
+        self._run_bytes = min(template.shortest_run * template.shortest for template in templates)
         if len(templates) >= _MAX_TEMPLATES:
             self._learn_attempts = 0
 
@@ -344,9 +343,9 @@ class StreamTap:
             if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal \
                     and (cutter is None or cutter.takes_templates):
                 for template in templates:
-                    count, columns = template.take_run(parts, at, _SHORTEST_RUN)
+                    count, columns = template.take_run(parts, at, template.shortest_run)
                     fits = fits or count > 0
-                    if count < _SHORTEST_RUN:
+                    if count < template.shortest_run:
                         continue
                     if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
                         count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
@@ -371,6 +370,8 @@ class StreamTap:
             if cutter is None and self._failure is not None:
                 return  # Nothing more is parsed (`_observe`).
             # One event the general way; one no template fits may teach a new one.
+            if not fits and templates:
+                fits = any(template.may_fit(parts[at]) for template in templates)
             event = parts[at] + b"\n\n"
             plain = parser.feed_plain(event)
             if cutter is None:
