@@ -149,14 +149,8 @@ class ChatReassembler(Reassembler):
         data parsed, if it was): its text, its logprob entries' token, logprob and bytes, and its
         token ids are the slots; its fold is `_on_payload`'s hot path (`_on_choice`'s for a chunk
         with an empty delta), once per run."""
-        if self.terminal or self._envelope_missing:
-            return None
-        if payload is None:
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                return None
-        slots = self._template_slots(payload) if type(payload) is dict else None
+        payload = self.template_payload(data, payload) if not self._envelope_missing else None
+        slots = self._template_slots(payload) if payload is not None else None
         learnt = learn_template(prefix, data, payload, slots) if slots else None
         if learnt is None:
             return None
@@ -389,13 +383,7 @@ class TokenArrays:
 
     def extend(self, field: str, items: list[Any], written: bytes | None = None) -> None:
         """Append ``items``; ``written``: their list's JSON, when someone already wrote it."""
-        kept = self._lists.get(field)
-        if kept is None:
-            kept = self._lists[field] = bytearray()
-        if items:
-            if kept:
-                kept += b","
-            kept += (written or orjson.dumps(items))[1:-1]
+        self.extend_json(field, (written or orjson.dumps(items))[1:-1] if items else b"")
 
     @property
     def keeps_entries(self) -> bool:

@@ -101,12 +101,9 @@ class Reassembler:
         (`capture._event_templates`), or None (the default: every event is parsed)."""
         return None
 
-    def _text_template(self, prefix: bytes, data: bytes, payload: Any, event_type: str,
-                       slots: Callable[[str, dict[str, Any]], Optional[tuple[list[Slot], Callable[[str], None]]]]
-                       ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
-        """`learn_template` for an event whose fold appends one text: ``slots(event_type, payload)``
-        gives its slots (the text's named ``text``; others only checked) and what takes the
-        run's text joined, or None when the event is not such an event in this state."""
+    def template_payload(self, data: bytes, payload: Any) -> Optional[dict[str, Any]]:
+        """An event's data as the JSON object a template is learnt from (``payload``: parsed
+        already, or None), or None: not an object, or the stream has ended."""
         if self.terminal:
             return None
         if payload is None:
@@ -114,7 +111,16 @@ class Reassembler:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:
                 return None
-        if type(payload) is not dict:
+        return payload if type(payload) is dict else None
+
+    def _text_template(self, prefix: bytes, data: bytes, payload: Any, event_type: str,
+                       slots: Callable[[str, dict[str, Any]], Optional[tuple[list[Slot], Callable[[str], None]]]]
+                       ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:
+        """`learn_template` for an event whose fold appends one text: ``slots(event_type, payload)``
+        gives its slots (the text's named ``text``; others only checked) and what takes the
+        run's text joined, or None when the event is not such an event in this state."""
+        payload = self.template_payload(data, payload)
+        if payload is None:
             return None
         if event_type == "message" and isinstance(payload.get("type"), str):
             event_type = payload["type"]  # As `_fold` resolves it.

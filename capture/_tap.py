@@ -333,8 +333,7 @@ class StreamTap:
         learnt template taken at once (folded, and cut with the cutter), each other event the
         general way (where a template may be learnt)."""
         parts = piece[:-2].split(b"\n\n")
-        reassembler, parser, cutter = self._reassembler, self._parser, self._cutter
-        templates = self._templates
+        reassembler, parser, cutter, templates = self._reassembler, self._parser, self._cutter, self._templates
         assert templates is not None
         watch = cutter is not None and cutter.watches_tool_calls and _TOOL_CALLS in piece
         at, end = 0, len(parts)
@@ -342,28 +341,7 @@ class StreamTap:
             taken, fits = 0, False
             if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal \
                     and (cutter is None or cutter.takes_templates):
-                for template in templates:
-                    count, columns = template.take_run(parts, at, template.shortest_run)
-                    fits = fits or count > 0
-                    if count < template.shortest_run:
-                        continue
-                    if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
-                        count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
-                    count, decoded = template.checked(columns, count)
-                    if not count:
-                        continue
-                    parser.took_plain(count * template.field_lines)
-                    if cutter is not None:
-                        _, _, cut_values, dropped = template.output  # type: ignore[misc]
-                        self._output.append(template.write(columns, count))
-                        cutter.took_template_events(count, cut_values, dropped)
-                    try:
-                        template.fold(columns, count, decoded)
-                    except Exception as exc:  # The output is complete whatever happens here.
-                        self._failure = f"{type(exc).__name__}: {exc}"
-                    taken = count
-                    self.templated_events += count
-                    break
+                taken, fits = self._take_run(parts, at, watch)
             if taken:
                 at += taken
                 continue
@@ -386,6 +364,34 @@ class StreamTap:
                     self._cut_block(block)
             at += 1
         self.terminal = reassembler.terminal
+
+    def _take_run(self, parts: list[bytes], at: int, watch: bool) -> tuple[int, bool]:
+        """The run at ``parts[at]`` taken by the first template it fits (cut, counted, folded): how
+        many events, and whether a template's segments fit there at all."""
+        fits = False
+        for template in self._templates:  # type: ignore[union-attr]
+            count, columns = template.take_run(parts, at, template.shortest_run)
+            fits = fits or count > 0
+            if count < template.shortest_run:
+                continue
+            if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
+                count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
+            count, decoded = template.checked(columns, count)
+            if not count:
+                continue
+            self._parser.took_plain(count * template.field_lines)
+            cutter = self._cutter
+            if cutter is not None:
+                _, _, cut_values, dropped = template.output  # type: ignore[misc]
+                self._output.append(template.write(columns, count))
+                cutter.took_template_events(count, cut_values, dropped)
+            try:
+                template.fold(columns, count, decoded)
+            except Exception as exc:  # The output is complete whatever happens here.
+                self._failure = f"{type(exc).__name__}: {exc}"
+            self.templated_events += count
+            return count, True
+        return 0, fits
 
     def _plain_split(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         """``chunk`` as the pieces to frame: the end of an event an earlier read began, the whole
