@@ -73,8 +73,11 @@ class AddedFieldCutter:
         self._framer: Optional[SSEParser] = None
         #: The last event was dropped (a stray LF that ends it goes with it).
         self._dropped_last = False
-        self._rules: Callable[[str, dict[str, Any]], list[Cut]] = {
-            "chat": self._chat_cuts, "completions": self._completions_cuts, "responses": self._responses_cuts,
+        # The class's functions, not bound methods: a bound method kept on its own instance is a
+        # cycle per call, left to the garbage collector (issue 34).
+        self._rules: Callable[[AddedFieldCutter, str, dict[str, Any]], list[Cut]] = {
+            "chat": AddedFieldCutter._chat_cuts, "completions": AddedFieldCutter._completions_cuts,
+            "responses": AddedFieldCutter._responses_cuts,
         }.get(dialect, _no_cuts)
 
     @property
@@ -193,12 +196,12 @@ class AddedFieldCutter:
 
     def rules(self, response: dict[str, Any]) -> list[Cut]:
         """What `cut_body` replaces in a body (or a stream rebuilt as one): (path, JSON value)."""
-        return self._rules("body", response)
+        return self._rules(self, "body", response)
 
     def cut_parsed(self, response: dict[str, Any]) -> dict[str, Any]:
         """`cut_body` on a body already parsed: the same values replaced, in ``response`` itself
         (the capture writer's copy of what the agent saw, DESIGN §12)."""
-        for path, replacement in self._rules("body", response):
+        for path, replacement in self._rules(self, "body", response):
             container: Any = response
             for step in path[:-1]:
                 container = container[step]
@@ -225,7 +228,7 @@ class AddedFieldCutter:
                 return fast
         elif event_type == "message" and type(payload.get("type")) is str:
             event_type = payload["type"]
-        cuts = self._rules(event_type, payload)
+        cuts = self._rules(self, event_type, payload)
         if not cuts:
             return []
         spans = found_spans(data, cuts, payload)
@@ -475,7 +478,7 @@ def _loads(data: bytes) -> Any:
         return None
 
 
-def _no_cuts(event_type: str, payload: dict[str, Any]) -> list[Cut]:
+def _no_cuts(cutter: AddedFieldCutter, event_type: str, payload: dict[str, Any]) -> list[Cut]:
     return []
 
 

@@ -468,20 +468,19 @@ class _BodyPump:
 
         The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
         go to the client before they are parsed -- or, in the token capture mode, as soon as they
-        are cut, the first event on its own (TTFT) -- then the tap takes them in one pass. The rest
+        are cut; the stream's first event on its own (TTFT) -- then the tap takes them in one pass. The rest
         of the read is fed whole; when it completes the terminal event it is held, with what
         follows it, until the line is durable (DESIGN §2).
         """
+        if not self.first_written:
+            first = data.find(b"\n\n") + 2  # Always an event's end, whatever the line ends.
+            if 2 <= first < len(data) and tap.quiet_prefix(data[:first]) == first:
+                self._write_quiet(data[:first], tap)  # Before the rest is searched: TTFT.
+                data = data[first:]
         quiet = tap.quiet_prefix(data)
         if quiet:
             head = data if quiet == len(data) else data[:quiet]
-            if self.cutter is None:
-                self.client.write(head)
-                tap.feed(head)  # Cannot complete the terminal event.
-            else:
-                self._write_cut_events(head, tap)
-            self.first_written = True
-            self._mark_first_content(tap)
+            self._write_quiet(head, tap)
             if head is data:
                 return
             data = data[quiet:]
@@ -498,17 +497,17 @@ class _BodyPump:
         self.first_written = True
         self.client.write(out)
 
-    def _write_cut_events(self, data: bytes, tap: StreamTap) -> None:
-        """Token capture mode: ``data`` (whole events) cut and written; the stream's first event
-        on its own, so that the first token does not wait for the rest of the read to be cut."""
-        if not self.first_written:
-            first = data.find(b"\n\n") + 2
-            if 2 <= first < len(data):
-                tap.feed(data[:first])
-                self.client.write(tap.take_output())
-                data = data[first:]
-        tap.feed(data)
-        self.client.write(tap.take_output())
+    def _write_quiet(self, events: bytes, tap: StreamTap) -> None:
+        """Whole events that cannot complete the terminal: to the client (cut, in the token
+        capture mode), then or meanwhile to the tap."""
+        if self.cutter is None:
+            self.client.write(events)
+            tap.feed(events)  # Cannot complete the terminal event.
+        else:
+            tap.feed(events)
+            self.client.write(tap.take_output())
+        self.first_written = True
+        self._mark_first_content(tap)
 
     def _mark_first_content(self, tap: StreamTap) -> None:
         exchange = self.exchange
@@ -601,14 +600,20 @@ class _BodyPump:
 
     def _finish(self, outcome: str) -> None:
         self.client.on_write_flow = None
+        self.write = _write_nothing  # A bound method of its own: a cycle left to the collector.
         if not self.done.done():
             self.done.set_result(outcome)
 
     def stop(self) -> None:
         """The handler was cancelled (the client left): stop listening to the upstream."""
         self.client.on_write_flow = None
+        self.write = _write_nothing
         if not self.done.done():
             self.done.cancel()
+
+
+def _write_nothing(data: bytes) -> None:
+    pass
 
 
 def _note_broken(exchange: CallExchange | None, category: str | None, exc: BaseException, message: str) -> None:

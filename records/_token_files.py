@@ -140,6 +140,11 @@ class TokenFiles:
         """The entries from byte ``offset`` on, each with its offset, and where they end. A torn
         last line (a writer killed mid-write, never acknowledged) is left for later."""
         path = self.path(rollout_id)
+        try:
+            if os.stat(path).st_size == offset:  # Nothing appended: no lock, no read (issue 34).
+                return [], offset
+        except FileNotFoundError:
+            return [], offset
         with self._locked(rollout_id, shared=True):
             try:
                 with open(path, "rb") as handle:
