@@ -7,7 +7,10 @@
   sidecar workers and readers never see half a write;
 - ``<id>.tokens.state.json``: ``frozen`` / ``retired`` / ``incomplete``, a ``version``, and the
   index of the entries written (``entry_digests`` by call id, ``indexed_size``), replaced
-  atomically; rebuilt from the file's tail when a writer died between the two;
+  atomically. Every reader and writer brings the index up to the entries file's tail first
+  (Gym's ``_sync_entry_index``), so the index on disk may lag: this writer replaces the state
+  on a change of lifecycle only, not per entry (the index names every entry of the rollout: a
+  rewrite per entry is quadratic in a long rollout, issue 34);
 - ``<id>.tokens.intents``: the call ids dispatched (a call with an intent and no entry was lost:
   Gym masks the rollout);
 - ``<id>.tokens.incomplete``: the call ids whose entry could not be written.
@@ -46,10 +49,11 @@ class TokenFiles:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        #: Each rollout's state as this object last wrote it, with the file's identity then
-        #: (`_state`): a rollout's state indexes every entry, so parsing it on every call of a
-        #: long rollout is quadratic (issue 34). Another writer's state has another identity.
-        self._states: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        #: Each rollout's state as this object last knew it (its index ahead of the file's), with
+        #: the state file's identity then, None when there was none (`_state`): a rollout's state
+        #: indexes every entry, so parsing it on every call of a long rollout is quadratic (issue
+        #: 34). Another writer's replacement has another identity.
+        self._states: dict[str, tuple[Optional[tuple[int, int, int]], dict[str, Any]]] = {}
         self._states_lock = threading.Lock()  # Calls of other rollouts prepare and commit on other threads.
         #: Intents and entries written at once by several threads, made durable by one barrier
         #: (issue 34): each call writes two, and every fsync is a journal commit of its own.
@@ -63,9 +67,10 @@ class TokenFiles:
     def begin_call(self, rollout_id: str, model_call_ids: list[str]) -> None:
         """Durably note that these calls are about to be dispatched; `RolloutClosed` when frozen."""
         with self._locked(rollout_id):
-            state = self._state(rollout_id)
+            identity, state = self._state(rollout_id)
             if state.get("retired") or state.get("frozen"):
                 raise RolloutClosed(f"rollout {rollout_id} is {'retired' if state.get('retired') else 'frozen'}")
+            self._keep_state(rollout_id, identity, state)
             # Durable before the call is dispatched (Gym's protocol), by a barrier shared with the
             # intents other threads wrote meanwhile: one syncfs for all instead of an fsync each.
             path = self.path(rollout_id, ".tokens.intents")
@@ -88,7 +93,7 @@ class TokenFiles:
         payload = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
         rollout_id, call_id = entry["rollout_id"], entry["model_call_id"]
         with self._locked(rollout_id):
-            state = self._state(rollout_id)
+            identity, state = self._state(rollout_id)
             if state.get("retired") or state.get("frozen"):
                 _append_durably(self.path(rollout_id, ".tokens.late.jsonl"), payload + b"\n")
                 return "late", None, None
@@ -96,6 +101,7 @@ class TokenFiles:
             digest = hashlib.sha256(payload).hexdigest()
             known = state["entry_digests"].get(call_id)
             if known == digest:
+                self._keep_state(rollout_id, identity, state)
                 return "same", None, None
             if known is not None:
                 state.update(incomplete=True, version=state["version"] + 1)
@@ -107,15 +113,16 @@ class TokenFiles:
             else:
                 unsynced.append(self.path(rollout_id))
             state["entry_digests"][call_id] = digest
-            state["version"] += 1
-            # The entry's fsync is the promise; the index is rebuilt from the tail if this is lost.
-            self._write_state(rollout_id, state, durable=False)
+            # The entry's fsync is the promise. The state file is not replaced: whoever reads it
+            # next (this writer, another, Gym's store) indexes the tail first.
+            self._keep_state(rollout_id, identity, state)
             return "written", state["indexed_size"] - len(payload) - 1, state["indexed_size"]
 
     def mark_incomplete(self, rollout_id: str, model_call_id: str) -> None:
         """Durably note that a call's entry could not be written (the rollout is unsafe to train on)."""
         with self._locked(rollout_id):
-            state = self._state(rollout_id)
+            _, state = self._state(rollout_id)
+            self._index_tail(rollout_id, state)
             if state.get("retired"):
                 return
             state.update(incomplete=True, version=state.get("version", 0) + 1)
@@ -170,9 +177,12 @@ class TokenFiles:
             return check_token_entry(orjson.loads(handle.readline()))
 
     def state(self, rollout_id: str) -> dict[str, Any]:
-        """The rollout's state as on disk (a copy of its own: the cache is the writer's)."""
+        """The rollout's state as a reader sees it: the file's, its index brought up to the
+        entries on disk (a copy of its own: the cache is the writer's)."""
         with self._locked(rollout_id, shared=True):
-            return self._read_state(rollout_id)[1]
+            state = self._read_state(rollout_id)[1]
+            self._index_tail(rollout_id, state, cut_torn=False)
+            return state
 
     def intents(self, rollout_id: str) -> list[str]:
         try:
@@ -192,17 +202,25 @@ class TokenFiles:
         finally:
             os.close(fd)  # Closing releases the lock.
 
-    def _state(self, rollout_id: str) -> dict[str, Any]:
-        """The rollout's state (under its lock). The caller owns the dict: the cached one is handed
-        over (and taken back by `_write_state`), so a caller that fails half-way leaves no cache."""
+    def _state(self, rollout_id: str) -> tuple[Optional[tuple[int, int, int]], dict[str, Any]]:
+        """The rollout's state file's identity and state (under its lock). The caller owns the
+        dict: the cached one is handed over (and taken back by `_keep_state` or `_write_state`), so
+        a caller that fails half-way leaves no cache."""
         with self._states_lock:
             cached = self._states.pop(rollout_id, None)
-        return self._read_state(rollout_id, cached)[1]
+        return self._read_state(rollout_id, cached)
 
-    def _read_state(self, rollout_id: str, cached: Optional[tuple[tuple[int, int, int], dict[str, Any]]] = None
+    def _keep_state(self, rollout_id: str, identity: Optional[tuple[int, int, int]], state: dict[str, Any]) -> None:
+        with self._states_lock:
+            self._states[rollout_id] = (identity, state)
+            if len(self._states) > _STATES_KEPT:
+                self._states.pop(next(iter(self._states)))
+
+    def _read_state(self, rollout_id: str,
+                    cached: Optional[tuple[Optional[tuple[int, int, int]], dict[str, Any]]] = None
                     ) -> tuple[Optional[tuple[int, int, int]], dict[str, Any]]:
         """(the state file's identity, its state): ``cached`` when the file is still the one it
-        was read from, else parsed; a new state when there is no file."""
+        was read from (or there still is none), else parsed; a new state when there is no file."""
         try:
             with open(self.path(rollout_id, ".tokens.state.json"), "rb") as handle:
                 identity = _identity(os.fstat(handle.fileno()))
@@ -210,14 +228,17 @@ class TokenFiles:
                     return cached
                 state = orjson.loads(handle.read())
         except FileNotFoundError:
+            if cached is not None and cached[0] is None:
+                return cached
             return None, {**_NEW_STATE, "entry_digests": {}}
         if not isinstance(state, dict):
             raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
         return identity, state
 
-    def _index_tail(self, rollout_id: str, state: dict[str, Any]) -> None:
-        """Index entries written after the state was (a writer stopped between its two writes),
-        and cut a torn last line, which nobody was told was written."""
+    def _index_tail(self, rollout_id: str, state: dict[str, Any], cut_torn: bool = True) -> None:
+        """Index entries written after the state was (by a writer that does not replace the state
+        per entry, or stopped between its two writes), and cut a torn last line, which nobody was
+        told was written (``cut_torn``: a writer's, under the exclusive lock)."""
         path = self.path(rollout_id)
         try:
             size = os.stat(path).st_size
@@ -234,7 +255,8 @@ class TokenFiles:
         while position < len(tail):
             end = tail.find(b"\n", position)
             if end < 0:
-                os.truncate(path, indexed + position)
+                if cut_torn:
+                    os.truncate(path, indexed + position)
                 break
             line = tail[position:end].strip()
             if line:
@@ -267,10 +289,7 @@ class TokenFiles:
             except FileNotFoundError:
                 pass
             raise
-        with self._states_lock:
-            self._states[rollout_id] = (identity, state)
-            if len(self._states) > _STATES_KEPT:
-                self._states.pop(next(iter(self._states)))
+        self._keep_state(rollout_id, identity, state)
         if durable:
             fsync_directory(self.directory)
 

@@ -3,6 +3,7 @@ with the appender's contract line by line and failures that stay with their own 
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ def test_lines_from_many_threads_to_many_files_are_each_written_once_and_settled
     """16 threads queue 400 lines over 20 files (some above 64 KiB): every line intact, in its own
     file, none lost or doubled, each settled once with the barrier's seconds and its size. With 3
     files kept open, descriptors leave the cache while barriers still use them; none leaks."""
+    gc.collect()  # Descriptors earlier tests left to the collector must not close during the count.
     descriptors_before = len(os.listdir("/proc/self/fd"))
     committer = GroupCommitter(sync_mode, directory=str(tmp_path), max_open_files=max_open_files)
     outcomes = Outcomes()

@@ -180,6 +180,36 @@ def test_a_torn_last_line_and_a_lost_index_are_repaired_under_the_lock(tmp_path)
     assert set(files.state("r")["entry_digests"]) == {"c1", "c2"}
 
 
+def test_a_long_rollout_is_indexed_by_two_writers_without_its_state_replaced_per_entry(tmp_path):
+    """Issue 34: the state file indexes every entry of a rollout, so replacing it per entry is
+    quadratic in a long rollout. Two writers (two sidecar workers) interleave 40 entries: the state
+    is never replaced, yet a reader sees every entry indexed, each writer knows the other's (a
+    repeat is ``same``, other content is refused), and a freeze by another process is seen."""
+    directory = str(tmp_path)
+    first, second = TokenFiles(directory), TokenFiles(directory)
+
+    def entry(number: int, logprob: float = -0.5) -> dict:
+        return {"schema_version": 1, "rollout_id": "r", "model_call_id": f"c{number}", "prompt_token_ids": [1],
+                "generation_token_ids": [2, number], "generation_log_probs": [logprob, logprob]}
+
+    for number in range(40):
+        assert (first if number % 3 else second).append(entry(number)) == "written"
+    assert not os.path.exists(first.path("r", ".tokens.state.json"))
+    state = TokenFiles(directory).state("r")
+    assert set(state["entry_digests"]) == {f"c{n}" for n in range(40)}
+    assert state["indexed_size"] == os.path.getsize(first.path("r"))
+    assert first.append(entry(3)) == "same" and second.append(entry(4)) == "same"
+    with pytest.raises(ValueError, match="other content"):
+        first.append(entry(39, logprob=-0.7))  # Written by the other writer.
+    freezer = TokenFiles(directory)
+    with freezer._locked("r"):
+        _, frozen = freezer._state("r")
+        frozen["frozen"] = True
+        freezer._write_state("r", frozen, durable=True)
+    assert first.append(entry(40)) == "late" and second.append(entry(41)) == "late"
+    assert [e["model_call_id"] for e in read_token_entries(directory, "r")] == [f"c{n}" for n in range(40)]
+
+
 async def test_gyms_training_path_turns_the_mode_on_for_that_call(http, upstream, start, capture_dir, store):
     """`/ng-rollout/<id>/training-token-capture/v1/...` (Gym's URL contract): the fields are added
     and cut for that call, the prefix is stripped upstream, and the call gets its entry."""
@@ -364,7 +394,7 @@ async def test_a_stream_whose_entry_is_not_written_keeps_its_logprobs_in_the_lin
     files = TokenFiles(capture_dir)
     files.begin_call("frozen", ["x"])
     with files._locked("frozen"):
-        state = files._state("frozen")
+        _, state = files._state("frozen")
         state["frozen"] = True
         files._write_state("frozen", state, durable=True)
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
