@@ -94,7 +94,8 @@ class CaptureWriter:
         plan, token_capture = exchange.token_plan, self._token_capture
         if plan is None or token_capture is None:
             return self._line_and_entries(exchange, None)
-        unsynced: list[str] = []
+        # The intent, when not flushed yet (`TokenPlan.intent_unflushed`), rides the same barrier.
+        unsynced: list[str] = [plan.intent_unflushed] if plan.intent_unflushed is not None else []
         line = self._line_and_entries(exchange, unsynced)
         if not unsynced:
             return line

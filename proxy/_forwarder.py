@@ -210,6 +210,7 @@ class _Call:
             return
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
+        await self.tokens.intent_durable()  # Bytes may reach the agent before the line.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
         pump = _BodyPump(self, upstream, tap, cutter)  # Delivers the body bytes that came with the head.
         if not pump.persisting:
@@ -236,6 +237,7 @@ class _Call:
         except UpstreamBroke as broke:  # As a direct call would: what came, then the cut.
             if tap is not None:
                 tap.feed(broke.partial)
+            await self.tokens.intent_durable()
             self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
             self.client.write(broke.partial)
             self.upstream_broke_then(broke.kind, self.client.abort)
@@ -304,7 +306,8 @@ class _Call:
             return
         self.persisted = True
         self._complete(self.exchange)
-        await self.writer.persist(self.exchange)  # type: ignore[union-attr]
+        if not await self.writer.persist(self.exchange):  # type: ignore[union-attr]
+            await self.tokens.intent_durable()  # The line's barrier, which was to cover it, failed.
 
     def _complete(self, exchange: CallExchange) -> None:
         exchange.complete()

@@ -75,9 +75,13 @@ class TokenCall:
         request = self.agent_request or parse_json_object(self.call.request.body)
         if not request:
             return
+        # A reply the agent asked for whole (no ``stream``) in the mode's JSON way reaches it only
+        # after its capture line is durable: the intent's flush joins that barrier (one flush for
+        # the call, not two; issue 34). Any other way out flushes first (`intent_durable`).
+        flush_intent = self.fields is None or request.get("stream") is True
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
-            exchange.retry_of)
+            exchange.retry_of, flush_intent)
         planning.add_done_callback(lambda done: _keep_plan(exchange, done))  # Also when nobody awaits it.
 
     async def planned(self) -> None:
@@ -86,6 +90,14 @@ class TokenCall:
         planning, self._planning = self._planning, None
         if planning is not None:
             await planning
+
+    async def intent_durable(self) -> None:
+        """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
+        disk (DESIGN §12: durable before the agent gets a byte of the reply)."""
+        exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
+        plan = exchange.token_plan if exchange is not None else None
+        if plan is not None and token_capture is not None and plan.intent_unflushed is not None:
+            await asyncio.get_running_loop().run_in_executor(None, token_capture.flush_intent, plan)
 
     async def supply_prefix(self, body: bytes) -> bytes:
         """``body`` with the parent's exact prompt ids supplied (``--supply-prefix``), for a chat

@@ -46,9 +46,9 @@ TOKEN_DIALECTS = frozenset({"chat", "completions", "responses"})
 _ROLLOUTS_KEPT = 4096
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenPlan:
-    """What `prepare` decided for one call, for `commit`."""
+    """What `prepare` decided for one call, for `commit` (only `intent_unflushed` changes)."""
 
     rollout_id: str
     entry_ids: tuple[str, ...]
@@ -56,6 +56,10 @@ class TokenPlan:
     verdict: LineageVerdict
     #: The earlier call this one repeats byte for byte (kept on the entry: Gym's entries allow extra keys).
     retry_of: Optional[str] = None
+    #: The intents file, while the call's intent is written but not yet flushed (`prepare` with
+    #: ``flush_intent=False``): made durable by the call's capture line's barrier, or before the
+    #: reply's first byte when it goes to the agent before its line (`TokenCall.intent_durable`).
+    intent_unflushed: Optional[str] = None
 
 
 class TokenCapture:
@@ -70,9 +74,10 @@ class TokenCapture:
         self._lock = threading.Lock()
 
     def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any],
-                retry_of: Optional[str] = None) -> Optional[TokenPlan]:
-        """The call's lineage verdict, its intent written; None when it gets no entry (Messages,
-        a frozen rollout, a request lineage cannot read). Runs on a worker thread."""
+                retry_of: Optional[str] = None, flush_intent: bool = True) -> Optional[TokenPlan]:
+        """The call's lineage verdict, its intent written (and flushed, unless ``flush_intent`` is
+        False: see `TokenPlan.intent_unflushed`); None when it gets no entry (Messages, a frozen
+        rollout, a request lineage cannot read). Runs on a worker thread."""
         if dialect not in TOKEN_DIALECTS:
             return None
         try:
@@ -84,14 +89,26 @@ class TokenCapture:
             with lock:
                 lineage.refresh()
                 verdict = lineage.resolve(items)
-            self.files.begin_call(rollout_id, list(ids))
+            intents = self.files.begin_call(rollout_id, list(ids), durable=flush_intent)
         except RolloutClosed as exc:
             self._fail("closed", rollout_id, model_call_id, f"{exc}: this call is not written to it")
             return None
         except Exception as exc:
             self._fail(type(exc).__name__, rollout_id, model_call_id, f"lineage could not be resolved: {exc}")
             return None
-        return TokenPlan(rollout_id, ids, items, verdict, retry_of)
+        return TokenPlan(rollout_id, ids, items, verdict, retry_of, None if flush_intent else intents)
+
+    def flush_intent(self, plan: TokenPlan) -> None:
+        """Make the plan's intent durable (on a worker thread); a failure marks the call's entries
+        incomplete (the rollout is then masked, as for a lost entry), never fails the call."""
+        path = plan.intent_unflushed
+        if path is None:
+            return
+        try:
+            self.files.wait_durable(path)
+        except OSError as exc:
+            self._failed(plan, exc)
+        plan.intent_unflushed = None
 
     def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None,
                unsynced: Optional[list[str]] = None) -> Optional[dict[str, Any]]:

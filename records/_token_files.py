@@ -64,8 +64,10 @@ class TokenFiles:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def begin_call(self, rollout_id: str, model_call_ids: list[str]) -> None:
-        """Durably note that these calls are about to be dispatched; `RolloutClosed` when frozen."""
+    def begin_call(self, rollout_id: str, model_call_ids: list[str], durable: bool = True) -> str:
+        """Durably note that these calls are about to be dispatched; `RolloutClosed` when frozen.
+        With ``durable=False`` the note is written, not flushed: the caller makes the returned
+        path durable (`wait_durable`, or a barrier of its own) before anyone sees the call's reply."""
         with self._locked(rollout_id):
             identity, state = self._state(rollout_id)
             if state.get("retired") or state.get("frozen"):
@@ -75,7 +77,14 @@ class TokenFiles:
             # intents other threads wrote meanwhile: one syncfs for all instead of an fsync each.
             path = self.path(rollout_id, ".tokens.intents")
             _append_durably(path, "".join(f"{i}\n" for i in model_call_ids).encode(), sync=False)
-            self._sync.wait_durable(path)
+            if durable:
+                self._sync.wait_durable(path)
+            return path
+
+    def wait_durable(self, path: str) -> None:
+        """What was written to ``path`` (one of these files) is on disk; shares a barrier with the
+        other threads waiting at once."""
+        self._sync.wait_durable(path)
 
     def append(self, entry: dict[str, Any]) -> str:
         """Write one entry durably: ``written``, ``same`` (this exact entry is already there) or

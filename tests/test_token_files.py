@@ -406,3 +406,42 @@ async def test_a_stream_whose_entry_is_not_written_keeps_its_logprobs_in_the_lin
     (record,) = read_token_records(store, "frozen")
     assert record.usable and record.generation_log_probs and \
         len(record.generation_log_probs) == len(record.generation_token_ids)
+
+
+async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(http, stand_in, start, capture_dir,
+                                                                              monkeypatch):
+    """DESIGN §12: a call's intent is durable before the agent gets a byte of its reply. A stream's
+    is flushed while the request goes upstream; a reply asked for whole (cut as one JSON body, held
+    until its capture line is durable) has its intent flushed by that line's barrier -- one flush
+    for the call, not two (issue 34) -- and both before the agent sees the reply's head."""
+    import capture._group_commit as group_commit
+    from records import GroupSync
+
+    events: list[tuple[str, tuple[str, ...]]] = []
+    flush, also_durable = GroupSync.wait_durable, group_commit.GroupCommitter._also_durable
+
+    def flushed(self, path):
+        flush(self, path)
+        events.append(("flushed", (os.path.basename(path),)))
+
+    def with_the_line(also, synced_device):
+        also_durable(also, synced_device)
+        events.append(("with the line", tuple(os.path.basename(p) for _, _, (paths, _) in also for p in paths)))
+
+    monkeypatch.setattr(GroupSync, "wait_durable", flushed)
+    monkeypatch.setattr(group_commit.GroupCommitter, "_also_durable", staticmethod(with_the_line))
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "intent"}]}
+    for rollout, body in (("whole", chat), ("streamed", {**chat, "stream": True})):
+        events.clear()
+        async with http.post(rollout_url(sidecar.url, rollout, "/v1/chat/completions"), data=orjson.dumps(body)) as reply:
+            seen = list(events)  # What was on disk when the agent got the head.
+            assert reply.status == 200
+            await reply.read()
+        intents = f"{rollout}.tokens.intents"
+        durable_at_head = [kind for kind, paths in seen if intents in paths]
+        if rollout == "whole":
+            assert durable_at_head == ["with the line"], seen
+        else:
+            assert durable_at_head == ["flushed"], seen
+    assert TokenFiles(capture_dir).intents("whole") and TokenFiles(capture_dir).intents("streamed")
