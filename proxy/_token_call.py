@@ -90,6 +90,8 @@ class TokenCall:
         planning, self._planning = self._planning, None
         if planning is not None:
             await planning
+            # Kept here too: awaiting a future already done goes on before its callbacks have run.
+            _keep_plan(self.call.exchange, planning)
 
     async def intent_durable(self) -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
