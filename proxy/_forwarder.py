@@ -471,11 +471,14 @@ class _BodyPump:
 
         The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
         go to the client before they are parsed -- or, in the token capture mode, as soon as they
-        are cut; the stream's first event on its own (TTFT) -- then the tap takes them in one pass. The rest
+        are cut, the stream's first event on its own (TTFT) -- then the tap takes them in one pass. The rest
         of the read is fed whole; when it completes the terminal event it is held, with what
         follows it, until the line is durable (DESIGN §2).
         """
-        if not self.first_written:
+        if not self.first_written and self.cutter is not None:
+            # The token capture mode cuts before it writes: the stream's first event goes out cut
+            # before the rest of the read is searched and cut (TTFT). Relayed as it came, a read
+            # goes out whole after one search (a write more a stream would cost more than it saves).
             first = data.find(b"\n\n") + 2  # Always an event's end, whatever the line ends.
             if 2 <= first < len(data) and tap.quiet_prefix(data[:first]) == first:
                 self._write_quiet(data[:first], tap)  # Before the rest is searched: TTFT.
