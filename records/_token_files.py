@@ -185,12 +185,14 @@ class TokenFiles:
             handle.seek(offset)
             return check_token_entry(orjson.loads(handle.readline()))
 
-    def state(self, rollout_id: str) -> dict[str, Any]:
+    def state(self, rollout_id: str, indexed: bool = True) -> dict[str, Any]:
         """The rollout's state as a reader sees it: the file's, its index brought up to the
-        entries on disk (a copy of its own: the cache is the writer's)."""
+        entries on disk (a copy of its own: the cache is the writer's). ``indexed=False``: the
+        lifecycle flags alone are wanted, the index is left as the file has it (no entry parsed)."""
         with self._locked(rollout_id, shared=True):
             state = self._read_state(rollout_id)[1]
-            self._index_tail(rollout_id, state, cut_torn=False)
+            if indexed:
+                self._index_tail(rollout_id, state, cut_torn=False)
             return state
 
     def intents(self, rollout_id: str) -> list[str]:

@@ -100,7 +100,7 @@ def trajectories(directory: Union[str, "os.PathLike[str]"], rollout_id: str) -> 
     """The rollout's chains from ``<directory>/<rollout_id>.tokens.jsonl`` (read, never frozen)."""
     files = TokenFiles(os.fspath(directory))
     entries = [entry for _, entry in files.entries(rollout_id)[0]]
-    state = files.state(rollout_id)
+    state = files.state(rollout_id, indexed=False)  # Its flags: the entries were just read.
     written = {entry["model_call_id"] for entry in entries}
     lost = [call_id for call_id in files.intents(rollout_id) if call_id not in written]
     build = build_trajectories(rollout_id, entries)
