@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 from typing import Callable, Optional
@@ -49,6 +50,7 @@ def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional
     return best_type
 
 
+@functools.lru_cache(maxsize=None)
 def load_syncfs() -> Optional[Callable[[int], int]]:
     """libc's ``syncfs(fd)`` (Linux), or None where there is none (then: fsync file by file)."""
     try:
@@ -77,7 +79,11 @@ class GroupSync:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(directory)) else None
+        #: ``syncfs`` where the filesystem honours it, else None; found at the first wait (a
+        #: `TokenFiles` that only reads -- `records.trajectories`, one per rollout -- never looks:
+        #: the mount table's parse and libc's lookup cost it 5x its reading, issue 34).
+        self._syncfs: Optional[Callable[[int], int]] = None
+        self._syncfs_known = False
         self._changed = threading.Condition(threading.Lock())
         #: Barriers started and finished (numbered from 1); one runs at a time.
         self._started = self._finished = 0
@@ -86,10 +92,18 @@ class GroupSync:
         self._waiting: list[str] = []
         self._failures: dict[int, OSError] = {}
 
+    @property
+    def uses_syncfs(self) -> bool:
+        """Whether barriers flush the filesystem with ``syncfs`` (else each file is fsynced)."""
+        if not self._syncfs_known:
+            self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(self.directory)) else None
+            self._syncfs_known = True
+        return self._syncfs is not None
+
     def wait_durable(self, path: str) -> None:
         """Return once what was written to ``path`` before this call is on disk; OSError when the
         barrier that was to make it so failed."""
-        if self._syncfs is None:
+        if not self.uses_syncfs:
             _fsync_path(path)
             return
         with self._changed:
