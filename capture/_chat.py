@@ -227,8 +227,7 @@ class ChatReassembler(Reassembler):
                 self.append_text(message, text[1], decoded[text[0]])
             if not logprobs and token_ids is None:
                 return
-            arrays = self._arrays.get(index) or self._arrays.setdefault(
-                index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+            arrays = self._arrays_of(index)
             if logprobs:
                 values = decoded[logprobs[0]] if len(logprobs) == 1 else list(
                     chain.from_iterable(zip(*(decoded[position] for position in logprobs))))
@@ -248,11 +247,15 @@ class ChatReassembler(Reassembler):
 
         return fold
 
+    def _arrays_of(self, index: int) -> TokenArrays:
+        """The choice's token arrays, made at its first token data."""
+        return self._arrays.get(index) or self._arrays.setdefault(
+            index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+
     def _token_data(self, index: int, choice: dict[str, Any], logprobs: Any, token_ids: Any) -> None:
         """A hot chunk's logprobs and token ids, as `_on_choice` folds them (the token capture mode's
         chunk, one per token: issue 34)."""
-        arrays = self._arrays.get(index) or self._arrays.setdefault(
-            index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+        arrays = self._arrays_of(index)
         written = self.written
         if logprobs is not None:
             choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs,
@@ -287,15 +290,13 @@ class ChatReassembler(Reassembler):
         logprobs = get("logprobs")
         written = self.written
         if type(logprobs) is dict:
-            arrays = self._arrays.get(index) or self._arrays.setdefault(
-                index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))
+            arrays = self._arrays_of(index)
             choice["logprobs"] = arrays.merge_logprobs(choice["logprobs"], logprobs, written=written.get(id(logprobs))
                                                        if written else None)
         if "token_ids" in chunk_choice:
             token_ids = chunk_choice["token_ids"]
             if type(token_ids) is list:  # vLLM's: concatenated.
-                (self._arrays.get(index) or self._arrays.setdefault(
-                    index, TokenArrays(self.collect_logprobs, self.keep_logprob_entries))).extend(
+                self._arrays_of(index).extend(
                     "token_ids", token_ids, written.get(id(token_ids)) if written else None)
             else:
                 merge_unknown(choice, "token_ids", token_ids)

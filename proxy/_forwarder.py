@@ -480,9 +480,11 @@ class _BodyPump:
             # before the rest of the read is searched and cut (TTFT). Relayed as it came, a read
             # goes out whole after one search (a write more a stream would cost more than it saves).
             first = data.find(b"\n\n") + 2  # Always an event's end, whatever the line ends.
-            if 2 <= first < len(data) and tap.quiet_prefix(data[:first]) == first:
-                self._write_quiet(data[:first], tap)  # Before the rest is searched: TTFT.
-                data = data[first:]
+            if 2 <= first < len(data):
+                event = data[:first]
+                if tap.quiet_prefix(event) == first:
+                    self._write_quiet(event, tap)  # Before the rest is searched: TTFT.
+                    data = data[first:]
         quiet = tap.quiet_prefix(data)
         if quiet:
             head = data if quiet == len(data) else data[:quiet]

@@ -37,8 +37,8 @@ class TokenCall:
         self.cutter: Optional[AddedFieldCutter] = None
         #: The prompt ids supplied upstream (``--supply-prefix``), None when none were.
         self.prefix: Optional[SuppliedPrefix] = None
-        #: `_plan_entry` under way (`plan_entry_soon`), None when not started or done.
-        self._planning: Optional[asyncio.Future[None]] = None
+        #: `TokenCapture.prepare` under way (`plan_entry_soon`), None when not started or awaited.
+        self._planning: Optional[asyncio.Future[Any]] = None
 
     @property
     def call(self) -> "_Call":

@@ -79,11 +79,6 @@ class GroupSync:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        #: ``syncfs`` where the filesystem honours it, else None; found at the first wait (a
-        #: `TokenFiles` that only reads -- `records.trajectories`, one per rollout -- never looks:
-        #: the mount table's parse and libc's lookup cost it 5x its reading, issue 34).
-        self._syncfs: Optional[Callable[[int], int]] = None
-        self._syncfs_known = False
         self._changed = threading.Condition(threading.Lock())
         #: Barriers started and finished (numbered from 1); one runs at a time.
         self._started = self._finished = 0
@@ -92,18 +87,17 @@ class GroupSync:
         self._waiting: list[str] = []
         self._failures: dict[int, OSError] = {}
 
-    @property
-    def uses_syncfs(self) -> bool:
-        """Whether barriers flush the filesystem with ``syncfs`` (else each file is fsynced)."""
-        if not self._syncfs_known:
-            self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(self.directory)) else None
-            self._syncfs_known = True
-        return self._syncfs is not None
+    @functools.cached_property
+    def _syncfs(self) -> Optional[Callable[[int], int]]:
+        """``syncfs`` where the filesystem honours it, else None (each file is fsynced). Found at
+        the first wait: a `TokenFiles` that only reads -- `records.trajectories`, one a rollout --
+        never looks (the mount table's parse cost it 5x its reading, issue 34)."""
+        return load_syncfs() if syncfs_flushes(filesystem_type(self.directory)) else None
 
     def wait_durable(self, path: str) -> None:
         """Return once what was written to ``path`` before this call is on disk; OSError when the
         barrier that was to make it so failed."""
-        if not self.uses_syncfs:
+        if self._syncfs is None:
             _fsync_path(path)
             return
         with self._changed:

@@ -285,9 +285,7 @@ class TokenFiles:
         fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
+                _write_all(fd, payload)
                 if durable:
                     os.fsync(fd)
                 identity = _identity(os.fstat(fd))  # A rename keeps the inode, size and mtime.
@@ -314,15 +312,19 @@ def _identity(status: os.stat_result) -> tuple[int, int, int]:
     return status.st_ino, status.st_mtime_ns, status.st_size
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _append_durably(path: str, data: bytes, sync: bool = True) -> int:
     """Append and fsync (``sync=False``: the caller makes the data durable; a new file's name is
     made durable here either way); the file's size after."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         created = os.fstat(fd).st_size == 0
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         if sync:
             os.fsync(fd)
         size = os.fstat(fd).st_size

@@ -36,7 +36,7 @@ def _write(path: str, data: bytes) -> None:
 
 def test_each_writer_returns_after_a_barrier_that_began_after_its_write_and_barriers_are_shared(tmp_path):
     sync = Recorded(str(tmp_path))
-    if not sync.uses_syncfs:
+    if sync._syncfs is None:
         pytest.skip("syncfs is not used on this filesystem: each file is fsynced on its own")
     returned: list[tuple[str, int, int]] = []
 
@@ -61,7 +61,7 @@ def test_a_failed_barrier_fails_its_writers(tmp_path):
     barrier held its write); the next barrier is clean again."""
     poison = str(tmp_path / "poison.tokens.jsonl")
     sync = Recorded(str(tmp_path))
-    if not sync.uses_syncfs:
+    if sync._syncfs is None:
         pytest.skip("syncfs is not used on this filesystem: each file is fsynced on its own")
     real = sync._barrier
     sync._barrier = lambda batch: OSError(5, "injected") if poison in batch else real(batch)  # type: ignore[method-assign]
@@ -87,7 +87,7 @@ def test_a_failed_barrier_fails_its_writers(tmp_path):
 
 def test_without_syncfs_each_file_is_fsynced(tmp_path, monkeypatch):
     sync = GroupSync(str(tmp_path))
-    sync._syncfs, sync._syncfs_known = None, True  # As on a filesystem syncfs may not flush.
+    sync._syncfs = None
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
