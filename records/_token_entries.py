@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
+from array import array as packed_array
 from typing import Any, Optional
 
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
@@ -38,11 +40,16 @@ def token_digest(token_ids: list[int]) -> str:
     big-endian unsigned 64-bit integers, under a domain prefix."""
     if not token_ids:
         return _EMPTY_DIGEST
-    try:
-        packed = struct.pack(f">BQ{len(token_ids)}Q", _DIGEST_VERSION, len(token_ids), *token_ids)
-    except struct.error:
+    try:  # An array packs the ids in C: half of `struct.pack(*ids)`'s time (a prompt is thousands).
+        packed = packed_array("Q", token_ids)
+    except (OverflowError, TypeError):
         raise ValueError("token ids must be integers in [0, 2**64)") from None
-    return hashlib.sha256(_DIGEST_DOMAIN + packed).hexdigest()
+    if sys.byteorder == "little":
+        packed.byteswap()
+    digest = hashlib.sha256(_DIGEST_DOMAIN)
+    digest.update(struct.pack(">BQ", _DIGEST_VERSION, len(token_ids)))
+    digest.update(packed)
+    return digest.hexdigest()
 
 
 def request_items(body: dict[str, Any]) -> list[dict[str, Any]]:
