@@ -574,20 +574,23 @@ class _BodyPump:
         self.persisting = False
         if self.done.done():
             return
-        if self.broken is not None:
-            self._write_ready()
-            self.write(self.held)  # What arrived before the failure, then the cut.
-            self.held = b""
-            self._write_cut_tail()
-            self._break()
-        elif self.ended:
+        if self.ended and self.broken is None:
             self._flush_and_end()
-        else:
+            return
+        client = self.client
+        client.cork()  # What was held goes out in one socket write.
+        try:
             self._write_ready()
             held, self.held = self.held, b""
-            self.write(held)
-            if not self.client.writing_paused:
-                self.upstream.resume()
+            self.write(held)  # Broken: what arrived before the failure, then the cut.
+            if self.broken is not None:
+                self._write_cut_tail()
+        finally:
+            client.uncork()
+        if self.broken is not None:
+            self._break()
+        elif not client.writing_paused:
+            self.upstream.resume()
 
     def _write_ready(self) -> None:
         if self.held_ready:
@@ -595,12 +598,17 @@ class _BodyPump:
             self.held_ready = b""
 
     def _flush_and_end(self) -> None:
-        self._write_ready()
-        if self.held:
-            self.write(self.held)
-            self.held = b""
-        self._write_cut_tail()
-        self.client.end()
+        client = self.client
+        client.cork()  # The held end of the reply and the last chunk: one socket write.
+        try:
+            self._write_ready()
+            if self.held:
+                self.write(self.held)
+                self.held = b""
+            self._write_cut_tail()
+            client.end()
+        finally:
+            client.uncork()
         self._finish("ended")
 
     def _break(self) -> None:

@@ -129,6 +129,8 @@ class Http1Connection(asyncio.Protocol):
         self._chunked = False
         #: A reply head not sent yet (see `start`).
         self._head = b""
+        #: Writes held by `cork` until `uncork`.
+        self._corked: Optional[list[bytes]] = None
         self.response_started = False
         self.response_ended = False
 
@@ -400,7 +402,7 @@ class Http1Connection(asyncio.Protocol):
         if self._head:
             head, self._head = self._head, b""
             if self.transport is not None and not self.gone:
-                self.transport.write(head)
+                self._send(head)
 
     def write(self, data: bytes) -> None:
         """Send body bytes (framed as one chunk when the reply is chunked). Never blocks."""
@@ -413,19 +415,37 @@ class Http1Connection(asyncio.Protocol):
         # One `write` of one joined buffer: uvloop's `writelines` costs more than the copy of a
         # model reply's chunk (profiled: half the pump's time on 256-event streams).
         if self._chunked:
-            self.transport.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
+            self._send(b"%s%x\r\n%s\r\n" % (head, len(data), data))
         elif head:
-            self.transport.write(head + data)
+            self._send(head + data)
         else:
-            self.transport.write(data)
+            self._send(data)
 
     def end(self) -> None:
         head, self._head = self._head, b""
         if not self.gone and self.transport is not None:
             ending = head + b"0\r\n\r\n" if self._chunked else head
             if ending:
-                self.transport.write(ending)
+                self._send(ending)
         self.response_ended = True
+
+    def cork(self) -> None:
+        """Hold the writes until `uncork`, which sends them in one socket write: what a reply
+        releases at once (a held terminal event, the cut's tail, the last chunk) costs one
+        syscall and wakes the client once (each send on loopback costs 20-90 µs here; issue 34)."""
+        if self._corked is None:
+            self._corked = []
+
+    def uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        if corked and self.transport is not None and not self.gone:
+            self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
+
+    def _send(self, data: bytes) -> None:
+        if self._corked is not None:
+            self._corked.append(data)
+        else:
+            self.transport.write(data)  # type: ignore[union-attr]
 
     def reply(self, status: int, reason: bytes, headers: Headers, body: bytes) -> None:
         """A whole reply with a Content-Length (local replies, the admin endpoints)."""
