@@ -1,0 +1,40 @@
+"""A sidecar with one part of capture taken out, for `bench_floors.py`'s decomposition only.
+
+    python benchmarks/floors_sidecar.py <part> serve --upstream ... --capture-dir ...
+
+``<part>``: ``none`` (the sidecar as shipped), ``barrier`` (lines are built and appended but no
+fsync or syncfs runs: what the durability barrier costs), ``persistence`` (no line is built or
+written; every call is settled at once: what the relay's own capture bookkeeping costs, the tap,
+the exchange, the held reply). Each is the shipped code with one method replaced in this process:
+never a mode of the product (a call would be acknowledged before its line is durable).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import capture._group_commit as group_commit  # noqa: E402
+import proxy._capture_writer as capture_writer  # noqa: E402
+
+PARTS = ("none", "barrier", "persistence")
+
+
+def _take_out(part: str) -> None:
+    if part == "barrier":
+        group_commit.GroupCommitter._barrier = lambda self, pending: None  # type: ignore[method-assign]
+    elif part == "persistence":
+        def settle_at_once(self, exchange, on_settled):  # type: ignore[no-untyped-def]
+            self._loop.call_soon(on_settled, True)
+        capture_writer.CaptureWriter.submit = settle_at_once  # type: ignore[method-assign]
+    elif part != "none":
+        raise SystemExit(f"the part is one of {PARTS}, not {part!r}")
+
+
+if __name__ == "__main__":
+    _take_out(sys.argv[1])
+    sys.argv = ["proxy", *sys.argv[2:]]
+    runpy.run_module("proxy", run_name="__main__")
