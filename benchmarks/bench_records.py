@@ -1,10 +1,11 @@
 """Micro-benchmark: `read_model_call_records` over 100,000 capture lines of about 2 KB, one core.
 
-    python benchmarks/bench_records.py [LINES]
+    python benchmarks/bench_records.py [--quick] [--lines N]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -37,7 +38,11 @@ def make_line(number: int) -> bytes:
 
 
 def main() -> None:
-    lines = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="10,000 lines (a smoke test of the harness)")
+    parser.add_argument("--lines", type=int, default=None, help="how many capture lines (default 100,000)")
+    args = parser.parse_args()
+    lines = args.lines or (10_000 if args.quick else 100_000)
     with tempfile.TemporaryDirectory() as directory:
         data = b"".join(make_line(n) for n in range(lines))
         with open(os.path.join(directory, "bench.capture.jsonl"), "wb") as handle:
