@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,14 +39,8 @@ VARIANTS = (("sidecar, capture off", "none", False),
 
 
 def start_variant(label: str, part: str, capture: bool, upstream: bench.Target, workdir: str) -> bench.Target:
-    port = bench.free_port()
-    args = [sys.executable, os.path.join(HERE, "floors_sidecar.py"), part, "serve", "--upstream",
-            f"http://127.0.0.1:{upstream.port}", "--port", str(port), "--log-level", "error"]
-    if capture:
-        args += ["--capture-dir", tempfile.mkdtemp(dir=workdir)]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().startswith("listening on")  # type: ignore[union-attr]
-    return bench.Target(label, port, process)
+    return bench.start_sidecar(label, upstream, tempfile.mkdtemp(dir=workdir) if capture else None,
+                               program=(os.path.join(HERE, "floors_sidecar.py"), part))
 
 
 async def hop_round_trips(directory: str, count: int) -> dict[str, float]:

@@ -132,9 +132,11 @@ def start_naive(upstream: Target, capture_dir: str) -> Target:
 
 
 def start_sidecar(name: str, upstream: Target, capture_dir: str | None, workers: int = 1,
-                  extra: tuple[str, ...] = ()) -> Target:
+                  extra: tuple[str, ...] = (), program: tuple[str, ...] = ("-m", "proxy")) -> Target:
+    """``program``: what Python runs before ``serve ...`` (`bench_floors.py` runs a sidecar with a
+    part of capture taken out)."""
     port = free_port()
-    args = [sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream.port}", "--port", str(port),
+    args = [sys.executable, *program, "serve", "--upstream", f"http://127.0.0.1:{upstream.port}", "--port", str(port),
             "--log-level", "error", "--workers", str(workers), *extra]
     if capture_dir:
         args += ["--capture-dir", capture_dir]

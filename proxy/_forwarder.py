@@ -577,38 +577,34 @@ class _BodyPump:
         if self.ended and self.broken is None:
             self._flush_and_end()
             return
-        client = self.client
-        client.cork()  # What was held goes out in one socket write.
-        try:
-            self._write_ready()
-            held, self.held = self.held, b""
-            self.write(held)  # Broken: what arrived before the failure, then the cut.
-            if self.broken is not None:
-                self._write_cut_tail()
-        finally:
-            client.uncork()
+        # Broken: what arrived before the failure, then the cut.
+        self._release_held(tail=self.broken is not None)
         if self.broken is not None:
             self._break()
-        elif not client.writing_paused:
+        elif not self.client.writing_paused:
             self.upstream.resume()
 
-    def _write_ready(self) -> None:
-        if self.held_ready:
-            self.client.write(self.held_ready)
-            self.held_ready = b""
-
-    def _flush_and_end(self) -> None:
+    def _release_held(self, tail: bool, end: bool = False) -> None:
+        """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the cut's
+        end of an unterminated last event after it; ``end``: the reply's end too."""
         client = self.client
-        client.cork()  # The held end of the reply and the last chunk: one socket write.
+        client.cork()
         try:
-            self._write_ready()
+            if self.held_ready:
+                client.write(self.held_ready)
+                self.held_ready = b""
             if self.held:
                 self.write(self.held)
                 self.held = b""
-            self._write_cut_tail()
-            client.end()
+            if tail:
+                self._write_cut_tail()
+            if end:
+                client.end()
         finally:
             client.uncork()
+
+    def _flush_and_end(self) -> None:
+        self._release_held(tail=True, end=True)
         self._finish("ended")
 
     def _break(self) -> None:
