@@ -400,8 +400,6 @@ class _BodyPump:
         self.held = b""
         #: Token capture mode: the held terminal chunk's bytes, already cut (they go out first).
         self.held_ready = b""
-        #: Chunks of the current upstream read, handled together at `flush`.
-        self.batch: list[bytes] = []
         self.first_written = False
         self.persisting = False
         self.ended = False
@@ -414,20 +412,14 @@ class _BodyPump:
 
     # -- BodySink ------------------------------------------------------------------------------
 
-    def on_body(self, chunk: bytes) -> None:
-        self.batch.append(chunk)
-
-    def flush(self) -> None:
+    def on_read(self, batch: list[bytes]) -> None:
         """The chunks of one upstream read: each fed to the tap, all written in one client write.
 
         When a chunk completes the reply, the bytes before it go out now and it is held, with
         whatever follows it, until the line is durable.
         """
-        batch = self.batch
-        if not batch or self.done.done():
-            batch.clear()
+        if self.done.done():
             return
-        self.batch = []
         if self.client.gone:
             self._finish("client_gone")
             return
@@ -467,7 +459,7 @@ class _BodyPump:
         write(data)
 
     def _flush_stream(self, data: bytes, tap: StreamTap) -> None:
-        """`flush` for a stream: one read's bytes, relayed first and parsed after (issue 34).
+        """`on_read` for a stream: one read's bytes, relayed first and parsed after (issue 34).
 
         The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
         go to the client before they are parsed -- or, in the token capture mode, as soon as they

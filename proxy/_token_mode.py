@@ -116,11 +116,8 @@ class WholeBody:
         self.chunks: list[bytes] = []
         self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
-    def on_body(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
-
-    def flush(self) -> None:
-        pass
+    def on_read(self, chunks: list[bytes]) -> None:
+        self.chunks += chunks
 
     def on_end(self) -> None:
         if not self.done.done():

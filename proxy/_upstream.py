@@ -1,8 +1,8 @@
 """Upstream connections: a keep-alive pool of raw HTTP/1.1 connections to the model server (issue 5).
 
 One ``asyncio.Protocol`` per connection, parsing replies with httptools. The head of a reply is
-awaited; its body is pushed, chunk by chunk as it arrives, into a `BodySink` (the forwarder's
-pump) from the protocol's own callback -- no task switch per chunk. ``pause`` / ``resume``
+awaited; its body is pushed, one socket read's chunks at a time, into a `BodySink` (the forwarder's
+pump) from the protocol's own callback -- no task switch per read. ``pause`` / ``resume``
 stop reading the socket, so a slow client slows the model server instead of filling memory.
 
 Failures are typed for the forwarder: `UpstreamConnectError` (no connection: 502),
@@ -53,13 +53,12 @@ class UpstreamProtocolError(Exception):
 class BodySink(Protocol):
     """Where a reply's body goes (the forwarder's pump).
 
-    ``on_body`` is called for each chunk of the upstream's framing, then ``flush`` once per
-    socket read: a sink may gather the chunks of one read and handle them together (one tap
-    feed, one client write), since they arrived together anyway.
+    ``on_read`` gets the chunks of the upstream's framing that one socket read brought (never
+    none; the list is the sink's): a sink handles them together (one tap feed, one client
+    write), since they arrived together anyway.
     """
 
-    def on_body(self, chunk: bytes) -> None: ...
-    def flush(self) -> None: ...
+    def on_read(self, chunks: list[bytes]) -> None: ...
     def on_end(self) -> None: ...
     def on_error(self, kind: str, exc: BaseException) -> None: ...
 
@@ -100,11 +99,16 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, pool: "UpstreamPool") -> None:
         self._pool = pool
+        #: The body chunks of the read being parsed (or, before a sink is attached, of the reads
+        #: so far). httptools looks ``on_body`` up once, when the parser is made: the list's own
+        #: C method takes each chunk, not a Python call per chunk (a vLLM stream's every token is
+        #: a chunk of its own; issue 34). The list is never replaced, only emptied.
+        self._chunks: list[bytes] = []
+        self.on_body = self._chunks.append
         self._parser = httptools.HttpResponseParser(self)
         self.transport: Optional[asyncio.Transport] = None
         self._head: Optional[asyncio.Future[UpstreamReply]] = None
         self._sink: Optional[BodySink] = None
-        self._early: list[bytes] = []
         self._reason = b""
         self._headers: Headers = []
         self._complete = False
@@ -129,7 +133,8 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, head_only: bool) -> "asyncio.Future[UpstreamReply]":
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
-        self._sink, self._early, self._headers, self._reason = None, [], [], b""
+        self._sink, self._headers, self._reason = None, [], b""
+        self._chunks.clear()
         self._complete = self._ended = self._keep_alive = self._head_seen = False
         self._failed = None
         self._head_only = head_only
@@ -160,8 +165,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail("reset", UpstreamProtocolError(f"the upstream sent a malformed reply: {exc}"))
             self._close()
         finally:
-            if self._sink is not None:
-                self._sink.flush()  # The chunks of one read go on as one (see `BodySink.flush`).
+            self._deliver()  # The chunks of one read go on as one (see `BodySink.on_read`).
 
     def eof_received(self) -> Optional[bool]:
         return None  # Close; a body read until close ends in connection_lost.
@@ -215,12 +219,6 @@ class UpstreamConnection(asyncio.Protocol):
             self._finish()
             self._close()  # The parser would wait for a body a HEAD reply never has.
 
-    def on_body(self, body: bytes) -> None:
-        if self._sink is not None:
-            self._sink.on_body(body)
-        else:
-            self._early.append(body)
-
     def on_message_complete(self) -> None:
         if not self._head_seen or self._complete:
             return  # The end of an interim (1xx) reply, or a HEAD reply already finished.
@@ -232,10 +230,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def attach(self, sink: BodySink) -> None:
         self._sink = sink
-        early, self._early = self._early, []
-        for chunk in early:
-            sink.on_body(chunk)
-        sink.flush()
+        self._deliver()
         if self._ended:
             sink.on_end()
         elif self._failed is not None:
@@ -246,8 +241,16 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._ended = True
         if self._sink is not None:
-            self._sink.flush()
+            self._deliver()
             self._sink.on_end()
+
+    def _deliver(self) -> None:
+        """The chunks gathered so far, to the sink (if one is attached yet)."""
+        chunks = self._chunks
+        if chunks and self._sink is not None:
+            batch = chunks.copy()
+            chunks.clear()
+            self._sink.on_read(batch)
 
     def _fail(self, kind: str, exc: BaseException) -> None:
         if self._ended or self._failed is not None:
@@ -257,7 +260,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._head.set_exception(exc if isinstance(exc, (UpstreamProtocolError, UpstreamTimeout))
                                      else UpstreamProtocolError(str(exc)))
         elif self._sink is not None:
-            self._sink.flush()
+            self._deliver()
             self._sink.on_error(kind, exc)
 
     def _framed(self) -> bool:
