@@ -33,7 +33,6 @@ Why this is the same outcome as the general path, whatever the bytes:
 
 from __future__ import annotations
 
-import re
 import secrets
 from itertools import chain, count, repeat
 from typing import Any, Callable, Optional
@@ -44,12 +43,12 @@ import orjson
 #: slot is what stands between its brackets).
 TEXT, NUMBER, INTS = "text", "number", "ints"
 
-_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
-_NUMBERS = re.compile(_NUMBER + rb"(?:," + _NUMBER + rb")*")
-# As orjson writes one (no ``-0``), of at most 18 digits: orjson reads a longer one as a float,
-# which the general path keeps as such.
-_INT = rb"(?:0|-?[1-9][0-9]{0,17})"
-_INTS = re.compile(rb"(?:" + _INT + rb"(?:," + _INT + rb")*)?")
+#: The bytes a list of numbers (or of integers) joined by commas may hold: with nothing else, the
+#: JSON parser can read nothing but numbers from it. Whether each is written as orjson writes it
+#: (no ``-0``, no ``1E5``; an integer too long for 64 bits is read as a float, and written so)
+#: is proved by writing what was read and comparing (issue 34: two C calls, not a regular
+#: expression over every byte).
+_NUMBER_BYTES, _INT_BYTES = b"0123456789,-+.eE", b"0123456789,-"
 
 #: Stands for each constant segment while a run's values are split out: no event's text holds it
 #: (a raw control character is not JSON), and a run that did is rebuilt wrong and not taken so.
@@ -225,7 +224,7 @@ class EventTemplate:
                 elif kind == NUMBER:
                     good, value = _numbers(column, count)
                 else:
-                    good, value = _well_formed(column, count, _INTS, skip_empty=True), None
+                    good, value = _ints(column, count), None
                 if good < count:
                     count = good  # Decoded again over the rows before the first bad one.
                     break
@@ -353,34 +352,42 @@ def _texts(column: list[bytes], count: int) -> tuple[int, Optional[str]]:
 
 
 def _numbers(column: list[bytes], count: int) -> tuple[int, list[Any]]:
-    """How many of the first ``count`` numbers are one JSON number each, written as orjson writes
+    """How many of the first ``count`` values are one JSON number each, written as orjson writes
     it (the general path keeps a re-serialised entry: a template keeps the bytes), and their values."""
     values = column[:count] if count < len(column) else column
-    joined = b"[" + b",".join(values) + b"]"
-    if _NUMBERS.fullmatch(joined, 1, len(joined) - 1):
-        try:
-            parsed = orjson.loads(joined)
-            if orjson.dumps(parsed) == joined:
-                return count, parsed
-        except orjson.JSONDecodeError:  # Out of a double's range, as the general path finds too.
-            pass
+    parsed = _read_back(b",".join(values), _NUMBER_BYTES)
+    if parsed is not None and len(parsed) == count:  # One number a value: none holds two, none is empty.
+        return count, parsed
     parsed = []
     for value in values:
-        try:
-            number = orjson.loads(value) if _NUMBERS.fullmatch(value) and b"," not in value else None
-        except orjson.JSONDecodeError:
+        number = _read_back(value, _NUMBER_BYTES) if value else None
+        if number is None or len(number) != 1:
             break
-        if number is None or orjson.dumps(number) != value:
-            break
-        parsed.append(number)
+        parsed += number
     return len(parsed), parsed
 
 
-def _well_formed(column: list[bytes], count: int, pattern: re.Pattern[bytes], skip_empty: bool = False) -> int:
+def _ints(column: list[bytes], count: int) -> int:
+    """How many of the first ``count`` values are integers joined by commas (or nothing: ``[]``),
+    each written as orjson writes it."""
     values = column[:count] if count < len(column) else column
-    if pattern.fullmatch(b",".join(filter(None, values) if skip_empty else values)):
+    if _read_back(b",".join(filter(None, values)), _INT_BYTES) is not None:
         return count
     for position, value in enumerate(values):
-        if not pattern.fullmatch(value):
+        if value and _read_back(value, _INT_BYTES) is None:
             return position
     return count
+
+
+def _read_back(joined: bytes, allowed: bytes) -> Optional[list[Any]]:
+    """The numbers of ``joined`` (comma-separated, of ``allowed`` bytes only), when that is exactly
+    how orjson writes them; else None. (Integers: their bytes hold no ``.`` or ``e``, and one read
+    as a float is written back with them.)"""
+    if joined.translate(None, allowed):
+        return None  # Another byte: a string, a list, a literal, a space -- not one of these.
+    written = b"[" + joined + b"]"
+    try:
+        parsed = orjson.loads(written)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if orjson.dumps(parsed) == written else None

@@ -152,6 +152,27 @@ def test_templates_take_the_runs_of_a_clean_stream():
             _same(pieces, cut, REQUEST)
 
 
+@pytest.mark.parametrize("spoilt, written", [(b'"logprob":-0.5,', b'"logprob":-0.5,7,'), (b'"bytes":[32,116]', b'"bytes":[32,116,[1]]'),
+                                               (b'"bytes":[32,116]', b'"bytes":[32,null]'), (b'"token_ids":[7]', b'"token_ids":[-0]'),
+                                               (b'"token_ids":[7]', b'"token_ids":[123456789012345678901]'),
+                                               (b'"logprob":-0.5,', b'"logprob":-5e-1,')])
+def test_a_value_that_is_not_one_of_its_kind_ends_the_run(spoilt, written):
+    """A slot's value in a run that is not one value of the slot's kind as orjson writes it (two
+    numbers, a list in a list, null, -0, an int too long, another way to write a number) is not
+    taken by the template: that event goes the general way, whose outcome is the reference."""
+    events = [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]})]
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": " t"}, "logprobs": {"content": [
+        {"token": " t", "logprob": -0.5, "bytes": [32, 116], "top_logprobs": []}]}, "finish_reason": None,
+        "token_ids": [7]}]}) for i in range(60)]
+    assert spoilt in events[30]
+    events[30] = events[30].replace(spoilt, written)
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}), b"[DONE]"]
+    body = b"".join(b"data: " + event + b"\n\n" for event in events)
+    for cut in (False, True):
+        assert _same([body], cut, {**REQUEST, "logprobs": True, "return_token_ids": True}) == 1
+
+
 @pytest.mark.parametrize("kind, value, written", [(TEXT, "é x", "é x".encode()), (NUMBER, -0.5, b"-0.5"), (INTS, [1, 22], b"1,22")])
 def test_a_template_is_learnt_only_from_compact_json(kind, value, written):
     payload = {"a": 1, "v": value, "z": None}
@@ -260,3 +281,24 @@ def test_messages_and_responses_runs_are_taken():
     assert tap.feed(body)
     assert tap.templated_events == 19
     assert tap.finish(200).response["content"] == [{"type": "text", "text": "".join(f" t{i}" for i in range(20))}]
+
+
+#: Parts a run may meet: one that fits the template below, and each way one does not.
+_PARTS = {"fits": b'data: {"v":"abc"}', "head": b'data: {"w":"abc"}', "tail": b'data: {"v":"abc"]',
+          "short": b'data: {"v":"', "long": b'data: {"v":"' + b"x" * 64 + b'"}'}
+
+
+@given(st.lists(st.sampled_from(["fits"] * 8 + sorted(_PARTS)), max_size=40), st.integers(0, 6))
+def test_a_run_is_as_long_as_its_parts_fit_one_by_one(names, start):
+    """`EventTemplate.take_run`: a run is the parts from ``start`` on that fit the template, up to
+    the first that does not (another head, another end, too short, too long)."""
+    payload = {"v": "abc"}
+    template = learn_template(b"data: ", orjson.dumps(payload), payload, [("v", ("v",), TEXT)])[0]
+    template.maximum = 40
+    parts = [_PARTS[name] for name in names]
+    expected = 0
+    for name in names[start:]:
+        if name != "fits":
+            break
+        expected += 1
+    assert template.take_run(parts, start)[0] == expected
