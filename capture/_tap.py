@@ -298,9 +298,17 @@ class StreamTap:
         reassembler = self._reassembler
         feed_data = reassembler.feed_data
         for event_type, event_data, part in plain:
+            if learn and self._learn_attempts:  # Parsed once for the fold and the template.
+                try:
+                    payload = orjson.loads(event_data)
+                except orjson.JSONDecodeError:
+                    payload = None
+                if type(payload) is dict:
+                    reassembler.feed_payload(event_type, payload)
+                    if not reassembler.terminal:
+                        self._learn(part, event_type, event_data, payload)
+                    continue
             feed_data(event_type, event_data)
-            if learn and self._learn_attempts and not reassembler.terminal:
-                self._learn(part, event_type, event_data, None)
         self.terminal = reassembler.terminal
 
     def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any) -> None:
