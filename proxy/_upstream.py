@@ -269,7 +269,9 @@ class UpstreamConnection(asyncio.Protocol):
                 or header_value(self._headers, b"transfer-encoding") is not None)
 
     def pause(self) -> None:
-        if not self._paused and self.transport is not None and not self.closed:
+        # A reply already complete has nothing more to read (a stream's terminal often comes in
+        # the read that ends the body): no epoll change to pause, none to resume.
+        if not self._paused and self.transport is not None and not self.closed and not self._complete:
             self._paused = True
             self.transport.pause_reading()
 
@@ -299,8 +301,9 @@ class UpstreamConnection(asyncio.Protocol):
     def release(self) -> None:
         self._sink = None
         if self._ended and self._complete and self._keep_alive and not self.closed and not self._head_only:
-            self._paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            if self._paused:  # Reading again, to notice the upstream closing it while idle.
+                self._paused = False
+                self.transport.resume_reading()  # type: ignore[union-attr]
             self._pool.give_back(self)
         else:
             self._close()
