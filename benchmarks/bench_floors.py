@@ -35,7 +35,8 @@ import bench_proxy as bench  # noqa: E402
 VARIANTS = (("sidecar, capture off", "none", False),
             ("sidecar, capture on", "none", True),
             ("capture on, no barrier (not durable)", "barrier", True),
-            ("capture on, no persistence (nothing written)", "persistence", True))
+            ("capture on, no persistence (nothing written)", "persistence", True),
+            ("capture on, lines appended by a child process (a sketch)", "process", True))
 
 
 def start_variant(label: str, part: str, capture: bool, upstream: bench.Target, workdir: str) -> bench.Target:
