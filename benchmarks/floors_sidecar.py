@@ -121,7 +121,10 @@ def _submit_to_child(self, exchange, on_settled):  # type: ignore[no-untyped-def
         if queued:
             data = b"".join(queued)
             queued.clear()
-            state["early"].append(data) if state["transport"] is None else state["transport"].write(data)
+            if state["transport"] is None:
+                state["early"].append(data)  # Before the loop has taken the socket.
+            else:
+                state["transport"].write(data)
     if len(queued) >= _SEND_AT:
         send()
     elif len(queued) == 1:
