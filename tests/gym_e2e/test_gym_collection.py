@@ -2,7 +2,8 @@
 
 The stand-in model, the sidecar and Gym's servers are started from ``deploy/gym`` with the
 commands of ``deploy/gym/README.md``, read from it as written (only the ports, the capture
-directory and the venv directory are overridden, the way its "Overrides" table says). Gym collects
+directory, the venv directory and where Gym's run logs go are overridden, the way its
+"Overrides" table says: nothing is written into this checkout). Gym collects
 4 tasks x 4 repeats; when the fourth call is on disk the sidecar is killed with SIGKILL, calls in
 flight; Gym routes the failed rollouts to its failures file; the sidecar is started again and the
 collection resumed, as the README says. Then:
@@ -163,7 +164,8 @@ def collection(tmp_path_factory) -> Iterator[Collection]:
     env.pop("VIRTUAL_ENV", None)
     services = Services(env, logs)
     gym_overrides = [f"++model_call_capture_dir={capture_dir}", f"++policy_base_url=http://127.0.0.1:{model}/v1",
-                     f"++mcc_base_url=http://127.0.0.1:{sidecar}/v1", f"+head_server.port={head}"]
+                     f"++mcc_base_url=http://127.0.0.1:{sidecar}/v1", f"+head_server.port={head}",
+                     f"hydra.run.dir={work / 'hydra'}"]  # Gym's run logs, not in this checkout.
 
     commands: list[tuple[list[str], list[str]]] = []
 
