@@ -52,34 +52,28 @@ def _take_out(part: str) -> None:
 
 def _append_and_sync(sock: socket.socket, directory: str) -> None:
     """The child: append what came together, make it durable, acknowledge each line's number."""
-    from records import open_capture_file
-    from records._appender import append_to_open_file
-    from records._group_sync import call_syncfs, load_syncfs
+    from capture._open_files import OpenFiles
+    from records import call_syncfs, load_syncfs
 
-    syncfs, directory_fd, files, pending = load_syncfs(), os.open(directory, os.O_RDONLY), {}, b""
+    syncfs, directory_fd, files, pending = load_syncfs(), os.open(directory, os.O_RDONLY), OpenFiles(True), b""
     while data := sock.recv(1 << 22):
         pending += data
-        numbers, touched = [], set()
+        numbers, touched = [], []
         while len(pending) >= 4 and len(pending) >= 4 + _FRAME.unpack_from(pending)[0]:
             size = _FRAME.unpack_from(pending)[0]
             number, path_size = _CALL.unpack_from(pending, 4)
             path = pending[4 + _CALL.size:4 + _CALL.size + path_size].decode()
             line = pending[4 + _CALL.size + path_size:4 + size]
             pending = pending[4 + size:]
-            while True:
-                fd = files.get(path)
-                if fd is None:
-                    fd = files[path] = open_capture_file(path)
-                if append_to_open_file(fd, line) is not None:
-                    break
-                os.close(files.pop(path))  # Unlinked since it was opened: again.
-            touched.add(fd)
+            touched.append(files.append(path, line)[0])  # The group committer's open files.
             numbers.append(number)
         if numbers:
-            if len(touched) == 1:
-                os.fsync(touched.pop())
+            if len({file.fd for file in touched}) == 1:
+                os.fsync(touched[0].fd)
             else:
                 call_syncfs(syncfs, directory_fd)  # type: ignore[arg-type]
+            for file in touched:
+                files.release(file)
             sock.sendall(b"".join(struct.pack("!Q", number) for number in numbers))
 
 

@@ -299,11 +299,8 @@ class StreamTap:
         feed_data = reassembler.feed_data
         for event_type, event_data, part in plain:
             if learn and self._learn_attempts:  # Parsed once for the fold and the template.
-                try:
-                    payload = orjson.loads(event_data)
-                except orjson.JSONDecodeError:
-                    payload = None
-                if type(payload) is dict:
+                payload = parse_json_object(event_data)
+                if payload is not None:
                     reassembler.feed_payload(event_type, payload)
                     if not reassembler.terminal:
                         self._learn(part, event_type, event_data, payload)
