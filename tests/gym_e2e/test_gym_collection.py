@@ -142,6 +142,15 @@ def _jsonl(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def _complete_lines(path: str) -> int:
+    """Rows a writer has ended so far (its last may be half written)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory) -> Iterator[Collection]:
     try:
@@ -194,8 +203,11 @@ def collection(tmp_path_factory) -> Iterator[Collection]:
         wait_until(lambda: "servers ready!" in services.log("gym-servers"), "Gym's servers are ready", 600,
                    services, "gym-servers")
         collecting = services.start("collect", collect)
-        wait_until(lambda: len(os.listdir(capture_dir)) >= 4 or collecting.poll() is not None,
-                   "four rollouts' calls are on disk", 300, services, "collect")
+        # Killed once a rollout has its row, not merely its line: a line is durable before its reply is
+        # released, so a kill at the fourth line could still cut all four replies (a CI run lost every one).
+        wait_until(lambda: (len(os.listdir(capture_dir)) >= 4 and _complete_lines(str(work / "rollouts.jsonl")) >= 1)
+                   or collecting.poll() is not None,
+                   "four rollouts' calls are on disk and one rollout has its row", 300, services, "collect")
         services.stop("sidecar", signal.SIGKILL)  # Mid-collection, calls in flight.
         files_at_kill = sorted(os.listdir(capture_dir))
         assert collecting.wait(300) == 0, services.log("collect")[-3000:]
