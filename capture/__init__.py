@@ -1,7 +1,8 @@
 """Pure stream parsing and the durable appender (DESIGN §1, §3, §6).
 
 No aiohttp and no sockets here: the parsers and reassemblers take bytes and return values, in the
-manner of h11; the appender and the group committer built on it are all that touch the disk.
+manner of h11; the appender, the group committer and the capture process built on it are all
+that touch the disk (the capture process reads its lines from a descriptor it is handed).
 """
 
 from records import append_capture_line, create_incomplete_marker
@@ -11,6 +12,8 @@ from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
+from ._persist_process import ACK as PERSIST_ACK
+from ._persist_process import frame_line, persist_process_command
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -30,6 +33,7 @@ __all__ = [
     "EventBlock",
     "GroupCommitter",
     "MessagesReassembler",
+    "PERSIST_ACK",
     "PrefixRenders",
     "REASSEMBLERS",
     "Reassembler",
@@ -45,10 +49,12 @@ __all__ = [
     "append_capture_line",
     "categorize_status",
     "create_incomplete_marker",
+    "frame_line",
     "is_aborted_reply",
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",
+    "persist_process_command",
     "proves_prefix",
     "render_requests",
     "token_fields_to_add",

@@ -223,35 +223,21 @@ class GroupCommitter:
         files = [(appended, file.fd, indexes) for appended in pending for file, indexes in appended.open_files]
         if not files:
             return
-        started = time.perf_counter()
         also = [(appended, index, extra) for appended in pending for index, extra in appended.also
                 if not isinstance(appended.outcomes[index], BaseException)]
-        if self._syncfs is not None and (len(files) > 1 or also):
-            # One flush of the filesystem covers every file and new directory entry appended
-            # (and a line's other files on the same filesystem; those elsewhere are fsynced).
-            error = _call_syncfs(self._syncfs, files[0][1])
-            if also:
-                self._also_durable(also, os.fstat(files[0][1]).st_dev if error is None else None)
-            seconds = time.perf_counter() - started
-            for appended, _, indexes in files:
-                for i in indexes:
-                    if not isinstance(appended.outcomes[i], BaseException):
-                        appended.outcomes[i] = error if error is not None else seconds
-            return
-        self._also_durable(also, None)
-        for appended, fd, indexes in files:
-            try:
-                os.fsync(fd)
-                outcome: Outcome = time.perf_counter() - started
-            except OSError as exc:
-                outcome = exc
+        # One flush of the filesystem covers every file and new directory entry appended (and a
+        # line's other files on the same filesystem; those elsewhere are fsynced).
+        whole = self._syncfs if self._syncfs is not None and (len(files) > 1 or also) else None
+        if whole is None:
+            self._also_durable(also, None)
+        outcomes = make_durable([fd for _, fd, _ in files], whole,
+                                {d for appended in pending for d in appended.new_directories})
+        if whole is not None and also:
+            self._also_durable(also, None if isinstance(outcomes[0], BaseException) else os.fstat(files[0][1]).st_dev)
+        for (appended, _, indexes), outcome in zip(files, outcomes):
             for i in indexes:
                 if not isinstance(appended.outcomes[i], BaseException):
                     appended.outcomes[i] = outcome
-        for directory in {d for appended in pending for d in appended.new_directories}:
-            # A new file's directory entry must be durable too, or a crash can lose the whole file.
-            _fsync_directory(directory)
-
 
     @staticmethod
     def _also_durable(also: list[tuple["_Appended", int, AlsoDurable]], synced_device: Optional[int]) -> None:
@@ -273,6 +259,27 @@ class GroupCommitter:
                     except Exception:
                         pass  # Its own failure is its own; the line's outcome says enough.
                     break
+
+
+def make_durable(fds: list[int], syncfs: Optional[Callable[[int], int]], new_directories: set[str]) -> list[Outcome]:
+    """One durability barrier for lines appended through ``fds``: one ``syncfs`` of their
+    filesystem when given (it covers every file and new directory entry), else an ``fsync`` of
+    each file and of each new file's directory (or a crash can lose the whole file). Per
+    descriptor, the seconds the barrier took or why it failed."""
+    started = time.perf_counter()
+    if syncfs is not None:
+        error = _call_syncfs(syncfs, fds[0])
+        return [error if error is not None else time.perf_counter() - started] * len(fds)
+    outcomes: list[Outcome] = []
+    for fd in fds:
+        try:
+            os.fsync(fd)
+            outcomes.append(time.perf_counter() - started)
+        except OSError as exc:
+            outcomes.append(exc)
+    for directory in new_directories:
+        _fsync_directory(directory)
+    return outcomes
 
 
 #: One queued line: its file, how to build it, whom to tell.

@@ -112,8 +112,9 @@ class Sidecar:
             except OSError as exc:  # Said; the entries then fail (counted), never a call.
                 log.warning("cannot create the token dir %s: %s", token_dir, exc.strerror or exc, extra={"path": token_dir})
             self.token_capture = TokenCapture(token_dir, self.metrics)
+            # The token capture mode writes each line's entries with it, on the writer threads.
             self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync,
-                                                self.token_capture)
+                                                self.token_capture, process=not settings.capture_tokens)
             self.metrics.capture_dir = settings.capture_dir
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -180,7 +181,7 @@ class Sidecar:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self.upstream.close()
         if self.capture_writer is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.capture_writer.close)
+            await self.capture_writer.close()
         if self.settings.metrics_dir is not None:  # And what the drain counted: nothing is lost.
             try:
                 write_snapshot(self.settings.metrics_dir, self.metrics.exposition())

@@ -1,9 +1,12 @@
-"""Persisting capture lines off the event loop, and what happens when that fails (DESIGN §3, §5).
+"""Persisting capture lines, and what happens when that fails (DESIGN §3, §5).
 
-Serialisation and the durable append run on one writer thread with group commit
-(`capture.GroupCommitter`): the event loop keeps pumping other calls' bytes, and the lines of
-calls that end together share one durability barrier. A failure never reaches the client: it is
-logged once per rollout and kind, counted, and the rollout is marked ``.capture.incomplete``
+Outside the token capture mode each line is built on the event loop and appended by the capture
+process (`_capture_process`; issue 34): the appends' syscalls no longer take turns with the event
+loop for one interpreter lock, and the lines of calls that end together share one durability
+barrier. In the token capture mode -- a line's training-token entries are written first, in the
+same barrier -- and wherever the process cannot run, serialisation and the durable append run on
+writer threads with group commit (`capture.GroupCommitter`). A failure never reaches the client:
+it is logged once per rollout and kind, counted, and the rollout is marked ``.capture.incomplete``
 where the disk still allows it.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
@@ -25,6 +29,7 @@ from records import (
     token_records_of_line,
 )
 
+from ._capture_process import CaptureProcess
 from ._exchange import CallExchange
 from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
@@ -42,13 +47,21 @@ class CaptureWriter:
     """Appends one line per call to ``<capture_dir>/<rollout_id>.capture.jsonl``."""
 
     def __init__(self, capture_dir: str, metrics: SidecarMetrics, sync_mode: str = "auto",
-                 token_capture: "TokenCapture | None" = None) -> None:
+                 token_capture: "TokenCapture | None" = None, process: bool = False) -> None:
+        """``process``: append through a capture process (calls outside the token capture mode)."""
         self.capture_dir = capture_dir
         #: Writes a call's training-token entry just before its line (DESIGN §12).
         self._token_capture = token_capture
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self._committer = GroupCommitter(sync_mode, directory=capture_dir)
+        self._sync_mode = sync_mode
+        self._process: Optional[CaptureProcess] = None
+        if process:
+            try:
+                self._process = CaptureProcess(capture_dir, sync_mode, self._process_lost)
+            except OSError as exc:
+                log.warning("cannot start the capture process (%s): the sidecar appends its lines itself", exc)
+        self._committer = GroupCommitter(sync_mode, directory=capture_dir) if self._process is None else None
         #: A read-only or full volume fails every rollout's lines: said once per kind of failure,
         #: then as a count a minute (10k rollouts are not 10k log lines; issue 21).
         self._repeated = RepeatLimiter(log, interval=60.0)
@@ -83,9 +96,30 @@ class CaptureWriter:
                 if len(self._paths) >= _PATHS_KEPT:
                     self._paths.clear()
                 self._paths[rollout_id] = path
-            self._committer.submit(path, lambda: self._line(exchange), done)
+            process = self._process
+            if process is not None and exchange.token_plan is None:
+                line = self._line_and_entries(exchange, None)  # On the loop: the process takes bytes.
+                process.submit(os.fsencode(path), line,
+                               lambda size, outcome: self._settle(on_settled, rollout_id, size, outcome))
+                return
+            self._threads().submit(path, lambda: self._line(exchange), done)
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
+
+    @property
+    def process_pid(self) -> Optional[int]:
+        """The capture process's pid; None while the writer threads append."""
+        return self._process.pid if self._process is not None else None
+
+    def _threads(self) -> GroupCommitter:
+        if self._committer is None:
+            self._committer = GroupCommitter(self._sync_mode, directory=self.capture_dir)
+        return self._committer
+
+    def _process_lost(self) -> None:
+        """The capture process died: from now on the writer threads append (`_capture_process`)."""
+        self._process = None
+        self._threads()
 
     def _line(self, exchange: CallExchange) -> Union[bytes, tuple[bytes, AlsoDurable]]:
         """The call's line; its training-token entry written first (on the writer thread), made
@@ -179,8 +213,12 @@ class CaptureWriter:
         self.submit(exchange, lambda written: future.done() or future.set_result(written))
         return await asyncio.shield(future)  # A cancelled handler still lets the line be written.
 
-    def close(self) -> None:
-        self._committer.close()
+    async def close(self) -> None:
+        """Every line submitted is durable or failed (settled), and the writer has stopped."""
+        if self._process is not None:
+            await self._process.close()
+        if self._committer is not None:
+            await self._loop.run_in_executor(None, self._committer.close)
 
     def _settle_all(self) -> None:
         with self._settled_lock:

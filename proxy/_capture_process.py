@@ -1,0 +1,181 @@
+"""The sidecar's end of the capture process (`capture._persist_process`; issue 34).
+
+Each line goes down a socket pair, numbered; the process appends the lines that arrive
+together, makes them durable with one barrier and acknowledges each: ``done(size, outcome)`` then
+runs on the event loop with the barrier's seconds, or the OSError that failed the line. Lines
+queued in one pass of the event loop go in one write (the process starts its batch while the loop
+works on the calls behind them).
+
+A process that dies (the OOM killer, ``kill -9``) fails the lines it had not acknowledged --
+each is then a capture failure, counted, logged and marked like any other; the reply is released
+as ever -- and ``on_lost`` tells the writer, which appends in its own threads from then on
+(`capture.GroupCommitter`): a crash is not retried into a crash loop, and no line waits for a
+process that may never come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+from typing import Callable, Optional
+
+import capture
+from capture import PERSIST_ACK, frame_line, persist_process_command
+
+log = logging.getLogger("mcc.capture")
+
+#: What a line's ``done`` receives: the bytes appended, and the barrier's seconds or the failure.
+Done = Callable[[int, "float | BaseException"], None]
+#: Lines queued on the loop are sent once this many wait, else at the end of the loop's pass.
+_SEND_AT = 8
+
+
+class CaptureProcessLost(Exception):
+    """The capture process ended before it acknowledged the line."""
+
+
+class CaptureProcess:
+    """Starts the capture process for ``directory`` and sends it lines. Raises OSError when it
+    cannot be started (then the writer keeps its own threads)."""
+
+    def __init__(self, directory: str, sync_mode: str, on_lost: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_lost = on_lost
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                persist_process_command(theirs.fileno(), directory, sync_mode), pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_child_environment(),
+                start_new_session=True)  # A terminal's Ctrl-C reaches the sidecar, which drains first.
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._socket = ours
+        self._transport: Optional[asyncio.Transport] = None
+        self._queued: list[bytes] = []
+        self._waiting: dict[int, Done] = {}
+        self._number = 0
+        self._closing = False
+        self._lost = False
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._connecting = self._loop.create_task(self._connect())
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def submit(self, path: bytes, line: bytes, done: Done) -> None:
+        """Send one line for ``path``; ``done`` runs on the event loop once it is durable or failed."""
+        if self._closing:
+            raise RuntimeError("the capture process is closed")
+        if self._lost:
+            raise CaptureProcessLost("the capture process has ended")
+        self._number += 1
+        self._waiting[self._number] = done
+        self._settled.clear()
+        queued = self._queued
+        queued.append(frame_line(self._number, path, line))
+        if len(queued) >= _SEND_AT:
+            self._send()
+        elif len(queued) == 1:
+            self._loop.call_soon(self._send)
+
+    async def close(self) -> None:
+        """Wait for every line sent to be acknowledged, then end the process."""
+        self._closing = True
+        self._send()
+        await self._settled.wait()
+        await self._connecting
+        if self._transport is not None:
+            self._transport.close()
+        else:
+            self._socket.close()
+        await self._loop.run_in_executor(None, self._reap)
+
+    # -- the socket --------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        try:
+            self._transport, _ = await self._loop.connect_accepted_socket(lambda: _Acknowledgements(self),
+                                                                          self._socket)
+        except OSError as exc:
+            self.lost(exc)
+            return
+        self._send()
+
+    def _send(self) -> None:
+        if self._queued and self._transport is not None and not self._lost:
+            data = b"".join(self._queued)
+            self._queued.clear()
+            self._transport.write(data)
+
+    def acknowledged(self, number: int, outcome: "float | BaseException", size: int) -> None:
+        done = self._waiting.pop(number, None)
+        if done is not None:
+            done(size, outcome)
+        if not self._waiting:
+            self._settled.set()
+
+    def lost(self, exc: Optional[BaseException]) -> None:
+        """The socket closed: expected after `close`, else the process died."""
+        if self._closing and not self._waiting:
+            return
+        if self._lost:
+            return
+        self._lost = True
+        self._queued.clear()
+        waiting, self._waiting = self._waiting, {}
+        log.error("the capture process (pid %d) ended%s: %d line(s) it had not acknowledged are capture "
+                  "failures; the sidecar appends its lines itself from now on", self._process.pid,
+                  f" ({exc})" if exc else "", len(waiting), extra={"pid": self._process.pid})
+        self._loop.run_in_executor(None, self._reap)
+        error = CaptureProcessLost(f"the capture process (pid {self._process.pid}) ended before the line was durable")
+        for done in waiting.values():
+            done(0, error)
+        self._settled.set()
+        self._on_lost()
+
+    def _reap(self) -> None:
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+class _Acknowledgements(asyncio.Protocol):
+    """Reads the process's acknowledgements (`capture._persist_process`'s wire)."""
+
+    def __init__(self, owner: CaptureProcess) -> None:
+        self._owner = owner
+        self._pending = b""
+
+    def data_received(self, data: bytes) -> None:
+        pending = self._pending + data if self._pending else data
+        whole = len(pending) - len(pending) % PERSIST_ACK.size
+        acknowledged = self._owner.acknowledged
+        for number, code, size, seconds in PERSIST_ACK.iter_unpack(memoryview(pending)[:whole]):
+            if code == 0:
+                acknowledged(number, seconds, size)
+            elif code > 0:
+                acknowledged(number, OSError(code, os.strerror(code)), 0)
+            else:
+                acknowledged(number, CaptureProcessLost("the capture process could not append the line"), 0)
+        self._pending = pending[whole:]
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self._owner.lost(exc)
+
+
+def _child_environment() -> dict[str, str]:
+    """This process's environment, with the directory ``capture`` was imported from first on the
+    path (a checkout run from source imports it from there, not from site-packages)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(capture.__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}

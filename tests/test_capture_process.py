@@ -1,0 +1,133 @@
+"""The capture process (issue 34): lines appended outside the sidecar's interpreter, acknowledged
+line by line; its wire at every split; a process that dies fails only the lines it had not
+acknowledged, never a reply, and the sidecar appends on its own threads from then on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+
+import orjson
+import pytest
+
+from capture import PERSIST_ACK, frame_line, persist_process_command
+from capture._persist_process import main as serve_main
+from records import CaptureStore
+
+from .scripted_upstream import json_script, sse_script
+from .test_metrics_and_logs import scrape, value
+from .transcripts import CHAT_REQUEST, CHAT_STREAM
+from .wire import assert_same_reply, fetch, rollout_url
+
+CHAT = "/v1/chat/completions"
+REPLY = {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def _run_in_thread(directory: str) -> tuple[socket.socket, threading.Thread]:
+    """The capture process's loop on a thread of this process, on one end of a socket pair."""
+    ours, theirs = socket.socketpair()
+    argv = persist_process_command(theirs.fileno(), directory, "auto")[3:]
+    thread = threading.Thread(target=lambda: (serve_main(argv), theirs.close()), daemon=True)
+    thread.start()
+    return ours, thread
+
+
+def _read_acks(sock: socket.socket, count: int) -> list[tuple[int, int, int, float]]:
+    data = b""
+    while len(data) < count * PERSIST_ACK.size:
+        chunk = sock.recv(65536)
+        assert chunk, "the capture process closed before acknowledging every line"
+        data += chunk
+    assert len(data) == count * PERSIST_ACK.size
+    return list(PERSIST_ACK.iter_unpack(data))
+
+
+@pytest.mark.parametrize("split", ["whole", "byte by byte", "random"])
+def test_every_line_is_appended_once_and_acknowledged_whatever_the_reads(tmp_path, split):
+    lines = [(index, str(tmp_path / f"r{index % 3}.capture.jsonl"), orjson.dumps({"n": index, "pad": "x" * index}) + b"\n")
+             for index in range(1, 41)]
+    wire = b"".join(frame_line(number, os.fsencode(path), line) for number, path, line in lines)
+    sock, thread = _run_in_thread(str(tmp_path))
+    rng = random.Random(split)
+    if split == "whole":
+        pieces = [wire]
+    elif split == "byte by byte":
+        pieces = [wire[i:i + 1] for i in range(len(wire))]
+    else:
+        cuts = sorted(rng.sample(range(1, len(wire)), 25))
+        pieces = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)])]
+    for piece in pieces:
+        sock.sendall(piece)
+    acks = _read_acks(sock, len(lines))
+    sock.close()
+    thread.join(10)
+    assert [number for number, *_ in acks] == [number for number, _, _ in lines]
+    assert all(code == 0 for _, code, _, _ in acks)
+    assert [size for _, _, size, _ in acks] == [len(line) for _, _, line in lines]
+    for name in ("r0", "r1", "r2"):
+        on_disk = (tmp_path / f"{name}.capture.jsonl").read_bytes()
+        assert on_disk == b"".join(line for _, path, line in lines if path.endswith(f"/{name}.capture.jsonl"))
+
+
+def test_a_line_the_disk_refuses_is_acknowledged_with_its_errno_and_fails_alone(tmp_path):
+    good = str(tmp_path / "ok.capture.jsonl")
+    missing = str(tmp_path / "gone" / "x.capture.jsonl")  # Its directory does not exist: ENOENT.
+    sock, thread = _run_in_thread(str(tmp_path))
+    sock.sendall(frame_line(1, os.fsencode(missing), b"{}\n") + frame_line(2, os.fsencode(good), b'{"a":1}\n'))
+    acks = {number: (code, size) for number, code, size, _ in _read_acks(sock, 2)}
+    sock.close()
+    thread.join(10)
+    assert acks == {1: (2, 0), 2: (0, 8)}  # errno 2: ENOENT.
+    assert (tmp_path / "ok.capture.jsonl").read_bytes() == b'{"a":1}\n'
+
+
+async def test_lines_go_through_the_capture_process_and_it_ends_with_the_sidecar(http, upstream, start, capture_dir):
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    writer = sidecar.sidecar.capture_writer
+    pid = writer.process_pid
+    assert pid is not None and pid != os.getpid()
+    for index in range(5):
+        direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+        assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, f"p{index % 2}", CHAT), CHAT_REQUEST))
+    assert [len(CaptureStore(capture_dir).read_available(f"p{i}").lines) for i in (0, 1)] == [3, 2]
+    await sidecar.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # Reaped by the sidecar: gone, not a zombie.
+
+
+async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_never_a_reply(
+        http, upstream, start, capture_dir, caplog):
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "before", CHAT), CHAT_REQUEST))
+    pid = sidecar.sidecar.capture_writer.process_pid
+    os.kill(pid, signal.SIGSTOP)  # Its line is sent, never acknowledged: the reply's end is held.
+    with caplog.at_level(logging.ERROR, logger="mcc.capture"):
+        held = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "cut", CHAT), CHAT_REQUEST))
+        await asyncio.sleep(0.5)
+        assert not held.done(), "the reply's end waits for its line's acknowledgement"
+        os.kill(pid, signal.SIGKILL)
+        assert_same_reply(direct, await held)
+    assert any("capture process" in record.getMessage() and "ended" in record.getMessage() for record in caplog.records)
+    assert value(await scrape(http, sidecar), "mcc_capture_failures_total", kind="CaptureProcessLost") == 1
+    assert os.path.exists(os.path.join(capture_dir, "cut.capture.incomplete"))
+    assert sidecar.sidecar.capture_writer.process_pid is None
+    # From now on the sidecar appends on its own threads: nothing else is lost.
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "after", CHAT), CHAT_REQUEST))
+    store = CaptureStore(capture_dir)
+    assert [len(store.read_available(r).lines) for r in ("before", "after")] == [1, 1]
+
+
+async def test_the_token_capture_mode_appends_on_the_writer_threads(upstream, start, capture_dir):
+    """Its lines' entries are written with them in one barrier (DESIGN §12): no capture process."""
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    assert sidecar.sidecar.capture_writer.process_pid is None
