@@ -33,6 +33,7 @@ REPLY = {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
 def _run_in_thread(directory: str) -> tuple[socket.socket, threading.Thread]:
     """The capture process's loop on a thread of this process, on one end of a socket pair."""
     ours, theirs = socket.socketpair()
+    ours.settimeout(20)  # A process that stops reading fails the test instead of hanging it.
     argv = persist_process_command(theirs.fileno(), directory, "auto")[3:]
     thread = threading.Thread(target=lambda: (serve_main(argv), theirs.close()), daemon=True)
     thread.start()
@@ -74,6 +75,21 @@ def test_every_line_is_appended_once_and_acknowledged_whatever_the_reads(tmp_pat
     for name in ("r0", "r1", "r2"):
         on_disk = (tmp_path / f"{name}.capture.jsonl").read_bytes()
         assert on_disk == b"".join(line for _, path, line in lines if path.endswith(f"/{name}.capture.jsonl"))
+
+
+def test_a_line_longer_than_a_batch_is_read_whole(tmp_path):
+    """A raw 32k-token stream's line can exceed what the process reads before it appends (8 MiB)."""
+    line = b'{"raw":"' + b"x" * (9 << 20) + b'"}\n'
+    path = str(tmp_path / "big.capture.jsonl")
+    sock, thread = _run_in_thread(str(tmp_path))
+    sender = threading.Thread(target=sock.sendall, args=(frame_line(7, os.fsencode(path), line),))
+    sender.start()
+    ((number, code, size, _),) = _read_acks(sock, 1)
+    sender.join(10)
+    sock.close()
+    thread.join(10)
+    assert (number, code, size) == (7, 0, len(line))
+    assert (tmp_path / "big.capture.jsonl").read_bytes() == line
 
 
 def test_a_line_the_disk_refuses_is_acknowledged_with_its_errno_and_fails_alone(tmp_path):
