@@ -2,9 +2,10 @@
 
 Each line goes down a socket pair, numbered; the process appends the lines that arrive
 together, makes them durable with one barrier and acknowledges each: ``done(size, outcome)`` then
-runs on the event loop with the barrier's seconds, or the OSError that failed the line. Lines
-queued in one pass of the event loop go in one write (the process starts its batch while the loop
-works on the calls behind them).
+runs on the event loop with the barrier's seconds, or the OSError that failed the line. A line
+goes at once to a process with nothing in flight (one call at a time waits for nothing); while it
+works, the lines of one pass of the event loop go in one write, eight at most (it starts on them
+while the loop works on the calls behind).
 
 A process that dies (the OOM killer, ``kill -9``) fails the lines it had not acknowledged --
 each is then a capture failure, counted, logged and marked like any other; the reply is released
@@ -76,13 +77,14 @@ class CaptureProcess:
             raise RuntimeError("the capture process is closed")
         if self._lost:
             raise CaptureProcessLost("the capture process has ended")
+        idle = not self._waiting
         self._number += 1
         self._waiting[self._number] = done
         self._settled.clear()
         queued = self._queued
         queued.append(frame_line(self._number, path, line))
-        if len(queued) >= _SEND_AT:
-            self._send()
+        if idle or len(queued) >= _SEND_AT:
+            self._send()  # An idle process starts at once; a busy one gets what this pass adds, together.
         elif len(queued) == 1:
             self._loop.call_soon(self._send)
 
@@ -118,7 +120,7 @@ class CaptureProcess:
     def acknowledged(self, number: int, outcome: "float | BaseException", size: int) -> None:
         done = self._waiting.pop(number, None)
         if done is not None:
-            done(size, outcome)
+            _tell(done, size, outcome)
         if not self._waiting:
             self._settled.set()
 
@@ -137,7 +139,7 @@ class CaptureProcess:
         self._loop.run_in_executor(None, self._reap)
         error = CaptureProcessLost(f"the capture process (pid {self._process.pid}) ended before the line was durable")
         for done in waiting.values():
-            done(0, error)
+            _tell(done, 0, error)
         self._settled.set()
         self._on_lost()
 
@@ -147,6 +149,13 @@ class CaptureProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+def _tell(done: Done, size: int, outcome: "float | BaseException") -> None:
+    try:
+        done(size, outcome)
+    except Exception:  # One call's bug must not end the socket, and every other call's line with it.
+        log.exception("settling a capture line failed")
 
 
 class _Acknowledgements(asyncio.Protocol):
