@@ -19,6 +19,7 @@ from capture import PERSIST_ACK, frame_line, persist_process_command
 from capture._persist_process import main as serve_main
 from records import CaptureStore
 
+from .processes import SidecarProcess, post_chat
 from .scripted_upstream import json_script, sse_script
 from .test_metrics_and_logs import scrape, value
 from .transcripts import CHAT_REQUEST, CHAT_STREAM
@@ -147,3 +148,31 @@ async def test_the_token_capture_mode_appends_on_the_writer_threads(upstream, st
     """Its lines' entries are written with them in one barrier (DESIGN §12): no capture process."""
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     assert sidecar.sidecar.capture_writer.process_pid is None
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
+            children += [int(child) for child in handle.read().split()]
+    return children
+
+
+async def test_a_sidecar_killed_outright_leaves_no_capture_process_and_loses_nothing_acknowledged(upstream, tmp_path):
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path))
+    try:
+        statuses = [(await asyncio.to_thread(post_chat, sidecar.url, f"k{index % 4}"))[0] for index in range(12)]
+        (child,) = [pid for pid in _children(sidecar.process.pid)
+                    if b"capture._persist_process" in open(f"/proc/{pid}/cmdline", "rb").read()]
+    finally:
+        sidecar.kill()
+    assert statuses == [200] * 12
+    for _ in range(200):  # Its socket closed with the sidecar: it appends what it had, then ends.
+        if not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the capture process outlived its sidecar")
+    store = CaptureStore(str(tmp_path))
+    assert sum(len(store.read_available(f"k{index}").lines) for index in range(4)) == 12
