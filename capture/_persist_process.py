@@ -75,7 +75,8 @@ def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None
                 open_ = False
                 break
             pending += data
-            ready = poller.poll(0) if len(pending) < _BATCH_BYTES else []
+            # A read that did not fill the buffer took all there was: no syscall to ask again.
+            ready = poller.poll(0) if len(data) == _READ_BYTES and len(pending) < _BATCH_BYTES else []
         lines, used = _take_lines(pending)
         del pending[:used]
         if lines:
