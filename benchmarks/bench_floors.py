@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -114,6 +115,7 @@ async def run(quick: bool) -> str:
     finally:
         nginx.stop()
         upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return report(added, rps, hops, fsync, rounds)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 
@@ -37,11 +38,12 @@ async def run(count: int) -> list[str]:
                                extra=("--capture-tokens", "--capture-raw-stream", "on-failure"))
     try:
         measured = await measure_streams(sidecar, count, BODY, rollout="memory")
+        lines = sum(1 for name in os.listdir(capture_dir) if name.endswith(".capture.jsonl"))
     finally:
         sidecar.stop()
         upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     idle, peak, cpu, elapsed, received = (measured[key] for key in ("idle", "peak", "cpu", "elapsed", "received"))
-    lines = sum(1 for name in os.listdir(capture_dir) if name.endswith(".capture.jsonl"))
     tokens = count * MEMORY_TOKENS
     per_stream = (peak - idle) / count
     mib = 2 ** 20

@@ -344,6 +344,7 @@ async def run(quick: bool) -> str:
     finally:
         for target in targets + scaling:
             target.stop()
+        shutil.rmtree(work, ignore_errors=True)  # The captures of a full run take gigabytes.
     return report(results, rss, fsync)
 
 
