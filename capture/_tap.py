@@ -126,6 +126,12 @@ class StreamTap:
             self._failure = str(exc)
 
     @property
+    def bytes_seen(self) -> int:
+        """The reply's bytes taken in so far (what its line's size, and the cost of building it,
+        grow with)."""
+        return len(self._raw) + self.raw_dropped
+
+    @property
     def has_content(self) -> bool:
         """True once a non-comment line arrived (the moment that defines TTFT, DESIGN §3)."""
         return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
@@ -493,6 +499,10 @@ class BodyTap:
     @property
     def has_content(self) -> bool:
         return bool(self._chunks)
+
+    @property
+    def bytes_seen(self) -> int:
+        return sum(map(len, self._chunks))
 
     def feed(self, chunk: bytes) -> bool:
         self._chunks.append(chunk)

@@ -17,6 +17,8 @@ import pytest
 
 from capture import PERSIST_ACK, frame_line, persist_process_command
 from capture._persist_process import main as serve_main
+import proxy._capture_writer as capture_writer
+from proxy._capture_writer import BUILD_ON_LOOP_BYTES
 from records import CaptureStore
 
 from .processes import SidecarProcess, post_chat
@@ -176,3 +178,44 @@ async def test_a_sidecar_killed_outright_leaves_no_capture_process_and_loses_not
         pytest.fail("the capture process outlived its sidecar")
     store = CaptureStore(str(tmp_path))
     assert sum(len(store.read_available(f"k{index}").lines) for index in range(4)) == 12
+
+
+async def test_a_large_call_s_line_is_built_off_the_loop_and_lands_whole(http, upstream, start, capture_dir):
+    """Above `BUILD_ON_LOOP_BYTES` the line is built on a thread (a 32k-token stream's takes tens of
+    ms: on the loop, every other call would stall that long) and still reaches the process."""
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    big = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "q" * (BUILD_ON_LOOP_BYTES + 1)}]})
+    direct = await fetch(http, "POST", upstream.url + CHAT, big)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "big", CHAT), big))
+    (line,) = CaptureStore(capture_dir).read_available("big").lines
+    assert line["request"] == orjson.loads(big) and line["response"] == REPLY
+    assert any(thread.name.startswith("mcc-capture-build") for thread in threading.enumerate())
+
+
+async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_threads(
+        http, upstream, start, capture_dir, monkeypatch):
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    monkeypatch.setattr(capture_writer, "BUILD_ON_LOOP_BYTES", 0)  # Every line built aside.
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    writer = sidecar.sidecar.capture_writer
+    building, release = threading.Event(), threading.Event()
+    build = writer._line_and_entries
+
+    def held_build(exchange, unsynced):  # type: ignore[no-untyped-def]
+        building.set()
+        release.wait(10)
+        return build(exchange, unsynced)
+    monkeypatch.setattr(writer, "_line_and_entries", held_build)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "aside", CHAT), CHAT_REQUEST))
+    assert await asyncio.to_thread(building.wait, 10)
+    os.kill(writer.process_pid, signal.SIGKILL)
+    for _ in range(100):
+        if writer.process_pid is None:
+            break
+        await asyncio.sleep(0.05)
+    release.set()
+    assert_same_reply(direct, await call)
+    assert len(CaptureStore(capture_dir).read_available("aside").lines) == 1, "built, then appended by the threads"
+    assert not os.path.exists(os.path.join(capture_dir, "aside.capture.incomplete"))
