@@ -13,6 +13,7 @@ from ._decoding import UnsupportedContentEncoding, make_decoder
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
 from ._persist_process import ACK as PERSIST_ACK
+from ._persist_process import READY as PERSIST_READY
 from ._persist_process import frame_line, persist_process_command
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
@@ -34,6 +35,7 @@ __all__ = [
     "GroupCommitter",
     "MessagesReassembler",
     "PERSIST_ACK",
+    "PERSIST_READY",
     "PrefixRenders",
     "REASSEMBLERS",
     "Reassembler",

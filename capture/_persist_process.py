@@ -13,6 +13,7 @@ Started with `persist_process_command` (its arguments: FD DIRECTORY SYNC_MODE ID
 SWEEP_SECONDS), FD one end of a socket pair; it ends when the sidecar closes its end (or dies: then it
 appends what it had received first). The wire, both ways big-endian:
 
+- from the process first, ``R``: it is ready (its imports done);
 - a line: ``!IQH`` (the line's size, its number, the path's size), the path, the line;
 - an acknowledgement: ``!QiId`` (the number, 0 or the errno that failed it -- -1 for a failure
   that is not an OSError --, the bytes appended, the barrier's seconds).
@@ -34,6 +35,8 @@ from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 LINE_HEADER = struct.Struct("!IQH")
 ACK = struct.Struct("!QiId")
+#: The process's first byte: its imports are done, lines may come.
+READY = b"R"
 #: What the sidecar runs (``python -c``: ``-m`` would run this module a second time, beside the
 #: copy the package's import made).
 _ENTRY = "import sys; from capture._persist_process import main; main(sys.argv[1:])"
@@ -62,6 +65,7 @@ def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None
     files = OpenFiles(keeps_files_open_safely(fstype))
     poller = select.poll()
     poller.register(fd, select.POLLIN)
+    _send_all(fd, READY)
     pending, swept, open_ = bytearray(), time.monotonic(), True
     while open_:
         ready = poller.poll(sweep_seconds * 1000)

@@ -7,11 +7,12 @@ goes at once to a process with nothing in flight (one call at a time waits for n
 works, the lines of one pass of the event loop go in one write, eight at most (it starts on them
 while the loop works on the calls behind).
 
-A process that dies (the OOM killer, ``kill -9``) fails the lines it had not acknowledged --
-each is then a capture failure, counted, logged and marked like any other; the reply is released
-as ever -- and ``on_lost`` tells the writer, which appends in its own threads from then on
-(`capture.GroupCommitter`): a crash is not retried into a crash loop, and no line waits for a
-process that may never come back.
+Lines go only once the process has said it is ready (its imports done). A process that dies
+(the OOM killer, ``kill -9``) fails the lines it was sent and had not acknowledged -- each is then
+a capture failure, counted, logged and marked like any other; the reply is released as ever --
+and hands the lines it was never sent (all of them, when it never came up) to ``on_lost``: the
+writer appends them, and every line after them, on its own threads (`capture.GroupCommitter`). A
+crash is not retried into a crash loop, and no line waits for a process that may never come back.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import subprocess
 from typing import Callable, Optional
 
 import capture
-from capture import PERSIST_ACK, frame_line, persist_process_command
+from capture import PERSIST_ACK, PERSIST_READY, frame_line, persist_process_command
 
 log = logging.getLogger("mcc.capture")
 
 #: What a line's ``done`` receives: the bytes appended, and the barrier's seconds or the failure.
 Done = Callable[[int, "float | BaseException"], None]
+#: A line the process was never sent: its path, the line, whom to tell.
+Unsent = tuple[bytes, bytes, Done]
 #: Lines queued on the loop are sent once this many wait, else at the end of the loop's pass.
 _SEND_AT = 8
 
@@ -42,14 +45,14 @@ class CaptureProcess:
     """Starts the capture process for ``directory`` and sends it lines. Raises OSError when it
     cannot be started (then the writer keeps its own threads)."""
 
-    def __init__(self, directory: str, sync_mode: str, on_lost: Callable[[], None]) -> None:
+    def __init__(self, directory: str, sync_mode: str, on_lost: Callable[[list[Unsent]], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_lost = on_lost
         ours, theirs = socket.socketpair()
         try:
             self._process = subprocess.Popen(
-                persist_process_command(theirs.fileno(), directory, sync_mode), pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_child_environment(),
-                start_new_session=True)  # A terminal's Ctrl-C reaches the sidecar, which drains first.
+                persist_process_command(theirs.fileno(), directory, sync_mode), pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, env=_child_environment(), start_new_session=True)  # A terminal's Ctrl-C reaches the sidecar, which drains first.
         except BaseException:
             ours.close()
             raise
@@ -58,7 +61,10 @@ class CaptureProcess:
         ours.setblocking(False)
         self._socket = ours
         self._transport: Optional[asyncio.Transport] = None
-        self._queued: list[bytes] = []
+        #: The process has said it is ready (`PERSIST_READY`): lines may go.
+        self.ready = False
+        #: Lines not sent yet: (number, path, line).
+        self._queued: list[tuple[int, bytes, bytes]] = []
         self._waiting: dict[int, Done] = {}
         self._number = 0
         self._closing = False
@@ -82,7 +88,7 @@ class CaptureProcess:
         self._waiting[self._number] = done
         self._settled.clear()
         queued = self._queued
-        queued.append(frame_line(self._number, path, line))
+        queued.append((self._number, path, line))
         if idle or len(queued) >= _SEND_AT:
             self._send()  # An idle process starts at once; a busy one gets what this pass adds, together.
         elif len(queued) == 1:
@@ -108,14 +114,16 @@ class CaptureProcess:
                                                                           self._socket)
         except OSError as exc:
             self.lost(exc)
-            return
+
+    def now_ready(self) -> None:
+        self.ready = True
         self._send()
 
     def _send(self) -> None:
-        if self._queued and self._transport is not None and not self._lost:
-            data = b"".join(self._queued)
+        if self._queued and self.ready and not self._lost:
+            data = b"".join([frame_line(number, path, line) for number, path, line in self._queued])
             self._queued.clear()
-            self._transport.write(data)
+            self._transport.write(data)  # type: ignore[union-attr]
 
     def acknowledged(self, number: int, outcome: "float | BaseException", size: int) -> None:
         done = self._waiting.pop(number, None)
@@ -131,17 +139,19 @@ class CaptureProcess:
         if self._lost:
             return
         self._lost = True
-        self._queued.clear()
         waiting, self._waiting = self._waiting, {}
-        log.error("the capture process (pid %d) ended%s: %d line(s) it had not acknowledged are capture "
-                  "failures; the sidecar appends its lines itself from now on", self._process.pid,
-                  f" ({exc})" if exc else "", len(waiting), extra={"pid": self._process.pid})
+        unsent = [(path, line, waiting.pop(number)) for number, path, line in self._queued]
+        self._queued.clear()
+        log.error("the capture process (pid %d) ended%s%s: %d line(s) it was sent and had not acknowledged "
+                  "are capture failures; the sidecar appends its lines itself from now on", self._process.pid,
+                  f" ({exc})" if exc else "", "" if self.ready else " before it was ready", len(waiting),
+                  extra={"pid": self._process.pid})
         self._loop.run_in_executor(None, self._reap)
         error = CaptureProcessLost(f"the capture process (pid {self._process.pid}) ended before the line was durable")
         for done in waiting.values():
             _tell(done, 0, error)
         self._settled.set()
-        self._on_lost()
+        self._on_lost(unsent)
 
     def _reap(self) -> None:
         try:
@@ -166,6 +176,12 @@ class _Acknowledgements(asyncio.Protocol):
         self._pending = b""
 
     def data_received(self, data: bytes) -> None:
+        if not self._owner.ready:  # Its first byte says it is ready.
+            if data[:1] != PERSIST_READY:
+                self._owner.lost(RuntimeError(f"the capture process said {data[:16]!r}, not that it was ready"))
+                return
+            self._owner.now_ready()
+            data = data[1:]
         pending = self._pending + data if self._pending else data
         whole = len(pending) - len(pending) % PERSIST_ACK.size
         acknowledged = self._owner.acknowledged

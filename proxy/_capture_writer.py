@@ -30,7 +30,7 @@ from records import (
     token_records_of_line,
 )
 
-from ._capture_process import CaptureProcess
+from ._capture_process import CaptureProcess, Unsent
 from ._exchange import CallExchange
 from ._logging import RepeatLimiter
 from ._metrics import SidecarMetrics
@@ -159,10 +159,14 @@ class CaptureWriter:
             self._committer = GroupCommitter(self._sync_mode, directory=self.capture_dir)
         return self._committer
 
-    def _process_lost(self) -> None:
-        """The capture process died: from now on the writer threads append (`_capture_process`)."""
+    def _process_lost(self, unsent: "list[Unsent]") -> None:
+        """The capture process died: from now on the writer threads append (`_capture_process`),
+        first the lines it was never sent."""
         self._process = None
-        self._threads()
+        threads, loop = self._threads(), self._loop
+        for path, line, done in unsent:
+            threads.submit(os.fsdecode(path), lambda line=line: line,  # type: ignore[misc]
+                           lambda size, outcome, done=done: loop.call_soon_threadsafe(done, size, outcome))
 
     def _line(self, exchange: CallExchange) -> Union[bytes, tuple[bytes, AlsoDurable]]:
         """The call's line; its training-token entry written first (on the writer thread), made

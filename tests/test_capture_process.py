@@ -10,13 +10,15 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 
 import orjson
 import pytest
 
-from capture import PERSIST_ACK, frame_line, persist_process_command
+from capture import PERSIST_ACK, PERSIST_READY, frame_line, persist_process_command
 from capture._persist_process import main as serve_main
+import proxy._capture_process as capture_process
 import proxy._capture_writer as capture_writer
 from proxy._capture_writer import BUILD_ON_LOOP_BYTES
 from records import CaptureStore
@@ -40,6 +42,7 @@ def _run_in_thread(directory: str) -> tuple[socket.socket, threading.Thread]:
     argv = persist_process_command(theirs.fileno(), directory, "auto")[3:]
     thread = threading.Thread(target=lambda: (serve_main(argv), theirs.close()), daemon=True)
     thread.start()
+    assert ours.recv(1) == PERSIST_READY, "the process says it is ready before anything else"
     return ours, thread
 
 
@@ -219,3 +222,24 @@ async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_thre
     assert_same_reply(direct, await call)
     assert len(CaptureStore(capture_dir).read_available("aside").lines) == 1, "built, then appended by the threads"
     assert not os.path.exists(os.path.join(capture_dir, "aside.capture.incomplete"))
+
+
+async def test_a_capture_process_that_never_comes_up_loses_no_line(http, upstream, start, capture_dir, monkeypatch, caplog):
+    """It ends before its first byte (here: exits at once; in life, an import that fails): the lines
+    waiting for it were never sent, so the writer threads append them -- none is a failure."""
+    monkeypatch.setattr(capture_process, "persist_process_command",
+                        lambda fd, directory, sync_mode: [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(3)"])
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    with caplog.at_level(logging.ERROR, logger="mcc.capture"):
+        sidecar = await start(upstream.url, capture_dir=capture_dir)
+        direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+        calls = [fetch(http, "POST", rollout_url(sidecar.url, f"early-{index}", CHAT), CHAT_REQUEST) for index in range(4)]
+        for reply in await asyncio.gather(*calls):  # Sent before the process ended: they wait for it.
+            assert_same_reply(direct, reply)
+        assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "late", CHAT), CHAT_REQUEST))
+    assert any("before it was ready" in record.getMessage() for record in caplog.records)
+    store = CaptureStore(capture_dir)
+    assert [len(store.read_available(rollout).lines) for rollout in ("early-0", "early-1", "early-2", "early-3", "late")] \
+        == [1] * 5
+    assert not [name for name in os.listdir(capture_dir) if name.endswith(".incomplete")]
+    assert value(await scrape(http, sidecar), "mcc_capture_failures_total", kind="CaptureProcessLost") == 0
