@@ -52,7 +52,7 @@ class CallExchange:
     client_session_id: str | None = None
     client_assistant_message_id: str | None = None
     #: The client's request headers. The correlation ids and the body's encoding are read from
-    #: them when the line is made, on the writer thread: not on the way to the first byte.
+    #: them when the line is made, once the reply has ended: not on the way to the first byte.
     request_headers: Headers | None = None
     #: Names of the session and assistant-message id headers.
     correlation_headers: tuple[str, str] = ("x-session-id", "x-assistant-message-id")
@@ -132,7 +132,8 @@ class CallExchange:
         self.failure = failure
 
     def capture_fields(self) -> dict[str, Any]:
-        """The line's fields. Parses the request and finishes the tap: run it off the event loop."""
+        """The line's fields. Parses the request and finishes the tap: once the reply has ended
+        (on the event loop for a small call, else on a thread: `proxy._capture_writer`)."""
         if self.request_headers is not None:
             self._read_request_headers(self.request_headers)
         fields: dict[str, Any] = {
