@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 from records import filesystem_type, load_syncfs, syncfs_flushes
-from . import _open_files
+from . import _group_commit, _open_files
 from ._group_commit import make_durable
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
@@ -48,7 +48,6 @@ _BATCH_BYTES = 8 << 20
 def persist_process_command(fd: int, directory: str, sync_mode: str) -> list[str]:
     """The command line of a capture process reading lines from ``fd``, with this process's
     open-file policy (`capture._open_files`, as the writer threads would follow it)."""
-    from . import _group_commit
     return [sys.executable, "-c", _ENTRY, str(fd), directory, sync_mode, repr(_open_files.IDLE_SECONDS),
             repr(_group_commit._SWEEP_SECONDS)]
 

@@ -50,9 +50,10 @@ class CaptureProcess:
         self._on_lost = on_lost
         ours, theirs = socket.socketpair()
         try:
+            # Its own session: a terminal's Ctrl-C reaches the sidecar, which drains, then closes the socket.
             self._process = subprocess.Popen(
                 persist_process_command(theirs.fileno(), directory, sync_mode), pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, env=_child_environment(), start_new_session=True)  # A terminal's Ctrl-C reaches the sidecar, which drains first.
+                stdin=subprocess.DEVNULL, env=_child_environment(), start_new_session=True)
         except BaseException:
             ours.close()
             raise
@@ -139,6 +140,8 @@ class CaptureProcess:
         if self._lost:
             return
         self._lost = True
+        if self._transport is not None:
+            self._transport.close()  # A process that said something else than ready gets its EOF.
         waiting, self._waiting = self._waiting, {}
         unsent = [(path, line, waiting.pop(number)) for number, path, line in self._queued]
         self._queued.clear()
