@@ -66,7 +66,7 @@ class CaptureWriter:
         if process:
             try:
                 self._process = CaptureProcess(capture_dir, sync_mode, self._process_lost)
-            except OSError as exc:
+            except Exception as exc:  # OSError (no memory, no pids), or no interpreter to run it (embedded).
                 log.warning("cannot start the capture process (%s): the sidecar appends its lines itself", exc)
         self._committer = GroupCommitter(sync_mode, directory=capture_dir) if self._process is None else None
         #: Builds the lines of large calls for the capture process (`BUILD_ON_LOOP_BYTES`).
