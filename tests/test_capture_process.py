@@ -243,3 +243,16 @@ async def test_a_capture_process_that_never_comes_up_loses_no_line(http, upstrea
         == [1] * 5
     assert not [name for name in os.listdir(capture_dir) if name.endswith(".incomplete")]
     assert value(await scrape(http, sidecar), "mcc_capture_failures_total", kind="CaptureProcessLost") == 0
+
+
+async def test_a_capture_process_that_cannot_start_leaves_the_lines_to_the_writer_threads(
+        http, upstream, start, capture_dir, monkeypatch, caplog):
+    monkeypatch.setattr(capture_process, "persist_process_command", lambda fd, directory, sync_mode: ["/nonexistent/python"])
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    with caplog.at_level(logging.WARNING, logger="mcc.capture"):
+        sidecar = await start(upstream.url, capture_dir=capture_dir)
+    assert sidecar.sidecar.capture_writer.process_pid is None
+    assert any("cannot start the capture process" in record.getMessage() for record in caplog.records)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "threads", CHAT), CHAT_REQUEST))
+    assert len(CaptureStore(capture_dir).read_available("threads").lines) == 1
