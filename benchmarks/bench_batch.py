@@ -50,9 +50,16 @@ _CLK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU seconds of the sidecar: its process and its children (the capture process appends its
+    lines outside the token capture mode: its work is the sidecar's)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
+            children += handle.read().split()
+    own = (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
+    return own + sum(cpu_seconds(int(child)) for child in children)
 
 
 async def streams(port: int, count: int, body: bytes, rollout: str = "batch") -> list[int]:
