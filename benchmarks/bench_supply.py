@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,6 +101,10 @@ async def run(vllm_url: str, quick: bool) -> list[str]:
     finally:
         await plain.close()
         await supplied.close()
+    try:
+        shares = {name: _extending_share(directory, f"drift-{name}") for name in ("without", "with")}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
     p50 = {name: statistics.median(values) for name, values in seen.items()}
     lines = [f"# Prefix supply on a real vLLM 0.32 (CPU build, tiny model), {len(seen['with'])} calls each", "",
              "## The second turn of a session (its parent resolved), interleaved, ms", "",
@@ -111,7 +116,7 @@ async def run(vllm_url: str, quick: bool) -> list[str]:
               f"## A {turns}-turn session whose replies are sent back as text", "",
               "| sidecar | turns extending their parent | share |", "|---|---:|---:|"]
     for name in ("without", "with"):
-        extending, later = _extending_share(directory, f"drift-{name}")
+        extending, later = shares[name]
         lines.append(f"| {name} --supply-prefix | {extending} of {later} | {extending / later:.0%} |")
     return lines
 
