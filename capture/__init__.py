@@ -14,7 +14,7 @@ from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
 from ._persist_process import ACK as PERSIST_ACK
 from ._persist_process import READY as PERSIST_READY
-from ._persist_process import frame_line, persist_process_command
+from ._persist_process import frame_line, frame_lines, persist_process_command
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -52,6 +52,7 @@ __all__ = [
     "categorize_status",
     "create_incomplete_marker",
     "frame_line",
+    "frame_lines",
     "is_aborted_reply",
     "is_context_length_error",
     "make_decoder",

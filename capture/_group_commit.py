@@ -168,16 +168,7 @@ class GroupCommitter:
             lines[index] = made
             appended.sizes[index] = len(lines[index])
             by_path.setdefault(path, []).append(index)
-        for path, indexes in by_path.items():
-            try:
-                file, created = self._files.append(path, b"".join(lines[i] for i in indexes))
-            except OSError as exc:
-                for i in indexes:
-                    outcomes[i] = exc
-                continue
-            appended.open_files.append((file, indexes))
-            if created:
-                appended.new_directories.add(os.path.dirname(path) or ".")
+        appended.open_files, appended.new_directories = append_by_file(self._files, by_path, lines, outcomes)
         return appended
 
     # -- stage 2: one barrier for everything appended since the last one ----------------------
@@ -259,6 +250,27 @@ class GroupCommitter:
                     except Exception:
                         pass  # Its own failure is its own; the line's outcome says enough.
                     break
+
+
+def append_by_file(files: OpenFiles, by_path: dict[str, list[int]], lines: list[bytes],
+                   outcomes: list[Outcome]) -> tuple[list[tuple[OpenFile, list[int]]], set[str]]:
+    """Each file's lines (``by_path``: indexes into ``lines``) appended in one write; a failure is
+    the outcome of that file's lines. The files appended to (held until their barrier releases
+    them) with their lines, and the directories of the files this created (their entries need
+    a barrier too)."""
+    held: list[tuple[OpenFile, list[int]]] = []
+    new_directories: set[str] = set()
+    for path, indexes in by_path.items():
+        try:
+            file, created = files.append(path, b"".join(lines[i] for i in indexes))
+        except OSError as exc:
+            for i in indexes:
+                outcomes[i] = exc
+            continue
+        held.append((file, indexes))
+        if created:
+            new_directories.add(os.path.dirname(path) or ".")
+    return held, new_directories
 
 
 def make_durable(fds: list[int], syncfs: Optional[Callable[[int], int]], new_directories: set[str]) -> list[Outcome]:

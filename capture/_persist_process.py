@@ -26,11 +26,11 @@ import select
 import struct
 import sys
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 from records import filesystem_type, load_syncfs, syncfs_flushes
 from . import _group_commit, _open_files
-from ._group_commit import make_durable
+from ._group_commit import Outcome, append_by_file, make_durable
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 
 LINE_HEADER = struct.Struct("!IQH")
@@ -52,9 +52,18 @@ def persist_process_command(fd: int, directory: str, sync_mode: str) -> list[str
             repr(_group_commit._SWEEP_SECONDS)]
 
 
+def frame_lines(lines: Iterable[tuple[int, bytes, bytes]]) -> bytes:
+    """Lines (number, path, line) as the capture process reads them, each line's bytes copied
+    once (a 32k-token stream's line is megabytes)."""
+    parts: list[bytes] = []
+    for number, path, line in lines:
+        parts += (LINE_HEADER.pack(len(line), number, len(path)), path, line)
+    return b"".join(parts)
+
+
 def frame_line(number: int, path: bytes, line: bytes) -> bytes:
     """One line as the capture process reads it."""
-    return LINE_HEADER.pack(len(line), number, len(path)) + path + line
+    return frame_lines(((number, path, line),))
 
 
 def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None:
@@ -103,23 +112,13 @@ def _take_lines(buffer: bytearray) -> tuple[list[tuple[int, str, bytes]], int]:
 
 def _commit(lines: list[tuple[int, str, bytes]], files: OpenFiles, syncfs: Optional[object]) -> bytes:
     """Append each file's lines in one write, one barrier for all, the acknowledgements."""
-    outcomes: list[object] = [None] * len(lines)
+    outcomes: list[Outcome] = [0.0] * len(lines)
     by_path: dict[str, list[int]] = {}
     for index, (_, path, _) in enumerate(lines):
         by_path.setdefault(path, []).append(index)
     held: list[tuple[OpenFile, list[int]]] = []
-    new_directories: set[str] = set()
     try:
-        for path, indexes in by_path.items():
-            try:
-                file, created = files.append(path, b"".join(lines[i][2] for i in indexes))
-            except OSError as exc:
-                for i in indexes:
-                    outcomes[i] = exc
-                continue
-            held.append((file, indexes))
-            if created:
-                new_directories.add(os.path.dirname(path) or ".")
+        held, new_directories = append_by_file(files, by_path, [line for _, _, line in lines], outcomes)
         if held:
             whole = syncfs if len(held) > 1 else None
             for (_, indexes), outcome in zip(held, make_durable([file.fd for file, _ in held], whole,  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ import subprocess
 from typing import Callable, Optional
 
 import capture
-from capture import PERSIST_ACK, PERSIST_READY, frame_line, persist_process_command
+from capture import PERSIST_ACK, PERSIST_READY, frame_lines, persist_process_command
 
 log = logging.getLogger("mcc.capture")
 
@@ -122,7 +122,7 @@ class CaptureProcess:
 
     def _send(self) -> None:
         if self._queued and self.ready and not self._lost:
-            data = b"".join([frame_line(number, path, line) for number, path, line in self._queued])
+            data = frame_lines(self._queued)
             self._queued.clear()
             self._transport.write(data)  # type: ignore[union-attr]
 
