@@ -75,6 +75,10 @@ def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None
     poller.register(fd, select.POLLIN)
     _send_all(fd, READY)
     pending, swept, open_ = bytearray(), time.monotonic(), True
+    # One buffer for every read: `os.read` of 1 MiB maps and unmaps a new one each time (three
+    # syscalls, 15 µs of a 2.5 µs read, on the way of every call that waits alone).
+    buffer = bytearray(_READ_BYTES)
+    received = memoryview(buffer)
     while open_:
         ready = poller.poll(sweep_seconds * 1000)
         now = time.monotonic()
@@ -82,13 +86,13 @@ def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None
             swept = now
             files.close_idle(now)  # A finished rollout's file lets go of its space (issue 30).
         while ready:  # Everything that came together is one batch (and a line longer than a batch is read whole).
-            data = os.read(fd, _READ_BYTES)
-            if not data:
+            size = os.readv(fd, [buffer])
+            if not size:
                 open_ = False
                 break
-            pending += data
+            pending += received[:size]
             # A read that did not fill the buffer took all there was: no syscall to ask again.
-            ready = poller.poll(0) if len(data) == _READ_BYTES and len(pending) < _BATCH_BYTES else []
+            ready = poller.poll(0) if size == _READ_BYTES and len(pending) < _BATCH_BYTES else []
         lines, used = _take_lines(pending)
         del pending[:used]
         if lines:
