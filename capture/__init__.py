@@ -13,8 +13,12 @@ from ._decoding import UnsupportedContentEncoding, make_decoder
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
 from ._persist_process import ACK as PERSIST_ACK
+from ._persist_process import FIELDS as PERSIST_FIELDS
+from ._persist_process import LINE as PERSIST_LINE
+from ._persist_process import NOT_APPENDED as PERSIST_NOT_APPENDED
+from ._persist_process import NOT_ENCODED as PERSIST_NOT_ENCODED
 from ._persist_process import READY as PERSIST_READY
-from ._persist_process import frame_line, frame_lines, persist_process_command
+from ._persist_process import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -35,6 +39,10 @@ __all__ = [
     "GroupCommitter",
     "MessagesReassembler",
     "PERSIST_ACK",
+    "PERSIST_FIELDS",
+    "PERSIST_LINE",
+    "PERSIST_NOT_APPENDED",
+    "PERSIST_NOT_ENCODED",
     "PERSIST_READY",
     "PrefixRenders",
     "REASSEMBLERS",
@@ -51,6 +59,7 @@ __all__ = [
     "append_capture_line",
     "categorize_status",
     "create_incomplete_marker",
+    "encode_pickled_fields",
     "frame_line",
     "frame_lines",
     "is_aborted_reply",
@@ -58,6 +67,7 @@ __all__ = [
     "make_decoder",
     "parse_json_object",
     "persist_process_command",
+    "pickle_fields",
     "proves_prefix",
     "render_requests",
     "token_fields_to_add",

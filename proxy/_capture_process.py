@@ -25,20 +25,33 @@ import subprocess
 from typing import Callable, Optional
 
 import capture
-from capture import PERSIST_ACK, PERSIST_READY, frame_lines, persist_process_command
+from capture import (
+    PERSIST_ACK,
+    PERSIST_LINE,
+    PERSIST_NOT_ENCODED,
+    PERSIST_READY,
+    frame_lines,
+    persist_process_command,
+)
 
 log = logging.getLogger("mcc.capture")
 
 #: What a line's ``done`` receives: the bytes appended, and the barrier's seconds or the failure.
 Done = Callable[[int, "float | BaseException"], None]
-#: A line the process was never sent: its path, the line, whom to tell.
-Unsent = tuple[bytes, bytes, Done]
+#: A line the process was never sent: its path, the payload and its kind (`capture.PERSIST_LINE`:
+#: the line; `capture.PERSIST_FIELDS`: its fields pickled), whom to tell.
+Unsent = tuple[bytes, bytes, int, Done]
 #: Lines queued on the loop are sent once this many wait, else at the end of the loop's pass.
 _SEND_AT = 8
 
 
 class CaptureProcessLost(Exception):
     """The capture process ended before it acknowledged the line."""
+
+
+class LineNotEncoded(TypeError):
+    """The capture process could not encode a line's fields as JSON (as `records.encode_capture_line`
+    raises on a value JSON cannot hold)."""
 
 
 class CaptureProcess:
@@ -64,8 +77,8 @@ class CaptureProcess:
         self._transport: Optional[asyncio.Transport] = None
         #: The process has said it is ready (`PERSIST_READY`): lines may go.
         self.ready = False
-        #: Lines not sent yet: (number, path, line).
-        self._queued: list[tuple[int, bytes, bytes]] = []
+        #: Lines not sent yet: (number, path, payload, kind).
+        self._queued: list[tuple[int, bytes, bytes, int]] = []
         self._waiting: dict[int, Done] = {}
         self._number = 0
         self._closing = False
@@ -78,8 +91,9 @@ class CaptureProcess:
     def pid(self) -> int:
         return self._process.pid
 
-    def submit(self, path: bytes, line: bytes, done: Done) -> None:
-        """Send one line for ``path``; ``done`` runs on the event loop once it is durable or failed."""
+    def submit(self, path: bytes, payload: bytes, done: Done, kind: int = PERSIST_LINE) -> None:
+        """Send one line for ``path`` (``payload``: the line, or with `capture.PERSIST_FIELDS` its
+        fields pickled); ``done`` runs on the event loop once it is durable or failed."""
         if self._closing:
             raise RuntimeError("the capture process is closed")
         if self._lost:
@@ -89,7 +103,7 @@ class CaptureProcess:
         self._waiting[self._number] = done
         self._settled.clear()
         queued = self._queued
-        queued.append((self._number, path, line))
+        queued.append((self._number, path, payload, kind))
         if idle or len(queued) >= _SEND_AT:
             self._send()  # An idle process starts at once; a busy one gets what this pass adds, together.
         elif len(queued) == 1:
@@ -143,7 +157,7 @@ class CaptureProcess:
         if self._transport is not None:
             self._transport.close()  # A process that said something else than ready gets its EOF.
         waiting, self._waiting = self._waiting, {}
-        unsent = [(path, line, waiting.pop(number)) for number, path, line in self._queued]
+        unsent = [(path, payload, kind, waiting.pop(number)) for number, path, payload, kind in self._queued]
         self._queued.clear()
         log.error("the capture process (pid %d) ended%s%s: %d line(s) it was sent and had not acknowledged "
                   "are capture failures; the sidecar appends its lines itself from now on", self._process.pid,
@@ -193,6 +207,8 @@ class _Acknowledgements(asyncio.Protocol):
                 acknowledged(number, seconds, size)
             elif code > 0:
                 acknowledged(number, OSError(code, os.strerror(code)), 0)
+            elif code == PERSIST_NOT_ENCODED:
+                acknowledged(number, LineNotEncoded("the line's fields are not JSON (encoded by the capture process)"), 0)
             else:
                 acknowledged(number, CaptureProcessLost("the capture process could not append the line"), 0)
         self._pending = pending[whole:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import random
 import signal
 import socket
@@ -16,12 +17,20 @@ import threading
 import orjson
 import pytest
 
-from capture import PERSIST_ACK, PERSIST_READY, frame_line, persist_process_command
+from capture import (
+    PERSIST_ACK,
+    PERSIST_FIELDS,
+    PERSIST_LINE,
+    PERSIST_NOT_ENCODED,
+    PERSIST_READY,
+    frame_line,
+    persist_process_command,
+)
 from capture._persist_process import main as serve_main
 import proxy._capture_process as capture_process
 import proxy._capture_writer as capture_writer
 from proxy._capture_writer import BUILD_ON_LOOP_BYTES
-from records import CaptureStore
+from records import CaptureStore, encode_capture_line
 
 from .processes import SidecarProcess, post_chat
 from .scripted_upstream import json_script, sse_script
@@ -56,11 +65,25 @@ def _read_acks(sock: socket.socket, count: int) -> list[tuple[int, int, int, flo
     return list(PERSIST_ACK.iter_unpack(data))
 
 
+def _fields(index: int) -> dict:
+    """Fields of a line as the sidecar builds them: text with what JSON must escape, nested values."""
+    return {"model_call_id": f"c{index}", "response_raw": 'data: {"x":"\\"é\\n"}\n\n' * index,
+            "response": {"choices": [{"index": 0, "delta": {"content": "🙂" * index}}]}, "latency_ms": index / 3}
+
+
 @pytest.mark.parametrize("split", ["whole", "byte by byte", "random"])
 def test_every_line_is_appended_once_and_acknowledged_whatever_the_reads(tmp_path, split):
-    lines = [(index, str(tmp_path / f"r{index % 3}.capture.jsonl"), orjson.dumps({"n": index, "pad": "x" * index}) + b"\n")
-             for index in range(1, 41)]
-    wire = b"".join(frame_line(number, os.fsencode(path), line) for number, path, line in lines)
+    """Every third line goes as its fields pickled: the process writes what `encode_capture_line` gives."""
+    lines = []
+    for index in range(1, 41):
+        path = str(tmp_path / f"r{index % 3}.capture.jsonl")
+        if index % 3:
+            lines.append((index, path, orjson.dumps({"n": index, "pad": "x" * index}) + b"\n", PERSIST_LINE))
+        else:
+            lines.append((index, path, pickle.dumps(_fields(index)), PERSIST_FIELDS))
+    expected = {number: encode_capture_line(pickle.loads(payload)) if kind == PERSIST_FIELDS else payload
+                for number, _, payload, kind in lines}
+    wire = b"".join(frame_line(number, os.fsencode(path), payload, kind) for number, path, payload, kind in lines)
     sock, thread = _run_in_thread(str(tmp_path))
     rng = random.Random(split)
     if split == "whole":
@@ -75,12 +98,30 @@ def test_every_line_is_appended_once_and_acknowledged_whatever_the_reads(tmp_pat
     acks = _read_acks(sock, len(lines))
     sock.close()
     thread.join(10)
-    assert [number for number, *_ in acks] == [number for number, _, _ in lines]
+    assert [number for number, *_ in acks] == [number for number, *_ in lines]
     assert all(code == 0 for _, code, _, _ in acks)
-    assert [size for _, _, size, _ in acks] == [len(line) for _, _, line in lines]
+    assert [size for _, _, size, _ in acks] == [len(expected[number]) for number, *_ in lines]
     for name in ("r0", "r1", "r2"):
         on_disk = (tmp_path / f"{name}.capture.jsonl").read_bytes()
-        assert on_disk == b"".join(line for _, path, line in lines if path.endswith(f"/{name}.capture.jsonl"))
+        assert on_disk == b"".join(expected[number] for number, path, _, _ in lines
+                                   if path.endswith(f"/{name}.capture.jsonl"))
+
+
+def test_fields_json_cannot_hold_are_acknowledged_not_encoded_and_fail_alone(tmp_path):
+    """A value JSON has no form for (as `encode_capture_line` raises on the loop), or a payload that
+    is no pickle: that line alone fails, nothing of it is appended."""
+    path = str(tmp_path / "r.capture.jsonl")
+    sock, thread = _run_in_thread(str(tmp_path))
+    sock.sendall(frame_line(1, os.fsencode(path), pickle.dumps({"n": 2 ** 70}), PERSIST_FIELDS)
+                 + frame_line(2, os.fsencode(path), pickle.dumps(_fields(2)), PERSIST_FIELDS)
+                 + frame_line(3, os.fsencode(path), b"not a pickle", PERSIST_FIELDS)
+                 + frame_line(4, os.fsencode(path), b'{"a":1}\n'))
+    acks = {number: (code, size) for number, code, size, _ in _read_acks(sock, 4)}
+    sock.close()
+    thread.join(10)
+    second = encode_capture_line(_fields(2))
+    assert acks == {1: (PERSIST_NOT_ENCODED, 0), 2: (0, len(second)), 3: (PERSIST_NOT_ENCODED, 0), 4: (0, 8)}
+    assert (tmp_path / "r.capture.jsonl").read_bytes() == second + b'{"a":1}\n'
 
 
 def test_a_line_longer_than_a_batch_is_read_whole(tmp_path):
@@ -196,20 +237,47 @@ async def test_a_large_call_s_line_is_built_off_the_loop_and_lands_whole(http, u
     assert any(thread.name.startswith("mcc-capture-build") for thread in threading.enumerate())
 
 
+async def test_a_stream_s_line_is_encoded_by_the_process_as_the_loop_would_have(
+        http, upstream, start, capture_dir, monkeypatch):
+    """A call of `ENCODE_IN_PROCESS_BYTES` or more (a stream: its line is mostly its raw text) goes
+    as its fields, a small JSON call as its line; on disk, each is what the loop encodes."""
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    sent: list[tuple[bytes, int]] = []
+    process = sidecar.sidecar.capture_writer._process
+    submit = process.submit
+    monkeypatch.setattr(process, "submit", lambda path, payload, done, kind=PERSIST_LINE: (
+        sent.append((payload, kind)), submit(path, payload, done, kind)))
+    # Between the JSON call (the request and a 218-byte reply) and the stream (1,090 bytes).
+    monkeypatch.setattr(capture_writer, "ENCODE_IN_PROCESS_BYTES", len(CHAT_REQUEST) + 512)
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "fields", CHAT), CHAT_REQUEST))
+    upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
+    assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "line", CHAT), CHAT_REQUEST))
+    assert [kind for _, kind in sent] == [PERSIST_FIELDS, PERSIST_LINE]
+    on_disk = (open(os.path.join(capture_dir, "fields.capture.jsonl"), "rb").read(),
+               open(os.path.join(capture_dir, "line.capture.jsonl"), "rb").read())
+    assert on_disk == (encode_capture_line(pickle.loads(sent[0][0])), sent[1][0])
+    (line,) = CaptureStore(capture_dir).read_available("fields").lines
+    assert line["response_raw"] == CHAT_STREAM.decode() and line["response"]["choices"]
+
+
 async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_threads(
         http, upstream, start, capture_dir, monkeypatch):
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
-    monkeypatch.setattr(capture_writer, "BUILD_ON_LOOP_BYTES", 0)  # Every line built aside.
+    monkeypatch.setattr(capture_writer, "BUILD_ON_LOOP_BYTES", 0)  # Every line built aside,
+    monkeypatch.setattr(capture_writer, "ENCODE_IN_PROCESS_BYTES", 0)  # as fields: the threads encode them.
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     writer = sidecar.sidecar.capture_writer
     building, release = threading.Event(), threading.Event()
-    build = writer._line_and_entries
+    build = writer._payload
 
-    def held_build(exchange, unsynced):  # type: ignore[no-untyped-def]
+    def held_build(exchange):  # type: ignore[no-untyped-def]
         building.set()
         release.wait(10)
-        return build(exchange, unsynced)
-    monkeypatch.setattr(writer, "_line_and_entries", held_build)
+        return build(exchange)
+    monkeypatch.setattr(writer, "_payload", held_build)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
     call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "aside", CHAT), CHAT_REQUEST))
     assert await asyncio.to_thread(building.wait, 10)
