@@ -15,7 +15,6 @@ from ._messages import MessagesReassembler
 from ._persist_process import ACK as PERSIST_ACK
 from ._persist_process import FIELDS as PERSIST_FIELDS
 from ._persist_process import LINE as PERSIST_LINE
-from ._persist_process import NOT_APPENDED as PERSIST_NOT_APPENDED
 from ._persist_process import NOT_ENCODED as PERSIST_NOT_ENCODED
 from ._persist_process import READY as PERSIST_READY
 from ._persist_process import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
@@ -41,7 +40,6 @@ __all__ = [
     "PERSIST_ACK",
     "PERSIST_FIELDS",
     "PERSIST_LINE",
-    "PERSIST_NOT_APPENDED",
     "PERSIST_NOT_ENCODED",
     "PERSIST_READY",
     "PrefixRenders",

@@ -3,8 +3,8 @@
 In the sidecar's own process the writer threads share one interpreter lock with the event loop,
 and every syscall of an append (flock, fstat, write, unlock, fsync) hands it back and forth: with
 64 calls at once the sidecar used 0.9 of a core and the machine stayed 40% idle, on tmpfs as on
-disk. Here the event loop builds each line and sends it down a socket; this process appends the
-lines that arrived together (the file contract of `records.append_capture_line`, through the
+disk. Here the event loop builds each line (a large call's: its fields, which this process
+encodes) and sends it down a socket; this process appends the lines that arrived together (the file contract of `records.append_capture_line`, through the
 group committer's open files), makes them durable with one barrier (`make_durable`: fsync for one
 file, syncfs for several) and acknowledges each line. The sidecar releases a reply's end only on
 its line's acknowledgement, so "the line is on disk before the agent sees the end" holds as before.
@@ -90,7 +90,9 @@ def pickle_fields(fields: dict[str, Any]) -> bytes:
 
 
 def encode_pickled_fields(payload: bytes) -> bytes:
-    """The line of a `FIELDS` payload (also where the sidecar appends on its own threads)."""
+    """The line of a `FIELDS` payload (also where the sidecar appends on its own threads). Only
+    the sidecar that started this process writes to its socket pair (never a port): its pickles
+    are its own."""
     return encode_capture_line(pickle.loads(payload))
 
 
@@ -158,8 +160,10 @@ def _commit(frames: list[tuple[int, str, bytes, int]], files: OpenFiles, syncfs:
     lines: list[bytes] = []
     by_path: dict[str, list[int]] = {}
     for index, (_, path, payload, kind) in enumerate(frames):
-        if kind == FIELDS:
+        if kind != LINE:
             try:
+                if kind != FIELDS:
+                    raise ValueError(f"a frame of unknown kind {kind}")
                 payload = encode_pickled_fields(payload)
             except Exception as exc:
                 outcomes[index] = _NotEncoded(exc)

@@ -3,7 +3,7 @@
 Outside the token capture mode each line is built on the event loop and appended by the capture
 process (`_capture_process`; issue 34): the appends' syscalls no longer take turns with the event
 loop for one interpreter lock, and the lines of calls that end together share one durability
-barrier. In the token capture mode -- a line's training-token entries are written first, in the
+barrier. A large call's line goes as its fields, and the process encodes it (`ENCODE_IN_PROCESS_BYTES`). In the token capture mode -- a line's training-token entries are written first, in the
 same barrier -- and wherever the process cannot run, serialisation and the durable append run on
 writer threads with group commit (`capture.GroupCommitter`). A failure never reaches the client:
 it is logged once per rollout and kind, counted, and the rollout is marked ``.capture.incomplete``

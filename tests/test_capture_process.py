@@ -115,12 +115,14 @@ def test_fields_json_cannot_hold_are_acknowledged_not_encoded_and_fail_alone(tmp
     sock.sendall(frame_line(1, os.fsencode(path), pickle.dumps({"n": 2 ** 70}), PERSIST_FIELDS)
                  + frame_line(2, os.fsencode(path), pickle.dumps(_fields(2)), PERSIST_FIELDS)
                  + frame_line(3, os.fsencode(path), b"not a pickle", PERSIST_FIELDS)
-                 + frame_line(4, os.fsencode(path), b'{"a":1}\n'))
-    acks = {number: (code, size) for number, code, size, _ in _read_acks(sock, 4)}
+                 + frame_line(4, os.fsencode(path), b'{"a":1}\n')
+                 + frame_line(5, os.fsencode(path), b'{"b":1}\n', 7))  # A kind it does not know.
+    acks = {number: (code, size) for number, code, size, _ in _read_acks(sock, 5)}
     sock.close()
     thread.join(10)
     second = encode_capture_line(_fields(2))
-    assert acks == {1: (PERSIST_NOT_ENCODED, 0), 2: (0, len(second)), 3: (PERSIST_NOT_ENCODED, 0), 4: (0, 8)}
+    assert acks == {1: (PERSIST_NOT_ENCODED, 0), 2: (0, len(second)), 3: (PERSIST_NOT_ENCODED, 0), 4: (0, 8),
+                    5: (PERSIST_NOT_ENCODED, 0)}
     assert (tmp_path / "r.capture.jsonl").read_bytes() == second + b'{"a":1}\n'
 
 
