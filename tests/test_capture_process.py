@@ -25,6 +25,7 @@ from capture import (
     PERSIST_READY,
     frame_line,
     persist_process_command,
+    pickle_fields,
 )
 from capture._persist_process import main as serve_main
 import proxy._capture_process as capture_process
@@ -36,6 +37,7 @@ from .processes import SidecarProcess, post_chat
 from .scripted_upstream import json_script, sse_script
 from .test_metrics_and_logs import scrape, value
 from .transcripts import CHAT_REQUEST, CHAT_STREAM
+from .vllm_chat_model import FRAMINGS, chat_payloads, text_tokens
 from .wire import assert_same_reply, fetch, rollout_url
 
 CHAT = "/v1/chat/completions"
@@ -66,9 +68,11 @@ def _read_acks(sock: socket.socket, count: int) -> list[tuple[int, int, int, flo
 
 
 def _fields(index: int) -> dict:
-    """Fields of a line as the sidecar builds them: text with what JSON must escape, nested values."""
+    """Fields of a line as the sidecar builds them: text with what JSON must escape, nested values,
+    and a stream's per-token lists kept as JSON text (`orjson.Fragment`, which pickle refuses)."""
     return {"model_call_id": f"c{index}", "response_raw": 'data: {"x":"\\"é\\n"}\n\n' * index,
-            "response": {"choices": [{"index": 0, "delta": {"content": "🙂" * index}}]}, "latency_ms": index / 3}
+            "response": {"choices": [{"index": 0, "delta": {"content": "🙂" * index},
+                                      "token_ids": orjson.Fragment(b"[%d,7]" % index)}]}, "latency_ms": index / 3}
 
 
 @pytest.mark.parametrize("split", ["whole", "byte by byte", "random"])
@@ -80,7 +84,7 @@ def test_every_line_is_appended_once_and_acknowledged_whatever_the_reads(tmp_pat
         if index % 3:
             lines.append((index, path, orjson.dumps({"n": index, "pad": "x" * index}) + b"\n", PERSIST_LINE))
         else:
-            lines.append((index, path, pickle.dumps(_fields(index)), PERSIST_FIELDS))
+            lines.append((index, path, pickle_fields(_fields(index)), PERSIST_FIELDS))
     expected = {number: encode_capture_line(pickle.loads(payload)) if kind == PERSIST_FIELDS else payload
                 for number, _, payload, kind in lines}
     wire = b"".join(frame_line(number, os.fsencode(path), payload, kind) for number, path, payload, kind in lines)
@@ -112,8 +116,8 @@ def test_fields_json_cannot_hold_are_acknowledged_not_encoded_and_fail_alone(tmp
     is no pickle: that line alone fails, nothing of it is appended."""
     path = str(tmp_path / "r.capture.jsonl")
     sock, thread = _run_in_thread(str(tmp_path))
-    sock.sendall(frame_line(1, os.fsencode(path), pickle.dumps({"n": 2 ** 70}), PERSIST_FIELDS)
-                 + frame_line(2, os.fsencode(path), pickle.dumps(_fields(2)), PERSIST_FIELDS)
+    sock.sendall(frame_line(1, os.fsencode(path), pickle_fields({"n": 2 ** 70}), PERSIST_FIELDS)
+                 + frame_line(2, os.fsencode(path), pickle_fields(_fields(2)), PERSIST_FIELDS)
                  + frame_line(3, os.fsencode(path), b"not a pickle", PERSIST_FIELDS)
                  + frame_line(4, os.fsencode(path), b'{"a":1}\n')
                  + frame_line(5, os.fsencode(path), b'{"b":1}\n', 7))  # A kind it does not know.
@@ -239,11 +243,18 @@ async def test_a_large_call_s_line_is_built_off_the_loop_and_lands_whole(http, u
     assert any(thread.name.startswith("mcc-capture-build") for thread in threading.enumerate())
 
 
+# A vLLM stream with logprobs and token ids, as the agent asked for them: the tap keeps its
+# per-token lists as JSON text (`orjson.Fragment`s in the fields).
+LOGPROB_STREAM = FRAMINGS["lf"](chat_payloads([text_tokens(*(f" w{i}" for i in range(40)))], logprobs=True,
+                                              token_ids=True)) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("stream", [CHAT_STREAM, LOGPROB_STREAM], ids=["chat", "logprobs and token ids"])
 async def test_a_stream_s_line_is_encoded_by_the_process_as_the_loop_would_have(
-        http, upstream, start, capture_dir, monkeypatch):
+        http, upstream, start, capture_dir, monkeypatch, stream):
     """A call of `ENCODE_IN_PROCESS_BYTES` or more (a stream: its line is mostly its raw text) goes
     as its fields, a small JSON call as its line; on disk, each is what the loop encodes."""
-    upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
+    upstream.scripts[CHAT] = sse_script(stream)
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     sent: list[tuple[bytes, int]] = []
     process = sidecar.sidecar.capture_writer._process
@@ -262,7 +273,11 @@ async def test_a_stream_s_line_is_encoded_by_the_process_as_the_loop_would_have(
                open(os.path.join(capture_dir, "line.capture.jsonl"), "rb").read())
     assert on_disk == (encode_capture_line(pickle.loads(sent[0][0])), sent[1][0])
     (line,) = CaptureStore(capture_dir).read_available("fields").lines
-    assert line["response_raw"] == CHAT_STREAM.decode() and line["response"]["choices"]
+    assert line["response_raw"] == stream.decode() and line["response"]["choices"]
+    assert not [name for name in os.listdir(capture_dir) if name.endswith(".incomplete")]
+    if stream is LOGPROB_STREAM:
+        choice = line["response"]["choices"][0]
+        assert choice["token_ids"] == list(range(100, 140)) and len(choice["logprobs"]["content"]) == 40
 
 
 async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_threads(
