@@ -4,9 +4,10 @@ In the sidecar's own process the writer threads share one interpreter lock with 
 and every syscall of an append (flock, fstat, write, unlock, fsync) hands it back and forth: with
 64 calls at once the sidecar used 0.9 of a core and the machine stayed 40% idle, on tmpfs as on
 disk. Here the event loop builds each line (a large call's: its fields, which this process
-encodes) and sends it down a socket; this process appends the lines that arrived together (the file contract of `records.append_capture_line`, through the
-group committer's open files), makes them durable with one barrier (`make_durable`: fsync for one
-file, syncfs for several) and acknowledges each line. The sidecar releases a reply's end only on
+encodes) and sends it down a socket; this process appends the lines that arrived together (the
+file contract of `records.append_capture_line`, through the group committer's open files), makes
+them durable with one barrier (`make_durable`: fsync for one file, syncfs for several) and
+acknowledges each line. The sidecar releases a reply's end only on
 its line's acknowledgement, so "the line is on disk before the agent sees the end" holds as before.
 
 Started with `persist_process_command` (its arguments: FD DIRECTORY SYNC_MODE IDLE_SECONDS

@@ -3,11 +3,12 @@
 Outside the token capture mode each line is built on the event loop and appended by the capture
 process (`_capture_process`; issue 34): the appends' syscalls no longer take turns with the event
 loop for one interpreter lock, and the lines of calls that end together share one durability
-barrier. A large call's line goes as its fields, and the process encodes it (`ENCODE_IN_PROCESS_BYTES`). In the token capture mode -- a line's training-token entries are written first, in the
-same barrier -- and wherever the process cannot run, serialisation and the durable append run on
-writer threads with group commit (`capture.GroupCommitter`). A failure never reaches the client:
-it is logged once per rollout and kind, counted, and the rollout is marked ``.capture.incomplete``
-where the disk still allows it.
+barrier. A large call's line goes as its fields, and the process encodes it
+(`ENCODE_IN_PROCESS_BYTES`). In the token capture mode -- a line's training-token entries are
+written first, in the same barrier -- and wherever the process cannot run, serialisation and the
+durable append run on writer threads with group commit (`capture.GroupCommitter`). A failure never
+reaches the client: it is logged once per rollout and kind, counted, and the rollout is marked
+``.capture.incomplete`` where the disk still allows it.
 """
 
 from __future__ import annotations
@@ -126,19 +127,21 @@ class CaptureWriter:
                 self._paths[rollout_id] = path
             if self._process is None or exchange.token_plan is not None:
                 self._threads().submit(path, lambda: self._line(exchange), done)
-            elif _request_and_reply_bytes(exchange) <= BUILD_ON_LOOP_BYTES:
-                self._send(path, *self._payload(exchange), rollout_id, on_settled, done)
             else:
-                self._build_aside(exchange, path, on_settled, done)
+                size = _request_and_reply_bytes(exchange)
+                if size <= BUILD_ON_LOOP_BYTES:
+                    self._send(path, *self._payload(exchange, size), rollout_id, on_settled, done)
+                else:
+                    self._build_aside(exchange, size, path, on_settled, done)
         except Exception as exc:
             self._loop.call_soon(self._settle, on_settled, rollout_id, 0, exc)
 
-    def _payload(self, exchange: CallExchange) -> tuple[bytes, int]:
-        """What the capture process is sent of a call's line: the line, or a large call's fields
-        pickled (`ENCODE_IN_PROCESS_BYTES`), with its kind."""
+    def _payload(self, exchange: CallExchange, size: int) -> tuple[bytes, int]:
+        """What the capture process is sent of a call's line (``size``: its request and reply
+        bytes): the line, or a large call's fields pickled (`ENCODE_IN_PROCESS_BYTES`), and which."""
         fields, _ = self._fields(exchange)
         _keep_cut_logprobs(exchange, fields)
-        if _request_and_reply_bytes(exchange) >= ENCODE_IN_PROCESS_BYTES:
+        if size >= ENCODE_IN_PROCESS_BYTES:
             return pickle_fields(fields), PERSIST_FIELDS
         return encode_capture_line(fields), PERSIST_LINE
 
@@ -152,14 +155,14 @@ class CaptureWriter:
         process.submit(os.fsencode(path), payload,
                        lambda size, outcome: self._settle(on_settled, rollout_id, size, outcome), kind)
 
-    def _build_aside(self, exchange: CallExchange, path: str, on_settled: Callable[[bool], None],
+    def _build_aside(self, exchange: CallExchange, size: int, path: str, on_settled: Callable[[bool], None],
                      done: Callable[[int, object], None]) -> None:
         """A large call's line, built on the builder thread, then sent from the loop."""
         if self._builder is None:
             self._builder = ThreadPoolExecutor(1, thread_name_prefix="mcc-capture-build")
         self._building += 1
         self._built.clear()
-        building = self._builder.submit(self._payload, exchange)
+        building = self._builder.submit(self._payload, exchange, size)
 
         def built(future: "Future[tuple[bytes, int]]") -> None:  # On the loop.
             try:

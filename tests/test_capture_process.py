@@ -290,10 +290,10 @@ async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_thre
     building, release = threading.Event(), threading.Event()
     build = writer._payload
 
-    def held_build(exchange):  # type: ignore[no-untyped-def]
+    def held_build(exchange, size):  # type: ignore[no-untyped-def]
         building.set()
         release.wait(10)
-        return build(exchange)
+        return build(exchange, size)
     monkeypatch.setattr(writer, "_payload", held_build)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
     call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "aside", CHAT), CHAT_REQUEST))
