@@ -19,8 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import capture._group_commit as group_commit  # noqa: E402
-import proxy._capture_writer as capture_writer  # noqa: E402
+import capture.journal._group_commit as group_commit  # noqa: E402
+import capture.journal._writer as capture_writer  # noqa: E402
 
 PARTS = ("none", "threads", "barrier", "persistence")
 

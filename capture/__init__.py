@@ -10,14 +10,14 @@ from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, 
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
-from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
+from .journal._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
-from ._persist_process import ACK as PERSIST_ACK
-from ._persist_process import FIELDS as PERSIST_FIELDS
-from ._persist_process import LINE as PERSIST_LINE
-from ._persist_process import NOT_ENCODED as PERSIST_NOT_ENCODED
-from ._persist_process import READY as PERSIST_READY
-from ._persist_process import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
+from .journal._process_main import ACK as PERSIST_ACK
+from .journal._process_main import FIELDS as PERSIST_FIELDS
+from .journal._process_main import LINE as PERSIST_LINE
+from .journal._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
+from .journal._process_main import READY as PERSIST_READY
+from .journal._process_main import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler

@@ -11,8 +11,8 @@ import click
 
 from records import RecordsError
 
-from ._logging import configure_logging
-from ._settings import ConfigError, Settings, load_settings
+from .app._logging import configure_logging
+from .app._settings import ConfigError, Settings, load_settings
 
 
 class _Mcc(click.Group):
@@ -114,10 +114,10 @@ def serve(**options: Any) -> None:
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)
     if settings.workers > 1:
-        from ._workers import supervise_workers
+        from .app._workers import supervise_workers
 
         sys.exit(supervise_workers(settings, sys.argv[1:]))
-    from ._server import CannotServe, serve_forever
+    from .app._serve import CannotServe, serve_forever
 
     try:
         _run(serve_forever(settings, settings.log_format))
@@ -149,7 +149,7 @@ def stand_in(host: str, port: int, delay: float) -> None:
     Messages; streamed or not; vLLM's token fields on request), no GPU: the model behind
     `mcc serve --upstream http://127.0.0.1:8000` and deploy/gym/gym_config.yaml's policy_model.
     """
-    from ._server import serve_stand_in_forever
+    from .app._serve import serve_stand_in_forever
 
     try:
         _run(serve_stand_in_forever(host, port, delay))

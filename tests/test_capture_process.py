@@ -27,10 +27,10 @@ from capture import (
     persist_process_command,
     pickle_fields,
 )
-from capture._persist_process import main as serve_main
-import proxy._capture_process as capture_process
-import proxy._capture_writer as capture_writer
-from proxy._capture_writer import BUILD_ON_LOOP_BYTES
+from capture.journal._process_main import main as serve_main
+import capture.journal._process_client as capture_process
+import capture.journal._writer as capture_writer
+from capture.journal._writer import BUILD_ON_LOOP_BYTES
 from records import CaptureStore, encode_capture_line
 
 from .processes import SidecarProcess, post_chat
@@ -216,7 +216,7 @@ async def test_a_sidecar_killed_outright_leaves_no_capture_process_and_loses_not
     try:
         statuses = [(await asyncio.to_thread(post_chat, sidecar.url, f"k{index % 4}"))[0] for index in range(12)]
         (child,) = [pid for pid in _children(sidecar.process.pid)
-                    if b"capture._persist_process" in open(f"/proc/{pid}/cmdline", "rb").read()]
+                    if b"capture.journal._process_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
     finally:
         sidecar.kill()
     assert statuses == [200] * 12

@@ -13,9 +13,9 @@ import subprocess
 import orjson
 import pytest
 
-import capture._group_commit as group_commit
-import capture._open_files as open_files
-from capture._open_files import OpenFiles
+import capture.journal._group_commit as group_commit
+import capture.journal._open_files as open_files
+from capture.journal._open_files import OpenFiles
 from tests.scripted_upstream import json_script
 from tests.wire import fetch, rollout_url
 

@@ -153,7 +153,7 @@ def test_a_file_kept_open_notices_a_torn_line_another_writer_left(tmp_path):
 
 @pytest.mark.parametrize("keep_open", [True, False])
 def test_open_files_are_reused_only_where_that_is_safe_and_closed_when_released(tmp_path, keep_open):
-    from capture._open_files import OpenFiles
+    from capture.journal._open_files import OpenFiles
 
     files = OpenFiles(keep_open, capacity=2)
     first, created = files.append(str(tmp_path / "a.capture.jsonl"), b"1\n")
@@ -188,7 +188,7 @@ MOUNTINFO = """22 27 0:21 / /proc rw,relatime - proc proc rw
     ("/mnt/nfsx", "ext4", True),  # A prefix of a name is not a parent directory.
 ])
 def test_syncfs_is_used_only_on_filesystems_known_to_honour_it(directory, fstype, syncfs):
-    from capture._group_commit import filesystem_type, syncfs_flushes
+    from capture.journal._group_commit import filesystem_type, syncfs_flushes
 
     assert filesystem_type(directory, MOUNTINFO) == fstype
     assert syncfs_flushes(fstype) is syncfs
@@ -219,7 +219,7 @@ def test_a_lines_other_files_are_made_durable_by_its_barrier(tmp_path, monkeypat
     """The token capture mode's entry is written while its line is built and made durable by the
     line's barrier (issue 34): a syncfs of its filesystem, or an fsync of the file itself; the
     line is settled only after. A file that cannot be synced fails its line and is told."""
-    import capture._group_commit as group_commit
+    import capture.journal._group_commit as group_commit
 
     synced: list[str] = []
     real_fsync = os.fsync

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-import proxy._workers as workers
+import proxy.app._workers as workers
 from tests.processes import read_line
 
 MCC = [sys.executable, "-m", "proxy"]

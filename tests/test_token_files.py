@@ -414,7 +414,7 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
     is flushed while the request goes upstream; a reply asked for whole (cut as one JSON body, held
     until its capture line is durable) has its intent flushed by that line's barrier -- one flush
     for the call, not two (issue 34) -- and both before the agent sees the reply's head."""
-    import capture._group_commit as group_commit
+    import capture.journal._group_commit as group_commit
     from records import GroupSync
 
     events: list[tuple[str, tuple[str, ...]]] = []

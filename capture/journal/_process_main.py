@@ -54,7 +54,7 @@ NOT_APPENDED, NOT_ENCODED = -1, -2
 READY = b"R"
 #: What the sidecar runs (``python -c``: ``-m`` would run this module a second time, beside the
 #: copy the package's import made).
-_ENTRY = "import sys; from capture._persist_process import main; main(sys.argv[1:])"
+_ENTRY = "import sys; from capture.journal._process_main import main; main(sys.argv[1:])"
 #: What one read takes before its lines are appended: enough for every line of a busy moment.
 _READ_BYTES = 1 << 20
 _BATCH_BYTES = 8 << 20
@@ -62,7 +62,7 @@ _BATCH_BYTES = 8 << 20
 
 def persist_process_command(fd: int, directory: str, sync_mode: str) -> list[str]:
     """The command line of a capture process reading lines from ``fd``, with this process's
-    open-file policy (`capture._open_files`, as the writer threads would follow it)."""
+    open-file policy (`capture.journal._open_files`, as the writer threads would follow it)."""
     return [sys.executable, "-c", _ENTRY, str(fd), directory, sync_mode, repr(_open_files.IDLE_SECONDS),
             repr(_group_commit._SWEEP_SECONDS)]
 
@@ -208,6 +208,6 @@ def _send_all(fd: int, data: bytes) -> None:
 
 def main(argv: list[str]) -> None:
     fd, directory, sync_mode, idle_seconds, sweep_seconds = argv
-    _open_files.IDLE_SECONDS = float(idle_seconds)  # The sidecar's policy (`capture._open_files`).
+    _open_files.IDLE_SECONDS = float(idle_seconds)  # The sidecar's policy (`capture.journal._open_files`).
     serve(int(fd), directory, sync_mode, float(sweep_seconds))
 

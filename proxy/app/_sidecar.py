@@ -14,20 +14,20 @@ from typing import Any, Optional
 
 import orjson
 
-from ._capture_writer import CaptureWriter
-from ._forwarder import forward
-from ._http1 import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
+from capture.journal._writer import CaptureWriter
+from ..call._call import forward
+from ..http._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._logging import RepeatLimiter
-from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
+from ..call._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
 from ._settings import Settings
-from ._retries import RetryMemory
+from ..call._retries import RetryMemory
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
-from ._prefix_supply import PrefixSupply
-from ._weight_versions import DeclaredWeightVersions, declared_version
-from ._token_capture import TokenCapture
-from ._token_mode import TokenMode
-from ._upstream import UpstreamPool
-from ._upstream_checks import upstream_problem
+from ..training._renderer import PrefixSupply
+from ..training._declared_versions import DeclaredWeightVersions, declared_version
+from ..training._entry_writer import TokenCapture
+from ..training._token_mode import TokenMode
+from ..http._upstream import UpstreamPool
+from ..http._checks import upstream_problem
 
 log = logging.getLogger("mcc")
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from ._app import Sidecar
+from ._sidecar import Sidecar
 from ._logging import utc_timestamp
 from ._settings import Settings
 
@@ -81,14 +81,14 @@ async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> 
 
 
 async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0) -> AppServer:
-    from .standin import create_stand_in_app
+    from ..standin import create_stand_in_app
 
     return await start_app(create_stand_in_app(delay), host, port)
 
 
 async def serve_stand_in_forever(host: str, port: int, delay: float) -> None:
     """`mcc stand-in`: the stand-in model server alone until SIGINT or SIGTERM."""
-    from .standin.replies import STAND_IN_MODEL
+    from ..standin.replies import STAND_IN_MODEL
 
     server = await start_stand_in(host, port, delay)
     print(f"stand-in model server listening on {server.url} (model {STAND_IN_MODEL!r}; OpenAI Responses, Chat, "

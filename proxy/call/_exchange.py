@@ -10,8 +10,8 @@ from typing import Any
 
 from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
-from ._headers import Headers, single_value
-from ._http1 import header_value
+from ..http._headers import Headers, single_value
+from ..http._server import header_value
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
@@ -133,7 +133,7 @@ class CallExchange:
 
     def capture_fields(self) -> dict[str, Any]:
         """The line's fields. Parses the request and finishes the tap: once the reply has ended
-        (on the event loop for a small call, else on a thread: `proxy._capture_writer`)."""
+        (on the event loop for a small call, else on a thread: `capture.journal._writer`)."""
         if self.request_headers is not None:
             self._read_request_headers(self.request_headers)
         fields: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""The sidecar's end of the capture process (`capture._persist_process`; issue 34).
+"""The sidecar's end of the capture process (`capture.journal._process_main`; issue 34).
 
 Each line goes down a socket pair, numbered; the process appends the lines that arrive
 together, makes them durable with one barrier and acknowledges each: ``done(size, outcome)`` then
@@ -186,7 +186,7 @@ def _tell(done: Done, size: int, outcome: "float | BaseException") -> None:
 
 
 class _Acknowledgements(asyncio.Protocol):
-    """Reads the process's acknowledgements (`capture._persist_process`'s wire)."""
+    """Reads the process's acknowledgements (`capture.journal._process_main`'s wire)."""
 
     def __init__(self, owner: CaptureProcess) -> None:
         self._owner = owner

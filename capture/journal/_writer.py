@@ -41,15 +41,15 @@ from records import (
     token_records_of_line,
 )
 
-from ._capture_process import CaptureProcess, Unsent
-from ._exchange import CallExchange
-from ._logging import RepeatLimiter
-from ._metrics import SidecarMetrics
+from ._process_client import CaptureProcess, Unsent
+from proxy.call._exchange import CallExchange
+from proxy.app._logging import RepeatLimiter
+from proxy.call._metrics import SidecarMetrics
 
-from ._token_capture import agent_view, cut_in_place, restore
+from proxy.training._entry_writer import agent_view, cut_in_place, restore
 
 if TYPE_CHECKING:
-    from ._token_capture import TokenCapture
+    from proxy.training._entry_writer import TokenCapture
 
 log = logging.getLogger("mcc.capture")
 _PATHS_KEPT = 4096

@@ -3,7 +3,7 @@
 A writer thread takes every line queued since its last batch and appends each file's lines with
 the same contract as `append_capture_line` (``O_APPEND`` + ``flock`` + one ``write``, torn-line
 repair, rollback on a short write), through files kept open between batches where that is safe
-(`capture._open_files`: four syscalls per file instead of seven). A second thread makes everything appended since its last
+(`capture.journal._open_files`: four syscalls per file instead of seven). A second thread makes everything appended since its last
 barrier durable at once: ``fsync`` of the file when that is one file, ``syncfs`` of the capture
 filesystem when it is several. The two overlap: the next batch is written while the last one
 is synced. Under light load (no line waiting, no barrier running) the writer thread runs the
@@ -55,7 +55,7 @@ class GroupCommitter:
                  max_open_files: Optional[int] = None) -> None:
         """``directory``: where the lines go; ``auto`` uses ``syncfs`` only when that directory is
         on a filesystem whose ``syncfs`` is known to flush (see `syncfs_flushes`), and files stay
-        open between appends only where that is safe (see `capture._open_files`)."""
+        open between appends only where that is safe (see `capture.journal._open_files`)."""
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, not {sync_mode!r}")
         fstype = filesystem_type(directory) if directory is not None else None

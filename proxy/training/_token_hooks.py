@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from capture import AddedFieldCutter, add_request_fields, parse_json_object
 
-from ._token_capture import TOKEN_DIALECTS
-from ._prefix_supply import SuppliedPrefix
+from ._entry_writer import TOKEN_DIALECTS
+from ._renderer import SuppliedPrefix
 from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
-from ._upstream import UpstreamReply
+from ..http._upstream import UpstreamReply
 
 if TYPE_CHECKING:
-    from ._forwarder import _Call
+    from ..call._call import _Call
 
 
 class TokenCall:

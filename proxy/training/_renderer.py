@@ -19,11 +19,11 @@ import orjson
 
 from capture import render_requests, tokenized_ids
 
-from ._headers import Headers
+from ..http._headers import Headers
 from ._token_mode import UpstreamBroke, WholeBody
 
 if TYPE_CHECKING:
-    from ._forwarder import _Call
+    from ..call._call import _Call
 
 log = logging.getLogger("mcc.proxy")
 

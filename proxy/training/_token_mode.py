@@ -16,8 +16,8 @@ import orjson
 
 from capture import add_request_fields, token_fields_to_add
 
-from ._http1 import header_value
-from ._headers import Headers
+from ..http._server import header_value
+from ..http._headers import Headers
 
 log = logging.getLogger("mcc.proxy")
 

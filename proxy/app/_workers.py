@@ -38,7 +38,7 @@ from typing import Optional
 
 import orjson
 
-from ._server import DRAINED_MARK, free_port, ready_line, ready_url
+from ._serve import DRAINED_MARK, free_port, ready_line, ready_url
 from ._settings import Settings
 from ._shared_metrics import retire
 

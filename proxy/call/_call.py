@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from capture import AddedFieldCutter, BodyTap, StreamTap
 
 from ._exchange import CallExchange, Failure
-from ._headers import client_response_headers, upstream_request_headers, with_session_affinity, with_trace_context
-from ._http1 import Http1Connection, ServerRequest
+from ..http._headers import client_response_headers, upstream_request_headers, with_session_affinity, with_trace_context
+from ..http._server import Http1Connection, ServerRequest
 from ._local_replies import (
     BAD_REQUEST_TARGET,
     BODY_TOO_LARGE,
@@ -34,14 +34,14 @@ from ._local_replies import (
 )
 from ._metrics import status_class
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
-from ._token_call import TokenCall
-from ._token_mode import UpstreamBroke, WholeBody
-from ._upstream_checks import certificate_problem
-from ._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
+from ..training._token_hooks import TokenCall
+from ..training._token_mode import UpstreamBroke, WholeBody
+from ..http._checks import certificate_problem
+from ..http._upstream import UpstreamConnectError, UpstreamProtocolError, UpstreamReply, UpstreamTimeout
 
 
 if TYPE_CHECKING:
-    from ._app import Sidecar
+    from ..app._sidecar import Sidecar
 
 log = logging.getLogger("mcc.proxy")
 #: With ``--capture-raw-stream on-failure``, the raw text of a stream that parses cleanly is kept
