@@ -53,6 +53,7 @@ soak: $(STAMP)
 
 # Speed is measured here, never asserted in `make test` (shared machines are noisy).
 bench: $(STAMP)
+	$(BIN)/python benchmarks/trace_call.py
 	$(BIN)/python benchmarks/bench_proxy.py
 	$(BIN)/python benchmarks/bench_floors.py
 	$(BIN)/python benchmarks/bench_reassembly.py

@@ -27,17 +27,17 @@ PARTS = ("none", "threads", "barrier", "persistence")
 
 def _take_out(part: str) -> None:
     if part in ("threads", "barrier"):
-        writer_init = capture_writer.CaptureWriter.__init__
+        writer_init = capture_writer.Journal.__init__
 
         def on_threads(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             writer_init(self, *args, **{**kwargs, "process": False})
-        capture_writer.CaptureWriter.__init__ = on_threads  # type: ignore[method-assign]
+        capture_writer.Journal.__init__ = on_threads  # type: ignore[method-assign]
     if part == "barrier":
         group_commit.GroupCommitter._barrier = lambda self, pending: None  # type: ignore[method-assign]
     elif part == "persistence":
-        def settle_at_once(self, exchange, on_settled):  # type: ignore[no-untyped-def]
-            self._loop.call_soon(on_settled, True)
-        capture_writer.CaptureWriter.submit = settle_at_once  # type: ignore[method-assign]
+        def settle_at_once(self, rollout_id, build, size, settled, on_writer_thread=False):  # type: ignore[no-untyped-def]
+            self._loop.call_soon(settled, True)
+        capture_writer.Journal.submit = settle_at_once  # type: ignore[method-assign]
     elif part not in ("none", "threads"):
         raise SystemExit(f"the part is one of {PARTS}, not {part!r}")
 

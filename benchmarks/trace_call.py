@@ -11,7 +11,8 @@ the same with the token capture mode on (`--capture-tokens`). It prints, per cas
 - calls: Python calls into the project's code (`proxy/`, `capture/`, `records/`);
 - functions, files: how many distinct ones those calls reached;
 - hops: calls whose caller is project code in another file (a call that crosses a module);
-- training calls: calls into `proxy/training/` (with the mode off there must be none);
+- training calls: calls into `proxy/training/` (with the mode off there must be none; on a checkout
+  before the layers, into the modules it was made of);
 - loop CPU per call: the event loop thread's CPU time over ``--calls`` sequential calls from a
   client in another process, divided by their number (capture off, capture on, token mode on).
 
@@ -35,7 +36,11 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PROJECT = tuple(os.path.join(ROOT, package) + os.sep for package in ("proxy", "capture", "records"))
-TRAINING = os.path.join(ROOT, "proxy", "training") + os.sep
+#: The training features' code: `proxy/training/`, and the modules it was made of before the
+#: layers (issue 43), so that a run on an older checkout counts the same code.
+TRAINING = (os.path.join(ROOT, "proxy", "training") + os.sep,
+            *(os.path.join(ROOT, "proxy", name) for name in ("_token_call.py", "_token_mode.py", "_token_capture.py",
+                                                            "_prefix_supply.py", "_weight_versions.py")))
 
 UPSTREAM = textwrap.dedent(r'''
     import asyncio, json, sys

@@ -1,8 +1,7 @@
-"""Pure stream parsing and the durable appender (DESIGN §1, §3, §6).
+"""Pure stream parsing (DESIGN §1, §6), and the journal (`capture.journal`, DESIGN §3).
 
-No aiohttp and no sockets here: the parsers and reassemblers take bytes and return values, in the
-manner of h11; the appender, the group committer and the capture process built on it are all
-that touch the disk (the capture process reads its lines from a descriptor it is handed).
+No aiohttp and no sockets in the parsers: they take bytes and return values, in the manner of h11.
+Everything that touches a disk, a socket or a process is in `capture.journal`, behind its own door.
 """
 
 from records import append_capture_line, create_incomplete_marker
@@ -10,14 +9,7 @@ from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, 
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import UnsupportedContentEncoding, make_decoder
-from .journal._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._messages import MessagesReassembler
-from .journal._process_main import ACK as PERSIST_ACK
-from .journal._process_main import FIELDS as PERSIST_FIELDS
-from .journal._process_main import LINE as PERSIST_LINE
-from .journal._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
-from .journal._process_main import READY as PERSIST_READY
-from .journal._process_main import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
@@ -25,6 +17,9 @@ from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParse
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object
 from ._token_cutter import AddedFieldCutter
 from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
+# The journal's names, as before it had a door of its own (`capture.journal`).
+from .journal import SYNC_MODES, AlsoDurable, GroupCommitter, encode_pickled_fields, frame_line, frame_lines
+from .journal import persist_process_command, pickle_fields
 
 __all__ = [
     "AddedFieldCutter",
@@ -37,11 +32,6 @@ __all__ = [
     "EventBlock",
     "GroupCommitter",
     "MessagesReassembler",
-    "PERSIST_ACK",
-    "PERSIST_FIELDS",
-    "PERSIST_LINE",
-    "PERSIST_NOT_ENCODED",
-    "PERSIST_READY",
     "PrefixRenders",
     "REASSEMBLERS",
     "Reassembler",

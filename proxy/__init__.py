@@ -1,10 +1,16 @@
-"""The sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9)."""
+"""The sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9).
 
-from .app._sidecar import Sidecar
+`import proxy` loads the sidecar, not aiohttp: the stand-in model server's names
+(`create_stand_in_app`, `start_app`, `start_stand_in`) load it when first used (PEP 562).
+"""
+
+from typing import Any
+
 from ._cli import main
-from .app._serve import RunningServer, start_app, start_sidecar, start_stand_in
-from .app._settings import ConfigError, Settings, load_settings
-from .standin import create_stand_in_app
+from .app import ConfigError, RunningServer, Settings, Sidecar, load_settings, start_sidecar
+
+#: The names of the stand-in (aiohttp), loaded on first use.
+_STAND_IN_NAMES = frozenset({"create_stand_in_app", "start_app", "start_stand_in"})
 
 __all__ = [
     "ConfigError",
@@ -18,3 +24,11 @@ __all__ = [
     "start_sidecar",
     "start_stand_in",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STAND_IN_NAMES:
+        from . import standin
+
+        return getattr(standin, name)
+    raise AttributeError(f"module 'proxy' has no attribute {name!r}")

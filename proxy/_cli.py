@@ -11,8 +11,7 @@ import click
 
 from records import RecordsError
 
-from .app._logging import configure_logging
-from .app._settings import ConfigError, Settings, load_settings
+from .app import ConfigError, Settings, configure_logging, load_settings
 
 
 class _Mcc(click.Group):
@@ -114,13 +113,16 @@ def serve(**options: Any) -> None:
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)
     if settings.workers > 1:
-        from .app._workers import supervise_workers
+        from .app._workers import supervise_workers  # Not at the top: a worker never needs it.
 
         sys.exit(supervise_workers(settings, sys.argv[1:]))
-    from .app._serve import CannotServe, serve_forever
+    from .app import CannotServe, serve_forever
 
+    stand_in = None
+    if settings.stand_in:
+        from .standin import start_stand_in as stand_in
     try:
-        _run(serve_forever(settings, settings.log_format))
+        _run(serve_forever(settings, settings.log_format, stand_in))
     except CannotServe as exc:
         click.echo(f"mcc: {exc}.", err=True)
         sys.exit(2)
@@ -149,7 +151,7 @@ def stand_in(host: str, port: int, delay: float) -> None:
     Messages; streamed or not; vLLM's token fields on request), no GPU: the model behind
     `mcc serve --upstream http://127.0.0.1:8000` and deploy/gym/gym_config.yaml's policy_model.
     """
-    from .app._serve import serve_stand_in_forever
+    from .standin import serve_stand_in_forever
 
     try:
         _run(serve_stand_in_forever(host, port, delay))

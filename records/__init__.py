@@ -66,6 +66,11 @@ from ._rollouts import (
     url_path_for_run,
 )
 from ._shapes import _as_arguments, _tool_calls_and_reasoning
+# What a reply looks like, for the inspection tools (`mcc ls / show / stats / report`).
+from ._call_rows import invalid_arguments
+from ._shapes import finish_reason_of, response_shape, tool_calls_of
+from ._store import gc_paused
+from ._tokens import usage_counts
 from ._datasets import (
     CALL_TOKEN_COLUMNS,
     KINDS,
@@ -95,6 +100,12 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "finish_reason_of",
+    "gc_paused",
+    "invalid_arguments",
+    "response_shape",
+    "tool_calls_of",
+    "usage_counts",
     "GroupSync",
     "call_syncfs",
     "filesystem_type",

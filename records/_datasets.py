@@ -34,6 +34,7 @@ from ._rollouts import split_attempt
 from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
+from ._token_rows import TOKEN_COLUMNS, token_row
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -43,22 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover
 ROLLOUT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rollout_base", "string"), ("attempt", "int64"), ("rollout_incomplete", "bool"),
     ("rollout_unreadable_lines", "int64"),
-)
-#: The columns of ``kind="tokens"``: `TokenRecord`'s fields (``missing`` as a list), then
-#: ``usable`` and ``unusable_reason`` as `TokenRecord` computes them.
-TOKEN_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("rollout_id", "string"), ("model_call_id", "string"), ("call_index", "int64"), ("choice_index", "int64"),
-    ("model", "string"), ("prompt_token_ids", "list<int64>"), ("generation_token_ids", "list<int64>"),
-    ("generation_log_probs", "list<float64>"), ("finish_reason", "string"), ("error_category", "string"),
-    ("source", "string"), ("missing", "list<string>"), ("problem", "string"), ("extends", "int64"),
-    ("drift_at", "int64"), ("drift_from", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
-) + (
-    # Issue 32: prefix supply's proof, the aborted call resumed, and the weight versions that
-    # sampled the generation (per token; the labels in order, to filter stale samples:
-    # ``ds.filter(lambda row: set(row["weight_version_labels"]) <= fresh)``).
-    ("prefix_supplied", "bool"), ("resumes", "string"), ("weight_version_source", "string"),
-    ("weight_version_labels", "list<string>"), ("token_weight_versions", "list<string>"),
-    ("spans_weight_update", "bool"),
 )
 #: The columns of ``kind="trajectories"``: one row per chain of a rollout (`records.trajectories`),
 #: the main chain first; each call's id and generated span as parallel lists.
@@ -321,16 +306,6 @@ def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[st
 def trajectory_rows(directory: str, rollout_id: str) -> list[dict[str, Any]]:
     """The rows ``kind="trajectories"`` gives for one rollout (with its `ROLLOUT_COLUMNS`)."""
     return rollout_rows_of(directory, rollout_id, "trajectories")
-
-
-def token_row(record: TokenRecord) -> dict[str, Any]:
-    """A `TokenRecord` as a row of ``kind="tokens"``."""
-    row = {name: getattr(record, name) for name, _ in TOKEN_COLUMNS if name not in ("usable", "unusable_reason")}
-    row["missing"] = list(record.missing)
-    row["weight_version_labels"] = list(row["weight_version_labels"])
-    reason = record.unusable_reason
-    row["usable"], row["unusable_reason"] = reason is None, reason
-    return row
 
 
 def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]], kind: str = "calls", *,

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 import orjson
 
-from ._datasets import token_row
+from ._token_rows import token_row
 from ._lineage import LINE_ROOT, LineLineage
 from ._token_records import TokenRecord, _common_prefix, token_records_of_line
 

@@ -9,7 +9,7 @@ import shutil
 import orjson
 
 from capture import REASSEMBLERS, ChatReassembler
-from proxy.app._serve import free_port
+from proxy.app import free_port
 
 from .scripted_upstream import json_script, split_every, sse_script
 from .test_metrics_and_logs import scrape, value

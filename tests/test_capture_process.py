@@ -17,20 +17,15 @@ import threading
 import orjson
 import pytest
 
-from capture import (
-    PERSIST_ACK,
-    PERSIST_FIELDS,
-    PERSIST_LINE,
-    PERSIST_NOT_ENCODED,
-    PERSIST_READY,
-    frame_line,
-    persist_process_command,
-    pickle_fields,
-)
+from capture.journal import BUILD_ON_LOOP_BYTES, frame_line, persist_process_command, pickle_fields
+from capture.journal._process_main import ACK as PERSIST_ACK
+from capture.journal._process_main import FIELDS as PERSIST_FIELDS
+from capture.journal._process_main import LINE as PERSIST_LINE
+from capture.journal._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
+from capture.journal._process_main import READY as PERSIST_READY
 from capture.journal._process_main import main as serve_main
 import capture.journal._process_client as capture_process
 import capture.journal._writer as capture_writer
-from capture.journal._writer import BUILD_ON_LOOP_BYTES
 from records import CaptureStore, encode_capture_line
 
 from .processes import SidecarProcess, post_chat
@@ -160,7 +155,7 @@ def test_a_line_the_disk_refuses_is_acknowledged_with_its_errno_and_fails_alone(
 async def test_lines_go_through_the_capture_process_and_it_ends_with_the_sidecar(http, upstream, start, capture_dir):
     upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
     sidecar = await start(upstream.url, capture_dir=capture_dir)
-    writer = sidecar.sidecar.capture_writer
+    writer = sidecar.sidecar.journal
     pid = writer.process_pid
     assert pid is not None and pid != os.getpid()
     for index in range(5):
@@ -178,7 +173,7 @@ async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_n
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
     assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "before", CHAT), CHAT_REQUEST))
-    pid = sidecar.sidecar.capture_writer.process_pid
+    pid = sidecar.sidecar.journal.process_pid
     os.kill(pid, signal.SIGSTOP)  # Its line is sent, never acknowledged: the reply's end is held.
     with caplog.at_level(logging.ERROR, logger="mcc.capture"):
         held = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "cut", CHAT), CHAT_REQUEST))
@@ -189,7 +184,7 @@ async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_n
     assert any("capture process" in record.getMessage() and "ended" in record.getMessage() for record in caplog.records)
     assert value(await scrape(http, sidecar), "mcc_capture_failures_total", kind="CaptureProcessLost") == 1
     assert os.path.exists(os.path.join(capture_dir, "cut.capture.incomplete"))
-    assert sidecar.sidecar.capture_writer.process_pid is None
+    assert sidecar.sidecar.journal.process_pid is None
     # From now on the sidecar appends on its own threads: nothing else is lost.
     assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "after", CHAT), CHAT_REQUEST))
     store = CaptureStore(capture_dir)
@@ -199,7 +194,7 @@ async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_n
 async def test_the_token_capture_mode_appends_on_the_writer_threads(upstream, start, capture_dir):
     """Its lines' entries are written with them in one barrier (DESIGN §12): no capture process."""
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
-    assert sidecar.sidecar.capture_writer.process_pid is None
+    assert sidecar.sidecar.journal.process_pid is None
 
 
 def _children(pid: int) -> list[int]:
@@ -257,7 +252,7 @@ async def test_a_stream_s_line_is_encoded_by_the_process_as_the_loop_would_have(
     upstream.scripts[CHAT] = sse_script(stream)
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     sent: list[tuple[bytes, int]] = []
-    process = sidecar.sidecar.capture_writer._process
+    process = sidecar.sidecar.journal._process
     submit = process.submit
     monkeypatch.setattr(process, "submit", lambda path, payload, done, kind=PERSIST_LINE: (
         sent.append((payload, kind)), submit(path, payload, done, kind)))
@@ -286,15 +281,15 @@ async def test_a_line_built_aside_while_the_process_dies_goes_to_the_writer_thre
     monkeypatch.setattr(capture_writer, "BUILD_ON_LOOP_BYTES", 0)  # Every line built aside,
     monkeypatch.setattr(capture_writer, "ENCODE_IN_PROCESS_BYTES", 0)  # as fields: the threads encode them.
     sidecar = await start(upstream.url, capture_dir=capture_dir)
-    writer = sidecar.sidecar.capture_writer
+    writer = sidecar.sidecar.journal
     building, release = threading.Event(), threading.Event()
-    build = writer._payload
+    build = capture_writer._payload
 
-    def held_build(exchange, size):  # type: ignore[no-untyped-def]
+    def held_build(built, size):  # type: ignore[no-untyped-def]
         building.set()
         release.wait(10)
-        return build(exchange, size)
-    monkeypatch.setattr(writer, "_payload", held_build)
+        return build(built, size)
+    monkeypatch.setattr(capture_writer, "_payload", held_build)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
     call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "aside", CHAT), CHAT_REQUEST))
     assert await asyncio.to_thread(building.wait, 10)
@@ -336,7 +331,7 @@ async def test_a_capture_process_that_cannot_start_leaves_the_lines_to_the_write
     upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
     with caplog.at_level(logging.WARNING, logger="mcc.capture"):
         sidecar = await start(upstream.url, capture_dir=capture_dir)
-    assert sidecar.sidecar.capture_writer.process_pid is None
+    assert sidecar.sidecar.journal.process_pid is None
     assert any("cannot start the capture process" in record.getMessage() for record in caplog.records)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
     assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "threads", CHAT), CHAT_REQUEST))

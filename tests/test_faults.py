@@ -6,7 +6,7 @@ import asyncio
 
 import orjson
 
-from proxy.app._serve import free_port
+from proxy.app import free_port
 
 from .scripted_upstream import Script, split_every, sse_script
 from .transcripts import CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM, MESSAGES_REQUEST

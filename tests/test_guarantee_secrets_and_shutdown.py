@@ -8,7 +8,7 @@ import signal
 
 import aiohttp
 
-from proxy.app._serve import free_port
+from proxy.app import free_port
 
 from .conftest import SECRET_MARKER
 from .processes import SidecarProcess

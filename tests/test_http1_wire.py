@@ -1,4 +1,4 @@
-"""The sidecar's own HTTP/1.1 (proxy/_http1.py, proxy/_upstream.py) on the wire: framings and
+"""The sidecar's own HTTP/1.1 (proxy/http/_server.py, proxy/http/_upstream.py) on the wire: framings and
 connection handling a library used to do for us, each compared byte for byte with the upstream."""
 
 from __future__ import annotations

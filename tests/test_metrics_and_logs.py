@@ -13,7 +13,7 @@ import urllib.request
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app._serve import free_port
+from proxy.app import free_port
 
 from .processes import read_line
 from .scripted_upstream import json_script, sse_script

@@ -156,8 +156,8 @@ async def test_a_404_that_looks_like_a_base_url_mistake_is_forwarded_and_explain
 async def test_a_down_upstream_is_said_once_with_a_count_and_json_lines_carry_context(http, start, capture_dir, caplog):
     import logging
 
-    from proxy.app._logging import JsonFormatter
-    from proxy.app._serve import free_port
+    from proxy.app import JsonFormatter
+    from proxy.app import free_port
 
     from .wire import fetch, rollout_url
     sidecar = await start(f"http://127.0.0.1:{free_port()}", capture_dir=capture_dir)
@@ -306,7 +306,7 @@ def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
 def test_workers_find_a_writable_metrics_dir_or_say_why_not(tmp_path):
     """A read-only /tmp (the shipped Kubernetes sidecar without its emptyDir): the next candidate
     is used; with none writable, one sentence (exit 2 from `mcc serve`)."""
-    from proxy.app._settings import Settings
+    from proxy.app import Settings
     from proxy.app._workers import NoMetricsDir, make_metrics_dir
 
     read_only = tmp_path / "ro"

@@ -291,7 +291,7 @@ async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(t
     fewer calls than the last, and the last read equals records' readers and every call sent."""
     import aiohttp
 
-    from proxy.app._serve import start_stand_in
+    from proxy import start_stand_in
 
     from .processes import SidecarProcess
 

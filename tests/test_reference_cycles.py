@@ -12,7 +12,7 @@ import orjson
 from tests.wire import fetch, rollout_url
 
 #: The per-call objects of the sidecar's own code; any of them in a cycle is a regression.
-_PER_CALL = {"_Call", "TokenCall", "CallExchange", "_BodyPump", "AddedFieldCutter", "StreamTap", "BodyTap",
+_PER_CALL = {"Call", "TokenHooks", "WeightVersionHooks", "CallExchange", "BodyPump", "AddedFieldCutter", "StreamTap", "BodyTap",
              "ServerRequest", "UpstreamReply", "ChatReassembler", "SSEParser", "TokenPlan"}
 
 

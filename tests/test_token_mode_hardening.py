@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from capture import AddedFieldCutter, StreamTap, token_fields_to_add, vllm_bool
-from proxy.training._token_mode import refused_fields
+from proxy.training import refused_fields
 from tests.scripted_upstream import Script, json_script, split_every, sse_script
 from tests.capture_outcomes import outcome_with_cut_entries
 from tests.vllm_chat_model import (EMPTY, FRAMINGS, Token, chat_payloads, mistral_tool_call_tokens, named_events,

@@ -9,7 +9,7 @@ import orjson
 from click.testing import CliRunner
 
 from proxy import main
-from proxy.app._settings import load_settings
+from proxy.app import load_settings
 from records import traceparent
 
 from .scripted_upstream import json_script

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from capture import SSEParser
-from proxy.app._serve import start_stand_in
+from proxy import start_stand_in
 from records import read_token_entries, read_token_records
 from tests.scripted_upstream import Script
 from tests.wire import fetch, rollout_url

@@ -331,5 +331,5 @@ async def test_chunked_reply_with_trailers_reaches_the_client_whole_and_the_conn
 ])
 def test_the_path_of_an_absolute_form_target(target, path):
     """RFC 9112 §3.2.2: the absolute-form is accepted; only its path and query are forwarded."""
-    from proxy.call._call import origin_form
+    from proxy.call import origin_form
     assert origin_form(target) == path

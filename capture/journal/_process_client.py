@@ -11,7 +11,7 @@ Lines go only once the process has said it is ready (its imports done). A proces
 (the OOM killer, ``kill -9``) fails the lines it was sent and had not acknowledged -- each is then
 a capture failure, counted, logged and marked like any other; the reply is released as ever --
 and hands the lines it was never sent (all of them, when it never came up) to ``on_lost``: the
-writer appends them, and every line after them, on its own threads (`capture.GroupCommitter`). A
+writer appends them, and every line after them, on its own threads (`GroupCommitter`). A
 crash is not retried into a crash loop, and no line waits for a process that may never come back.
 """
 
@@ -24,22 +24,18 @@ import socket
 import subprocess
 from typing import Callable, Optional
 
-import capture
-from capture import (
-    PERSIST_ACK,
-    PERSIST_LINE,
-    PERSIST_NOT_ENCODED,
-    PERSIST_READY,
-    frame_lines,
-    persist_process_command,
-)
+from ._process_main import ACK as PERSIST_ACK
+from ._process_main import LINE as PERSIST_LINE
+from ._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
+from ._process_main import READY as PERSIST_READY
+from ._process_main import frame_lines, persist_process_command
 
 log = logging.getLogger("mcc.capture")
 
 #: What a line's ``done`` receives: the bytes appended, and the barrier's seconds or the failure.
 Done = Callable[[int, "float | BaseException"], None]
-#: A line the process was never sent: its path, the payload and its kind (`capture.PERSIST_LINE`:
-#: the line; `capture.PERSIST_FIELDS`: its fields pickled), whom to tell.
+#: A line the process was never sent: its path, the payload and its kind (`_process_main.LINE`:
+#: the line; `_process_main.FIELDS`: its fields pickled), whom to tell.
 Unsent = tuple[bytes, bytes, int, Done]
 #: Lines queued on the loop are sent once this many wait, else at the end of the loop's pass.
 _SEND_AT = 8
@@ -92,7 +88,7 @@ class CaptureProcess:
         return self._process.pid
 
     def submit(self, path: bytes, payload: bytes, done: Done, kind: int = PERSIST_LINE) -> None:
-        """Send one line for ``path`` (``payload``: the line, or with `capture.PERSIST_FIELDS` its
+        """Send one line for ``path`` (``payload``: the line, or with `_process_main.FIELDS` its
         fields pickled); ``done`` runs on the event loop once it is durable or failed."""
         if self._closing:
             raise RuntimeError("the capture process is closed")
@@ -220,6 +216,6 @@ class _Acknowledgements(asyncio.Protocol):
 def _child_environment() -> dict[str, str]:
     """This process's environment, with the directory ``capture`` was imported from first on the
     path (a checkout run from source imports it from there, not from site-packages)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(capture.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}

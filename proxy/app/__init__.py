@@ -1,1 +1,42 @@
-"""proxy.app"""
+"""The process (DESIGN §1, §9): `Sidecar` (admin endpoints, readiness, lifecycle), its settings,
+logging, workers, and serving it. It makes the `proxy.call.CallContext` and chooses each call's
+hooks; it never imports the stand-in or the inspection tools (they depend on it).
+"""
+
+from ._logging import JsonFormatter, configure_logging, utc_timestamp
+from ._serve import (
+    CannotServe,
+    RunningServer,
+    SidecarServer,
+    describe_startup,
+    free_port,
+    freeze_startup_objects,
+    ready_line,
+    ready_url,
+    serve_forever,
+    start_sidecar,
+    stop_on_sigint_or_sigterm,
+)
+from ._settings import ConfigError, Settings, load_settings
+from ._sidecar import Sidecar
+
+__all__ = [
+    "CannotServe",
+    "ConfigError",
+    "JsonFormatter",
+    "RunningServer",
+    "Settings",
+    "Sidecar",
+    "SidecarServer",
+    "configure_logging",
+    "describe_startup",
+    "free_port",
+    "freeze_startup_objects",
+    "load_settings",
+    "ready_line",
+    "ready_url",
+    "serve_forever",
+    "start_sidecar",
+    "stop_on_sigint_or_sigterm",
+    "utc_timestamp",
+]

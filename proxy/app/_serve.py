@@ -1,4 +1,4 @@
-"""Running servers on a real socket: the sidecar, and the stand-in model server."""
+"""Serving the sidecar on a real socket: start it, `mcc serve`'s lifecycle (ready line, signals, drain)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
 
 from ._sidecar import Sidecar
 from ._logging import utc_timestamp
@@ -32,17 +31,6 @@ class RunningServer(Protocol):
 
 
 @dataclass
-class AppServer:
-    """A started aiohttp runner (the stand-in model server) and its URL."""
-
-    runner: web.AppRunner
-    url: str
-
-    async def close(self) -> None:
-        await self.runner.cleanup()
-
-
-@dataclass
 class SidecarServer:
     """A started `Sidecar` and its URL; `close` drains in-flight calls first."""
 
@@ -53,51 +41,9 @@ class SidecarServer:
         await self.sidecar.close()
 
 
-async def start_app(app: web.Application, host: str, port: int, drain_timeout: float = 25.0,
-                    reuse_port: bool = False) -> AppServer:
-    """Serve ``app`` on ``host:port`` (0 picks a free port) the way the sidecar needs it served."""
-    runner = web.AppRunner(
-        app,
-        # A client that goes away cancels its handler, so the upstream request is cancelled too
-        # and the GPU stops generating (issue 2); capture then finishes in a tracked task.
-        handler_cancellation=True,
-        # Request bodies are forwarded as sent: a gzip request body stays gzip (DESIGN §2).
-        auto_decompress=False,
-        access_log=None,
-        # On SIGTERM: stop accepting, let in-flight calls finish up to this long (issue 6).
-        shutdown_timeout=drain_timeout,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
-    await site.start()
-    bound = _bound_port(runner)
-    shown_host = f"[{host}]" if ":" in host else host
-    return AppServer(runner, f"http://{shown_host}:{bound}")
-
-
 async def start_sidecar(settings: Settings, upstream_url: str | None = None) -> SidecarServer:
     sidecar = Sidecar(settings, upstream_url)
     return SidecarServer(sidecar, await sidecar.start())
-
-
-async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0) -> AppServer:
-    from ..standin import create_stand_in_app
-
-    return await start_app(create_stand_in_app(delay), host, port)
-
-
-async def serve_stand_in_forever(host: str, port: int, delay: float) -> None:
-    """`mcc stand-in`: the stand-in model server alone until SIGINT or SIGTERM."""
-    from ..standin.replies import STAND_IN_MODEL
-
-    server = await start_stand_in(host, port, delay)
-    print(f"stand-in model server listening on {server.url} (model {STAND_IN_MODEL!r}; OpenAI Responses, Chat, "
-          f"Completions and Anthropic Messages under /v1)", flush=True)
-    stop = _stop_on_sigint_or_sigterm()
-    try:
-        await stop.wait()
-    finally:
-        await server.close()
 
 
 async def _warn_if_the_upstream_does_not_resolve(upstream: str | None) -> None:
@@ -118,19 +64,24 @@ class CannotServe(Exception):
     """The sidecar cannot listen where it was told to (port in use, unknown host): one sentence."""
 
 
-async def serve_forever(settings: Settings, log_format: str = "text") -> None:
-    """`mcc serve`: start, print the ready line, run until SIGINT / SIGTERM, then drain."""
+async def serve_forever(settings: Settings, log_format: str = "text",
+                        start_stand_in: Optional[Callable[[], Awaitable[RunningServer]]] = None) -> None:
+    """`mcc serve`: start, print the ready line, run until SIGINT / SIGTERM, then drain.
+
+    ``start_stand_in``: with ``--stand-in``, how to start the stand-in model server the sidecar
+    forwards to (the CLI gives `proxy.standin.start_stand_in`: the app never imports it).
+    """
     # The handlers go in first: the listener is open (and the metrics snapshot written) before the
     # ready line, and a SIGTERM from then on must drain, never kill (a supervisor stopping a
     # worker it has just restarted, a rolling update right after a start).
-    stop = _stop_on_sigint_or_sigterm()
+    stop = stop_on_sigint_or_sigterm()
     started: list[Any] = []
     if settings.worker_index is not None:
         # Another worker declared a weight version (`_weight_versions`): the supervisor signals
         # every worker. Handled from the start, so a signal never kills a worker still starting.
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGUSR1, lambda: started and started[0].sidecar.weight_versions.reread())
-    stand_in = await start_stand_in() if settings.stand_in else None
+    stand_in = await start_stand_in() if settings.stand_in and start_stand_in is not None else None
     try:
         sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)
         started.append(sidecar)
@@ -170,7 +121,7 @@ async def serve_forever(settings: Settings, log_format: str = "text") -> None:
         await stand_in.close()
 
 
-def _stop_on_sigint_or_sigterm() -> asyncio.Event:
+def stop_on_sigint_or_sigterm() -> asyncio.Event:
     """An event set by the first SIGINT or SIGTERM (handled from now on, instead of killing)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -248,13 +199,6 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-
-
-def _bound_port(runner: web.AppRunner) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    raise RuntimeError("the server did not bind a TCP port")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

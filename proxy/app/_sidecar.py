@@ -1,8 +1,9 @@
-"""`Sidecar`: the running proxy, from one frozen `Settings` (DESIGN §9).
+"""`Sidecar`: the running process's proxy, from one frozen `Settings` (DESIGN §1, §9).
 
-It owns what the handlers share -- settings, metrics, the upstream pool, the capture writer,
-tracked background work -- serves the admin endpoints, and routes everything else to
-`forward`. Connections are `Http1Connection`s (see `_http1` for why not aiohttp's server).
+It makes what the calls share -- the `CallContext`: the upstream pool, the journal, the metrics,
+the hooks a call gets -- serves the admin endpoints (health, readiness, metrics, the declared
+weight version), and hands everything else to `proxy.call.forward`. Start, drain, close.
+Connections are `Http1Connection`s (`proxy.http`: why not aiohttp's server).
 """
 
 from __future__ import annotations
@@ -14,20 +15,30 @@ from typing import Any, Optional
 
 import orjson
 
-from capture.journal._writer import CaptureWriter
-from ..call._call import forward
-from ..http._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
-from ._logging import RepeatLimiter
-from ..call._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable
+from capture.journal import Journal, RepeatLimiter
+
+from ..call import (
+    CONTENT_TYPE,
+    NO_HOOKS,
+    CallContext,
+    CallHooks,
+    RetryMemory,
+    Route,
+    SidecarMetrics,
+    directory_writable,
+    forward,
+)
+from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest, UpstreamPool, upstream_problem
+from ..training import (
+    DeclaredWeightVersions,
+    PrefixSupply,
+    TokenCapture,
+    TokenTraining,
+    WeightVersionHooks,
+    declared_version,
+)
 from ._settings import Settings
-from ..call._retries import RetryMemory
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
-from ..training._renderer import PrefixSupply
-from ..training._declared_versions import DeclaredWeightVersions, declared_version
-from ..training._entry_writer import TokenCapture
-from ..training._token_mode import TokenMode
-from ..http._upstream import UpstreamPool
-from ..http._checks import upstream_problem
 
 log = logging.getLogger("mcc")
 
@@ -45,38 +56,46 @@ class Sidecar:
         self.upstream_url = (upstream_url or settings.upstream or "").rstrip("/")
         #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
         self.model_ref_name = settings.model_ref_name
-        self.capture_writer: Optional[CaptureWriter] = None
+        self.journal: Optional[Journal] = None
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._server: Optional[asyncio.base_events.Server] = None
         self.upstream: UpstreamPool
+        #: What every call may use (made by `start`).
+        self.calls: CallContext
         #: Seconds an idle client connection is kept (see `Http1Connection`).
         self.idle_timeout = KEEPALIVE_IDLE_SECONDS
-        #: Set when the drain timeout cut calls still in flight: their lines say so.
-        self.cut_by_drain = False
         #: (calls finished, calls cut) by the drain of `close`.
         self.drained = (0, 0)
         self._capture_dir_was_writable = True
         #: Upstream failures and 413s repeat on every call while they last: said once per 10 s, with a count.
         self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
-        #: The base_url mistakes already explained in the log (`_routing.base_url_mistake`).
-        self.hinted: set[str] = set()
         #: The URL this sidecar listens on (set by `start`).
         self.url = ""
         #: Set during --shutdown-delay: still serving, /-/ready says 503.
         self.shutting_down = False
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
-        #: The token capture mode (DESIGN §11): with capture on, for every call (--capture-tokens) or
-        #: for Gym's training path; its training-token files (DESIGN §12) with it.
-        self.token_mode: Optional[TokenMode] = TokenMode() if settings.capture_on else None
-        self.token_capture: Optional[TokenCapture] = None
-        #: Prefix supply (--supply-prefix, DESIGN §12): the renderer round trips and what they taught.
-        self.prefix_supply: Optional[PrefixSupply] = PrefixSupply() if settings.supply_prefix else None
+        #: The token capture mode (DESIGN §11) and its training-token files (DESIGN §12): with
+        #: capture on, for every call (--capture-tokens) or for Gym's training path (made by `start`).
+        self.token_training: Optional[TokenTraining] = None
         #: The weight version the trainer declared (``/-/weight-version``), shared by --workers.
         self.weight_versions = DeclaredWeightVersions(settings.metrics_dir if settings.worker_index is not None else None)
         self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
-        #: Recent request bodies per rollout: a call that repeats one records ``retry_of``.
-        self.retries = RetryMemory()
+
+    @property
+    def cut_by_drain(self) -> bool:
+        """The drain timeout cut calls still in flight: their lines say so."""
+        return self.calls.cut_by_drain
+
+    def _hooks_for(self, route: Route) -> tuple[CallHooks, ...]:
+        """The features taking part in a captured call (`CallHooks`): none unless one covers it."""
+        hooks: tuple[CallHooks, ...] = NO_HOOKS
+        training = self.token_training
+        if training is not None and (training.every_call or route.training_tokens):
+            hooks = (training.hooks(),)
+        if self.weight_versions.version is not None:
+            hooks += (WeightVersionHooks(self.weight_versions),)
+        return hooks
 
     async def start(self) -> str:
         """Bind and serve; returns the URL it listens on."""
@@ -111,11 +130,20 @@ class Sidecar:
                 os.makedirs(token_dir, exist_ok=True)
             except OSError as exc:  # Said; the entries then fail (counted), never a call.
                 log.warning("cannot create the token dir %s: %s", token_dir, exc.strerror or exc, extra={"path": token_dir})
-            self.token_capture = TokenCapture(token_dir, self.metrics)
+            self.token_training = TokenTraining(self.metrics, TokenCapture(token_dir, self.metrics),
+                                                settings.capture_tokens,
+                                                PrefixSupply() if settings.supply_prefix else None)
             # The token capture mode writes each line's entries with it, on the writer threads.
-            self.capture_writer = CaptureWriter(settings.capture_dir, self.metrics, settings.capture_sync,
-                                                self.token_capture, process=not settings.capture_tokens)
+            self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
+                                   process=not settings.capture_tokens)
             self.metrics.capture_dir = settings.capture_dir
+        self.calls = CallContext(
+            upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,
+            warnings=self.repeated_warnings, retries=RetryMemory(), model_ref_name=self.model_ref_name,
+            max_body_bytes=settings.max_body_bytes,
+            correlation_headers=(settings.session_id_header, settings.assistant_message_id_header),
+            raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
+            drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Http1Connection(self.handle, settings.max_body_bytes, self.connections, self.idle_timeout,
@@ -124,7 +152,7 @@ class Sidecar:
         self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
-        self.url = f"http://{host}:{port}"
+        self.url = self.calls.url = f"http://{host}:{port}"
         return self.url
 
     async def handle(self, request: ServerRequest, client: Http1Connection) -> None:
@@ -142,7 +170,7 @@ class Sidecar:
                 client.reply(status, b"OK" if status == 200 else b"Service Unavailable",
                              [(b"Content-Type", content_type)], b"" if request.method == "HEAD" else body)
                 return
-        await forward(self, request, client)
+        await forward(self.calls, request, client)
 
     def spawn_background(self, coroutine: Any) -> None:
         """Run ``coroutine`` to completion even if the request that started it is cancelled."""
@@ -170,7 +198,7 @@ class Sidecar:
             await asyncio.sleep(0.05)
         in_flight = [c.task for c in self.connections if c.task is not None]
         if in_flight:
-            self.cut_by_drain = True
+            self.calls.cut_by_drain = True
             log.warning("drain timeout (%gs) reached with %d call(s) still in flight: cutting them; each is "
                         "recorded as cancelled with what was relayed so far", timeout, len(in_flight))
         for connection in list(self.connections):
@@ -180,8 +208,8 @@ class Sidecar:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self.upstream.close()
-        if self.capture_writer is not None:
-            await self.capture_writer.close()
+        if self.journal is not None:
+            await self.journal.close()
         if self.settings.metrics_dir is not None:  # And what the drain counted: nothing is lost.
             try:
                 write_snapshot(self.settings.metrics_dir, self.metrics.exposition())
@@ -249,7 +277,7 @@ class Sidecar:
                 log.warning("capture dir %s is not writable: calls are forwarded, their lines are lost until it is",
                             settings.capture_dir)
             self._capture_dir_was_writable = writable
-            problem = self.capture_writer.write_problem if self.capture_writer is not None else None
+            problem = self.journal.write_problem if self.journal is not None else None
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
                           capture="ok" if writable and problem is None else "failing")
             if problem is not None:  # The last line was refused (a full disk): failing until one is written.

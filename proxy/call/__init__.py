@@ -1,1 +1,44 @@
-"""proxy.call"""
+"""One model call (DESIGN §1, §2): its phases, the body pump, the exchange and its line.
+
+A call reads what it may use from a `CallContext`; features take part through the `CallHooks`
+chosen for it, at named phases; this package names no feature. Below it only the wire
+(`proxy.http`), `capture` and `records`.
+"""
+
+from ._call import Call, forward, origin_form
+from ._context import NO_HOOKS, CallContext, CallHooks, CallView
+from ._exchange import MODEL_REF_TYPE, CallExchange, Failure, new_call_id
+from ._line import build_line, submit_line
+from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable, status_class
+from ._pump import AS_CAME, TAP_OUTPUT, BodyPump, Relay
+from ._retries import RetryMemory
+from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
+
+__all__ = [
+    "AS_CAME",
+    "BodyPump",
+    "CONTENT_TYPE",
+    "Call",
+    "CallContext",
+    "CallExchange",
+    "CallHooks",
+    "CallView",
+    "Failure",
+    "MODEL_REF_TYPE",
+    "NO_HOOKS",
+    "OBSERVED_PATHS",
+    "Relay",
+    "RetryMemory",
+    "Route",
+    "SidecarMetrics",
+    "TAP_OUTPUT",
+    "base_url_mistake",
+    "build_line",
+    "directory_writable",
+    "forward",
+    "new_call_id",
+    "origin_form",
+    "route_request",
+    "status_class",
+    "submit_line",
+]

@@ -10,8 +10,7 @@ from typing import Any
 
 from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
-from ..http._headers import Headers, single_value
-from ..http._server import header_value
+from ..http import Headers, header_value, single_value
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
@@ -77,16 +76,8 @@ class CallExchange:
     added_request_fields: dict[str, Any] | None = None
     #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
     parsed_request: dict[str, Any] | None = None
-    #: The training-token plan (`proxy._token_capture.TokenPlan`): lineage decided before the call.
-    token_plan: Any = None
     #: The earlier call of the rollout this one repeats byte for byte (an SDK retry, a resend).
     retry_of: str | None = None
-    #: Prefix supply (DESIGN §12): the prompt ids sent (`proxy._prefix_supply.SuppliedPrefix`), or
-    #: why a call with a resolved parent was sent without.
-    supplied_prefix: Any = None
-    #: The trainer's declared weight versions as this call saw them (`proxy._weight_versions.WeightWatch`).
-    weight_watch: Any = None
-    prefix_not_supplied: str | None = None
     model_call_id: str = field(default_factory=lambda: new_call_id())
     _started_monotonic: float = 0.0
 
@@ -115,8 +106,6 @@ class CallExchange:
         """The upstream exchange ended (last byte, error or cancel), before parsing and persistence."""
         if self.completed_at is not None:
             return
-        if self.weight_watch is not None:
-            self.weight_watch.stop()  # Tokens after this are no call's.
         if self.started_at is None:  # Refused before anything went upstream (body too large).
             self.started_at = time.time()
             self._started_monotonic = time.monotonic()

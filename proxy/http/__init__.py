@@ -1,1 +1,39 @@
-"""proxy.http"""
+"""The wire (DESIGN §1, §2): HTTP/1.1 over httptools, both ends. Imports nothing else of the project.
+
+The server side's connection (`Http1Connection`, with its pipeline and reply writer), the
+upstream client and its pool (`UpstreamPool`, `UpstreamReply`), the one `Headers` type and its
+rules (hop-by-hop stripping), and the body sinks a reply can be read into.
+"""
+
+from ._checks import certificate_problem, upstream_problem
+from ._headers import Headers, client_response_headers, header_value, single_value, upstream_request_headers
+from ._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
+from ._sinks import UpstreamBroke, WholeBody
+from ._upstream import (
+    BodySink,
+    UpstreamConnectError,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamReply,
+    UpstreamTimeout,
+)
+
+__all__ = [
+    "BodySink",
+    "Headers",
+    "Http1Connection",
+    "KEEPALIVE_IDLE_SECONDS",
+    "ServerRequest",
+    "UpstreamBroke",
+    "UpstreamConnectError",
+    "UpstreamPool",
+    "UpstreamProtocolError",
+    "UpstreamReply",
+    "UpstreamTimeout",
+    "WholeBody",
+    "certificate_problem",
+    "client_response_headers",
+    "header_value",
+    "single_value",
+    "upstream_request_headers",
+]

@@ -1,10 +1,8 @@
-"""Header handling of the proxy: hop-by-hop stripping (RFC 9110 §7.6.1) and correlation values."""
+"""Headers on the wire: the one `Headers` type, hop-by-hop stripping (RFC 9110 §7.6.1), single values."""
 
 from __future__ import annotations
 
-from typing import Iterable
-
-from records import traceparent
+from typing import Iterable, Optional
 
 
 # RFC 9110 §7.6.1 plus the legacy names every proxy strips; Host is replaced by the upstream's,
@@ -25,7 +23,16 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_ONLY_DROPPED = frozenset({"host", "content-length", "expect"})
 
 
+#: A head's fields as they came, in order, names and values as bytes (the one type of the wire).
 Headers = list[tuple[bytes, bytes]]
+
+
+def header_value(headers: Headers, name: bytes) -> Optional[bytes]:
+    """The value of the first field named ``name`` (lower case), else None."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
 
 
 def _connection_tokens(values: Iterable[bytes]) -> set[bytes]:
@@ -43,24 +50,6 @@ def _end_to_end(headers: Headers, dropped: frozenset[bytes]) -> Headers:
 def upstream_request_headers(incoming: Headers) -> Headers:
     """The client's end-to-end request headers, to send upstream (Host and Content-Length are the pool's)."""
     return _end_to_end(incoming, _REQUEST_DROPPED)
-
-
-def with_trace_context(headers: Headers, rollout_id: str, model_call_id: str) -> Headers:
-    """``headers`` with a W3C ``traceparent`` for the call appended (`records.traceparent`), unless
-    the agent sent its own: its trace is the one it chose, and a second one would be ambiguous."""
-    if any(name.lower() == b"traceparent" for name, _ in headers):
-        return headers
-    return [*headers, (b"traceparent", traceparent(rollout_id, model_call_id).encode("ascii"))]
-
-
-def with_session_affinity(headers: Headers, rollout_id: str) -> Headers:
-    """``headers`` with ``X-Session-ID: <rollout_id>`` (issue 32): vLLM 0.33 routes and caches a
-    session's calls together by it (``entrypoints/generate/base/serving.py``, ``SESSION_ID_HEADER``;
-    a ``session_id`` in the body wins there); other servers ignore it. An agent's own header is
-    kept: it named its session (NeMo Gym's agents send their invocation's id)."""
-    if not rollout_id or any(name.lower() == b"x-session-id" for name, _ in headers):
-        return headers
-    return [*headers, (b"X-Session-ID", rollout_id.encode("latin-1", "replace"))]
 
 
 def client_response_headers(raw_headers: Headers) -> Headers:

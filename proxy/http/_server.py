@@ -25,6 +25,8 @@ from typing import Awaitable, Callable, Optional
 
 import httptools
 
+from ._headers import Headers, header_value
+
 log = logging.getLogger("mcc.http")
 
 #: Request line plus headers; more gets a 431 (aiohttp allowed 8 KiB per line; agents send tokens).
@@ -34,17 +36,6 @@ MAX_PIPELINED = 16
 #: A connection with no request in flight that sends nothing for this long is closed (aiohttp's
 #: default too); clients' pools reconnect transparently.
 KEEPALIVE_IDLE_SECONDS = 75.0
-
-Headers = list[tuple[bytes, bytes]]
-
-
-def header_value(headers: Headers, name: bytes) -> Optional[bytes]:
-    """The first value of header ``name`` (given in lower case), or None."""
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
 
 class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""

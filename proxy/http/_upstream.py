@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ._server import Headers, header_value
+from ._headers import Headers, header_value
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing

@@ -14,14 +14,11 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import (CallRow, CaptureStore, DriftTracker, TokenFileArrays, call_row, has_token_arrays,
-                     names_token_entries, token_records_of_line)
-from records._call_rows import invalid_arguments
+from records import (CallRow, CaptureStore, DriftTracker, TokenFileArrays, call_row, finish_reason_of, gc_paused,
+                     has_token_arrays, invalid_arguments, names_token_entries, response_shape, token_records_of_line,
+                     tool_calls_of, usage_counts)
 
 from .conversation import reply_text
-from records._shapes import finish_reason_of, response_shape, tool_calls_of
-from records._tokens import usage_counts
-from records._store import gc_paused
 
 
 def iter_call_rows(store: CaptureStore, rollout_id: str, output_text: bool = False) -> Iterator[CallRow]:

@@ -11,8 +11,8 @@ from typing import Any
 
 from records import CaptureStore, ModelCallRecord, read_model_call_records, read_token_records, trajectories
 
-from ..app._serve import start_sidecar, start_stand_in
-from ..app._settings import Settings
+from ..app import Settings, start_sidecar
+from ._serving import start_stand_in
 
 ROLLOUTS = ("demo-responses", "demo-chat", "demo-messages", "demo-tools", "demo-rl", "demo-rl-drift", "demo-completions")
 MODEL = "stand-in-1"

@@ -19,9 +19,12 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
+
+if TYPE_CHECKING:
+    from ..call import CallExchange
 
 log = logging.getLogger("mcc.proxy")
 
@@ -37,7 +40,7 @@ class WeightWatch:
 
     __slots__ = ("board", "start_version", "changes", "_exchange")
 
-    def __init__(self, board: "DeclaredWeightVersions", version: str, exchange: Any) -> None:
+    def __init__(self, board: "DeclaredWeightVersions", version: str, exchange: "CallExchange") -> None:
         self.board = board
         self.start_version = version
         self.changes: list[tuple[str, Optional[dict[int, int]]]] = []
@@ -83,7 +86,7 @@ class DeclaredWeightVersions:
         self.watches: set[WeightWatch] = set()
         self._shared_dir = shared_dir
 
-    def watch(self, exchange: Any) -> Optional[WeightWatch]:
+    def watch(self, exchange: "CallExchange") -> Optional[WeightWatch]:
         """A call goes upstream: its watch (``exchange.generated_so_far`` places a change), or
         None while no version has been declared."""
         if self.version is None:

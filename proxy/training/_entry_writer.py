@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
 
@@ -38,6 +38,9 @@ from records import (
     token_entry,
     token_records_of_line,
 )
+
+if TYPE_CHECKING:
+    from ..call import CallExchange
 
 log = logging.getLogger("mcc.capture")
 #: Dialects whose vLLM replies carry token arrays.
@@ -58,7 +61,7 @@ class TokenPlan:
     retry_of: Optional[str] = None
     #: The intents file, while the call's intent is written but not yet flushed (`prepare` with
     #: ``flush_intent=False``): made durable by the call's capture line's barrier, or before the
-    #: reply's first byte when it goes to the agent before its line (`TokenCall.intent_durable`).
+    #: reply's first byte when it goes to the agent before its line (`TokenHooks.before_reply_bytes`).
     intent_unflushed: Optional[str] = None
 
 
@@ -217,7 +220,7 @@ def _resumable(record: TokenRecord) -> bool:
     return record.finish_reason == "abort" and not record.missing and record.problem is None
 
 
-def agent_view(exchange: Any, response: Any) -> Optional[dict[str, Any]]:
+def agent_view(exchange: "CallExchange", response: Any) -> Optional[dict[str, Any]]:
     """The captured response (parsed) as the agent saw it: the values the mode added replaced as
     the cutter replaced them in the agent's bytes (a streamed reply rebuilt has a body's shape);
     None when nothing was added (the agent asked for the arrays: they are its own)."""
@@ -227,7 +230,7 @@ def agent_view(exchange: Any, response: Any) -> Optional[dict[str, Any]]:
     return AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {}).cut_parsed(response)
 
 
-def cut_in_place(exchange: Any, response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+def cut_in_place(exchange: "CallExchange", response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     """`agent_view` on ``response`` itself; what was replaced, as (container, key, value), so
     that `restore` can put it back."""
     cutter = AddedFieldCutter(exchange.dialect, exchange.added_request_fields or {}, exchange.parsed_request or {})

@@ -19,11 +19,10 @@ import orjson
 
 from capture import render_requests, tokenized_ids
 
-from ..http._headers import Headers
-from ._token_mode import UpstreamBroke, WholeBody
+from ..http import Headers, UpstreamBroke, WholeBody
 
 if TYPE_CHECKING:
-    from ..call._call import _Call
+    from ..call import Call
 
 log = logging.getLogger("mcc.proxy")
 
@@ -48,7 +47,7 @@ class PrefixSupply:
     def __init__(self) -> None:
         self.renders = True
 
-    async def prepare(self, call: "_Call", request: dict[str, Any], parent_call_id: str,
+    async def prepare(self, call: "Call", request: dict[str, Any], parent_call_id: str,
                       parent_sequence: list[int]) -> tuple[Optional[SuppliedPrefix], str]:
         """(the prefix to send, "") or (None, why not)."""
         renders = render_requests(request)
@@ -72,8 +71,8 @@ class PrefixSupply:
             if status in _NO_RENDERER:
                 self.renders = False
                 log.warning("the upstream %s has no %s (%d): prefix supply is off for it; turns are sent as the agent "
-                            "wrote them and their drift is recorded", call.sidecar.upstream_url, target.decode(), status,
-                            extra={"upstream": call.sidecar.upstream_url, "status": status})
+                            "wrote them and their drift is recorded", call.ctx.upstream_url, target.decode(), status,
+                            extra={"upstream": call.ctx.upstream_url, "status": status})
                 return None, "no_renderer"
             found = tokenized_ids(_loads(body)) if status == 200 else None
             if found is None:
@@ -83,8 +82,8 @@ class PrefixSupply:
         return (SuppliedPrefix(prompt, parent_call_id), "") if prompt else (None, why)
 
     @staticmethod
-    async def _render(call: "_Call", target: bytes, headers: Headers, body: dict[str, Any]) -> tuple[int, bytes]:
-        reply = await call.sidecar.upstream.request("POST", target, headers, orjson.dumps(body), True)
+    async def _render(call: "Call", target: bytes, headers: Headers, body: dict[str, Any]) -> tuple[int, bytes]:
+        reply = await call.ctx.upstream.request("POST", target, headers, orjson.dumps(body), True)
         sink = WholeBody()
         reply.attach(sink)
         try:

@@ -1,35 +1,71 @@
-"""One call's side of the token capture mode (DESIGN §11, §12), for the forwarder's `_Call`.
+"""The token capture mode in a call (DESIGN §11, §12): `TokenHooks`, one per call it covers.
 
-Before the call: the fields to add (`TokenMode.plan`), and the training-token plan -- the call's
-lineage and intent (`TokenCapture.prepare`, on a worker thread). After the first reply: a refusal
-or a compressed success sends the agent's own request instead. Then the cutter for the reply, and
-a word when an event could not be cut. The forwarder calls each once; this holds the state.
+At the call's phases (`proxy.call.CallHooks`):
+
+- request body: the fields to add (`TokenMode.plan`), the training-token plan started on a worker
+  thread (the call's lineage and intent: `TokenCapture.prepare`), the parent's prompt supplied
+  (``--supply-prefix``);
+- upstream request: the rollout's session affinity header;
+- upstream head: a refusal, or a compressed success, sends the agent's own request instead; the
+  plan awaited;
+- reply cutter: the `AddedFieldCutter` of a successful reply;
+- before reply bytes: the intent durable;
+- line: prefix supply's proof and a resumption named; the entries written before the line, and the
+  line of what the agent saw (`_token_line`);
+- reply done: a word when an event could not be cut.
+
+`TokenTraining` is the process's side: the mode's memory of refusals, the token files, the
+renderer; it makes a call's hooks (`hooks`) when the mode covers it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from capture import AddedFieldCutter, add_request_fields, parse_json_object
+from capture import AddedFieldCutter, add_request_fields, parse_json_object, proves_prefix
 
-from ._entry_writer import TOKEN_DIALECTS
-from ._renderer import SuppliedPrefix
-from ._token_mode import REFUSAL_STATUSES, UpstreamBroke, WholeBody
-from ..http._upstream import UpstreamReply
+from ..call import CallHooks
+from ..http import Headers, UpstreamBroke, UpstreamReply, WholeBody
+from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
+from ._renderer import PrefixSupply, SuppliedPrefix
+from ._token_line import keep_cut_logprobs, note_resumption, token_line
+from ._token_mode import REFUSAL_STATUSES, TokenMode
 
 if TYPE_CHECKING:
-    from ..call._call import _Call
+    from capture.journal import Built
+
+    from ..call import Call, CallExchange, SidecarMetrics
 
 
-class TokenCall:
+class TokenTraining:
+    """The token capture mode of one sidecar: what every call it covers shares."""
+
+    def __init__(self, metrics: "SidecarMetrics", token_capture: TokenCapture, every_call: bool,
+                 prefix_supply: Optional[PrefixSupply] = None) -> None:
+        self.metrics = metrics
+        self.mode = TokenMode()
+        self.token_capture = token_capture
+        #: --capture-tokens: every call; else only Gym's training path (``Route.training_tokens``).
+        self.every_call = every_call
+        #: --supply-prefix (DESIGN §12): the renderer round trips and what they taught.
+        self.prefix_supply = prefix_supply
+
+    def covers(self, training_path: bool) -> bool:
+        return self.every_call or training_path
+
+    def hooks(self) -> "TokenHooks":
+        return TokenHooks(self)
+
+
+class TokenHooks(CallHooks):
     """The token capture mode's state for one call."""
 
-    def __init__(self, call: "_Call") -> None:
-        # A weak reference: the call holds this, and a cycle per call is left to the garbage
-        # collector, whose passes over in-flight calls cost ~15% of a capturing call's CPU.
-        self._call = weakref.ref(call)
+    __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
+                 "prefix_not_supplied")
+
+    def __init__(self, training: TokenTraining) -> None:
+        self.training = training
         #: The fields added to this call's request, and the agent's own request parsed; None when
         #: nothing was added.
         self.fields: Optional[dict[str, Any]] = None
@@ -37,107 +73,124 @@ class TokenCall:
         self.cutter: Optional[AddedFieldCutter] = None
         #: The prompt ids supplied upstream (``--supply-prefix``), None when none were.
         self.prefix: Optional[SuppliedPrefix] = None
-        #: `TokenCapture.prepare` under way (`plan_entry_soon`), None when not started or awaited.
+        #: Why a call with a resolved parent went without a supplied prefix.
+        self.prefix_not_supplied: Optional[str] = None
+        #: Whether the upstream's prompt began with the prefix supplied (set when the line is built).
+        self.prefix_proof: Optional[bool] = None
+        #: What `TokenCapture.prepare` decided: the call's lineage and its entries.
+        self.plan: Optional[TokenPlan] = None
+        #: `TokenCapture.prepare` under way, None when not started or awaited.
         self._planning: Optional[asyncio.Future[Any]] = None
 
-    @property
-    def call(self) -> "_Call":
-        call = self._call()
-        assert call is not None, "a call's token state outlived the call"
-        return call
+    # -- phase: request body ---------------------------------------------------------------------
 
-    @property
-    def on(self) -> bool:
-        """The mode covers this call: --capture-tokens, or Gym's training path."""
-        call = self.call
-        return call.sidecar.token_mode is not None and (call.settings.capture_tokens or call.route.training_tokens)
+    async def request_body(self, call: "Call", body: bytes) -> bytes:
+        body = self._add_fields(call, body)
+        # The call's lineage and its intent (DESIGN §12) are prepared while the request goes
+        # upstream, and awaited before the agent gets a byte of the reply (issue 34); prefix
+        # supply needs the lineage before the request.
+        self._plan_entry_soon(call)
+        if self.training.prefix_supply is not None:
+            await self._planned()
+            body = await self._supply_prefix(call, body)
+        return body
 
-    def request_body(self, body: bytes) -> bytes:
+    def _add_fields(self, call: "Call", body: bytes) -> bytes:
         """The body to send: the agent's own, or with the mode's fields added."""
-        call, token_mode = self.call, self.call.sidecar.token_mode
-        if token_mode is None or call.exchange is None or not self.on:
-            return body
-        plan = token_mode.plan(call.exchange.dialect, call.request.headers, body)
+        exchange = call.exchange
+        plan = self.training.mode.plan(exchange.dialect, call.request.headers, body)  # type: ignore[union-attr]
         if plan is None:
             return body
         self.fields, self.agent_request, sent = plan
-        call.exchange.added_request_fields = self.fields
-        call.exchange.parsed_request = self.agent_request
+        exchange.added_request_fields = self.fields  # type: ignore[union-attr]
+        exchange.parsed_request = self.agent_request  # type: ignore[union-attr]
         return sent
 
-    def plan_entry_soon(self) -> None:
-        """Start `TokenCapture.prepare` on a worker thread beside the call's own work (a call it
-        does not concern starts nothing); `planned` waits for it. Handed over at once, not from a
-        task: the intent's flush is on the way to the agent's first byte (issue 34)."""
-        exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
-        if exchange is None or token_capture is None or not self.on or exchange.dialect not in TOKEN_DIALECTS:
+    def _plan_entry_soon(self, call: "Call") -> None:
+        """Start `TokenCapture.prepare` on a worker thread beside the call's own work. Handed over
+        at once, not from a task: the intent's flush is on the way to the agent's first byte."""
+        exchange = call.exchange
+        if exchange is None or exchange.dialect not in TOKEN_DIALECTS:
             return
-        request = self.agent_request or parse_json_object(self.call.request.body)
+        request = self.agent_request or parse_json_object(call.request.body)
         if not request:
             return
         # A reply the agent asked for whole (no ``stream``) in the mode's JSON way reaches it only
         # after its capture line is durable: the intent's flush joins that barrier (one flush for
-        # the call, not two; issue 34). Any other way out flushes first (`intent_durable`).
+        # the call, not two; issue 34). Any other way out flushes first (`before_reply_bytes`).
         flush_intent = self.fields is None or request.get("stream") is True
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
-            None, token_capture.prepare, exchange.rollout_id, exchange.model_call_id, exchange.dialect, request,
-            exchange.retry_of, flush_intent)
-        planning.add_done_callback(lambda done: _keep_plan(exchange, done))  # Also when nobody awaits it.
+            None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
+            exchange.dialect, request, exchange.retry_of, flush_intent)
+        planning.add_done_callback(self._keep_plan)  # Also when nobody awaits it.
 
-    async def planned(self) -> None:
+    def _keep_plan(self, planning: "asyncio.Future[Any]") -> None:
+        """The plan `prepare` made (a call cancelled meanwhile too: its line names the entries it
+        could not write)."""
+        if not planning.cancelled() and planning.exception() is None:
+            self.plan = planning.result()
+
+    async def _planned(self) -> None:
         """The call's lineage and intent ready (`prepare`'s failures are its own: logged, counted,
-        never the call's); the plan is the exchange's."""
+        never the call's)."""
         planning, self._planning = self._planning, None
         if planning is not None:
             await planning
-            # Kept here too: awaiting a future already done goes on before its callbacks have run.
-            _keep_plan(self.call.exchange, planning)
+            self._keep_plan(planning)  # Awaiting a future already done goes on before its callbacks.
 
-    async def intent_durable(self) -> None:
-        """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
-        disk (DESIGN §12: durable before the agent gets a byte of the reply)."""
-        exchange, token_capture = self.call.exchange, self.call.sidecar.token_capture
-        plan = exchange.token_plan if exchange is not None else None
-        if plan is not None and token_capture is not None and plan.intent_unflushed is not None:
-            await asyncio.get_running_loop().run_in_executor(None, token_capture.flush_intent, plan)
-
-    async def supply_prefix(self, body: bytes) -> bytes:
+    async def _supply_prefix(self, call: "Call", body: bytes) -> bytes:
         """``body`` with the parent's exact prompt ids supplied (``--supply-prefix``), for a chat
         call whose lineage resolved a parent; else ``body`` (DESIGN §12, issue 32)."""
-        call = self.call
-        exchange, supply, token_mode = call.exchange, call.sidecar.prefix_supply, call.sidecar.token_mode
-        if supply is None or token_mode is None or exchange is None or exchange.dialect != "chat" or not self.on:
+        exchange, supply, metrics = call.exchange, self.training.prefix_supply, self.training.metrics
+        plan = self.plan
+        if exchange is None or supply is None or exchange.dialect != "chat" or plan is None \
+                or not plan.verdict.resolved or not plan.verdict.parent_sequence:
             return body
-        plan = exchange.token_plan
-        if plan is None or not plan.verdict.resolved or not plan.verdict.parent_sequence:
-            return body
-        if "kv_transfer_params" in token_mode.refused:
-            call.metrics.prefix_supply.labels("refused_before").inc()
-            exchange.prefix_not_supplied = "refused_before"
+        if "kv_transfer_params" in self.training.mode.refused:
+            metrics.prefix_supply.labels("refused_before").inc()
+            self.prefix_not_supplied = "refused_before"
             return body
         request = self.agent_request or parse_json_object(call.request.body) or {}
         prefix, why = await supply.prepare(call, request, plan.verdict.parent_call_id or "", plan.verdict.parent_sequence)
         sent = add_request_fields(body, {"kv_transfer_params": {"prompt_token_ids": prefix.prompt_token_ids}}) \
             if prefix is not None else None
         if prefix is None or sent is None:
-            call.metrics.prefix_supply.labels(why or "body_not_an_object").inc()
-            exchange.prefix_not_supplied = why or "body_not_an_object"
+            metrics.prefix_supply.labels(why or "body_not_an_object").inc()
+            self.prefix_not_supplied = why or "body_not_an_object"
             return body
-        self.prefix = exchange.supplied_prefix = prefix
+        self.prefix = prefix
         return sent
 
-    def must_resend(self, upstream: UpstreamReply) -> bool:
+    # -- phases: upstream request, upstream head ---------------------------------------------------
+
+    def upstream_request(self, call: "Call", headers: Headers) -> Headers:
+        """``X-Session-ID: <rollout_id>`` (issue 32): vLLM 0.33 routes and caches a session's calls
+        together by it; other servers ignore it. An agent's own header is kept."""
+        rollout_id = call.exchange.rollout_id if call.exchange is not None else ""
+        if not rollout_id or any(name.lower() == b"x-session-id" for name, _ in headers):
+            return headers
+        return [*headers, (b"X-Session-ID", rollout_id.encode("latin-1", "replace"))]
+
+    async def upstream_head(self, call: "Call", reply: UpstreamReply) -> UpstreamReply:
+        if self._must_resend(reply):
+            reply = await self._resend_own_request(call, reply)
+        await self._planned()
+        return reply
+
+    async def upstream_failed(self, call: "Call") -> None:
+        await self._planned()
+
+    def _must_resend(self, upstream: UpstreamReply) -> bool:
         """Fields were added and the reply is a refusal (400, or FastAPI's 422: nothing was
-        generated, maybe an added field refused) or a success the mode cannot cut (compressed):
-        the agent gets the reply to its own request instead."""
+        generated, maybe an added field refused) or a success the mode cannot cut (compressed)."""
         added = self.fields is not None or self.prefix is not None
         return added and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
 
-    async def resend_own_request(self, upstream: UpstreamReply) -> UpstreamReply:
+    async def _resend_own_request(self, call: "Call", upstream: UpstreamReply) -> UpstreamReply:
         """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
         get is learnt (those fields are not added again); a compressed reply is not a refusal: the
         mode stays on, this call goes without arrays, and the sidecar says so once."""
-        call = self.call
+        training, metrics = self.training, self.training.metrics
         fields = {**(self.fields or {}), **({"kv_transfer_params": None} if self.prefix is not None else {})}
         refused = upstream.status in REFUSAL_STATUSES
         refused_body = b""
@@ -149,52 +202,81 @@ class TokenCall:
             except UpstreamBroke as broke:
                 refused_body = broke.partial
         upstream.close()  # A compressed stream closed mid-body: the model server stops generating.
+        supplied = self.prefix is not None
         self.fields = self.prefix = None
         if call.exchange is not None:
             call.exchange.added_request_fields = None
-            if call.exchange.supplied_prefix is not None:
-                call.exchange.supplied_prefix = None
-                call.exchange.prefix_not_supplied = "refused"
-                call.metrics.prefix_supply.labels("refused").inc()
-        own = await call._send_upstream(call.request.body)
-        token_mode = call.sidecar.token_mode
-        if token_mode is None:
-            return own
+        if supplied:
+            self.prefix_not_supplied = "refused"
+            metrics.prefix_supply.labels("refused").inc()
+        own = await call.send_upstream(call.request.body)
+        upstream_url = call.ctx.upstream_url
         if not refused:
-            call.metrics.token_mode_compressed.inc()
-            token_mode.say_compressed(call.sidecar.upstream_url)
+            metrics.token_mode_compressed.inc()
+            training.mode.say_compressed(upstream_url)
         elif 200 <= own.status < 300:
-            token_mode.learn_refusal(fields, upstream.status, refused_body, call.sidecar.upstream_url)
-            call.metrics.token_fields_refused.inc()
+            training.mode.learn_refusal(fields, upstream.status, refused_body, upstream_url)
+            metrics.token_fields_refused.inc()
         return own
 
-    def cutter_for(self, upstream: UpstreamReply) -> Optional[AddedFieldCutter]:
+    # -- phases: the reply -------------------------------------------------------------------------
+
+    def reply_cutter(self, call: "Call", reply: UpstreamReply) -> Optional[AddedFieldCutter]:
         """The cutter of a successful reply to a request with added fields, else None."""
-        exchange = self.call.exchange
-        if self.fields is None or not 200 <= upstream.status < 300 or exchange is None:
+        if self.fields is None or not 200 <= reply.status < 300 or call.exchange is None:
             return None
-        self.cutter = AddedFieldCutter(exchange.dialect, self.fields, self.agent_request)
+        self.cutter = AddedFieldCutter(call.exchange.dialect, self.fields, self.agent_request)
         return self.cutter
 
-    def say_uncut(self) -> None:
+    async def before_reply_bytes(self, call: "Call") -> None:
+        """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
+        disk (DESIGN §12: durable before the agent gets a byte of the reply)."""
+        plan = self.plan
+        if plan is not None and plan.intent_unflushed is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.training.token_capture.flush_intent, plan)
+
+    def reply_done(self, call: "Call") -> None:
         """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
         if self.cutter is None or not self.cutter.uncut_events:
             return
-        call, events = self.call, self.cutter.uncut_events
-        call.metrics.token_mode_uncut_events.inc(events)
-        call.sidecar.repeated_warnings.warning("uncut", "the token capture mode could not cut %d event(s) of a reply "
-                                               "for %s: the agent received token data it did not ask for (counted in "
-                                               "mcc_token_mode_uncut_events_total)", events,
-                                               call.route.upstream_target, extra=call._log_context())
+        events = self.cutter.uncut_events
+        self.training.metrics.token_mode_uncut_events.inc(events)
+        call.ctx.warnings.warning("uncut", "the token capture mode could not cut %d event(s) of a reply for %s: the "
+                                  "agent received token data it did not ask for (counted in "
+                                  "mcc_token_mode_uncut_events_total)", events, call.route.upstream_target,
+                                  extra=call.log_context())
+
+    # -- phase: line (on the loop or a writer thread) -------------------------------------------
+
+    @property
+    def line_on_writer_thread(self) -> bool:  # type: ignore[override]
+        """A line with a plan writes its entries first, in its barrier: on the writer threads."""
+        return self.plan is not None
+
+    def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
+        """Prefix supply's proof (DESIGN §12): the prompt ids the upstream reports begin with the
+        ids supplied, as ``prefix_supplied``, or ``prefix_not_supplied``: why a call with a
+        resolved parent went without. ``resumes``: the aborted call this one continues."""
+        supplied = self.prefix
+        if supplied is None:
+            if self.prefix_not_supplied is not None:
+                fields["prefix_not_supplied"] = self.prefix_not_supplied
+        else:
+            response = fields.get("response")
+            proved = isinstance(response, dict) and proves_prefix(response.get("prompt_token_ids"),
+                                                                  supplied.prompt_token_ids)
+            fields["prefix_supplied"] = self.prefix_proof = proved
+            self.training.metrics.prefix_supply.labels("proved" if proved else "unproved").inc()
+        if self.plan is not None:
+            note_resumption(self.plan, fields)
+
+    def line(self, exchange: "CallExchange", fields: dict[str, Any]) -> "Optional[Built]":
+        if self.plan is None:
+            keep_cut_logprobs(exchange, fields)
+            return None
+        return token_line(self.training.token_capture, self.plan, exchange, fields, self.prefix_proof)
 
 
 def _compressed_success(upstream: UpstreamReply) -> bool:
     encoding = upstream.header(b"content-encoding")
     return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
-
-
-def _keep_plan(exchange: Any, planning: "asyncio.Future[Any]") -> None:
-    """The plan `TokenCapture.prepare` made, the exchange's (a call cancelled meanwhile too: its
-    line names the entries it could not write)."""
-    if not planning.cancelled() and planning.exception() is None:
-        exchange.token_plan = planning.result()

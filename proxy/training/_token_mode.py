@@ -8,7 +8,6 @@ so an older vLLM or a non-vLLM server costs one resent request per field, not on
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Optional
 
@@ -16,8 +15,7 @@ import orjson
 
 from capture import add_request_fields, token_fields_to_add
 
-from ..http._server import header_value
-from ..http._headers import Headers
+from ..http import Headers, header_value
 
 log = logging.getLogger("mcc.proxy")
 
@@ -103,37 +101,6 @@ def refused_fields(fields: dict[str, Any], error_body: bytes) -> list[str]:
             return [name for name in fields if name == param]
     text = error_body.decode("utf-8", "replace")
     return [name for name in fields if name in text] or list(fields)
-
-
-class WholeBody:
-    """A body sink that gathers a whole reply (an error body, or a JSON body to cut) into ``done``.
-
-    ``done`` resolves to the body, or to ``(body so far, kind)`` as an `UpstreamBroke` when the
-    upstream failed mid-body.
-    """
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-    def on_read(self, chunks: list[bytes]) -> None:
-        self.chunks += chunks
-
-    def on_end(self) -> None:
-        if not self.done.done():
-            self.done.set_result(b"".join(self.chunks))
-
-    def on_error(self, kind: str, exc: BaseException) -> None:
-        if not self.done.done():
-            self.done.set_exception(UpstreamBroke(b"".join(self.chunks), kind, exc))
-
-
-class UpstreamBroke(Exception):
-    def __init__(self, partial: bytes, kind: str, cause: BaseException) -> None:
-        super().__init__(f"{kind}: {cause}")
-        self.partial = partial
-        self.kind = kind
-        self.cause = cause
 
 
 def _one_line(text: str, limit: int = 200) -> str:

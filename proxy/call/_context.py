@@ -1,0 +1,138 @@
+"""What a call may use (`CallContext`), and how a feature takes part in it (`CallHooks`; DESIGN §1).
+
+`CallContext`: in place of a back-reference to the whole sidecar, a call reads its settings, the
+upstream pool, the journal, the metrics and the hooks chosen for it from here, and nothing else
+of the process. The app (`proxy.app.Sidecar`) makes one at start; a call never reaches past it.
+
+`CallHooks`: a call (`Call.run`) goes through the same phases whatever is on; a feature is an
+object with a method per phase it cares about, given the call as a `CallView` (mitmproxy's
+addons and their hooks named for the moment; Envoy AI Gateway's per-request translator and its
+request-body / response-headers / response-body phases). The call holds a tuple of them, chosen
+for it when it starts (`CallContext.hooks_for`); with none, no feature's code runs at all. Every
+method of `CallHooks` is the phase's no-op, so a feature writes only the phases it needs.
+
+The phases, in a call's order:
+
+1. ``request_body``    the request is in: the body to send upstream (fields added, a prefix supplied).
+2. ``upstream_request`` each time a request goes upstream: its headers.
+3. ``upstream_head``   the upstream's head is in: the reply to relay (a refusal resent as the
+   agent's own request); ``upstream_failed`` instead when no head came.
+4. ``reply_cutter``    before the body: a cutter the reply's bytes go through (`AddedFieldCutter`:
+   the tap cuts what the call added; DESIGN §11), else None.
+5. ``before_reply_bytes`` a byte of the reply is about to reach the agent ahead of its line.
+6. ``terminal``        the upstream exchange ended (last byte, error or cancel).
+7. ``line_fields`` / ``line``  the capture line is built (on the loop or a thread): fields to add;
+   ``line`` may write the line itself (the training-token entries before it).
+8. ``reply_done``      the reply has been relayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+from capture.journal import Journal, RepeatLimiter
+
+from ..http import Headers, ServerRequest, UpstreamPool, UpstreamReply
+from ._metrics import SidecarMetrics
+from ._retries import RetryMemory
+from ._routing import Route
+
+if TYPE_CHECKING:
+    from capture import AddedFieldCutter
+    from capture.journal import Built
+
+    from ._exchange import CallExchange
+
+
+class CallView(Protocol):
+    """What a hook may read and do of the call it takes part in."""
+
+    ctx: "CallContext"
+    request: ServerRequest
+    route: Route
+    exchange: "Optional[CallExchange]"
+
+    async def send_upstream(self, body: bytes) -> UpstreamReply:
+        """Send the request upstream again, with ``body`` (the agent's own, after a refusal)."""
+
+    def log_context(self) -> dict[str, object]:
+        """The fields of a log line about this call."""
+
+
+class CallHooks:
+    """A feature's part in one call: override the phases it takes part in (all are no-ops here)."""
+
+    __slots__ = ()
+
+    #: The line must be built on a writer thread (building it writes files its barrier covers).
+    line_on_writer_thread = False
+
+    async def request_body(self, call: "CallView", body: bytes) -> bytes:
+        return body
+
+    def upstream_request(self, call: "CallView", headers: "Headers") -> "Headers":
+        return headers
+
+    async def upstream_head(self, call: "CallView", reply: "UpstreamReply") -> "UpstreamReply":
+        return reply
+
+    async def upstream_failed(self, call: "CallView") -> None:
+        return None
+
+    def reply_cutter(self, call: "CallView", reply: "UpstreamReply") -> "Optional[AddedFieldCutter]":
+        return None
+
+    async def before_reply_bytes(self, call: "CallView") -> None:
+        return None
+
+    def terminal(self, call: "CallView") -> None:
+        return None
+
+    def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
+        return None
+
+    def line(self, exchange: "CallExchange", fields: dict[str, Any]) -> "Optional[Built]":
+        return None
+
+    def reply_done(self, call: "CallView") -> None:
+        return None
+
+
+#: The hooks of a call nothing takes part in.
+NO_HOOKS: tuple[CallHooks, ...] = ()
+
+
+
+
+@dataclass(eq=False)
+class CallContext:
+    """What every call of one sidecar shares."""
+
+    upstream: UpstreamPool
+    #: The upstream's URL, as the log and local replies name it.
+    upstream_url: str
+    metrics: SidecarMetrics
+    #: Where lines go; None with capture off (no call is then captured).
+    journal: Optional[Journal]
+    #: Upstream failures and 413s repeat on every call while they last: said once per 10 s, with a count.
+    warnings: RepeatLimiter
+    retries: RetryMemory
+    #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
+    model_ref_name: str
+    max_body_bytes: int
+    #: The session and assistant-message id header names (DESIGN §2 correlation headers).
+    correlation_headers: tuple[str, str]
+    #: ``always`` or ``on-failure``: when a stream's ``response_raw`` goes on the line.
+    raw_stream: str
+    #: A W3C ``traceparent`` on every captured call's upstream request (unless the agent sent one).
+    trace_context: bool
+    drain_timeout: float
+    #: The hooks of a captured call, chosen when it starts (`CallHooks`); the app sets it.
+    hooks_for: Callable[[Route], tuple[CallHooks, ...]] = field(default=lambda route: NO_HOOKS)
+    #: The URL this sidecar listens on (for the words of a base_url hint).
+    url: str = ""
+    #: Set when the drain timeout cut calls still in flight: their lines say so.
+    cut_by_drain: bool = False
+    #: The base_url mistakes already explained in the log (`base_url_mistake`).
+    hinted: set[str] = field(default_factory=set)

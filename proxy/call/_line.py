@@ -1,0 +1,41 @@
+"""A call's capture line: its fields from the exchange, the hooks' fields, then to the journal (DESIGN §3).
+
+``build_line`` runs where the journal says (on the loop for a small call, else on a thread), once
+the reply has ended: it parses the request and finishes the tap there, not on the way to the
+first byte.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from capture.journal import Built, Journal
+from records import engine_weight_versions
+
+from ._context import CallHooks
+from ._exchange import CallExchange
+
+
+def submit_line(journal: Journal, exchange: CallExchange, hooks: tuple[CallHooks, ...],
+                settled: Callable[[bool], None]) -> None:
+    """The call's line to the journal; ``settled(written)`` on the loop once durable or failed."""
+    tap = exchange.tap
+    size = len(exchange.request_body) + (tap.bytes_seen if tap is not None else 0)
+    on_thread = any(hook.line_on_writer_thread for hook in hooks) if hooks else False
+    journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks), size, settled, on_thread)
+
+
+def build_line(exchange: CallExchange, hooks: tuple[CallHooks, ...]) -> Built:
+    """The line's fields (or, from a hook that writes it, the line)."""
+    fields = exchange.capture_fields()
+    engine = engine_weight_versions(fields.get("response"))
+    if engine is not None:  # The engine named its weights (issue 32): that, whatever was declared.
+        fields["weight_versions"], fields["weight_version_source"] = engine, "engine"
+    for hook in hooks:
+        hook.line_fields(exchange, fields)
+    for hook in hooks:
+        line = hook.line(exchange, fields)
+        if line is not None:
+            return line
+    return fields
+

@@ -1,0 +1,328 @@
+"""`BodyPump`: one reply body from the upstream connection to the client, from the upstream's callbacks.
+
+The hot path of a call (DESIGN §2): per read, feed the tap and write to the client, no task
+switch. The chunk that ends a captured reply is held (and the upstream paused) until the line is
+durable. A cut (DESIGN §11) is not a second pump: it is the `Relay` the pump is given, which says
+what the client gets of bytes the tap has read (`AS_CAME`: the bytes themselves; `TAP_OUTPUT`:
+what the tap gives back, the added fields cut).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Optional, Protocol
+
+from capture import AddedFieldCutter, BodyTap, StreamTap
+
+from ..http import Http1Connection, UpstreamReply
+from ._exchange import CallExchange, Failure
+
+
+class PumpedCall(Protocol):
+    """What the pump needs of its call (`Call`): the client, the exchange, the line's phases."""
+
+    client: Http1Connection
+    exchange: Optional[CallExchange]
+    persisted: bool
+
+    def persist_then(self, then: Callable[[], None], holding_back: bool = True) -> None: ...
+
+    def upstream_broke_then(self, kind: str, then: Callable[[], None]) -> None: ...
+
+
+class Relay:
+    """What the client gets of a reply's bytes: as they came."""
+
+    #: Whether a stream's first event goes out on its own, before the rest of its read is read
+    #: (TTFT: a read the tap must rewrite costs more than one search).
+    first_event_apart = False
+
+    def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
+        """Whole events that cannot complete the terminal: to the client, then to the tap."""
+        client.write(events)
+        tap.feed(events)  # Cannot complete the terminal event.
+
+    def fed(self, tap: StreamTap, data: bytes) -> bytes:
+        """The client's bytes of ``data``, which the tap has just read."""
+        return data
+
+    def behind(self, tap: StreamTap | BodyTap | None, data: bytes) -> bytes:
+        """The client's bytes of ``data``, which came behind the terminal (the tap folds no more)."""
+        return data
+
+    def tail(self, tap: StreamTap | BodyTap | None) -> bytes:
+        """At the body's end: the client's bytes of an unterminated last event."""
+        return b""
+
+
+class _TapOutput(Relay):
+    """What the tap gives back of what it read: the reply with the call's added fields cut."""
+
+    first_event_apart = True
+
+    def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
+        tap.feed(events)
+        client.write(tap.take_output())
+
+    def fed(self, tap: StreamTap, data: bytes) -> bytes:
+        return tap.take_output()
+
+    def behind(self, tap: StreamTap | BodyTap | None, data: bytes) -> bytes:
+        tap.feed(data)  # type: ignore[union-attr]
+        return tap.take_output()  # type: ignore[union-attr]
+
+    def tail(self, tap: StreamTap | BodyTap | None) -> bytes:
+        return tap.close_output()  # type: ignore[union-attr]
+
+
+AS_CAME = Relay()
+TAP_OUTPUT = _TapOutput()
+
+
+class BodyPump:
+    """Moves one reply body from the upstream connection to the client, from the upstream's callbacks.
+
+    Per chunk: feed the tap, write to the client. The chunk that ends a captured reply is held
+    (and the upstream paused) until the line is durable. A slow client pauses the upstream.
+    ``done`` resolves to ``ended``, ``client_gone`` or ``upstream_broke``.
+    """
+
+    def __init__(self, call: PumpedCall, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
+                 cutter: AddedFieldCutter | None = None) -> None:
+        self.call = call
+        self.upstream = upstream
+        self.client = call.client
+        self.tap = tap
+        #: What the client gets of the bytes (a cutter: what the tap gives back, DESIGN §11).
+        self.relay = AS_CAME if cutter is None else TAP_OUTPUT
+        #: Where body bytes go: the client's socket, through the relay when it rewrites.
+        self.write = call.client.write if cutter is None else self._write_behind
+        self.exchange = call.exchange
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        #: Bytes still expected of a sized body (a captured BodyTap), else None.
+        self.remaining = upstream.content_length if isinstance(tap, BodyTap) else None
+        #: Lookahead for a captured body of unknown length: its last chunk is held to the end.
+        self.lookahead = isinstance(tap, BodyTap) and upstream.content_length is None
+        self.held = b""
+        #: The held terminal chunk's bytes as the relay gave them (they go out first).
+        self.held_ready = b""
+        self.first_written = False
+        self.persisting = False
+        self.ended = False
+        #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
+        self.broken: Optional[str] = None
+        self.client.on_write_flow = self._client_flow
+        if self.client.writing_paused:
+            upstream.pause()
+        upstream.attach(self)
+
+    # -- BodySink ------------------------------------------------------------------------------
+
+    def on_read(self, batch: list[bytes]) -> None:
+        """The chunks of one upstream read: each fed to the tap, all written in one client write.
+
+        When a chunk completes the reply, the bytes before it go out now and it is held, with
+        whatever follows it, until the line is durable.
+        """
+        if self.done.done():
+            return
+        if self.client.gone:
+            self._finish("client_gone")
+            return
+        tap, write = self.tap, self.write
+        if tap is None or self.call.persisted:
+            write(batch[0] if len(batch) == 1 else b"".join(batch))
+            return
+        if self.persisting:  # Bytes behind the held chunk wait with it, in order.
+            self.held += b"".join(batch)
+            return
+        if type(tap) is StreamTap:
+            self._flush_stream(batch[0] if len(batch) == 1 else b"".join(batch), tap)
+            return
+        exchange, start = self.exchange, 0
+        for index, chunk in enumerate(batch):
+            ends_reply = tap.feed(chunk)
+            if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+                exchange.mark_first_content()
+            if self.remaining is not None:
+                self.remaining -= len(chunk)
+                ends_reply = self.remaining <= 0
+            if ends_reply:
+                write(b"".join(batch[start:index]))
+                self.held = b"".join(batch[index:])
+                self._persist_then_flush()
+                return
+            if not self.first_written and not self.lookahead:
+                self.first_written = True  # The first bytes go out before the rest is parsed: TTFT.
+                write(chunk)
+                start = index + 1
+        batch = batch[start:]
+        if not batch and not self.lookahead:
+            return
+        data = batch[0] if len(batch) == 1 else b"".join(batch)
+        if self.lookahead:  # Write what came before; this read may be the body's last.
+            data, self.held = self.held, data
+        write(data)
+
+    def _flush_stream(self, data: bytes, tap: StreamTap) -> None:
+        """`on_read` for a stream: one read's bytes, relayed first and parsed after (issue 34).
+
+        The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
+        go to the client before they are parsed -- or, in the token capture mode, as soon as they
+        are cut, the stream's first event on its own (TTFT) -- then the tap takes them in one pass. The rest
+        of the read is fed whole; when it completes the terminal event it is held, with what
+        follows it, until the line is durable (DESIGN §2).
+        """
+        relay = self.relay
+        if not self.first_written and relay.first_event_apart:
+            # A relay that rewrites reads before it writes: the stream's first event goes out
+            # before the rest of the read is searched and rewritten (TTFT). Relayed as it came, a
+            # read goes out whole after one search (a write more a stream would cost more than it saves).
+            first = data.find(b"\n\n") + 2  # Always an event's end, whatever the line ends.
+            if 2 <= first < len(data):
+                event = data[:first]
+                if tap.quiet_prefix(event) == first:
+                    self._write_quiet(event, tap)  # Before the rest is searched: TTFT.
+                    data = data[first:]
+        quiet = tap.quiet_prefix(data)
+        if quiet:
+            head = data if quiet == len(data) else data[:quiet]
+            self._write_quiet(head, tap)
+            if head is data:
+                return
+            data = data[quiet:]
+        ends_reply = tap.feed(data)
+        out = relay.fed(tap, data)
+        self._mark_first_content(tap)
+        if ends_reply:
+            self.held_ready = out  # The terminal event's bytes, and those behind it, as relayed.
+            self._persist_then_flush()
+            return
+        self.first_written = True
+        self.client.write(out)
+
+    def _write_quiet(self, events: bytes, tap: StreamTap) -> None:
+        """Whole events that cannot complete the terminal: to the client and the tap (`Relay.quiet`)."""
+        self.relay.quiet(self.client, tap, events)
+        self.first_written = True
+        self._mark_first_content(tap)
+
+    def _mark_first_content(self, tap: StreamTap) -> None:
+        exchange = self.exchange
+        if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+            exchange.mark_first_content()
+
+    def on_end(self) -> None:
+        self.ended = True
+        if self.done.done() or self.persisting:
+            return  # The persist in flight finishes the reply.
+        if self.tap is not None and not self.call.persisted:
+            self._persist_then_flush()
+            return
+        self._flush_and_end()
+
+    def on_error(self, kind: str, exc: BaseException) -> None:
+        if self.done.done() or self.broken is not None:
+            return
+        if kind == "timeout":
+            note_broken(self.exchange, "timeout", exc, "the upstream stopped sending within the read timeout")
+            self.broken = "timeout_mid_reply"
+        else:
+            note_broken(self.exchange, None, exc, f"the upstream connection failed mid-reply: {exc}")
+            self.broken = "reset_mid_reply"
+        if not self.persisting:  # Else the persist in flight flushes what is held, then breaks.
+            self.held = b""  # A lookahead chunk never completed a reply.
+            self._write_tail()  # The part of an event that came, as a direct client sees it.
+            self._break()
+
+    def _write_behind(self, data: bytes) -> None:
+        """Bytes behind the terminal event, as the relay gives them (the tap folds them no more)."""
+        self.client.write(self.relay.behind(self.tap, data))
+
+    def _write_tail(self) -> None:
+        """End of body: an unterminated last event, as the relay gives it (cut as if it had ended)."""
+        tail = self.relay.tail(self.tap)
+        if tail:
+            self.client.write(tail)
+
+    def _client_flow(self, paused: bool) -> None:
+        if paused:
+            self.upstream.pause()
+        elif not self.persisting:
+            self.upstream.resume()
+
+    def _persist_then_flush(self) -> None:
+        self.persisting = True
+        if self.remaining is None or self.remaining > 0:
+            # More may follow the held chunk (a stream's `[DONE]`, its last frame): bounded by
+            # pausing the upstream. A sized body received whole has nothing left to read, and
+            # skips the two epoll changes of a pause and resume.
+            self.upstream.pause()
+        self.call.persist_then(self._after_persist)
+
+    def _after_persist(self) -> None:
+        self.persisting = False
+        if self.done.done():
+            return
+        if self.ended and self.broken is None:
+            self._flush_and_end()
+            return
+        # Broken: what arrived before the failure, then the cut.
+        self._release_held(tail=self.broken is not None)
+        if self.broken is not None:
+            self._break()
+        elif not self.client.writing_paused:
+            self.upstream.resume()
+
+    def _release_held(self, tail: bool, end: bool = False) -> None:
+        """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the cut's
+        end of an unterminated last event after it; ``end``: the reply's end too."""
+        client = self.client
+        client.cork()
+        try:
+            if self.held_ready:
+                client.write(self.held_ready)
+                self.held_ready = b""
+            if self.held:
+                self.write(self.held)
+                self.held = b""
+            if tail:
+                self._write_tail()
+            if end:
+                client.end()
+        finally:
+            client.uncork()
+
+    def _flush_and_end(self) -> None:
+        self._release_held(tail=True, end=True)
+        self._finish("ended")
+
+    def _break(self) -> None:
+        self.call.upstream_broke_then(self.broken or "reset_mid_reply", lambda: self._finish("upstream_broke"))
+
+    def _finish(self, outcome: str) -> None:
+        self.client.on_write_flow = None
+        self.write = _write_nothing  # A bound method of its own: a cycle left to the collector.
+        if not self.done.done():
+            self.done.set_result(outcome)
+
+    def stop(self) -> None:
+        """The handler was cancelled (the client left): stop listening to the upstream."""
+        self.client.on_write_flow = None
+        self.write = _write_nothing
+        if not self.done.done():
+            self.done.cancel()
+
+
+def _write_nothing(data: bytes) -> None:
+    pass
+
+
+def note_broken(exchange: CallExchange | None, category: str | None, exc: BaseException, message: str) -> None:
+    if exchange is None:
+        return
+    status = exchange.status_code or 0
+    if category is None and 200 <= status < 300:
+        category = "stream_truncated"
+    exchange.category_override = category
+    exchange.failure = Failure("stream", category or "upstream_error", message, type(exc).__name__, True)

@@ -1,0 +1,15 @@
+"""W3C trace context on a captured call's upstream request (`records.traceparent`)."""
+
+from __future__ import annotations
+
+from records import traceparent
+
+from ..http import Headers
+
+
+def with_trace_context(headers: Headers, rollout_id: str, model_call_id: str) -> Headers:
+    """``headers`` with a W3C ``traceparent`` for the call appended, unless the agent sent its own:
+    its trace is the one it chose, and a second one would be ambiguous."""
+    if any(name.lower() == b"traceparent" for name, _ in headers):
+        return headers
+    return [*headers, (b"traceparent", traceparent(rollout_id, model_call_id).encode("ascii"))]
