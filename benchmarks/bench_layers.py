@@ -29,12 +29,15 @@ AFTER = os.path.dirname(HERE)
 
 
 def sidecar(tree: str, upstream: bench.Target, capture_dir: str | None, name: str) -> bench.Target:
-    """A sidecar run from ``tree``'s code (its directory first on the path)."""
-    saved = os.environ.get("PYTHONPATH")
+    """A sidecar run from ``tree``'s code: its directory first on the path and the working directory
+    (``python -m`` and the capture process's ``python -c`` put the working directory first)."""
+    saved, here = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = tree if not saved else f"{tree}{os.pathsep}{saved}"
+    os.chdir(tree)
     try:
         return bench.start_sidecar(name, upstream, capture_dir)
     finally:
+        os.chdir(here)
         if saved is None:
             del os.environ["PYTHONPATH"]
         else:
