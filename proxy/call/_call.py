@@ -46,7 +46,7 @@ from ._local_replies import (
     send_local_reply,
 )
 from ._metrics import status_class
-from ._pump import BodyPump, note_broken
+from ._pump import BodyPump
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 from ._trace_context import with_trace_context
 
@@ -471,4 +471,4 @@ def _describe_upstream_failure(reply: LocalReply, upstream_url: str, exc: BaseEx
     return f"the upstream model server at {upstream_url} could not be reached ({detail})"
 
 
-__all__ = ["Call", "forward", "note_broken", "origin_form"]
+__all__ = ["Call", "forward", "origin_form"]
