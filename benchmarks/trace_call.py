@@ -124,6 +124,7 @@ class Walk:
         self.training = 0
         self.functions: Counter[tuple[str, str]] = Counter()
         self.files: Counter[str] = Counter()
+        self.hop_pairs: Counter[tuple[str, str]] = Counter()
 
     def __call__(self, frame, event, arg) -> None:  # noqa: ANN001
         if event != "call":
@@ -139,6 +140,7 @@ class Walk:
         caller = frame.f_back
         if caller is not None and caller.f_code.co_filename.startswith(PROJECT) and caller.f_code.co_filename != path:
             self.hops += 1
+            self.hop_pairs[(caller.f_code.co_filename, path)] += 1
 
 
 async def trace(url: str) -> Walk:
@@ -211,6 +213,13 @@ async def main() -> None:
             print(f"\n{name}: calls per file")
             for path, count in walk.files.most_common():
                 print(f"  {count:4d} {os.path.relpath(path, ROOT)}")
+            print(f"\n{name}: hops, caller's file -> callee's file")
+            for (caller, callee), count in walk.hop_pairs.most_common():
+                print(f"  {count:4d} {os.path.relpath(caller, ROOT)} -> {os.path.relpath(callee, ROOT)}")
+            if os.environ.get("MCC_WALK_DETAIL") == "functions":
+                print(f"\n{name}: calls per function")
+                for (path, function), count in walk.functions.most_common():
+                    print(f"  {count:4d} {os.path.relpath(path, ROOT)}:{function}")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,11 @@ def is_aborted_reply(response: Any) -> bool:
     requests around a weight update, ``pause_generation``; issue 32). Its generation never ended:
     the ``aborted`` category, never trained on (a later call may resume it)."""
     choices = response.get("choices") if type(response) is dict else None
-    return type(choices) is list and any(type(choice) is dict and choice.get("finish_reason") == "abort"
-                                         for choice in choices)
+    if type(choices) is list:
+        for choice in choices:
+            if type(choice) is dict and choice.get("finish_reason") == "abort":
+                return True
+    return False
 
 
 def is_context_length_error(body: Any) -> bool:

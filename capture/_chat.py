@@ -26,7 +26,7 @@ from typing import Any, Optional
 import orjson
 
 from ._event_templates import INTS, NUMBER, TEXT, EventTemplate, Slot, learn_template, split_at, written_rows
-from ._reassembler import Reassembler, grow_list
+from ._reassembler import JOIN_EVERY, Reassembler, grow_list
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint", "service_tier")
 # Top-level chunk keys with their own handling; every other key goes through `merge_unknown`.
@@ -65,6 +65,8 @@ class ChatReassembler(Reassembler):
         self._error: Any = None
         #: Per choice: its per-token lists (logprob entries, token ids) as JSON (`TokenArrays`).
         self._arrays: dict[int, TokenArrays] = {}
+        #: The text the last hot chunk grew: (its message, its field, its pieces: `append_text`).
+        self._open_text: tuple[dict[str, Any], str, list[str]] | None = None
 
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """Per choice index: its generated ids and logprobs as the stream carried them; None when
@@ -97,6 +99,24 @@ class ChatReassembler(Reassembler):
     def _fold(self, event_type: str, payload: dict[str, Any]) -> None:
         self._on_payload(event_type, payload)  # A chat chunk's `type` (if any) decides nothing.
 
+    def fold_plain(self, events: list[tuple[str, bytes, bytes]]) -> None:
+        """The plain events of one read in one loop: each chunk parsed and given to `_on_payload`
+        (``[DONE]`` and anything not a JSON object: `feed_data`, which tells them apart)."""
+        loads, on_payload = orjson.loads, self._on_payload
+        for event_type, data, _ in events:
+            if self.terminal:
+                return
+            try:
+                payload = loads(data)
+            except orjson.JSONDecodeError:
+                payload = None
+            if type(payload) is dict:
+                on_payload(event_type, payload)
+            elif data == b"[DONE]":
+                self.terminal = True  # What `feed_data` makes of it (`done_is_terminal`), without its detour.
+            else:
+                self.feed_data(event_type, data)
+
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         # Hot path (issue 34): a token's text, as servers stream it -- the same outcome as the
         # general path below, for a third of the work. Anything else takes the general path.
@@ -117,7 +137,12 @@ class ChatReassembler(Reassembler):
                     if (key in _TEXT_KEYS and type(piece) is str and type(index) is int
                             and 0 <= index < len(known) and known[index] is not None):
                         choice = known[index]
-                        self.append_text(choice["message"], key, piece)
+                        message, open_text = choice["message"], self._open_text
+                        if (open_text is not None and open_text[0] is message and open_text[1] == key
+                                and len(open_text[2]) < JOIN_EVERY - 1):
+                            open_text[2].append(piece)  # `append_text`, without its lookup.
+                        else:
+                            self._open_text = (message, key, self.append_text(message, key, piece))
                         if logprobs is not None or token_ids != ():
                             self._token_data(index, choice, logprobs, token_ids)
                         return
@@ -276,7 +301,9 @@ class ChatReassembler(Reassembler):
         choices = self._choices
         choice = choices[index] if type(index) is int and 0 <= index < len(choices) else None
         if choice is None:
-            if not grow_list(choices, index):
+            if index == len(choices) and type(index) is int:
+                choices.append(None)  # The next choice (n > 1: each in turn): `grow_list` without the call.
+            elif not grow_list(choices, index):
                 return
             choice = choices[index] = {"index": index, "message": {"role": "assistant", "content": None},
                                        "finish_reason": None, "logprobs": None}
@@ -310,8 +337,8 @@ class ChatReassembler(Reassembler):
     def _merge_delta(self, message: dict[str, Any], delta: dict[str, Any]) -> None:
         for key, piece in delta.items():
             if key in _TEXT_KEYS:
-                if type(piece) is str:
-                    self.append_text(message, key, piece)
+                if type(piece) is str:  # Open for the hot chunks that follow (`_on_payload`).
+                    self._open_text = (message, key, self.append_text(message, key, piece))
             elif key == "role":
                 if type(piece) is str:
                     message["role"] = piece

@@ -55,6 +55,10 @@ _NUMBER_BYTES, _INT_BYTES = b"0123456789,-+.eE", b"0123456789,-"
 _SEPARATOR = b"\x00"
 #: A run is taken when it has at least this many events per slot (`EventTemplate.shortest_run`).
 _SHORTEST_RUN_PER_SLOT = 4
+#: Templates are learnt once a stream has passed this many field lines (about as many events): a
+#: template pays on a long stream (an RL rollout's thousands of tokens), while learning one costs
+#: more than it saves on a short reply, which the general way folds in one loop (issue 43).
+LEARN_AFTER_LINES = 64
 #: Events split out at once: bytes.replace searches a haystack under 30,000 bytes the fast way.
 _SPLIT_EVENTS = 64
 

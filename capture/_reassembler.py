@@ -11,7 +11,7 @@ from ._sse import ServerSentEvent
 
 
 #: Pieces of one growing text joined together once this many have arrived (`append_text`).
-_JOIN_EVERY = 1024
+JOIN_EVERY = 1024
 
 
 class Reassembler:
@@ -79,6 +79,12 @@ class Reassembler:
             return
         self._fold(event_type, payload)
 
+    def fold_plain(self, events: list[tuple[str, bytes, bytes]]) -> None:
+        """`feed_data` for each of the plain events of one read (`SSEParser.feed_plain`); a dialect
+        with a hot event folds them in one loop of its own (`ChatReassembler.fold_plain`)."""
+        for event_type, data, _ in events:
+            self.feed_data(event_type, data)
+
     def feed_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         """`feed_data` for an event whose data the caller already parsed (a JSON object)."""
         if not self.terminal:
@@ -139,24 +145,29 @@ class Reassembler:
         template.fold = fold
         return learnt
 
-    def append_text(self, container: dict[Any, Any], field: Any, piece: str) -> None:
+    def append_text(self, container: dict[Any, Any], field: Any, piece: str) -> list[str]:
         """``container[field] += piece`` (a value that is not text is replaced), in time linear in
         the piece: the pieces are joined once, by `join_texts`. Concatenating per delta copies
         the whole text each time, quadratic in a long reasoning stream of tens of thousands of
-        deltas. Until `join_texts`, ``container[field]`` holds the first piece."""
+        deltas. Until `join_texts`, ``container[field]`` holds the first piece.
+
+        Returns the text's list of pieces: a hot fold may append the next pieces to it itself while
+        it holds fewer than ``JOIN_EVERY - 1`` (`ChatReassembler._on_payload`)."""
         key = (id(container), field)
         entry = self._texts.get(key)
         if entry is None:
             current = container.get(field)
             container[field] = current if type(current) is str else piece
-            self._texts[key] = (container, field, [current, piece] if type(current) is str else [piece])
+            pieces = [current, piece] if type(current) is str else [piece]
+            self._texts[key] = (container, field, pieces)
         else:
             pieces = entry[2]
             pieces.append(piece)
-            if len(pieces) >= _JOIN_EVERY:
+            if len(pieces) >= JOIN_EVERY:
                 # A piece per token is ~60 bytes of objects for ~4 bytes of text: joined now and
                 # then, a 32k-token stream's text stays near its own size (amortised linear).
                 pieces[:] = ["".join(pieces)]
+        return pieces
 
     def set_text(self, container: dict[Any, Any], field: Any, value: Any) -> None:
         """``container[field] = value``, discarding pieces not yet joined (a ``done`` event's whole text)."""

@@ -18,7 +18,7 @@ from ._categories import categorize_status
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import Decoder, make_decoder
-from ._event_templates import EventTemplate
+from ._event_templates import LEARN_AFTER_LINES, EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
@@ -76,6 +76,7 @@ class StreamTap:
         raw_window: int | None = None,
         cutter: "AddedFieldCutter | None" = None,
         templates: bool = True,
+        learn_after: int = LEARN_AFTER_LINES,
     ) -> None:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
@@ -84,7 +85,7 @@ class StreamTap:
         capture mode's (DESIGN §11): each event is parsed once for both, and `take_output` gives
         the bytes for the client, the added fields cut. ``templates``: learn the stream's repeated
         events and take runs of them the fast way (`capture._event_templates`; off only to test
-        that the outcome is the same)."""
+        that the outcome is the same), once ``learn_after`` field lines have passed."""
         self._parser = SSEParser(max_event_bytes)
         self._max_event_bytes = max_event_bytes
         self._reassembler = REASSEMBLERS[dialect]()
@@ -105,8 +106,10 @@ class StreamTap:
         self._templates: list[EventTemplate] | None = [] if learns else None
         self._learn_attempts = _LEARN_ATTEMPTS if learns else 0
         #: A read shorter than this cannot hold a run worth taking (one length check per read at a
-        #: GPU's pace, where every read is one event): 4 of the shortest event learnt.
-        self._run_bytes = _SHORTEST_RUN * 64 if learns else sys.maxsize
+        #: GPU's pace, where every read is one event): 4 of the shortest event learnt; no read
+        #: until the stream has passed ``learn_after`` lines (`_may_learn`).
+        self._run_bytes = sys.maxsize
+        self._learn_after: int | None = learn_after if learns else None
         #: Events taken by a template, not parsed one by one.
         self.templated_events = 0
         self._raw = bytearray()
@@ -168,6 +171,9 @@ class StreamTap:
 
     def feed(self, chunk: bytes) -> bool:
         """Observe one chunk; True when it completed the stream's terminal event."""
+        if self._learn_after is not None and self._parser.field_lines >= self._learn_after:
+            self._learn_after = None  # Long enough for templates to pay: runs may be taken from now on.
+            self._run_bytes = _SHORTEST_RUN * 64
         if self._cutter is not None:
             return self._feed_and_cut(chunk)
         return self._observe(chunk)
@@ -302,9 +308,13 @@ class StreamTap:
         """The plain events of one read, folded (without a cutter); ``learn``: a template may be
         learnt from them."""
         reassembler = self._reassembler
+        if not (learn and self._learn_attempts):
+            reassembler.fold_plain(plain)
+            self.terminal = reassembler.terminal
+            return
         feed_data = reassembler.feed_data
         for event_type, event_data, part in plain:
-            if learn and self._learn_attempts:  # Parsed once for the fold and the template.
+            if self._learn_attempts:  # Parsed once for the fold and the template.
                 payload = parse_json_object(event_data)
                 if payload is not None:
                     reassembler.feed_payload(event_type, payload)

@@ -33,9 +33,12 @@ def engine_weight_versions(response: Any) -> Optional[list[Optional[list[dict[st
     choices = response.get("choices")
     count = len(choices) if type(choices) is list and choices else 1
     if type(choices) is list:
-        spans = [_spans(choice.get("weight_versions")) if type(choice) is dict else None for choice in choices]
-        if any(found is not None for found in spans):
-            return spans
+        for choice in choices:  # Most replies name none: told without a list made.
+            if type(choice) is dict and choice.get("weight_versions") is not None:
+                spans = [_spans(choice.get("weight_versions")) if type(choice) is dict else None for choice in choices]
+                if any(found is not None for found in spans):
+                    return spans
+                break
     metadata = response.get("metadata")
     version = metadata.get("weight_version") if type(metadata) is dict else None
     if type(version) is str and version:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capture import AddedFieldCutter, StreamTap, token_fields_to_add
-from capture._event_templates import INTS, NUMBER, TEXT, learn_template
+from capture._event_templates import INTS, LEARN_AFTER_LINES, NUMBER, TEXT, learn_template
 
 from .capture_outcomes import outcome_with_cut_entries
 
@@ -98,7 +98,7 @@ def _pieces(body: bytes, events: list[bytes], seed: int) -> dict[str, list[bytes
 
 def _tap_through(pieces: list[bytes], templates: bool, cut: bool, request: dict) -> tuple[StreamTap, bytes, int]:
     cutter = AddedFieldCutter("chat", token_fields_to_add("chat", request), request) if cut else None
-    tap = StreamTap("chat", cutter=cutter, templates=templates)
+    tap = StreamTap("chat", cutter=cutter, templates=templates, learn_after=0)
     out, terminal_at = [], -1
     for position, piece in enumerate(pieces):
         if tap.feed(piece) and terminal_at < 0:
@@ -144,12 +144,32 @@ def test_templates_take_the_runs_of_a_clean_stream():
     for cut in (False, True):
         for pieces in ([body], [b"data: " + event + b"\n\n" for event in events]):
             cutter = AddedFieldCutter("chat", token_fields_to_add("chat", REQUEST), REQUEST) if cut else None
-            tap = StreamTap("chat", cutter=cutter)
+            tap = StreamTap("chat", cutter=cutter, learn_after=0)
             assert sum(tap.feed(piece) for piece in pieces) == 1
             assert tap.templated_events == (49 if len(pieces) == 1 else 0), "taken in runs from one read"
             assert outcome_with_cut_entries(tap).response["choices"][0]["message"]["content"] == "".join(
                 f" t{i}" for i in range(50))
             _same(pieces, cut, REQUEST)
+
+
+def test_templates_are_learnt_only_once_a_stream_is_long():
+    """A short reply is folded the general way (learning costs more than it saves there); from
+    `LEARN_AFTER_LINES` lines on, reads of whole events are taken in runs, with the same outcome."""
+    events = [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]})]
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "logprobs": None,
+                                                  "finish_reason": None}]}) for i in range(2 * LEARN_AFTER_LINES)]
+    events += [orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}), b"[DONE]"]
+    parts = [b"data: " + event + b"\n\n" for event in events]
+    short = b"".join(parts[:LEARN_AFTER_LINES])
+    tap, general = StreamTap("chat"), StreamTap("chat", templates=False)
+    assert not tap.feed(short) and not general.feed(short)
+    assert tap.templated_events == 0, "a reply this short is not worth a template"
+    rest = b"".join(parts[LEARN_AFTER_LINES:])
+    assert tap.feed(rest) and general.feed(rest)
+    assert tap.templated_events > LEARN_AFTER_LINES // 2
+    assert tap.finish(200) == general.finish(200)
+    assert tap.finish(200).response["choices"][0]["message"]["content"] == "".join(f" t{i}" for i in range(2 * LEARN_AFTER_LINES))
 
 
 @pytest.mark.parametrize("spoilt, written", [(b'"logprob":-0.5,', b'"logprob":-0.5,7,'), (b'"bytes":[32,116]', b'"bytes":[32,116,[1]]'),
@@ -264,7 +284,7 @@ def test_messages_and_responses_templates_capture_what_the_general_way_does(case
     cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, 12)))
     for pieces in ([body], events, [b"".join(events[at:at + 6]) for at in range(0, len(events), 6)],
                    [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]):
-        fast, slow = StreamTap(dialect), StreamTap(dialect, templates=False)
+        fast, slow = StreamTap(dialect, learn_after=0), StreamTap(dialect, templates=False)
         assert [fast.feed(piece) for piece in pieces] == [slow.feed(piece) for piece in pieces]
         assert fast._parser.field_lines == slow._parser.field_lines
         assert fast.finish(200) == slow.finish(200)
@@ -277,7 +297,7 @@ def test_messages_and_responses_runs_are_taken():
             + _named("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
             + b"".join(text) + _named("content_block_stop", {"type": "content_block_stop", "index": 0})
             + _named("message_stop", {"type": "message_stop"}))
-    tap = StreamTap("messages")
+    tap = StreamTap("messages", learn_after=0)
     assert tap.feed(body)
     assert tap.templated_events == 19
     assert tap.finish(200).response["content"] == [{"type": "text", "text": "".join(f" t{i}" for i in range(20))}]

@@ -57,11 +57,11 @@ Built = Union[dict[str, Any], bytes, tuple[bytes, AlsoDurable]]
 class JournalMetrics(Protocol):
     """The counters the journal keeps (the sidecar's metrics have them)."""
 
-    capture_lines: Any
-    capture_bytes: Any
-    fsync_duration: Any
     capture_failures: Any
     capture_write_problem: Optional[str]
+
+    def line_durable(self, size: int, barrier_seconds: float) -> None:
+        """A line of ``size`` bytes is durable; its batch's barrier took ``barrier_seconds``."""
 
 
 class Journal:
@@ -220,10 +220,7 @@ class Journal:
         if self.write_problem is not None:
             log.warning("capture lines are written to %s again", self.capture_dir, extra={"path": self.capture_dir})
             self.write_problem = self._metrics.capture_write_problem = None
-        metrics = self._metrics
-        metrics.capture_lines.inc()
-        metrics.capture_bytes.inc(size)
-        metrics.fsync_duration.observe(outcome)
+        self._metrics.line_durable(size, outcome)  # type: ignore[arg-type]
         settled(True)
 
     async def _fail_then(self, settled: Callable[[bool], None], rollout_id: str, exc: BaseException) -> None:

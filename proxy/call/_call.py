@@ -45,7 +45,6 @@ from ._local_replies import (
     error_body,
     send_local_reply,
 )
-from ._metrics import status_class
 from ._pump import BodyPump
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 from ._trace_context import with_trace_context
@@ -90,7 +89,7 @@ async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connect
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
-        metrics.requests.inc(1, (dialect, status_class(status), captured))
+        metrics.request_handled(dialect, status, captured)
         if access_log.isEnabledFor(logging.DEBUG):  # The access log: --log-level debug.
             access_log.debug("%s %s %s captured=%s", request.method, request.target.decode("latin-1"), status, captured,
                              extra={"status": status, "method": request.method,
@@ -140,6 +139,7 @@ class Call:
             model_name=ctx.model_ref_name,
             request_body=body,
             request_headers=self.request.headers,
+            request_fields=self.request.fields,
             correlation_headers=ctx.correlation_headers,
             raw_stream=ctx.raw_stream,
         )
@@ -176,11 +176,11 @@ class Call:
     async def send_upstream(self, body: bytes) -> UpstreamReply:
         """Send the request (with ``body``) upstream; a hook may send it again (`upstream_head`)."""
         request, exchange = self.request, self.exchange
-        headers = upstream_request_headers(request.headers)
+        headers = upstream_request_headers(request.headers, request.fields)
         if exchange is not None:
             exchange.start()
             if self.ctx.trace_context:
-                headers = with_trace_context(headers, exchange.rollout_id, exchange.model_call_id)
+                headers = with_trace_context(headers, exchange.rollout_id, exchange.model_call_id, request.fields)
             for hook in self.hooks:
                 headers = hook.upstream_request(self, headers)
         return await self.ctx.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
@@ -189,7 +189,7 @@ class Call:
     # -- phase: the body, each read -------------------------------------------------------------
 
     async def _relay(self, upstream: UpstreamReply) -> None:
-        is_stream = (upstream.header(b"content-type") or b"").split(b";")[0].strip().lower() == b"text/event-stream"
+        is_stream = upstream.fields.get(b"content-type", b"").split(b";")[0].strip().lower() == b"text/event-stream"
         if is_stream:
             self.metrics.streams_in_flight += 1
         try:
@@ -212,7 +212,8 @@ class Call:
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
         await self._before_reply_bytes()  # Bytes may reach the agent before the line.
-        self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
+        self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers, upstream.fields),
+                          upstream.chunked)
         pump = BodyPump(self, upstream, tap, cutter)  # Delivers the body bytes that came with the head.
         if not pump.persisting:
             self.client.flush_head()  # Else the head waits, with the held chunk, for the line.
@@ -250,7 +251,8 @@ class Call:
             if tap is not None:
                 tap.feed(broke.partial)
             await self._before_reply_bytes()
-            self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers), upstream.chunked)
+            self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers, upstream.fields),
+                              upstream.chunked)
             self.client.write(broke.partial)
             self.upstream_broke_then(broke.kind, self.client.abort)
             return
@@ -265,7 +267,7 @@ class Call:
             cut = tap.take_output() + tap.close_output()
         else:
             cut = cutter.cut_body(body)
-        headers = client_response_headers(upstream.headers)
+        headers = client_response_headers(upstream.headers, upstream.fields)
         if upstream.content_length is not None:
             length = str(len(cut)).encode()
             headers = [(name, length if name.lower() == b"content-length" else value) for name, value in headers]
@@ -280,7 +282,8 @@ class Call:
         if exchange is None:
             return None
         exchange.status_code = exchange.upstream_status_code = upstream.status
-        encoding = _text(upstream.header(b"content-encoding"))
+        coding = upstream.fields.get(b"content-encoding")
+        encoding = coding.decode("latin-1") if coding is not None else None
         if is_stream:
             # The line is all that reads the reassembly: per-token lists stay JSON (memory, issue 20).
             window = RAW_WINDOW_BYTES if self.ctx.raw_stream == "on-failure" else None
@@ -333,9 +336,8 @@ class Call:
         for hook in self.hooks:
             hook.terminal(self)
         metrics = self.metrics
-        metrics.request_duration.observe((exchange.latency_ms or 0) / 1000, (exchange.dialect,))
-        if exchange.latency_ttft_ms is not None:
-            metrics.ttft.observe(exchange.latency_ttft_ms / 1000, (exchange.dialect,))
+        ttft = exchange.latency_ttft_ms
+        metrics.exchange_timed(exchange.dialect, (exchange.latency_ms or 0) / 1000, ttft / 1000 if ttft is not None else None)
         tap = exchange.tap
         if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
                 and 200 <= (exchange.status_code or 0) < 300):
@@ -458,10 +460,6 @@ def _errno_of(exc: BaseException | None) -> int | None:
             return exc.errno
         exc = exc.__cause__
     return None
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode("latin-1") if value is not None else None
 
 
 def _describe_upstream_failure(reply: LocalReply, upstream_url: str, exc: BaseException | None) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
-from ..http import Headers, header_value, single_value
+from ..http import Headers, single_value
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
@@ -39,6 +39,21 @@ class Failure:
         }
 
 
+def new_call_id() -> str:
+    """A random (version 4) UUID as 32 hex digits (DESIGN §3 ``model_call_id``).
+
+    From a generator seeded once per process from the OS, not ``uuid4()``: that asks the kernel
+    for 16 bytes on every call, one syscall per model call for an id that only has to be unique.
+    """
+    bits = _ids.getrandbits(128)
+    bits = (bits & ~(0xF000 << 64)) | (0x4000 << 64)  # Version 4.
+    bits = (bits & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant.
+    return f"{bits:032x}"
+
+
+_ids = random.Random(os.urandom(32))
+
+
 @dataclass(slots=True)
 class CallExchange:
     """Timings, transport facts and the tap of one call; `capture_fields` makes its line."""
@@ -53,6 +68,8 @@ class CallExchange:
     #: The client's request headers. The correlation ids and the body's encoding are read from
     #: them when the line is made, once the reply has ended: not on the way to the first byte.
     request_headers: Headers | None = None
+    #: The same headers' first values by lower-case name (`ServerRequest.fields`), when known.
+    request_fields: dict[bytes, bytes] | None = None
     #: Names of the session and assistant-message id headers.
     correlation_headers: tuple[str, str] = ("x-session-id", "x-assistant-message-id")
     tap: StreamTap | BodyTap | None = None
@@ -78,7 +95,7 @@ class CallExchange:
     parsed_request: dict[str, Any] | None = None
     #: The earlier call of the rollout this one repeats byte for byte (an SDK retry, a resend).
     retry_of: str | None = None
-    model_call_id: str = field(default_factory=lambda: new_call_id())
+    model_call_id: str = field(default_factory=new_call_id)
     _started_monotonic: float = 0.0
 
     def generated_so_far(self) -> dict[int, int] | None:
@@ -131,8 +148,8 @@ class CallExchange:
             "model_ref": {"type": MODEL_REF_TYPE, "name": self.model_name},
             "started_at": self.started_at,
             "completed_at": self.completed_at,
-            "latency_ms": _round(self.latency_ms),
-            "latency_ttft_ms": _round(self.latency_ttft_ms),
+            "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 3),
+            "latency_ttft_ms": None if self.latency_ttft_ms is None else round(self.latency_ttft_ms, 3),
             "status_code": self.status_code,
             "client_session_id": self.client_session_id,
             "client_assistant_message_id": self.client_assistant_message_id,
@@ -150,19 +167,27 @@ class CallExchange:
 
     def _read_request_headers(self, headers: Headers) -> None:
         session_header, message_header = self.correlation_headers
-        self.client_session_id = single_value(headers, session_header)
-        self.client_assistant_message_id = single_value(headers, message_header)
-        encoding = header_value(headers, b"content-encoding")
+        fields = self.request_fields
+        if fields is None:
+            fields = {name.lower(): value for name, value in reversed(headers)}
+        # Looked for only when sent (most calls carry neither): `single_value` scans the head.
+        self.client_session_id = (single_value(headers, session_header, fields)
+                                  if session_header.lower().encode("latin-1") in fields else None)
+        self.client_assistant_message_id = (single_value(headers, message_header, fields)
+                                            if message_header.lower().encode("latin-1") in fields else None)
+        encoding = fields.get(b"content-encoding")
         self.request_encoding = encoding.decode("latin-1") if encoding is not None else None
-        self.request_headers = None
+        self.request_headers = self.request_fields = None
 
     def _request_fields(self) -> dict[str, Any]:
         if self.parsed_request is not None:
             return {"request": self.parsed_request}
-        try:
-            body = make_decoder(self.request_encoding)(self.request_body)
-        except Exception:
-            body = self.request_body
+        body = self.request_body
+        if self.request_encoding is not None:
+            try:
+                body = make_decoder(self.request_encoding)(body)
+            except Exception:
+                pass  # Kept as it came: `request_raw` says what it was.
         parsed = parse_json_object(body)
         if parsed is not None:
             return {"request": parsed}
@@ -198,21 +223,3 @@ def _reassembled_whole(outcome: TapOutcome) -> bool:
     return (outcome.response is not None and outcome.parse_failure is None and outcome.stream_truncated is False
             and outcome.error_category not in ("capture_parse_error", "stream_truncated"))
 
-
-def new_call_id() -> str:
-    """A random (version 4) UUID as 32 hex digits (DESIGN §3 ``model_call_id``).
-
-    From a generator seeded once per process from the OS, not ``uuid4()``: that asks the kernel
-    for 16 bytes on every call, one syscall per model call for an id that only has to be unique.
-    """
-    bits = _ids.getrandbits(128)
-    bits = (bits & ~(0xF000 << 64)) | (0x4000 << 64)  # Version 4.
-    bits = (bits & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant.
-    return f"{bits:032x}"
-
-
-_ids = random.Random(os.urandom(32))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)

@@ -103,6 +103,22 @@ class SidecarMetrics:
               "0 otherwise, until a line is written again. /-/ready stays 200 either way.",
               registry=registry).set_function(self._capture_dir_writable)
 
+    def request_handled(self, dialect: str, status: int | None, captured: str) -> None:
+        """One request at its end: ``mcc_requests`` by dialect, status class and capture."""
+        self.requests.inc(1, (dialect, status_class(status), captured))
+
+    def exchange_timed(self, dialect: str, duration: float, ttft: float | None) -> None:
+        """A captured call's upstream exchange ended: its duration and time to first token."""
+        self.request_duration.observe(duration, (dialect,))
+        if ttft is not None:
+            self.ttft.observe(ttft, (dialect,))
+
+    def line_durable(self, size: int, barrier_seconds: float) -> None:
+        """A capture line is durable (`capture.journal.JournalMetrics`): counted, its barrier timed."""
+        self.capture_lines.inc()
+        self.capture_bytes.inc(size)
+        self.fsync_duration.observe(barrier_seconds)
+
     def _capture_dir_writable(self) -> float:
         if self.capture_dir is None:
             return 1.0

@@ -36,6 +36,9 @@ class Relay:
     #: Whether a stream's first event goes out on its own, before the rest of its read is read
     #: (TTFT: a read the tap must rewrite costs more than one search).
     first_event_apart = False
+    #: Whether the client's bytes are other than those that came (then the tap must read the
+    #: events it gives back apart from the rest: `BodyPump._flush_stream`).
+    rewrites = False
 
     def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
         """Whole events that cannot complete the terminal: to the client, then to the tap."""
@@ -59,6 +62,7 @@ class _TapOutput(Relay):
     """What the tap gives back of what it read: the reply with the call's added fields cut."""
 
     first_event_apart = True
+    rewrites = True
 
     def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
         tap.feed(events)
@@ -184,16 +188,23 @@ class BodyPump:
                 if tap.quiet_prefix(event) == first:
                     self._write_quiet(event, tap)  # Before the rest is searched: TTFT.
                     data = data[first:]
-        quiet = tap.quiet_prefix(data)
-        if quiet:
+        quiet, sent = tap.quiet_prefix(data), 0
+        if quiet == len(data) or (quiet and relay.rewrites):
             head = data if quiet == len(data) else data[:quiet]
             self._write_quiet(head, tap)
             if head is data:
                 return
             data = data[quiet:]
+        elif quiet:  # As they came: the quiet events go out now, and the tap reads the read in one pass.
+            self.client.write(data[:quiet])
+            self.first_written, sent = True, quiet
         ends_reply = tap.feed(data)
         out = relay.fed(tap, data)
-        self._mark_first_content(tap)
+        if sent:
+            out = out[sent:]  # What is left to write (or hold) of the read.
+        exchange = self.exchange
+        if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
+            exchange.mark_first_content()
         if ends_reply:
             self.held_ready = out  # The terminal event's bytes, and those behind it, as relayed.
             self._persist_then_flush()
@@ -205,9 +216,6 @@ class BodyPump:
         """Whole events that cannot complete the terminal: to the client and the tap (`Relay.quiet`)."""
         self.relay.quiet(self.client, tap, events)
         self.first_written = True
-        self._mark_first_content(tap)
-
-    def _mark_first_content(self, tap: StreamTap) -> None:
         exchange = self.exchange
         if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
             exchange.mark_first_content()
@@ -278,6 +286,10 @@ class BodyPump:
         """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the cut's
         end of an unterminated last event after it; ``end``: the reply's end too."""
         client = self.client
+        if end and not self.held and (not tail or self.relay is AS_CAME):
+            last, self.held_ready = self.held_ready, b""
+            client.end(last)  # The terminal's bytes and the reply's end: one write.
+            return
         client.cork()
         try:
             if self.held_ready:
@@ -286,7 +298,7 @@ class BodyPump:
             if self.held:
                 self.write(self.held)
                 self.held = b""
-            if tail:
+            if tail and self.relay is not AS_CAME:  # Relayed as it came, an unfinished event already went out.
                 self._write_tail()
             if end:
                 client.end()

@@ -1,12 +1,13 @@
 """The wire (DESIGN §1, §2): HTTP/1.1 over httptools, both ends. Imports nothing else of the project.
 
-The server side's connection (`Http1Connection`, with its pipeline and reply writer), the
+The server side's connection (`Http1Connection`: socket, parser, pipeline) and its `ReplyWriter`, the
 upstream client and its pool (`UpstreamPool`, `UpstreamReply`), the one `Headers` type and its
 rules (hop-by-hop stripping), and the body sinks a reply can be read into.
 """
 
 from ._checks import certificate_problem, upstream_problem
 from ._headers import Headers, client_response_headers, header_value, single_value, upstream_request_headers
+from ._reply_writer import ReplyWriter
 from ._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._sinks import UpstreamBroke, WholeBody
 from ._upstream import (
@@ -22,6 +23,7 @@ __all__ = [
     "BodySink",
     "Headers",
     "Http1Connection",
+    "ReplyWriter",
     "KEEPALIVE_IDLE_SECONDS",
     "ServerRequest",
     "UpstreamBroke",

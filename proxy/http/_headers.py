@@ -40,29 +40,34 @@ def _connection_tokens(values: Iterable[bytes]) -> set[bytes]:
     return {token.strip().lower() for value in values for token in value.split(b",") if token.strip()}
 
 
-def _end_to_end(headers: Headers, dropped: frozenset[bytes]) -> Headers:
-    connection = [value for name, value in headers if name.lower() == b"connection"]
-    if connection:
-        dropped = dropped | _connection_tokens(connection)
+def _end_to_end(headers: Headers, dropped: frozenset[bytes], fields: Optional[dict[bytes, bytes]]) -> Headers:
+    if fields is None or b"connection" in fields:  # ``fields``: the head's names, lower case (no scan).
+        connection = [value for name, value in headers if name.lower() == b"connection"]
+        if connection:
+            dropped = dropped | _connection_tokens(connection)
     return [(name, value) for name, value in headers if name.lower() not in dropped]
 
 
-def upstream_request_headers(incoming: Headers) -> Headers:
-    """The client's end-to-end request headers, to send upstream (Host and Content-Length are the pool's)."""
-    return _end_to_end(incoming, _REQUEST_DROPPED)
+def upstream_request_headers(incoming: Headers, fields: Optional[dict[bytes, bytes]] = None) -> Headers:
+    """The client's end-to-end request headers, to send upstream (Host and Content-Length are the
+    pool's). ``fields``: the head's fields by lower-case name (`ServerRequest.fields`), if known."""
+    return _end_to_end(incoming, _REQUEST_DROPPED, fields)
 
 
-def client_response_headers(raw_headers: Headers) -> Headers:
+def client_response_headers(raw_headers: Headers, fields: Optional[dict[bytes, bytes]] = None) -> Headers:
     """The upstream's end-to-end response headers, names in the case and order they arrived.
 
     Content-Length stays: the body is forwarded unchanged, so the upstream's length is right.
     """
-    return _end_to_end(raw_headers, _HOP_BY_HOP_NAMES)
+    return _end_to_end(raw_headers, _HOP_BY_HOP_NAMES, fields)
 
 
-def single_value(headers: Headers, name: str) -> str | None:
-    """The header's value when exactly one distinct non-empty value is present (DESIGN §2)."""
+def single_value(headers: Headers, name: str, fields: Optional[dict[bytes, bytes]] = None) -> str | None:
+    """The header's value when exactly one distinct non-empty value is present (DESIGN §2).
+    ``fields``: the head's fields by lower-case name, to tell an absent header without a scan."""
     wanted = name.lower().encode("latin-1")
+    if fields is not None and wanted not in fields:
+        return None
     values = {value.decode("latin-1").strip() for key, value in headers if key.lower() == wanted}
     values.discard("")
     return values.pop() if len(values) == 1 else None

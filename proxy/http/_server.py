@@ -25,7 +25,8 @@ from typing import Awaitable, Callable, Optional
 
 import httptools
 
-from ._headers import Headers, header_value
+from ._headers import Headers
+from ._reply_writer import ReplyWriter
 
 log = logging.getLogger("mcc.http")
 
@@ -40,12 +41,17 @@ KEEPALIVE_IDLE_SECONDS = 75.0
 class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""
 
-    __slots__ = ("method", "target", "headers", "body", "keep_alive", "has_body", "too_large", "http10", "refusal")
+    __slots__ = ("method", "target", "headers", "fields", "body", "keep_alive", "has_body", "too_large", "http10",
+                 "refusal")
 
-    def __init__(self, method: str, target: bytes, headers: Headers, keep_alive: bool, has_body: bool) -> None:
+    def __init__(self, method: str, target: bytes, headers: Headers, keep_alive: bool, has_body: bool,
+                 fields: Optional[dict[bytes, bytes]] = None) -> None:
         self.method = method
         self.target = target
         self.headers = headers
+        #: The first value of each field by its lower-case name, gathered as the head was parsed:
+        #: a lookup instead of a scan of ``headers`` (`header_value`).
+        self.fields = fields if fields is not None else {name.lower(): value for name, value in reversed(headers)}
         self.body = b""
         self.keep_alive = keep_alive
         self.has_body = has_body
@@ -56,7 +62,8 @@ class ServerRequest:
         self.refusal: Optional[tuple[int, bytes, bytes]] = None
 
     def value(self, name: bytes) -> Optional[bytes]:
-        return header_value(self.headers, name)
+        """The first value of the field ``name`` (lower case), else None."""
+        return self.fields.get(name)
 
 
 Handler = Callable[[ServerRequest, "Http1Connection"], Awaitable[None]]
@@ -71,8 +78,9 @@ MAX_CONNECTIONS = 16384
 _last_refusal_log = [0.0]
 
 
-class Http1Connection(asyncio.Protocol):
-    """One client connection. The handler writes its reply with `start` / `write` / `end`."""
+class Http1Connection(ReplyWriter, asyncio.Protocol):
+    """One client connection: the socket, the parser and the pipeline of its requests, served one at
+    a time. The handler writes each reply with the `ReplyWriter` methods (`start` / `write` / `end`)."""
 
     def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"],
                  idle_timeout: float = KEEPALIVE_IDLE_SECONDS, head_timeout: float = HEAD_TIMEOUT_SECONDS,
@@ -91,9 +99,6 @@ class Http1Connection(asyncio.Protocol):
         self._stop_reading = False
         #: A request whose ``100 Continue`` waits for the reply in flight to end.
         self._continue_owed: Optional[ServerRequest] = None
-        #: The reply now being written has no body (HEAD, 1xx, 204, 304).
-        self._no_body = False
-        self._method = ""
         self._idle_timeout = idle_timeout
         self._last_activity = 0.0
         self._idle_timer: Optional[asyncio.TimerHandle] = None
@@ -106,24 +111,18 @@ class Http1Connection(asyncio.Protocol):
         self._current: Optional[ServerRequest] = None
         self._url = b""
         self._headers: Headers = []
+        self._fields: dict[bytes, bytes] = {}
+        self._hosts = 0
         self._head_bytes = 0
         self._body: list[bytes] = []
         self._body_size = 0
         self._discarding = False
         self._closing = False
-        self._http10 = False
         self.gone = False
         #: Set while the client is not reading fast enough (the transport's high-water mark).
         self._paused_writing = False
         #: Called with True / False when writing pauses / resumes (the forwarder's body pump).
         self.on_write_flow: Optional[Callable[[bool], None]] = None
-        self._chunked = False
-        #: A reply head not sent yet (see `start`).
-        self._head = b""
-        #: Writes held by `cork` until `uncork`.
-        self._corked: Optional[list[bytes]] = None
-        self.response_started = False
-        self.response_ended = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -148,7 +147,7 @@ class Http1Connection(asyncio.Protocol):
             return
         if self._in_head:
             # Counted as the bytes arrive: a header that never ends must not grow without bound.
-            # (This counts the head a read begins or continues; `_count_head`, in the parser's
+            # (This counts the head a read begins or continues; the count in the parser's
             # callbacks, still bounds a second, pipelined head that arrives whole in the same read.)
             end = data.find(b"\r\n\r\n")
             if end < 0:
@@ -202,6 +201,8 @@ class Http1Connection(asyncio.Protocol):
         self._in_head = True
         self._url = b""
         self._headers = []
+        self._fields = {}
+        self._hosts = 0
         self._head_bytes = 0
         self._body = []
         self._body_size = 0
@@ -209,11 +210,19 @@ class Http1Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_head(len(url))
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        self._count_head(len(name) + len(value) + 4)
+        lowered = name.lower()
+        if lowered == b"host":
+            self._hosts += 1
+        self._fields.setdefault(lowered, value)  # The first value, as `header_value` finds it.
+        self._head_bytes += len(name) + len(value) + 4  # Counted as the fields arrive (431).
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -223,14 +232,15 @@ class Http1Connection(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         parser = self._parser
+        fields = self._fields
         request = ServerRequest(parser.get_method().decode("ascii", "replace"), self._url, self._headers,
-                                parser.should_keep_alive(), False)
-        length = request.value(b"content-length")
-        request.has_body = length is not None or request.value(b"transfer-encoding") is not None
+                                parser.should_keep_alive(), False, fields)
+        length = fields.get(b"content-length")
+        request.has_body = length is not None or b"transfer-encoding" in fields
         self._current = request
         version = parser.get_http_version()
         request.http10 = version == "1.0"
-        hosts = sum(1 for name, _ in self._headers if name.lower() == b"host")
+        hosts = self._hosts
         if version not in ("1.0", "1.1"):
             # llhttp reads a request line without a version as HTTP/0.9; a model call never is one.
             self._refuse_in_turn(request, 400, b"Bad Request", b"only HTTP/1.0 and HTTP/1.1 requests are served")
@@ -238,7 +248,7 @@ class Http1Connection(asyncio.Protocol):
             # RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header,
             # or to any request with more than one (nginx does the same).
             self._refuse_in_turn(request, 400, b"Bad Request", b"a request must carry exactly one Host header")
-        elif request.http10 and request.value(b"transfer-encoding") is not None:
+        elif request.http10 and b"transfer-encoding" in fields:
             # HTTP/1.0 has no transfer codings: such a body's framing cannot be trusted (RFC 9112
             # §6.1; nginx answers 400).
             self._refuse_in_turn(request, 400, b"Bad Request", b"an HTTP/1.0 request cannot use Transfer-Encoding")
@@ -250,7 +260,7 @@ class Http1Connection(asyncio.Protocol):
         elif length is not None and length.strip().isdigit() and int(length) > self._max_body:
             self._too_large(request)
         elif (request.has_body and not request.http10 and self.transport is not None
-              and (request.value(b"expect") or b"").lower() == b"100-continue"):
+              and fields.get(b"expect", b"").lower() == b"100-continue"):
             # RFC 9110 §10.1.1: never to an HTTP/1.0 client; and not while another reply is being
             # written on this connection (it would land inside that reply's body).
             if self._task is None and not self._pending:
@@ -279,11 +289,6 @@ class Http1Connection(asyncio.Protocol):
         self._enqueue(request)
 
     # -- serving -----------------------------------------------------------------------------
-
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge
 
     def _too_large(self, request: ServerRequest) -> None:
         """Answer without reading the body (a local 413), then close: the rest of the body is junk."""
@@ -331,11 +336,7 @@ class Http1Connection(asyncio.Protocol):
                 if self.transport is not None and len(self._pending) == MAX_PIPELINED:
                     self.transport.resume_reading()
                 self.response_started = self.response_ended = False
-                self._chunked = False
-                self._head = b""
-                self._http10 = request.http10
-                self._method = request.method
-                self._no_body = False
+                self.answering = request  # The writer frames its reply by the request (`ReplyWriter.start`).
                 self.on_write_flow = None
                 try:
                     if request.refusal is not None:
@@ -361,91 +362,9 @@ class Http1Connection(asyncio.Protocol):
         if self._closing:
             self.close()
 
-    # -- writing the reply -------------------------------------------------------------------
-
-    def start(self, status: int, reason: bytes, headers: Headers, chunked: bool) -> None:
-        """Queue the status line and ``headers`` exactly as given (``chunked`` adds the framing
-        header). The head goes out with the first body bytes, the end, or `flush_head`: one
-        socket write instead of two for a reply whose body is already here."""
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
-        for name, value in headers:
-            head.append(b"%s: %s\r\n" % (name, value))
-        # RFC 9112 §6.3: these replies end with their head. A HEAD reply keeps the framing header
-        # the upstream gave it (it says what GET would send) but never a body or a last chunk.
-        if status < 200 or status == 204 or status == 304:
-            self._no_body, chunked = True, False
-        else:
-            self._no_body = self._method == "HEAD"
-        if chunked and self._http10:
-            chunked = False  # HTTP/1.0 has no chunked coding: the body ends when we close.
-            self._closing = True
-        if chunked:
-            head.append(b"Transfer-Encoding: chunked\r\n")
-        if self._closing:
-            head.append(b"Connection: close\r\n")
-        head.append(b"\r\n")
-        self._chunked = chunked and not self._no_body
-        self.response_started = True
-        self._head = b"".join(head)
-
-    def flush_head(self) -> None:
-        """Send a queued head now (a stream whose first event is not here yet)."""
-        if self._head:
-            head, self._head = self._head, b""
-            if self.transport is not None and not self.gone:
-                self._send(head)
-
-    def write(self, data: bytes) -> None:
-        """Send body bytes (framed as one chunk when the reply is chunked). Never blocks."""
-        if not data or self.gone or self.transport is None:
-            return
-        if self._no_body:  # Bytes after a bodiless reply's head would be read as the next reply.
-            self.flush_head()
-            return
-        head, self._head = self._head, b""
-        # One `write` of one joined buffer: uvloop's `writelines` costs more than the copy of a
-        # model reply's chunk (profiled: half the pump's time on 256-event streams).
-        if self._chunked:
-            self._send(b"%s%x\r\n%s\r\n" % (head, len(data), data))
-        elif head:
-            self._send(head + data)
-        else:
-            self._send(data)
-
-    def end(self) -> None:
-        head, self._head = self._head, b""
-        if not self.gone and self.transport is not None:
-            ending = head + b"0\r\n\r\n" if self._chunked else head
-            if ending:
-                self._send(ending)
-        self.response_ended = True
-
-    def cork(self) -> None:
-        """Hold the writes until `uncork`, which sends them in one socket write: what a reply
-        releases at once (a held terminal event, the cut's tail, the last chunk) costs one
-        syscall and wakes the client once (each send on loopback costs 20-90 µs here; issue 34)."""
-        if self._corked is None:
-            self._corked = []
-
-    def uncork(self) -> None:
-        corked, self._corked = self._corked, None
-        if corked and self.transport is not None and not self.gone:
-            self.transport.write(b"".join(corked))  # One piece: joined without a copy.
-
-    def _send(self, data: bytes) -> None:
-        if self._corked is not None:
-            self._corked.append(data)
-        else:
-            self.transport.write(data)  # type: ignore[union-attr]
-
-    def reply(self, status: int, reason: bytes, headers: Headers, body: bytes) -> None:
-        """A whole reply with a Content-Length (local replies, the admin endpoints)."""
-        self.start(status, reason, [*headers, (b"Content-Length", str(len(body)).encode())], chunked=False)
-        self.write(body)
-        self.end()
-
     @property
     def writing_paused(self) -> bool:
+        """The client is not reading fast enough (the transport's high-water mark)."""
         return self._paused_writing
 
     def abort(self) -> None:
@@ -490,7 +409,7 @@ class Http1Connection(asyncio.Protocol):
     def _refuse(self, status: int, reason: bytes, message: bytes) -> None:
         self._closing = True
         if self._task is None and self.transport is not None and not self.gone:
-            self._method = ""  # Not the last request's: a refusal always has its body.
+            self.answering = None  # Not the last request's: a refusal always has its body.
             self.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
             self._linger()
             return

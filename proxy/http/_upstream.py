@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ._headers import Headers, header_value
+from ._headers import Headers
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
@@ -67,17 +67,20 @@ class UpstreamReply:
     """The head of one upstream reply; `attach` a sink to receive its body."""
 
     def __init__(self, connection: "UpstreamConnection", status: int, reason: bytes, headers: Headers,
-                 chunked: bool, content_length: Optional[int]) -> None:
+                 chunked: bool, content_length: Optional[int], fields: Optional[dict[bytes, bytes]] = None) -> None:
         self._connection = connection
         self.status = status
         self.reason = reason
         self.headers = headers
+        #: The first value of each field by its lower-case name (a lookup, not a scan of ``headers``).
+        self.fields = fields if fields is not None else {name.lower(): value for name, value in reversed(headers)}
         #: The upstream framed the body with chunked transfer coding (or until close, no length).
         self.chunked = chunked
         self.content_length = content_length
 
     def header(self, name: bytes) -> Optional[bytes]:
-        return header_value(self.headers, name)
+        """The first value of the field ``name`` (lower case), else None."""
+        return self.fields.get(name)
 
     def attach(self, sink: BodySink) -> None:
         self._connection.attach(sink)
@@ -111,6 +114,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink: Optional[BodySink] = None
         self._reason = b""
         self._headers: Headers = []
+        self._fields: dict[bytes, bytes] = {}
         self._complete = False
         self._keep_alive = False
         self._ended = False
@@ -133,7 +137,7 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, head_only: bool) -> "asyncio.Future[UpstreamReply]":
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
-        self._sink, self._headers, self._reason = None, [], b""
+        self._sink, self._headers, self._fields, self._reason = None, [], {}, b""
         self._chunks.clear()
         self._complete = self._ended = self._keep_alive = self._head_seen = False
         self._failed = None
@@ -195,6 +199,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._head_seen:
             return  # A trailer field of a chunked body (llhttp reports them as headers): not forwarded, as nginx.
         self._headers.append((name, value))
+        self._fields.setdefault(name.lower(), value)  # The first value, as `header_value` finds it.
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -204,14 +209,16 @@ class UpstreamConnection(asyncio.Protocol):
             # The parser reports it as a whole message; the reply, its body and the connection's
             # return to the pool all wait for the final one (a 1xx taken for the end let the next
             # client on this connection read this one's body).
-            self._headers, self._reason = [], b""
+            self._headers, self._fields, self._reason = [], {}, b""
             return
-        length = header_value(self._headers, b"content-length")
+        fields = self._fields
+        length = fields.get(b"content-length")
         content_length = int(length) if length is not None and length.strip().isdigit() else None
-        chunked = header_value(self._headers, b"transfer-encoding") is not None
+        chunked = b"transfer-encoding" in fields
         if self._head_only or status in (204, 304):
             content_length = 0
-        reply = UpstreamReply(self, status, self._reason, self._headers, chunked or content_length is None, content_length)
+        reply = UpstreamReply(self, status, self._reason, self._headers, chunked or content_length is None, content_length,
+                              fields)
         if self._head is not None and not self._head.done():
             self._head.set_result(reply)
         if self._head_only:
@@ -265,8 +272,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _framed(self) -> bool:
         """True when the reply declared its end (a length or chunked coding), so a close cuts it short."""
-        return (header_value(self._headers, b"content-length") is not None
-                or header_value(self._headers, b"transfer-encoding") is not None)
+        return b"content-length" in self._fields or b"transfer-encoding" in self._fields
 
     def pause(self) -> None:
         # A reply already complete has nothing more to read (a stream's terminal often comes in
