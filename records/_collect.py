@@ -9,7 +9,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ._record import EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
 from ._models import ModelCallRecord
 from ._rollouts import rollout_id_from_run
-from ._store import CaptureStore, gc_paused
+from ._paths import Captures
+from ._store import CaptureStore, capture_store, gc_paused
 
 #: The key `attach_model_call_capture` adds to a rollout record.
 ATTACHMENT_KEY = "ng_model_call_capture"
@@ -22,12 +23,13 @@ GAP_UNREADABLE = "model_call_capture_unreadable"
 log = logging.getLogger(__name__)
 
 
-def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: bool = False) -> list[ModelCallRecord]:
-    """The rollout's calls as records, in append order.
+def read_model_call_records(store: Captures, rollout_id: str, *, strict: bool = False) -> list[ModelCallRecord]:
+    """The rollout's calls as records, in append order (``store``: a `CaptureStore` or a directory path).
 
     Tolerant by default: a torn or malformed line is skipped (``store.read_available`` reports
     it); ``strict=True`` raises on one instead.
     """
+    store = capture_store(store, "read_model_call_records")
     if strict:
         with gc_paused():  # One pause around parsing and building: see `gc_paused`.
             lines = store.read(rollout_id)
@@ -54,13 +56,14 @@ def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCa
     return records, unreadable
 
 
-def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str, percentiles: Iterable[float] = (), *,
+def aggregate_model_call_metrics(store: Captures, rollout_id: str, percentiles: Iterable[float] = (), *,
                                  extended: bool = False) -> dict[str, Any]:
     """Totals over the rollout's calls: Gym's keys, more when asked (see `aggregate_model_call_records`)."""
+    store = capture_store(store, "aggregate_model_call_metrics")
     return aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles, extended=extended)
 
 
-def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: str) -> None:
+def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: Captures) -> None:
     """Before dispatch: remove the capture file and incomplete marker of exactly these ids,
     so a redispatched (or kill-shaped) attempt never mixes with an earlier one.
 
@@ -70,10 +73,10 @@ def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: str) -> N
     if isinstance(rollout_ids, (str, bytes)):
         raise TypeError(f"rollout_ids must be a collection of rollout ids, not one string: "
                         f"clear_model_call_captures([{rollout_ids!r}], capture_dir)")
-    CaptureStore(capture_dir).clear(rollout_ids)
+    capture_store(capture_dir, "clear_model_call_captures").clear(rollout_ids)
 
 
-def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: str,
+def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: Captures,
                               rollout_id: Optional[str] = None, *, extended: bool = False) -> dict[str, Any]:
     """A copy of ``rollout_record`` with ``ng_model_call_capture = {rollout_id, metrics, calls[, gaps]}``.
 
@@ -89,6 +92,7 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
     what Gym's has not (the calls' ``stream_truncated``, ``failure_report``, ``model_operations``,
     ``client_assistant_message_id``; the extended metrics).
     """
+    store = capture_store(capture_dir, "attach_model_call_capture")
     if rollout_id is None:
         rollout_id = rollout_id_from_run(rollout_record, observability_enabled=True)
     attached = dict(rollout_record)
@@ -96,11 +100,11 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: st
         attached[ATTACHMENT_KEY] = {"rollout_id": None, "metrics": aggregate_model_call_records([], extended=extended), "calls": [],
                                     "gaps": [{"code": GAP_NO_RECORDS}]}
         return attached
-    attached[ATTACHMENT_KEY] = _attachment(CaptureStore(capture_dir), rollout_id, False, extended)
+    attached[ATTACHMENT_KEY] = _attachment(store, rollout_id, False, extended)
     return attached
 
 
-def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[str | os.PathLike[str]],
+def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[Captures],
                                          include_payloads: bool = False, *, extended: bool = False) -> dict[str, Any]:
     """NeMo Gym's entry point, with its signature and its attachment's shape: attach in place and
     return ``record`` (``extended=True``: as `attach_model_call_capture`'s).
@@ -114,9 +118,8 @@ def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: S
     rollout_id = rollout_id_from_run(record, observability_enabled=True)
     if rollout_id is None:
         return record
-    store = next((CaptureStore(d) for d in capture_dirs
-                  if os.path.exists(CaptureStore(d).path_for(rollout_id)) or CaptureStore(d).is_incomplete(rollout_id)),
-                 None)
+    stores = [capture_store(d, "merge_model_call_capture_into_record") for d in _each(capture_dirs)]
+    store = next((s for s in stores if os.path.exists(s.path_for(rollout_id)) or s.is_incomplete(rollout_id)), None)
     if store is None:
         record[ATTACHMENT_KEY] = {"rollout_id": rollout_id, "metrics": aggregate_model_call_records([], extended=extended),
                                   "calls": [], "gaps": [{"code": GAP_NO_RECORDS}]}
@@ -126,12 +129,18 @@ def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: S
 
 
 def clear_model_call_captures_for_rollouts(records: Iterable[Mapping[str, Any]],
-                                           capture_dirs: Sequence[str | os.PathLike[str]]) -> None:
+                                           capture_dirs: Sequence[Captures]) -> None:
     """NeMo Gym's entry point: before dispatch, remove the captures of these run rows' rollout ids
     (task, rollout and attempt indices) in every directory."""
     rollout_ids = [rid for row in records if (rid := rollout_id_from_run(row, observability_enabled=True))]
-    for directory in capture_dirs:
-        CaptureStore(directory).clear(rollout_ids)
+    for directory in _each(capture_dirs):
+        capture_store(directory, "clear_model_call_captures_for_rollouts").clear(rollout_ids)
+
+
+def _each(capture_dirs: Any) -> Sequence[Any]:
+    """Gym's entry points take a list of directories; one directory alone is taken as a list of one
+    (not read as its characters)."""
+    return [capture_dirs] if isinstance(capture_dirs, (str, os.PathLike, CaptureStore)) else capture_dirs
 
 
 def _attachment(store: CaptureStore, rollout_id: str, include_payloads: bool, extended: bool) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from ._call_rows import CALL_COLUMNS, call_row, with_arrow_times
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
+from ._paths import directory_of
 from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
@@ -92,10 +93,10 @@ def capture_files(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.
     with `records`' readers, but its loss is not silent (`mcc ls` and the attachment's gaps show it).
     A path that does not exist raises `FileNotFoundError`, as `CaptureStore` does.
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+    if not isinstance(paths, (list, tuple)):
+        paths = [paths]  # One directory, file or store (anything else is refused by `directory_of`).
     found: dict[str, int] = {}
-    for path in map(os.fspath, paths):
+    for path in (directory_of(path, "capture_files") for path in paths):
         if os.path.isdir(path):
             for name in os.listdir(path):
                 for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX):
@@ -242,6 +243,7 @@ def rollout_rows_of(directory: str, rollout_id: str, kind: str) -> list[dict[str
     what `mcc export` writes in one process too, so both give the same columns and rows."""
     read = {"calls": _call_rows, "tokens": _token_rows, "trajectories": _trajectory_rows,
             "call_tokens": _call_token_rows}[kind]
+    directory = directory_of(directory, "rollout_rows_of")
     rows, unreadable = read(CaptureStore(directory), rollout_id)
     base, attempt = split_attempt(rollout_id)
     incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))

@@ -16,13 +16,14 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Union
 
 import orjson
 
 from ._appender import append_capture_line, create_incomplete_marker
 from ._errors import MalformedCaptureLine
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
+from ._paths import directory_of
 from ._rollout_ids import is_valid_rollout_id
 
 
@@ -49,6 +50,11 @@ class ReadResult:
         yield self.malformed
 
 
+def capture_store(where: object, taker: str) -> "CaptureStore":
+    """``where`` as a `CaptureStore`: itself, or the store of the directory it names (`directory_of`)."""
+    return where if isinstance(where, CaptureStore) else CaptureStore(directory_of(where, taker))
+
+
 class CaptureStore:
     """A directory of ``<rollout_id>.capture.jsonl`` files (NeMo Gym's ``CaptureStore`` surface).
 
@@ -57,7 +63,11 @@ class CaptureStore:
     """
 
     def __init__(self, capture_dir: str | os.PathLike[str]) -> None:
-        self.capture_dir = os.fspath(capture_dir)
+        self.capture_dir = directory_of(capture_dir, "CaptureStore")
+
+    def __fspath__(self) -> str:
+        """A store is a path-like of its directory: every reader takes either (`directory_of`)."""
+        return self.capture_dir
 
     @property
     def root(self) -> Path:

@@ -33,6 +33,7 @@ import orjson
 from ._appender import fsync_directory
 from ._group_sync import GroupSync
 from ._rollout_ids import validate_rollout_id
+from ._paths import Captures, directory_of
 from ._token_entries import check_token_entry
 
 TOKENS_SUFFIX = ".tokens.jsonl"
@@ -335,15 +336,16 @@ def _append_durably(path: str, data: bytes, sync: bool = True) -> int:
     return size
 
 
-def read_token_entries(directory: str, rollout_id: str) -> list[dict[str, Any]]:
-    """A rollout's entries as written (prompts of resolved children may be deltas)."""
-    return [entry for _, entry in TokenFiles(directory).entries(rollout_id)[0]]
+def read_token_entries(directory: Captures, rollout_id: str) -> list[dict[str, Any]]:
+    """A rollout's entries as written (prompts of resolved children may be deltas); ``directory``:
+    the token files' (a path or a `CaptureStore`)."""
+    return [entry for _, entry in TokenFiles(directory_of(directory, "read_token_entries")).entries(rollout_id)[0]]
 
 
-def late_entries(directory: str, rollout_id: str) -> list[dict[str, Any]]:
+def late_entries(directory: Captures, rollout_id: str) -> list[dict[str, Any]]:
     """Entries that came after the rollout was frozen, kept as evidence."""
     try:
-        with open(TokenFiles(directory).path(rollout_id, ".tokens.late.jsonl"), "rb") as handle:
+        with open(TokenFiles(directory_of(directory, "late_entries")).path(rollout_id, ".tokens.late.jsonl"), "rb") as handle:
             return [orjson.loads(line) for line in handle if line.strip()]
     except FileNotFoundError:
         return []
@@ -359,10 +361,10 @@ def entry_sequence(entry: dict[str, Any], parent_sequence: Optional[list[int]]) 
     return [*prompt, *entry["generation_token_ids"]]
 
 
-def clear_token_captures(rollout_ids: list[str], token_dir: str) -> None:
+def clear_token_captures(rollout_ids: list[str], token_dir: Captures) -> None:
     """Before dispatch: the training-token files of exactly these ids go (`TokenFiles.delete`)."""
     if isinstance(rollout_ids, (str, bytes)):
         raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
-    files = TokenFiles(token_dir)
+    files = TokenFiles(directory_of(token_dir, "clear_token_captures"))
     for rollout_id in rollout_ids:
         files.delete(rollout_id)

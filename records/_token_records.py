@@ -47,7 +47,8 @@ from typing import Any, Iterator, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from ._lineage import LINE_ROOT, LineLineage
-from ._store import CaptureStore, gc_paused
+from ._paths import directory_of
+from ._store import CaptureStore, capture_store, gc_paused
 from ._weight_versions import resolved_spans, token_versions
 
 #: Where the generation arrays were found (see the module docstring); ``missing`` when nowhere.
@@ -160,8 +161,9 @@ def iter_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], roll
 
     Tolerant, as `read_model_call_records`: a torn or malformed line is skipped.
     """
-    if not isinstance(store, CaptureStore):
-        store = CaptureStore(store)
+    store = capture_store(store, "iter_token_records")
+    if token_dir is not None:
+        token_dir = directory_of(token_dir, "iter_token_records (token_dir)")
     follower = TokenRecordFollower(token_dir or store.capture_dir, rollout_id)
     for call_index, line in store.iter_available(rollout_id):
         if line is not None:

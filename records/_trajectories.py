@@ -27,6 +27,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._paths import directory_of
+from ._store import CaptureStore
 from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
 from ._token_files import TokenFiles
 from ._weight_versions import resolved_spans, token_versions
@@ -96,9 +98,10 @@ class _Node:
         return self._sequence
 
 
-def trajectories(directory: Union[str, "os.PathLike[str]"], rollout_id: str) -> TrajectoryBuild:
-    """The rollout's chains from ``<directory>/<rollout_id>.tokens.jsonl`` (read, never frozen)."""
-    files = TokenFiles(os.fspath(directory))
+def trajectories(directory: Union[str, "os.PathLike[str]", CaptureStore], rollout_id: str) -> TrajectoryBuild:
+    """The rollout's chains from ``<directory>/<rollout_id>.tokens.jsonl`` (read, never frozen);
+    ``directory``: a path or a `CaptureStore`."""
+    files = TokenFiles(directory_of(directory, "trajectories"))
     entries = [entry for _, entry in files.entries(rollout_id)[0]]
     state = files.state(rollout_id, indexed=False)  # Its flags: the entries were just read.
     written = {entry["model_call_id"] for entry in entries}

@@ -1,0 +1,23 @@
+"""What every reader takes for "where the captures are": a directory path or a `CaptureStore` (issue 47)."""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+#: A capture directory: a path (``str`` or ``os.PathLike``), or a `CaptureStore` (a path-like of its
+#: directory: it has ``__fspath__``).
+Captures = Union[str, "os.PathLike[str]"]
+
+
+def directory_of(where: object, taker: str) -> str:
+    """The directory ``where`` names (a ``str``, an ``os.PathLike`` such as `pathlib.Path`, or a
+    `CaptureStore`); anything else is refused in one sentence naming what ``taker`` takes."""
+    if isinstance(where, str):
+        return where
+    if isinstance(where, os.PathLike):
+        path = os.fspath(where)
+        if isinstance(path, str):
+            return path
+    raise TypeError(f"{taker} takes a capture directory: a path (str or os.PathLike) or a CaptureStore, "
+                    f"not {type(where).__name__} {where!r:.80}")
