@@ -330,3 +330,41 @@ def test_workers_find_a_writable_metrics_dir_or_say_why_not(tmp_path):
             assert process.wait(timeout=60) == 0
     finally:
         subprocess.run(["umount", "-l", str(read_only)], check=False)
+
+
+async def test_a_slash_in_a_rollout_id_is_forwarded_and_explained_once(http, upstream, sidecar, caplog):
+    """`/ng-rollout/gsm8k/17/v1/...`: the id is `gsm8k`, the path `/17/v1/...`; the upstream's 404 is
+    forwarded as it came, and the log says why once, however many samples make the mistake."""
+    import logging
+
+    from .scripted_upstream import json_script
+    from .wire import assert_same_reply, fetch
+    body = b'{"detail": "Not Found"}'
+    for sample in (17, 18, 19):
+        upstream.scripts[f"/{sample}/v1/chat/completions"] = json_script(body, status=404, reason="Not Found")
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        for sample in (17, 18, 19):
+            direct = await fetch(http, "POST", upstream.url + f"/{sample}/v1/chat/completions", CHAT_REQUEST)
+            proxied = await fetch(http, "POST", f"{sidecar.url}/ng-rollout/gsm8k/{sample}/v1/chat/completions", CHAT_REQUEST)
+            assert_same_reply(direct, proxied)
+    hints = [r.getMessage() for r in caplog.records if "404" in r.getMessage()]
+    assert len(hints) == 1, hints
+    assert "/17/v1/chat/completions" in hints[0] and "a rollout id cannot hold a '/'" in hints[0]
+    assert "ng-rollout/gsm8k-17/v1" in hints[0]
+
+
+async def test_a_rollout_call_while_capture_is_off_is_forwarded_and_said_once(http, upstream, start, caplog):
+    import logging
+
+    from .scripted_upstream import json_script
+    from .wire import assert_same_reply, fetch, rollout_url
+    upstream.scripts["/v1/chat/completions"] = json_script(b'{"id": "c"}')
+    sidecar = await start(upstream.url)  # No capture dir: capture is off.
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        for rollout in ("r1", "r2"):
+            direct = await fetch(http, "POST", upstream.url + "/v1/chat/completions", CHAT_REQUEST)
+            proxied = await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/chat/completions"), CHAT_REQUEST)
+            assert_same_reply(direct, proxied)
+    said = [r.getMessage() for r in caplog.records if "capture is off" in r.getMessage()]
+    assert said == ["a call for rollout r1 came while capture is off: forwarded, NOT captured (start the sidecar "
+                    "with --capture-dir DIR, or MCC_CAPTURE_DIR, to record calls)"]

@@ -82,6 +82,11 @@ async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connect
             return
         if route.rollout_id is None and ctx.journal is not None and request.method == "POST":
             _say_uncaptured(ctx, route)
+        elif route.rollout_id is not None and ctx.journal is None and "capture off" not in ctx.hinted:
+            ctx.hinted.add("capture off")  # Said once: the sidecar was started without a capture dir.
+            log.warning("a call for rollout %s came while capture is off: forwarded, NOT captured (start the sidecar "
+                        "with --capture-dir DIR, or MCC_CAPTURE_DIR, to record calls)", route.rollout_id,
+                        extra={"rollout_id": route.rollout_id})
         call = Call(ctx, request, client, route)
         await call.run()
     finally:

@@ -106,4 +106,10 @@ def base_url_mistake(upstream_target: str) -> str | None:
     if path in _API_PATHS:
         return (f"the path {path} has no /v1: OpenAI SDKs need base_url http://sidecar/ng-rollout/<id>/v1 "
                 "(the Anthropic SDK: http://sidecar/ng-rollout/<id>)")
+    extra, separator, rest = path.partition("/v1/")
+    if separator and extra and "/" + rest in _API_PATHS:
+        # Said once whatever the segments (a rollout id with a '/' differs per sample).
+        return ("the path has a segment before /v1: a rollout id cannot hold a '/' (the part after it became "
+                "the path; use '-' or '.' instead, as in http://sidecar/ng-rollout/gsm8k-17/v1), or the "
+                "base_url has a segment too many")
     return None
