@@ -368,3 +368,29 @@ async def test_a_rollout_call_while_capture_is_off_is_forwarded_and_said_once(ht
     said = [r.getMessage() for r in caplog.records if "capture is off" in r.getMessage()]
     assert said == ["a call for rollout r1 came while capture is off: forwarded, NOT captured (start the sidecar "
                     "with --capture-dir DIR, or MCC_CAPTURE_DIR, to record calls)"]
+
+
+async def test_a_port_in_use_fails_before_anything_is_made(tmp_path):
+    """The port is bound first: a sidecar that cannot listen leaves no capture dir behind (nor a
+    capture process), and one that can serves as before."""
+    import socket
+
+    import pytest
+
+    from proxy import Settings, Sidecar
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        capture_dir = tmp_path / "captures"
+        sidecar = Sidecar(Settings(upstream="http://127.0.0.1:9", host="127.0.0.1", port=port, capture_dir=str(capture_dir)))
+        with pytest.raises(OSError):
+            await sidecar.start()
+        assert not capture_dir.exists(), "nothing is created for a sidecar that cannot listen"
+        assert sidecar.journal is None
+    sidecar = Sidecar(Settings(upstream="http://127.0.0.1:9", host="127.0.0.1", port=0, capture_dir=str(capture_dir)))
+    await sidecar.start()
+    try:
+        assert capture_dir.is_dir()
+    finally:
+        await sidecar.close()

@@ -99,8 +99,30 @@ class Sidecar:
         return hooks
 
     async def start(self) -> str:
-        """Bind and serve; returns the URL it listens on."""
+        """Bind and serve; returns the URL it listens on. The port is bound first and served only
+        once the rest is ready: a port in use fails before anything is made (a capture dir, the
+        capture process)."""
         settings = self.settings
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            partial(Http1Connection, self.handle, settings.max_body_bytes, self.connections, self.idle_timeout,
+                    settings.head_timeout, settings.max_connections),
+            settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None, start_serving=False)
+        try:
+            self._prepare(settings)
+        except BaseException:
+            self._server.close()
+            raise
+        await self._server.start_serving()
+        self._snapshot_metrics()
+        port = self._server.sockets[0].getsockname()[1]
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        self.url = self.calls.url = f"http://{host}:{port}"
+        return self.url
+
+    def _prepare(self, settings: Settings) -> None:
+        """What serving needs, once the port is bound: the upstream pool, the capture dirs and the
+        journal, the calls' context."""
         self.upstream = UpstreamPool(self.upstream_url, settings.connect_timeout, settings.read_timeout,
                                      settings.upstream_idle_timeout, settings.upstream_ca)
         if settings.capture_on:
@@ -145,16 +167,6 @@ class Sidecar:
             correlation_headers=(settings.session_id_header, settings.assistant_message_id_header),
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
             drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            partial(Http1Connection, self.handle, settings.max_body_bytes, self.connections, self.idle_timeout,
-                    settings.head_timeout, settings.max_connections),
-            settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None)
-        self._snapshot_metrics()
-        port = self._server.sockets[0].getsockname()[1]
-        host = f"[{settings.host}]" if ":" in settings.host else settings.host
-        self.url = self.calls.url = f"http://{host}:{port}"
-        return self.url
 
     def handle(self, request: ServerRequest, client: Http1Connection) -> Awaitable[None]:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited
