@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 ENV_PREFIX = "MCC_"
 #: The key of the sidecar's own section in a (NeMo Gym) YAML config.
@@ -43,6 +43,15 @@ RAW_STREAM_MODES = ("always", "on-failure")
 
 class ConfigError(Exception):
     """Bad configuration, described in one sentence; raised before serving."""
+
+
+#: The settings that take one of a few words: the words, and how an error says them.
+_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "log_level": (("debug", "info", "warning", "error"), "one of debug, info, warning, error"),
+    "log_format": (("text", "json"), "text or json"),
+    "capture_sync": (("auto", "fsync"), "auto or fsync"),
+    "capture_raw_stream": (RAW_STREAM_MODES, "always or on-failure"),
+}
 
 
 class Settings(BaseModel):
@@ -149,32 +158,12 @@ class Settings(BaseModel):
                              "would send every call to /v1/v1/...)")
         return value.rstrip("/")
 
-    @field_validator("log_level")
+    @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream")
     @classmethod
-    def _known_level(cls, value: str) -> str:
-        if value.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError("must be one of debug, info, warning, error")
-        return value.lower()
-
-    @field_validator("log_format")
-    @classmethod
-    def _known_format(cls, value: str) -> str:
-        if value.lower() not in ("text", "json"):
-            raise ValueError("must be text or json")
-        return value.lower()
-
-    @field_validator("capture_sync")
-    @classmethod
-    def _known_sync(cls, value: str) -> str:
-        if value.lower() not in ("auto", "fsync"):
-            raise ValueError("must be auto or fsync")
-        return value.lower()
-
-    @field_validator("capture_raw_stream")
-    @classmethod
-    def _known_raw_stream(cls, value: str) -> str:
-        if value.lower() not in RAW_STREAM_MODES:
-            raise ValueError("must be always or on-failure")
+    def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
+        choices, said = _CHOICES[info.field_name]  # type: ignore[index]
+        if value.lower() not in choices:
+            raise ValueError(f"must be {said}")
         return value.lower()
 
     @model_validator(mode="after")

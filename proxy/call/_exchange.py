@@ -10,7 +10,7 @@ from typing import Any
 
 from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
-from ..http import Headers, single_value
+from ..http import Headers, first_values, single_value
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
@@ -167,9 +167,7 @@ class CallExchange:
 
     def _read_request_headers(self, headers: Headers) -> None:
         session_header, message_header = self.correlation_headers
-        fields = self.request_fields
-        if fields is None:
-            fields = {name.lower(): value for name, value in reversed(headers)}
+        fields = self.request_fields if self.request_fields is not None else first_values(headers)
         # Looked for only when sent (most calls carry neither): `single_value` scans the head.
         self.client_session_id = (single_value(headers, session_header, fields)
                                   if session_header.lower().encode("latin-1") in fields else None)

@@ -286,7 +286,7 @@ class BodyPump:
         """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the cut's
         end of an unterminated last event after it; ``end``: the reply's end too."""
         client = self.client
-        if end and not self.held and (not tail or self.relay is AS_CAME):
+        if end and not self.held and (not tail or not self.relay.rewrites):
             last, self.held_ready = self.held_ready, b""
             client.end(last)  # The terminal's bytes and the reply's end: one write.
             return
@@ -298,7 +298,7 @@ class BodyPump:
             if self.held:
                 self.write(self.held)
                 self.held = b""
-            if tail and self.relay is not AS_CAME:  # Relayed as it came, an unfinished event already went out.
+            if tail and self.relay.rewrites:  # Relayed as it came, an unfinished event already went out.
                 self._write_tail()
             if end:
                 client.end()

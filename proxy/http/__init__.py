@@ -6,7 +6,7 @@ rules (hop-by-hop stripping), and the body sinks a reply can be read into.
 """
 
 from ._checks import certificate_problem, upstream_problem
-from ._headers import Headers, client_response_headers, header_value, single_value, upstream_request_headers
+from ._headers import Headers, client_response_headers, first_values, header_value, single_value, upstream_request_headers
 from ._reply_writer import ReplyWriter
 from ._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
 from ._sinks import UpstreamBroke, WholeBody
@@ -35,6 +35,7 @@ __all__ = [
     "WholeBody",
     "certificate_problem",
     "client_response_headers",
+    "first_values",
     "header_value",
     "single_value",
     "upstream_request_headers",

@@ -35,6 +35,12 @@ def header_value(headers: Headers, name: bytes) -> Optional[bytes]:
     return None
 
 
+def first_values(headers: Headers) -> dict[bytes, bytes]:
+    """The first value of each field by its lower-case name (what `header_value` finds), for heads
+    not gathered as they were parsed (`ServerRequest.fields`, `UpstreamReply.fields`)."""
+    return {name.lower(): value for name, value in reversed(headers)}
+
+
 def _connection_tokens(values: Iterable[bytes]) -> set[bytes]:
     """Header names listed in Connection are hop-by-hop for this message too."""
     return {token.strip().lower() for value in values for token in value.split(b",") if token.strip()}

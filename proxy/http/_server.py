@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Optional
 
 import httptools
 
-from ._headers import Headers
+from ._headers import Headers, first_values
 from ._reply_writer import ReplyWriter
 
 log = logging.getLogger("mcc.http")
@@ -51,7 +51,7 @@ class ServerRequest:
         self.headers = headers
         #: The first value of each field by its lower-case name, gathered as the head was parsed:
         #: a lookup instead of a scan of ``headers`` (`header_value`).
-        self.fields = fields if fields is not None else {name.lower(): value for name, value in reversed(headers)}
+        self.fields = fields if fields is not None else first_values(headers)
         self.body = b""
         self.keep_alive = keep_alive
         self.has_body = has_body

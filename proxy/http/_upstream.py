@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ._headers import Headers
+from ._headers import Headers, first_values
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
@@ -73,7 +73,7 @@ class UpstreamReply:
         self.reason = reason
         self.headers = headers
         #: The first value of each field by its lower-case name (a lookup, not a scan of ``headers``).
-        self.fields = fields if fields is not None else {name.lower(): value for name, value in reversed(headers)}
+        self.fields = fields if fields is not None else first_values(headers)
         #: The upstream framed the body with chunked transfer coding (or until close, no length).
         self.chunked = chunked
         self.content_length = content_length
