@@ -7,20 +7,20 @@ STAMP  := $(VENV)/.installed-stamp
 # The demo needs only the SDKs it drives, not the test tools (pytest, pyarrow, kubernetes-validate).
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test soak bench clean install gym-conformance gym-e2e vllm-conformance
+.PHONY: demo test soak bench clean install docs gym-conformance gym-e2e vllm-conformance
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[demo,test,fast]'
+	$(BIN)/python -m pip install --quiet -e '.[demo,test]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 $(DEMO_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[demo,fast]'
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
@@ -67,6 +67,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py
 	$(BIN)/python benchmarks/bench_report.py
+
+# docs/configuration.md is generated from the settings and the flags' help (tests/test_docs.py
+# fails when it is out of date).
+docs: $(STAMP)
+	$(BIN)/python -m proxy._configuration_reference > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

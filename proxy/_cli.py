@@ -50,8 +50,49 @@ def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
 
 
+#: `mcc serve --help` and docs/configuration.md show the options in these groups, in this order
+#: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
+SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "config")),
+    ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync")),
+    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix")),
+    ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
+                                 "trace_context")),
+    ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
+    ("Shutdown", ("drain_timeout", "shutdown_delay")),
+    ("Logs", ("log_level", "log_format")),
+)
+
+_SERVE_EPILOG = """\b
+Agents call http://HOST:PORT/ng-rollout/<rollout_id>/v1/... (the Anthropic SDK: without /v1);
+each call is appended to <capture-dir>/<rollout_id>.capture.jsonl.
+
+\b
+Examples:
+  mcc serve --stand-in --capture-dir "$PWD/captures"          # try it without a GPU
+  mcc serve --upstream http://127.0.0.1:8000 --capture-dir /data/model-calls
+  mcc serve --upstream http://127.0.0.1:8000 --capture-dir /data/model-calls \\
+            --capture-tokens --capture-raw-stream on-failure  # RL: training token ids
+
+\b
+Every setting is also an MCC_* variable and a YAML key (under mcc:); the reference:
+docs/configuration.md in the repository."""
+
+
 class _ServeCommand(click.Command):
-    """`serve`, whose typo suggestions leave out the options the supervisor sets for its workers."""
+    """`serve`: its options shown in groups (`SERVE_OPTION_GROUPS`), and typo suggestions that
+    leave out the options the supervisor sets for its workers."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
+        for title, names in SERVE_OPTION_GROUPS:
+            with formatter.section(title):
+                formatter.write_dl([rows[name] for name in names if rows.get(name)])
+        grouped = {name for _, names in SERVE_OPTION_GROUPS for name in names}
+        rest = [row for name, row in rows.items() if row and name not in grouped]
+        if rest:  # --help itself
+            with formatter.section("Other"):
+                formatter.write_dl(rest)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -62,7 +103,7 @@ class _ServeCommand(click.Command):
             raise click.NoSuchOption(exc.option_name, possibilities=shown, ctx=ctx) from None
 
 
-@main.command(cls=_ServeCommand)
+@main.command(cls=_ServeCommand, epilog=_SERVE_EPILOG)
 @click.option("--upstream", metavar="URL", help="Model server to forward to, e.g. http://127.0.0.1:8000. [MCC_UPSTREAM]")
 @click.option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 in a container). [MCC_HOST]")
 @click.option("--port", type=int, help="Port to bind (default 8080; 0 picks a free port). [MCC_PORT]")
@@ -83,7 +124,7 @@ class _ServeCommand(click.Command):
               help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
-@click.option("--token-dir", type=str, help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
+@click.option("--token-dir", metavar="DIR", help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
 @click.option("--capture-tokens/--no-capture-tokens", default=None,
               help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")
 @click.option("--supply-prefix/--no-supply-prefix", default=None,
@@ -100,7 +141,7 @@ class _ServeCommand(click.Command):
 @click.option("--worker-index", type=int, hidden=True, help="This worker's slot (set for workers).")
 @click.option("--worker-count", type=int, hidden=True, help="How many workers (set for workers).")
 def serve(**options: Any) -> None:
-    """Run the sidecar until SIGINT or SIGTERM.
+    """Run the sidecar in front of a model server, until SIGINT or SIGTERM.
 
     \b
     Its own endpoints (everything else is forwarded): /-/healthy (or /-/health), /-/ready, /-/metrics.
@@ -177,7 +218,7 @@ def _settings_or_exit(options: dict[str, Any], warn: Any = None) -> Settings:
 
 def _run(coroutine: Any) -> Any:
     try:
-        import uvloop  # Optional: faster event loop where installed (extra "fast").
+        import uvloop  # A dependency, but not on Windows: the faster event loop where it is installed.
     except ImportError:
         return asyncio.run(coroutine)
     return uvloop.run(coroutine)

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -36,9 +37,9 @@ def _yaml(path: str) -> dict:
 
 
 def _manifests() -> dict[str, dict]:
-    """Every manifest, by its path under deploy/kubernetes (the Job under jobs/)."""
+    """Every manifest, by its path under deploy/kubernetes."""
     found = {}
-    for folder in ("", "jobs", "examples"):
+    for folder in ("", "examples"):
         for name in sorted(os.listdir(os.path.join(KUBERNETES, folder))):
             if name.endswith(".yaml") and name != "kustomization.yaml":
                 found[os.path.join(folder, name)] = _yaml(os.path.join(KUBERNETES, folder, name))
@@ -50,14 +51,35 @@ def test_manifest_validates_against_the_kubernetes_schema(name):
     kubernetes_validate.validate(_manifests()[name], kubernetes_validate.latest_version(), strict=True)
 
 
-def test_kustomization_lists_every_manifest_but_the_job():
-    """The collector Job runs once, after the rollouts, and its template is immutable: applied with
-    the rest it would run before any rollout exists and make every later apply fail."""
+def _collector_pod() -> dict:
+    return _manifests()["collector.yaml"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def test_kustomization_lists_every_manifest_and_the_collector_never_runs_on_its_own():
+    """The collector is in the kustomization (its image rewritten with the sidecar's) as a
+    suspended CronJob: a Job would run before any rollout exists, and its immutable template would
+    make every later apply fail. Only the example NetworkPolicy is left out (its selectors are
+    the user's)."""
     resources = _yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]
-    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith(("jobs/", "examples/")))
+    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith("examples/"))
     assert all(manifest["kind"] != "Job" for name, manifest in _manifests().items() if name in resources)
-    job = _manifests()["jobs/collector-job.yaml"]
-    assert "generateName" in job["metadata"], "`kubectl create` it again without deleting the last one"
+    collector = _manifests()["collector.yaml"]
+    assert collector["kind"] == "CronJob" and collector["spec"]["suspend"] is True
+
+
+def test_kustomize_renders_every_image_of_ours_registry_qualified():
+    """An unqualified `model-call-capture:0.1.0` would be pulled from the default public registry;
+    the kustomization names a registry placeholder (`newName`) that both of our images take."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on the PATH: `kubectl kustomize` cannot render deploy/kubernetes here")
+    rendered = subprocess.run([kubectl, "kustomize", KUBERNETES], capture_output=True, text=True, check=True).stdout
+    images = re.findall(r"^\s*image: (\S+)$", rendered, re.M)
+    ours = [image for image in images if "model-call-capture" in image]
+    assert len(ours) == 2, images  # the sidecar and the collector
+    entry = _yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["images"][0]
+    assert set(ours) == {f"{entry['newName']}:{entry['newTag']}"} and "." in entry["newName"].split("/")[0]
+    assert [image for image in images if image not in ours] == ["vllm/vllm-openai:v0.32.0"]
 
 
 def _restricted_violations(pod: dict, container: dict) -> list[str]:
@@ -80,8 +102,8 @@ def _restricted_violations(pod: dict, container: dict) -> list[str]:
 
 
 def test_sidecar_and_collector_meet_the_restricted_profile_and_can_write_a_fresh_volume():
-    deployment, job = _manifests()["deployment.yaml"], _manifests()["jobs/collector-job.yaml"]
-    pod, job_pod = deployment["spec"]["template"]["spec"], job["spec"]["template"]["spec"]
+    deployment, job_pod = _manifests()["deployment.yaml"], _collector_pod()
+    pod = deployment["spec"]["template"]["spec"]
     assert _restricted_violations(pod, _sidecar_container(deployment)) == []
     assert _restricted_violations(job_pod, job_pod["containers"][0]) == []
     assert pod["securityContext"]["fsGroup"] == _sidecar_container(deployment)["securityContext"]["runAsGroup"] == 10001
@@ -116,7 +138,7 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
     claim = manifests["pvc.yaml"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    job = manifests["jobs/collector-job.yaml"]["spec"]["template"]["spec"]
+    job = _collector_pod()
     assert job["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     assert job["containers"][0]["volumeMounts"][0]["mountPath"] == settings.capture_dir
     service = manifests["service.yaml"]["spec"]
@@ -125,7 +147,7 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
 
 def test_collector_job_command_runs(tmp_path):
     """The Job's command (`python -m records DIR`) summarises a capture dir."""
-    command = _manifests()["jobs/collector-job.yaml"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = _collector_pod()["containers"][0]["command"]
     (tmp_path / "r1.capture.jsonl").write_text('{"model_call_id": "a", "status_code": 200}\n')
     done = subprocess.run([sys.executable, *command[1:-1], str(tmp_path)], capture_output=True, text=True, check=True)
     assert '"rollout_id":"r1"' in done.stdout and '"num_calls":1' in done.stdout
@@ -295,7 +317,7 @@ def test_deploy_files_keep_what_their_comments_promise():
     assert any(volume.startswith("model-cache:") for volume in vllm["volumes"]) and "model-cache" in compose["volumes"]
     manifests = _manifests()
     assert manifests["deployment.yaml"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert manifests["jobs/collector-job.yaml"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert _collector_pod()["automountServiceAccountToken"] is False
     policy = manifests["examples/networkpolicy.yaml"]
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
     runs = [args for name, args in _dockerfile() if name == "RUN" and "pip " in args]
@@ -314,7 +336,7 @@ def test_the_docs_never_install_us_by_a_name_nobody_owns():
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[1]
     offenders = []
-    for path in [*root.glob("*.md"), *root.glob("deploy/**/*.md"), *root.glob("proxy/**/*.py"), *root.glob("records/**/*.py"),
+    for path in [*root.glob("*.md"), *root.glob("docs/*.md"), *root.glob("deploy/**/*.md"), *root.glob("proxy/**/*.py"), *root.glob("records/**/*.py"),
                  *root.glob("capture/**/*.py")]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if "pip install" in line and "model-call-capture" in line and " @ " not in line and "file://" not in line:

@@ -251,7 +251,7 @@ def test_make_demo_installs_only_what_the_demo_needs():
     with open(os.path.join(root, "Makefile"), encoding="utf-8") as handle:
         makefile = handle.read()
     demo_recipe = makefile[makefile.index("$(DEMO_STAMP): pyproject.toml"):makefile.index("\ndemo:")]
-    assert "-e '.[demo,fast]'" in demo_recipe and ",test" not in demo_recipe
+    assert "-e '.[demo]'" in demo_recipe and ",test" not in demo_recipe
     assert "demo: $(DEMO_STAMP)" in makefile
 
 

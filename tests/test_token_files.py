@@ -445,3 +445,25 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
         else:
             assert durable_at_head == ["flushed"], seen
     assert TokenFiles(capture_dir).intents("whole") and TokenFiles(capture_dir).intents("streamed")
+
+
+async def test_an_evals_independent_calls_read_as_independent_not_masked(http, upstream, start, capture_dir):
+    """An eval's rollout of separate questions (no call continues another) keeps NeMo Gym's verdict
+    in `records.trajectories` (masked: one trajectory per rollout), but `mcc show` and the report say
+    what it is, "independent calls", not an alarm; a rollout that lost a call still reads masked."""
+    from click.testing import CliRunner
+
+    from proxy import main
+    from records import trajectories
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    for question in ("one", "two", "three"):
+        await converse(http, sidecar, "eval-sample", [question])
+    build = trajectories(capture_dir, "eval-sample")
+    assert build.masked and build.notes["roots"] == 3, "the records keep Gym's verdict"
+    shown = CliRunner().invoke(main, ["show", capture_dir, "eval-sample"]).output
+    assert "trajectory: 3 independent calls" in shown and "trajectory: masked" not in shown, shown
+    with open(os.path.join(capture_dir, "eval-sample.tokens.intents"), "ab") as handle:
+        handle.write(b"lost-call\n")  # A call dispatched whose entry never came: the rollout lost it.
+    shown = CliRunner().invoke(main, ["show", capture_dir, "eval-sample"]).output
+    assert "trajectory: masked (" in shown, shown

@@ -262,12 +262,27 @@ def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:
         base, _, choice = call_id.rpartition("-") if call_id not in index_of else (call_id, "", "")
         return f"#{index_of[call_id]}" if call_id in index_of else f"#{index_of.get(base, '?')}.{choice}"
 
-    said = ["", "trajectory: " + ("trainable" if not build.masked else f"masked ({build.mask_reason})")]
+    said = ["", "trajectory: " + _verdict(build)]
     for chain in build.chains:
         said.append(f"  {chain.chain_id}: {' -> '.join(name(call.model_call_id) for call in chain.calls)}; "
                     f"{len(chain.token_ids):,} ids, {sum(chain.loss_mask):,} trained"
                     + (f"; weights {', '.join(chain.weight_version_labels)}" if chain.weight_version_labels else ""))
     return said
+
+
+def _verdict(build: Any) -> str:
+    """Trainable, masked and why -- or, for calls none of which continues another (an eval's
+    samples, a completions rollout), "independent": the records keep NeMo Gym's verdict (one
+    trajectory per rollout, so such a rollout is masked), but to an eval user "masked" reads as
+    an alarm about their calls, which are whole."""
+    if not build.masked:
+        return "trainable"
+    notes = build.notes
+    calls = notes.get("n_calls", 0)
+    if calls > 1 and notes.get("roots") == notes.get("chains") == calls and str(build.mask_reason).endswith("not one"):
+        return (f"{calls} independent calls (none continues another, as an eval's samples; "
+                f"as one RL trajectory it is masked: {build.mask_reason})")
+    return f"masked ({build.mask_reason})"
 
 
 #: Per-token lists a reply may carry: printed as one line each unless ``--full``.

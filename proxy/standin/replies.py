@@ -429,8 +429,13 @@ def completions_events(reply: dict[str, Any], include_usage: bool, tokens: Token
 
 # -- Anthropic Messages ------------------------------------------------------------------------
 
-def messages_reply(plan: Plan, serial: int) -> dict[str, Any]:
-    content: list[dict[str, Any]] = [{"type": "thinking", "thinking": plan.reasoning, "signature": f"sig-standin-{serial}"}]
+def messages_reply(plan: Plan, serial: int, thinking: bool = False) -> dict[str, Any]:
+    """An Anthropic Messages reply; a thinking block first only when the request turned thinking on
+    (``"thinking": {"type": "enabled", ...}``), as Anthropic answers, so ``content[0].text`` is the
+    answer of a plain request."""
+    content: list[dict[str, Any]] = []
+    if thinking:
+        content.append({"type": "thinking", "thinking": plan.reasoning, "signature": f"sig-standin-{serial}"})
     if plan.text is not None:
         content.append({"type": "text", "text": plan.text})
     else:
@@ -440,7 +445,8 @@ def messages_reply(plan: Plan, serial: int) -> dict[str, Any]:
         "id": f"msg_standin_{serial}", "type": "message", "role": "assistant", "model": STAND_IN_MODEL,
         "content": content, "stop_reason": "end_turn" if plan.text is not None else "tool_use", "stop_sequence": None,
         "usage": {"input_tokens": plan.prompt_tokens - plan.cached_tokens, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": plan.cached_tokens, "output_tokens": plan.output_tokens},
+                  "cache_read_input_tokens": plan.cached_tokens,
+                  "output_tokens": plan.output_tokens if thinking else plan.output_tokens - plan.reasoning_tokens},
     }
 
 

@@ -167,7 +167,8 @@ async def _messages(request: web.Request) -> web.StreamResponse:
                      for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
                      for block in m["content"])
     plan = _plan(raw, _last_user_text(messages), _first_tool_name(body, lambda tool: tool.get("name")), has_result)
-    reply = messages_reply(plan, _serial(raw))
+    thinking = body.get("thinking")
+    reply = messages_reply(plan, _serial(raw), isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"))
     if body.get("stream"):
         return await _stream(request, messages_events(reply))
     return web.json_response(reply, dumps=_dumps)
