@@ -131,3 +131,19 @@ async def test_the_stand_in_takes_the_bodies_the_sidecar_takes(http, stand_in, s
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (2 << 20)}]})
     reply = await fetch(http, "POST", rollout_url(sidecar.url, "big", CHAT), body)
     assert reply.status == 200, reply.body[:200]
+
+
+async def test_the_stand_ins_messages_reply_thinks_only_when_asked(http, stand_in):
+    """As Anthropic answers: a thinking block first only with ``thinking`` enabled, so a plain
+    request's ``content[0].text`` is the answer (the quickstart idiom); its usage counts what it says."""
+    url = f"{stand_in.url}/v1/messages"
+    plain = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    thinking = {**plain, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    answered = orjson.loads((await fetch(http, "POST", url, orjson.dumps(plain))).body)
+    thought = orjson.loads((await fetch(http, "POST", url, orjson.dumps(thinking))).body)
+    assert [block["type"] for block in answered["content"]] == ["text"]
+    assert [block["type"] for block in thought["content"]] == ["thinking", "text"]
+    assert answered["content"][0]["text"] == thought["content"][1]["text"]
+    assert answered["usage"]["output_tokens"] < thought["usage"]["output_tokens"]
+    streamed = (await fetch(http, "POST", url, orjson.dumps({**plain, "stream": True}))).body
+    assert b'"thinking"' not in streamed and b'"text_delta"' in streamed

@@ -282,3 +282,24 @@ def test_the_supervisor_adds_up_what_its_workers_drained(tmp_path):
     assert lines[-1].endswith("all 2 workers stopped: 6 calls finished, 0 cut; exit 0"), lines
     store = CaptureStore(str(tmp_path))
     assert sorted(store.rollout_ids()) == sorted(f"drain-{number}" for number in range(6))
+
+
+def test_serve_help_is_grouped_with_the_url_shape_an_example_and_the_reference():
+    """Every option a user sets shows once, under its group's heading; the help says where agents
+    point (/ng-rollout/<rollout_id>/v1), shows a command to copy and names docs/configuration.md."""
+    from proxy._cli import SERVE_OPTION_GROUPS, serve
+
+    done = subprocess.run([*MCC, "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    headings = [f"\n{title}:\n" for title, _ in SERVE_OPTION_GROUPS]
+    assert all(heading in text for heading in headings) and [text.index(h) for h in headings] == sorted(
+        text.index(h) for h in headings)
+    shown = [opt for param in serve.params if not getattr(param, "hidden", False) and param.name != "help"
+             for opt in param.opts[:1]]
+    for option in shown:
+        assert len(re.findall(rf"^  {re.escape(option)}(?=[ \n])", text, re.M)) == 1, option
+    assert "/ng-rollout/<rollout_id>/v1" in text and "docs/configuration.md" in text
+    assert "mcc serve --upstream http://127.0.0.1:8000 --capture-dir /data/model-calls" in text
+    for hidden in ("--reuse-port", "--metrics-dir", "--worker-index", "--worker-count"):
+        assert hidden not in text
