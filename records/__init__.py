@@ -23,7 +23,7 @@ from ._collect import (
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
 from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
-from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
+from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, canonical_arguments, conversation_digest
 from ._lineage import LineageVerdict, RolloutLineage
 from ._token_entries import (
     TOKEN_ENTRY_SCHEMA_VERSION,
@@ -180,6 +180,7 @@ __all__ = [
     "_usage_detail_token",
     "aggregate_model_call_metrics",
     "assistant_fingerprint",
+    "canonical_arguments",
     "append_capture_line",
     "append_to_open_file",
     "aggregate_model_call_records",

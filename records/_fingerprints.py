@@ -158,10 +158,32 @@ def _tool_results(message: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _canonical_json(value: Any) -> str:
+    """Sorted-key compact JSON, as Gym writes it (orjson); an integer beyond 64 bits, which orjson
+    refuses (so Gym abstains from hashing it), is written as `json` writes it, its exact digits:
+    vLLM's tool-call arguments hold such integers (DESIGN §10), and a call must not lose its
+    entry, nor its next turn its parent, for one. Everything Gym can hash hashes alike."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
     except (TypeError, orjson.JSONEncodeError) as error:
-        raise ValueError(f"unsupported prompt content: {type(value).__name__}") from error
+        try:
+            return orjson.dumps(_big_integers_as_written(value), option=orjson.OPT_SORT_KEYS).decode("utf-8")
+        except (TypeError, orjson.JSONEncodeError):
+            raise ValueError(f"unsupported prompt content: {type(value).__name__}") from error
+
+
+#: orjson writes integers in [-2**63, 2**64); others only through a `orjson.Fragment` of their digits.
+_INT_RANGE = range(-(2 ** 63), 2 ** 64)
+
+
+def _big_integers_as_written(value: Any) -> Any:
+    """``value`` with every integer orjson cannot write replaced by its digits, as a raw fragment."""
+    if isinstance(value, dict):
+        return {key: _big_integers_as_written(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_big_integers_as_written(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT_RANGE:
+        return orjson.Fragment(str(value).encode())
+    return value
 
 
 def _field(hasher: Any, tag: bytes, value: str) -> None:

@@ -46,7 +46,12 @@ CONVERSATIONS = {
     "not an object": [{"role": "user", "content": "x"}, "stray"],
     "block without a type": [{"role": "assistant", "content": [{"image": 1}]}],
     "content of a number": [{"role": "user", "content": 7}],
+    "integers at orjson's bounds": [{"role": "assistant", "content": None, "tool_calls": [
+        {**_CALL, "function": {"name": "add", "arguments": f'{{"a": {2 ** 64 - 1}, "b": {-(2 ** 63)}}}'}}]}],
 }
+
+#: vLLM 0.32's `chat-tools-bigint` shape: an integer past 64 bits, which Gym's orjson refuses.
+_BIG = 173231922049322000000424173031616488132980432643411327825177819722106464602787833241280021910033315808048588533240102217150307991017899993215
 
 _GYM_SCRIPT = """
 import json, sys
@@ -85,3 +90,35 @@ def test_what_the_hashes_tell_apart():
     changed = [*chat[:2], {**chat[2], "content": "4"}]
     assert assistant_fingerprint(changed) == assistant_fingerprint(chat)
     assert conversation_digest(changed) != conversation_digest(chat)
+
+
+def _bigint_call(arguments: str) -> list:
+    return [{"role": "user", "content": "add"},
+            {"role": "assistant", "content": "", "tool_calls": [{**_CALL, "function": {"name": "add", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "x"}]
+
+
+def test_an_integer_beyond_64_bits_hashes_as_json_writes_it():
+    """Gym's hashes refuse it (its orjson cannot write it: Gym abstains from fingerprinting that
+    output); ours write its exact digits, as `json` does, so the call keeps its entry and the next
+    turn finds it. Re-serialised arguments still hash alike; one digit more does not."""
+    from records import canonical_arguments
+
+    spaced = f'{{"a": 0, "b": {_BIG}}}'
+    assert canonical_arguments(spaced) == json.dumps(json.loads(spaced), sort_keys=True, separators=(",", ":"))
+    assert canonical_arguments(f'{{"b":{_BIG},"a":0}}') == canonical_arguments(spaced)
+    assert canonical_arguments({"a": [-_BIG, {"z": _BIG, "y": 1.5}]}) == f'{{"a":[-{_BIG},{{"y":1.5,"z":{_BIG}}}]}}'
+    ours = assistant_fingerprint(_bigint_call(spaced))
+    assert ours and ours == assistant_fingerprint(_bigint_call(f'{{"b":{_BIG},"a":0}}'))
+    assert ours != assistant_fingerprint(_bigint_call(f'{{"a": 0, "b": {_BIG}0}}'))
+    assert conversation_digest(_bigint_call(spaced)) != conversation_digest(_bigint_call(f'{{"a": 0, "b": {_BIG}0}}'))
+
+
+def test_gym_refuses_to_hash_such_an_integer(gym):
+    """Why ours extends Gym's here rather than matching it: Gym raises (so its own model server
+    writes that output's entry without a fingerprint). Everything Gym can hash hashes alike
+    (`test_the_hashes_are_gyms`)."""
+    messages = {"big": _bigint_call(f'{{"a": 0, "b": {_BIG}}}')}
+    done = subprocess.run([gym, "-c", _GYM_SCRIPT], input=json.dumps(messages), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["big"] == ["error", "unsupported prompt content: dict"]

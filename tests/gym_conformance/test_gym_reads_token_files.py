@@ -10,6 +10,9 @@ import subprocess
 import orjson
 
 from records import read_token_entries
+from tests.conformance.vllm_recordings import CASES_BY_NAME, Replay, normalised, requires_vllm_recordings
+from tests.scripted_upstream import json_script
+from tests.wire import fetch, rollout_url
 from tests.test_token_files import SYSTEM, converse, serve_model
 from tests.vllm_chat_model import TinyChatModel
 
@@ -210,3 +213,41 @@ async def test_an_agent_loop_with_tools_a_retry_and_a_drifting_turn(gym, http, s
     assert built["agent"]["mask"] is False, built["agent"]
     assert built["agent"]["metrics"]["quarantined_calls"] == 1, "the retried turn's other call"
     assert built["agent-drift"]["mask"] is True
+
+
+@requires_vllm_recordings
+async def test_a_tool_call_with_an_integer_beyond_64_bits_keeps_its_entry_and_its_next_turn(
+        gym, http, upstream, start, capture_dir):
+    """The recorded vLLM 0.32 `chat-tools-bigint` reply (a 145-digit integer in the arguments)
+    through the sidecar in the token mode: its entry is written, the next turn, which sends the
+    tool call back, resolves to it, and Gym's own store and builder take the rollout unmasked."""
+    case = CASES_BY_NAME["chat-tools-bigint"]
+    first = orjson.loads(case.added.body)
+    prompt, generation = first["prompt_token_ids"], first["choices"][0]["token_ids"]
+    # The second turn's reply, shaped as vLLM writes it (the recorded reply's keys, in its order):
+    # its prompt extends the first call's prompt + generation, as vLLM's template renders it.
+    second = {**first, "id": "chatcmpl-second", "prompt_token_ids": prompt + generation + [11, 12, 13],
+              "choices": [{**first["choices"][0],
+                           "message": {**first["choices"][0]["message"], "content": "3", "tool_calls": []},
+                           "logprobs": {"content": [{"token": "3", "logprob": -0.5, "bytes": [51], "top_logprobs": []},
+                                                    {"token": "", "logprob": -0.25, "bytes": [], "top_logprobs": []}]},
+                           "finish_reason": "stop", "token_ids": [18, 2]}]}
+    replay = Replay()
+    upstream.responder = lambda request: replay(request) or json_script(orjson.dumps(second))
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "big", case.path)
+    reply = await fetch(http, "POST", url, case.asked.request)
+    assert reply.status == 200 and normalised(reply.body) == normalised(case.asked.body), "the agent's own reply"
+    (tool_call,) = orjson.loads(reply.body)["choices"][0]["message"]["tool_calls"]
+    request = orjson.loads(case.asked.request)
+    request["messages"] += [{"role": "assistant", "content": "", "tool_calls": [tool_call]},
+                            {"role": "tool", "tool_call_id": tool_call["id"], "content": "big"}]
+    assert (await fetch(http, "POST", url, orjson.dumps(request))).status == 200
+
+    entries = read_token_entries(capture_dir, "big")
+    assert len(entries) == 2, "each turn has its training entry"
+    assert entries[1]["parent_call_id"] == entries[0]["model_call_id"], "the next turn resolves to the tool call"
+    built = run_gym(gym, capture_dir, "big")["big"]
+    assert built["entries"] == [entry["model_call_id"] for entry in entries] and not built["incomplete"]
+    assert built["mask"] is False and built["error"] is None, built
+    assert built["generations"] == [generation, [18, 2]] and built["metrics"]["chains"] == 1, built
