@@ -40,8 +40,6 @@ _LOGPROBS, _LOGPROBS_AFTER_COMMA, _LOGPROBS_OBJECT = b'"logprobs":', b',"logprob
 _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA, _TOKEN_IDS_LIST = b'"token_ids":', b',"token_ids":', b'"token_ids":['
 _TOOL_CALLS = "[TOOL_CALLS]"
 _TOOL_CALLS_BYTES = _TOOL_CALLS.encode()
-#: Every chunk `_only_token_data` drops has an empty delta: one whose bytes lack it is kept at once.
-_EMPTY_DELTA, _SPACED_DELTA = b'"delta":{}', b'"delta": '
 
 
 class AddedFieldCutter:
@@ -215,8 +213,10 @@ class AddedFieldCutter:
         if self._drop_empty_chunks:
             if self._tool_texts or _TOOL_CALLS_BYTES in data:
                 self._follow_tool_calls(payload)
-            # A cheap look first (compact JSON, as vLLM writes it): most chunks say something.
-            if (_EMPTY_DELTA in data or _SPACED_DELTA in data) and self._only_token_data(payload):
+            # Read from the parsed chunk, never from its bytes: a server or gateway may write
+            # `"delta" : {}` or escape a key, and such a chunk must go all the same (a few dict
+            # lookups; the one-token chunks that say something do not come here, `_chat_part`).
+            if self._only_token_data(payload):
                 self.dropped_events += 1
                 return _DROP
         return self._value_spans(data, event_type, payload)

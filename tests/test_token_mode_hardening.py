@@ -17,8 +17,8 @@ from capture import AddedFieldCutter, StreamTap, token_fields_to_add, vllm_bool
 from proxy.training import refused_fields
 from tests.scripted_upstream import Script, json_script, split_every, sse_script
 from tests.capture_outcomes import outcome_with_cut_entries
-from tests.vllm_chat_model import (EMPTY, FRAMINGS, Token, chat_payloads, mistral_tool_call_tokens, named_events,
-                                   responses_payloads, text_tokens)
+from tests.vllm_chat_model import (EMPTY, FRAMINGS, SPELLINGS, Token, chat_payloads, mistral_tool_call_tokens,
+                                   named_events, responses_payloads, spelt, text_tokens)
 from tests.wire import fetch, rollout_url
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "add 1 and 2"}], "stream": True}
@@ -79,6 +79,42 @@ def test_the_agent_gets_vllms_reply_to_its_own_request_in_every_framing(generati
         for piece in pieces:
             alone.feed(piece)
         assert outcome_with_cut_entries(tap) == alone.finish(200), "the capture is the same with the cutter inside"
+
+
+@pytest.mark.parametrize("spelling", [name for name in SPELLINGS if name != "compact"])
+@pytest.mark.parametrize("framing", ["lf", "crlf"])
+@pytest.mark.parametrize("usage", list(USAGE))
+@pytest.mark.parametrize("generation", list(GENERATIONS))
+def test_json_written_otherwise_is_cut_as_vllms_compact_json(generation, usage, framing, spelling):
+    """The same chunks written with spaces around colons and commas (Python's ``json``) or with
+    ``\\u``-escaped keys: every chunk kind (text, held-back tokens' token-only chunks with usage on
+    them, Mistral's own empty deltas, n = 2, the usage chunk) comes out as the agent's own reply in
+    that spelling, at every split; token-only chunks are dropped however they are written."""
+    choices, options = GENERATIONS[generation], USAGE[usage]
+    request = {**CHAT, "n": len(choices)}
+    added = token_fields_to_add("chat", request)
+    frame = FRAMINGS[framing]
+    expected = frame(spelt(chat_payloads(choices, logprobs=False, token_ids=False, **options), spelling))
+    sent = frame(spelt(chat_payloads(choices, logprobs=True, token_ids=True, **options), spelling))
+    for split, pieces in splits(sent, seed=len(spelling) + len(generation)).items():
+        cut, tap = through_tap("chat", added, request, pieces)
+        assert cut == expected, (split, cut, expected)
+        assert through_cutter("chat", added, request, pieces) == expected, split
+        alone = StreamTap("chat")
+        for piece in pieces:
+            alone.feed(piece)
+        assert outcome_with_cut_entries(tap) == alone.finish(200), "the capture is the same with the cutter inside"
+
+
+def test_a_token_only_chunk_spaced_before_its_colons_is_dropped():
+    """The issue's reproduction: ``"delta" :{}`` (a space before each colon) is the chunk that
+    exists only for a token's logprob; a direct call has no such chunk."""
+    choices = [[*text_tokens("a"), Token(7, "<x>", -0.5, None), *text_tokens("b", start_id=300)]]
+    expected = FRAMINGS["lf"](spelt(chat_payloads(choices, logprobs=False, token_ids=False), "space-before-colon"))
+    sent = FRAMINGS["lf"](spelt(chat_payloads(choices, logprobs=True, token_ids=True), "space-before-colon"))
+    assert b'"delta" :{}' in sent and b'"delta" :{}' not in expected
+    for pieces in splits(sent, seed=3).values():
+        assert through_tap("chat", {"logprobs": True, "return_token_ids": True}, CHAT, pieces)[0] == expected
 
 
 def test_a_mistral_stream_keeps_exactly_the_parsers_own_empty_chunks():
@@ -174,15 +210,20 @@ def test_one_large_event_at_tiny_reads_is_cut_whole():
     assert tap.finish(200).response["choices"][0]["message"]["content"] == "a" + "x" * 600_000 + "b"
 
 
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
 @pytest.mark.parametrize("line_end", [b"\n", b"\r", b"\r\n"])
-def test_a_responses_stream_is_cut_whatever_its_line_ends(line_end):
-    """Responses deltas with CR-only line ends (and LF, CRLF): their logprobs cut to ``[]``, the part's
-    and the response's to null, at every split."""
+def test_a_responses_stream_is_cut_whatever_its_line_ends(line_end, spelling):
+    """Responses deltas with CR-only line ends (and LF, CRLF), their JSON compact, spaced or with
+    escaped keys: their logprobs cut to ``[]``, the part's and the response's to null, at every split."""
     request = {"model": "m", "input": "hi", "stream": True}
     added = token_fields_to_add("responses", request)
-    expected = named_events(responses_payloads(["Hel", "lo", "!"], logprobs=False), line_end)
-    sent = named_events(responses_payloads(["Hel", "lo", "!"], logprobs=True), line_end)
-    assert b'"logprobs":[{' in sent
+
+    def events(logprobs: bool) -> list[tuple[str, bytes]]:
+        return [(name, SPELLINGS[spelling](orjson.loads(data))) for name, data in responses_payloads(["Hel", "lo", "!"], logprobs=logprobs)]
+
+    expected = named_events(events(False), line_end)
+    sent = named_events(events(True), line_end)
+    assert sent != expected
     for split, pieces in splits(sent, seed=len(line_end)).items():
         assert through_tap("responses", added, request, pieces)[0] == expected, split
 

@@ -13,6 +13,7 @@ upstream sends the sidecar. `FRAMINGS` are the ways the SSE rules allow those pa
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -139,6 +140,35 @@ FRAMINGS: dict[str, Callable[[list[bytes]], bytes]] = {
     "multi-line-data": _multiline,
     "unterminated-last": _unterminated,
 }
+
+
+def _escaped_key(key: str) -> bytes:
+    """A key with its first character as a ``\\u`` escape: the same string to any JSON reader."""
+    return b'"\\u%04x' % ord(key[0]) + orjson.dumps(key[1:])[1:] if key else b'""'
+
+
+def _escaped_keys(value: Any) -> bytes:
+    if isinstance(value, dict):
+        return b"{" + b",".join(_escaped_key(key) + b":" + _escaped_keys(item) for key, item in value.items()) + b"}"
+    if isinstance(value, list):
+        return b"[" + b",".join(_escaped_keys(item) for item in value) + b"]"
+    return orjson.dumps(value)
+
+
+#: Ways to write the same JSON value that are not vLLM's compact bytes (a server, or a gateway that
+#: re-serialises): each reads back as the same value. Applied to every payload (`spelt`).
+SPELLINGS: dict[str, Callable[[Any], bytes]] = {
+    "compact": orjson.dumps,
+    "space-before-colon": lambda value: json.dumps(value, separators=(",", " :"), ensure_ascii=False).encode(),
+    "spaced": lambda value: json.dumps(value, separators=(", ", " : "), ensure_ascii=False).encode(),
+    "python-json": lambda value: json.dumps(value).encode(),
+    "escaped-keys": _escaped_keys,
+}
+
+
+def spelt(payloads: list[bytes], spelling: str) -> list[bytes]:
+    """Each JSON payload written as ``spelling`` says (``[DONE]`` as it is)."""
+    return [payload if not payload.startswith(b"{") else SPELLINGS[spelling](orjson.loads(payload)) for payload in payloads]
 
 
 def responses_payloads(deltas: list[str], *, logprobs: bool) -> list[tuple[str, bytes]]:
