@@ -419,8 +419,13 @@ def _responses_record(base: dict[str, Any], model: Optional[str], response: dict
             picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
         log_probs = _floats(picked, problems)
     if ids is not None and log_probs is not None and len(ids) != len(log_probs):
+        # vLLM's Responses stream (simple_streaming_events.py, "filter empty delta") sends no event
+        # for a token whose text is empty -- part of a UTF-8 character -- so that token's logprob
+        # is nowhere; the whole reply (stream: false) and chat carry every one. Which position
+        # lacks it cannot be told from the ids: nothing is guessed, the call is not trained on.
         problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}"
-                        " (vLLM cuts a stop string's logprobs with its text)")
+                        + (": vLLM's Responses stream sends no logprob for a token whose text is empty (part of a"
+                           " UTF-8 character); ask for the whole reply or use chat" if len(log_probs) < len(ids) else ""))
     found = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
     source = "vllm" if ids is not None else "missing"
     finish = _responses_finish(response, status)

@@ -16,6 +16,7 @@ returns no arrays, so Messages calls get no entries and no intents.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -75,6 +76,8 @@ class TokenCapture:
         #: Guards the index of lineages; each lineage has its own lock (`_lineage`), so calls of
         #: other rollouts resolve at once (each reads its own files).
         self._lock = threading.Lock()
+        #: The problems a whole call's arrays were unusable for, said once each (`_unusable`).
+        self._said_unusable: set[str] = set()
 
     def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any],
                 retry_of: Optional[str] = None, flush_intent: bool = True) -> Optional[TokenPlan]:
@@ -138,7 +141,12 @@ class TokenCapture:
             for position, entry_id in enumerate(plan.entry_ids):
                 record = next((r for r in records if r.choice_index == position), None)
                 if record is None or not (record.usable or _resumable(record)):
-                    continue  # No entry: the intent stays, and the rollout is masked (nothing was seen whole).
+                    # No entry: the intent stays, and the rollout is masked. A call the agent saw
+                    # whole whose arrays cannot be trained on is said (once a kind) and counted,
+                    # never silently missing; a cut or failed call says so on its line already.
+                    if record is not None and record.problem is not None and record.error_category is None:
+                        self._unusable(plan, entry_id, record.problem)
+                    continue
                 entry = token_entry(
                     rollout_id=plan.rollout_id, model_call_id=entry_id, model=record.model or "",
                     prompt_token_ids=list(record.prompt_token_ids or []),
@@ -207,6 +215,19 @@ class TokenCapture:
             else:
                 self._lineages.move_to_end(rollout_id)
             return found
+
+    def _unusable(self, plan: TokenPlan, entry_id: str, problem: str) -> None:
+        """A whole call without a training entry: its arrays disagree (`TokenRecord.problem`)."""
+        self._metrics.token_entry_failures.labels("arrays_unusable").inc()
+        kind = re.sub(r"\d+", "N", problem)  # One problem, whatever its counts.
+        with self._lock:
+            if kind in self._said_unusable:
+                return
+            self._said_unusable.add(kind)
+        log.warning("training tokens of call %s of rollout %s: no entry, its arrays cannot be trained on (%s); "
+                    "the rollout is masked. Said once per kind, counted in "
+                    "mcc_token_entry_failures_total{kind=\"arrays_unusable\"}", entry_id, plan.rollout_id, problem,
+                    extra={"rollout_id": plan.rollout_id, "kind": "arrays_unusable"})
 
     def _fail(self, kind: str, rollout_id: str, model_call_id: str, message: str) -> None:
         self._metrics.token_entry_failures.labels(kind).inc()

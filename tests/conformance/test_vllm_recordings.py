@@ -221,3 +221,46 @@ async def test_the_ray_datasets_rows_of_real_vllm_calls_are_the_readers(http, up
     assert len(rows) == len(expected) >= len(cases)
     assert [{name: row[name] for name in want} for row, want in zip(rows, expected)] == expected
     assert {row["source"] for row in rows} >= {"vllm"} and any(row["prompt_token_ids"] for row in rows)
+
+
+@pytest.mark.parametrize("split", ["whole", "events", "7-byte", "random"])
+async def test_a_responses_stream_that_lost_a_tokens_logprob_is_unusable_and_said(
+        http, upstream, start, capture_dir, store, split, caplog):
+    """The recorded `responses-stream`: 17 generated ids, 16 logprobs. vLLM's Responses stream
+    sends no event, so no logprob, for a token whose text is empty (id 134, the first byte of a
+    UTF-8 character: the whole reply's logprobs, `responses`, have it as ``""``). No entry can be
+    right, so none is written; the record says why, the log says it once, a metric counts it, and
+    the agent's reply is its own, at every split."""
+    from records import read_token_entries
+
+    case = CASES_BY_NAME["responses-stream"]
+    upstream.responder = Replay(split)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    with caplog.at_level("WARNING", logger="mcc"):
+        for attempt in ("rs-1", "rs-2"):
+            reply = await fetch(http, "POST", rollout_url(sidecar.url, attempt, case.path), case.asked.request)
+            assert reply.status == 200 and normalised(reply.body) == normalised(case.asked.body)
+    for rollout in ("rs-1", "rs-2"):
+        (record,) = read_token_records(store, rollout)
+        assert len(record.generation_token_ids) == 17 and len(record.generation_log_probs) == 16
+        assert not record.usable and "text is empty" in record.unusable_reason, record.unusable_reason
+        assert read_token_entries(capture_dir, rollout) == []
+    said = [r.getMessage() for r in caplog.records if "cannot be trained on" in r.getMessage()]
+    assert len(said) == 1 and "part of a UTF-8 character" in said[0], said
+    metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert 'mcc_token_entry_failures_total{kind="arrays_unusable"} 2.0' in metrics
+
+
+def test_the_whole_responses_reply_has_the_logprob_the_stream_lost():
+    """Where the extra id comes from, on the recordings themselves: the same generation asked
+    whole (`responses`) has 17 logprobs, the 15th for a token whose text is empty; the stream's 16
+    are the whole reply's without that one."""
+    whole = orjson.loads(CASES_BY_NAME["responses"].added.body)
+    events = [orjson.loads(line[6:]) for line in CASES_BY_NAME["responses-stream"].added.body.split(b"\n")
+              if line.startswith(b"data: ") and line[6:] != b"[DONE]"]
+    streamed = events[-1]["response"]
+    assert whole["output_messages"][0]["tokens"] == streamed["output_messages"][0]["tokens"]
+    every = [(entry["token"], entry["logprob"]) for entry in whole["output"][0]["content"][0]["logprobs"]]
+    sent = [(entry["token"], entry["logprob"]) for entry in streamed["output"][0]["content"][0]["logprobs"]]
+    gap = [index for index, (token, _) in enumerate(every) if token == ""]
+    assert len(every) == 17 and gap == [14] and sent == every[:14] + every[15:]
