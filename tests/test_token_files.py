@@ -467,3 +467,74 @@ async def test_an_evals_independent_calls_read_as_independent_not_masked(http, u
         handle.write(b"lost-call\n")  # A call dispatched whose entry never came: the rollout lost it.
     shown = CliRunner().invoke(main, ["show", capture_dir, "eval-sample"]).output
     assert "trajectory: masked (" in shown, shown
+
+
+#: A 145-digit integer, as vLLM 0.32 wrote one in a tool call's arguments (`chat-tools-bigint`).
+_BIG = 173231922049322000000424173031616488132980432643411327825177819722106464602787833241280021910033315808048588533240102217150307991017899993215
+
+
+def _bigint_stream(arrays: bool) -> bytes:
+    """A vLLM-shaped chat stream of one tool call whose arguments hold `_BIG`; with ``arrays``, as
+    the token mode's request gets it (prompt ids, per-chunk ids and logprobs), else as asked."""
+    head = {"id": "chatcmpl-big", "object": "chat.completion.chunk", "created": 1796084165, "model": "tiny"}
+    arguments = f'{{"a": 0, "b": {_BIG}}}'
+
+    def chunk(delta: dict, ids: list[int], finish=None, prompt=None) -> bytes:
+        entries = {"content": [{"token": f"t{i}", "logprob": -0.5, "bytes": [116], "top_logprobs": []} for i in ids]}
+        choice = {"index": 0, "delta": delta, "logprobs": entries if arrays and ids else None, "finish_reason": finish}
+        if finish:
+            choice["stop_reason"] = None
+        choice["token_ids"] = ids if arrays else None
+        body = {**head, "choices": [choice]}
+        if prompt is not None:
+            body["prompt_token_ids"] = prompt if arrays else None
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    call = {"id": "chatcmpl-tool-1", "type": "function", "index": 0, "function": {"name": "add", "arguments": arguments}}
+    return (chunk({"role": "assistant", "content": ""}, [], prompt=[1, 2, 3])
+            + chunk({"tool_calls": [call]}, [40, 41, 42, 43]) + chunk({}, [2], finish="tool_calls") + b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("split", ["whole", "1-byte", "random"])
+async def test_a_streamed_tool_call_with_an_integer_beyond_64_bits_keeps_its_entry_and_its_next_turn(
+        http, upstream, start, capture_dir, split):
+    """Issue 45, point 1, streamed: the tool call's arguments hold an integer past 64 bits (which
+    orjson cannot write); its entry is written and the next turn, sending the call back, resolves
+    to it, whatever the reads; the agent gets the stream its own request would have had."""
+    import random
+
+    from tests.scripted_upstream import sse_script, split_every
+
+    sent, expected = _bigint_stream(arrays=True), _bigint_stream(arrays=False)
+    if split == "1-byte":
+        pieces = split_every(sent, 1)
+    elif split == "random":
+        cuts = sorted(random.Random(45).sample(range(1, len(sent)), 30))
+        pieces = [sent[a:b] for a, b in zip([0, *cuts], [*cuts, len(sent)])]
+    else:
+        pieces = [sent]
+    follow_up = {"id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": "tiny",
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+                              "logprobs": {"content": [{"token": "d", "logprob": -0.1, "bytes": [100], "top_logprobs": []}]},
+                              "finish_reason": "stop", "stop_reason": None, "token_ids": [50]}],
+                 "usage": {"prompt_tokens": 11, "total_tokens": 12, "completion_tokens": 1},
+                 "prompt_token_ids": [1, 2, 3, 40, 41, 42, 43, 2, 7, 8, 9]}
+
+    def respond(request):
+        body = orjson.loads(request.body)
+        return json_script(orjson.dumps(follow_up)) if len(body["messages"]) > 1 else sse_script(sent, pieces)
+
+    upstream.responder = respond
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "big", "/v1/chat/completions")
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "add"}], "stream": True}
+    reply = await fetch(http, "POST", url, orjson.dumps(request))
+    assert reply.status == 200 and reply.body == expected
+    call = {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "add", "arguments": f'{{"b":{_BIG},"a":0}}'}}
+    request = {"model": "tiny", "messages": [*request["messages"], {"role": "assistant", "content": None, "tool_calls": [call]},
+                                             {"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": "big"}]}
+    assert (await fetch(http, "POST", url, orjson.dumps(request))).status == 200
+    first, second = read_token_entries(capture_dir, "big")
+    assert first["generation_token_ids"] == [40, 41, 42, 43, 2] and second["parent_call_id"] == first["model_call_id"]
+    from records import trajectories
+    assert trajectories(capture_dir, "big").masked is False
