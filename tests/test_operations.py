@@ -139,7 +139,7 @@ async def test_a_404_that_looks_like_a_base_url_mistake_is_forwarded_and_explain
     from .scripted_upstream import json_script
     from .wire import assert_same_reply, fetch, rollout_url
     body = b'{"detail": "Not Found"}'
-    for path in ("/chat/completions", "/v1/v1/messages"):
+    for path in ("/chat/completions", "/v1/v1/messages", "//v1/chat/completions"):
         upstream.scripts[path] = json_script(body, status=404, reason="Not Found")
     with caplog.at_level(logging.WARNING, logger="mcc"):
         for _ in range(3):
@@ -147,10 +147,15 @@ async def test_a_404_that_looks_like_a_base_url_mistake_is_forwarded_and_explain
             proxied = await fetch(http, "POST", rollout_url(sidecar.url, "r", "/chat/completions"), CHAT_REQUEST)
             assert_same_reply(direct, proxied)
         await fetch(http, "POST", rollout_url(sidecar.url, "r", "/v1/v1/messages"), CHAT_REQUEST)
+        for _ in range(2):  # A base_url ending in '/': http://sidecar/ng-rollout/r/ + /v1/chat/completions.
+            direct = await fetch(http, "POST", upstream.url + "//v1/chat/completions", CHAT_REQUEST)
+            proxied = await fetch(http, "POST", sidecar.url + "/ng-rollout/r//v1/chat/completions", CHAT_REQUEST)
+            assert_same_reply(direct, proxied)
     hints = [r.getMessage() for r in caplog.records if "404" in r.getMessage()]
-    assert len(hints) == 2, hints
+    assert len(hints) == 3, hints
     assert "has no /v1: OpenAI SDKs need base_url http://sidecar/ng-rollout/<id>/v1" in hints[0]
     assert "/v1 twice" in hints[1] and "Anthropic SDK adds /v1 itself" in hints[1]
+    assert "begins with '//'" in hints[2] and "drop the trailing '/'" in hints[2]
 
 
 async def test_a_down_upstream_is_said_once_with_a_count_and_json_lines_carry_context(http, start, capture_dir, caplog):

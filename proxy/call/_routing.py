@@ -100,6 +100,9 @@ def base_url_mistake(upstream_target: str) -> str | None:
     Heuristic and only ever logged: the reply itself is forwarded unchanged (bytes are sacred).
     """
     path = _path_of(upstream_target)
+    if path.startswith("//") and "/" + path.lstrip("/").removeprefix("v1/") in _API_PATHS:
+        return ("the path begins with '//': the client's base_url ends in '/' before the SDK's own /v1 "
+                "(http://sidecar/ng-rollout/<id>/ + /v1/...): drop the trailing '/' from the base_url")
     if path.startswith("/v1/v1/"):
         return ("the path has /v1 twice: the client's base_url already ends in /v1 and the SDK adds another "
                 "(the Anthropic SDK adds /v1 itself: give it http://sidecar/ng-rollout/<id> without /v1)")

@@ -223,7 +223,7 @@ async def test_the_ray_datasets_rows_of_real_vllm_calls_are_the_readers(http, up
     assert {row["source"] for row in rows} >= {"vllm"} and any(row["prompt_token_ids"] for row in rows)
 
 
-@pytest.mark.parametrize("split", ["whole", "events", "7-byte", "random"])
+@pytest.mark.parametrize("split", ["whole", "events", "1-byte", "7-byte", "random"])
 async def test_a_responses_stream_that_lost_a_tokens_logprob_is_unusable_and_said(
         http, upstream, start, capture_dir, store, split, caplog):
     """The recorded `responses-stream`: 17 generated ids, 16 logprobs. vLLM's Responses stream

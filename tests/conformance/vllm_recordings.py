@@ -67,10 +67,12 @@ class Case:
 
 
 def pieces(body: bytes, split: str) -> list[bytes]:
-    """``events``: one piece per SSE event (as vLLM writes them); ``7-byte``; ``random`` cut points."""
+    """``events``: one piece per SSE event (as vLLM writes them); ``1-byte``, ``7-byte``; ``random`` cut points."""
     if split == "events" and b"\n\n" in body:
         parts = body.split(b"\n\n")
         return [part + b"\n\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    if split == "1-byte":
+        return split_every(body, 1)
     if split == "7-byte":
         return split_every(body, 7)
     if split == "random":
