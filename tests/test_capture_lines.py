@@ -56,6 +56,20 @@ async def test_correlation_headers_are_recorded_only_when_unambiguous(http, upst
     assert "client_session_id" not in second
 
 
+async def test_the_harnesses_own_session_headers_name_the_session(http, upstream, sidecar, store):
+    """Claude Code's `x-claude-code-session-id` and Codex CLI's `session-id` are read when the
+    configured header (`x-session-id`) is absent; it wins when sent; both reach the upstream."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    url = rollout_url(sidecar.url, "r1", CHAT)
+    for headers in ({"x-claude-code-session-id": "claude-1"}, {"session-id": "codex-1"},
+                    {"x-claude-code-session-id": "claude-2", "x-session-id": "ours"}, {}):
+        await fetch(http, "POST", url, CHAT_JSON_REQUEST, headers)
+        for name, value in headers.items():
+            assert upstream.received[-1].header(name) == value
+    lines = store.read("r1")
+    assert [line.get("client_session_id") for line in lines] == ["claude-1", "codex-1", "ours", None]
+
+
 async def test_malformed_json_request_is_forwarded_unchanged_and_kept_raw(http, upstream, sidecar, store):
     """A body that is not a JSON object reaches the upstream as sent; the line has `request_raw`."""
     upstream.scripts[CHAT] = json_script(b'{"error": {"message": "bad json"}}', 400, "Bad Request")

@@ -11,6 +11,7 @@ from typing import Any
 from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
 
 from ..http import Headers, first_values, single_value
+from ._routing import HARNESS_SESSION_HEADERS
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
@@ -169,8 +170,11 @@ class CallExchange:
         session_header, message_header = self.correlation_headers
         fields = self.request_fields if self.request_fields is not None else first_values(headers)
         # Looked for only when sent (most calls carry neither): `single_value` scans the head.
-        self.client_session_id = (single_value(headers, session_header, fields)
-                                  if session_header.lower().encode("latin-1") in fields else None)
+        self.client_session_id = None
+        for name in (session_header, *HARNESS_SESSION_HEADERS):  # The first one sent names the session.
+            if name.lower().encode("latin-1") in fields:
+                self.client_session_id = single_value(headers, name, fields)
+                break
         self.client_assistant_message_id = (single_value(headers, message_header, fields)
                                             if message_header.lower().encode("latin-1") in fields else None)
         encoding = fields.get(b"content-encoding")

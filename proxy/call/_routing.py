@@ -91,6 +91,10 @@ def _decodes(encoded: str) -> bool:
 
 
 #: Paths an SDK reaches without its ``/v1`` (a base_url of ``http://sidecar/ng-rollout/<id>``).
+#: The session headers the coding harnesses send of their own, read (in this order) when the
+#: configured `session_id_header` is absent: Claude Code's, then Codex CLI's (DESIGN §2).
+HARNESS_SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
+
 _API_PATHS = ("/chat/completions", "/responses", "/messages", "/completions", "/embeddings", "/models")
 
 
