@@ -127,6 +127,11 @@ class MessagesReassembler(Reassembler):
             merged.update({key: value for key, value in usage.items() if value is not None})
             self._message["usage"] = merged
 
+    def seen_whole(self) -> bool:
+        """The ``message_delta`` with the stop reason has come: ``message_stop`` only follows."""
+        message = self._message
+        return self.terminal or (self._error is None and message is not None and message.get("stop_reason") is not None)
+
     def _on_message_stop(self, payload: dict[str, Any]) -> None:
         self.terminal = True
 

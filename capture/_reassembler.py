@@ -39,6 +39,26 @@ class Reassembler:
         #: Text growing delta by delta, by (id(container), field): (container, field, pieces).
         self._texts: dict[tuple[int, Any], tuple[dict[Any, Any], Any, list[str]]] = {}
 
+    #: Choices the request asked for (``n``) and whether it asked a usage chunk
+    #: (``stream_options.include_usage``): what `seen_whole` waits for (`expect`).
+    expected_choices = 1
+    wants_usage = False
+
+    def expect(self, request: Any) -> None:
+        """What the request asked for that ends the reply before its terminal (DESIGN §2)."""
+        if type(request) is not dict:
+            return
+        n = request.get("n")
+        if type(n) is int and n > 1:
+            self.expected_choices = n
+        options = request.get("stream_options")
+        self.wants_usage = type(options) is dict and options.get("include_usage") is True
+
+    def seen_whole(self) -> bool:
+        """The reply's last meaningful event has come: a client that leaves now, before the
+        terminal (chat's ``[DONE]``), has had all of it. The terminal, unless a dialect says more."""
+        return self.terminal
+
     def generated_so_far(self) -> dict[int, int] | None:
         """Per choice: the generated token ids that have streamed so far (vLLM's ``token_ids``),
         for placing a declared weight update (issue 32); None when the stream does not carry

@@ -470,6 +470,21 @@ class StreamTap:
             raw = f"(the stream's first {self.raw_dropped} bytes were not kept: --capture-raw-stream on-failure keeps its end)\n" + raw
         return raw
 
+    def seen_whole(self, request: Any) -> bool:
+        """The reply's last meaningful event has come (``request``: what it asked, parsed), so a
+        client leaving now has had all of it: `Reassembler.seen_whole`."""
+        if self.terminal:
+            return True
+        if self._failure is not None:
+            return False
+        self._reassembler.expect(request)
+        return self._reassembler.seen_whole()
+
+    def end_seen_whole(self) -> None:
+        """The client left after the last meaningful event (`seen_whole`): the reply ends there,
+        complete, not truncated."""
+        self.terminal = True
+
     def finish(self, status: int, with_raw: bool = True) -> TapOutcome:
         """The outcome for a reply with ``status`` whose body has ended (or was cut).
         ``with_raw=False``: ``response_raw`` is None (`raw_text` gives it if it is wanted after all)."""

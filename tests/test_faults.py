@@ -132,3 +132,99 @@ async def test_upstream_error_event_inside_a_2xx_stream_is_upstream_error(http, 
     upstream.scripts[CHAT] = sse_script(stream)
     await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST)
     assert store.read("r1")[0]["error_category"] == "upstream_error"
+
+
+def _chat_chunk(choices: list, usage=None) -> bytes:
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _choice(index: int, text: str | None, finish: str | None = None) -> dict:
+    return {"index": index, "delta": {"content": text} if text is not None else {}, "logprobs": None,
+            "finish_reason": finish}
+
+
+_USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+async def _leave_before_done(http, upstream, sidecar, store, rollout: str, request: dict, events: list[bytes]) -> dict:
+    """The upstream sends ``events`` and then waits before ``[DONE]``; the client reads them all and
+    hangs up, as Codex CLI's chat wire does. The call's line."""
+    body = b"".join(events)
+    upstream.scripts[CHAT] = sse_script(body, [body], ending="hang", hang_for=10)
+    response = await http.post(rollout_url(sidecar.url, rollout, CHAT), data=orjson.dumps(request))
+    assert await response.content.readexactly(len(body)) == body, "the client gets the upstream's bytes"
+    response.close()
+    for _ in range(250):
+        if store.read(rollout):
+            break
+        await asyncio.sleep(0.02)
+    (line,) = store.read(rollout)
+    return line
+
+
+async def test_a_chat_stream_is_complete_at_its_finish_reasons_even_if_the_client_leaves_before_done(
+        http, upstream, sidecar, store):
+    """Every choice's finish reason (and the usage chunk, where the request asked it) is the end of
+    the reply: a client leaving before ``[DONE]`` leaves a complete call, counted as such, not a
+    cancel. A choice without its finish reason, or the usage asked for and not yet come: cancelled."""
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    whole = await _leave_before_done(http, upstream, sidecar, store, "whole", request, [
+        _chat_chunk([_choice(0, "Hel")]), _chat_chunk([_choice(0, "lo", "stop")])])
+    assert whole["error_category"] is None and "failure" not in whole and not whole.get("stream_truncated"), whole
+    assert whole["response"]["choices"][0] == {"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                                               "finish_reason": "stop", "logprobs": None}
+
+    with_usage = {**request, "stream_options": {"include_usage": True}}
+    waiting = await _leave_before_done(http, upstream, sidecar, store, "usage-missing", with_usage, [
+        _chat_chunk([_choice(0, "Hi", "stop")])])
+    assert waiting["error_category"] == "cancelled", "the usage chunk it asked for had not come"
+    counted = await _leave_before_done(http, upstream, sidecar, store, "usage-came", with_usage, [
+        _chat_chunk([_choice(0, "Hi", "stop")]), _chat_chunk([], _USAGE)])
+    assert counted["error_category"] is None and counted["response"]["usage"] == _USAGE
+
+    two = {**request, "n": 2}
+    half = await _leave_before_done(http, upstream, sidecar, store, "n2-half", two, [
+        _chat_chunk([_choice(0, "a", "stop")]), _chat_chunk([_choice(1, "b")])])
+    assert half["error_category"] == "cancelled", "choice 1 had not finished"
+    both = await _leave_before_done(http, upstream, sidecar, store, "n2-both", two, [
+        _chat_chunk([_choice(0, "a", "stop")]), _chat_chunk([_choice(1, "b", "length")])])
+    assert both["error_category"] is None and [c["finish_reason"] for c in both["response"]["choices"]] == ["stop", "length"]
+
+    metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert "mcc_client_left_after_end_total 3.0" in metrics and "mcc_client_disconnects_total 2.0" in metrics
+
+
+async def test_a_messages_stream_is_complete_at_its_stop_reason_even_if_the_client_leaves_before_message_stop(
+        http, upstream, sidecar, store):
+    """The same rule for Anthropic Messages: the ``message_delta`` with the stop reason is the
+    last meaningful event; ``message_stop`` only follows."""
+    path = "/v1/messages"
+
+    def event(name: str, data: dict) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    start = event("message_start", {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}})
+    text = (event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            + event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}})
+            + event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    stop = event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                   "usage": {"output_tokens": 2}})
+    request = orjson.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    for rollout, body, category in (("ended", start + text + stop, None), ("midway", start + text, "cancelled")):
+        upstream.scripts[path] = sse_script(body, [body], ending="hang", hang_for=10)
+        response = await http.post(rollout_url(sidecar.url, rollout, path), data=request)
+        assert await response.content.readexactly(len(body)) == body
+        response.close()
+        for _ in range(250):
+            if store.read(rollout):
+                break
+            await asyncio.sleep(0.02)
+        (line,) = store.read(rollout)
+        assert line["error_category"] == category, line
+    (ended,) = store.read("ended")
+    assert ended["response"]["stop_reason"] == "end_turn" and ended["response"]["content"] == [{"type": "text", "text": "Hi"}]

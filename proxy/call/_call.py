@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap
+from capture import AddedFieldCutter, BodyTap, StreamTap, parse_json_object
 
 from ..http import (
     Http1Connection,
@@ -349,10 +349,21 @@ class Call:
             metrics.streams_truncated.inc()
 
     def _client_gone_before_reply(self) -> None:
-        self.metrics.client_disconnects.inc()
         exchange = self.exchange
         if exchange is None or self.persisted:
+            self.metrics.client_disconnects.inc()
             return
+        tap = exchange.tap
+        if (isinstance(tap, StreamTap) and not self.ctx.cut_by_drain
+                and tap.seen_whole(exchange.parsed_request if exchange.parsed_request is not None
+                                   else parse_json_object(exchange.request_body))):
+            # Every choice had its finish reason (and the usage chunk asked for): the client left
+            # before [DONE] only, having had the whole reply (DESIGN §2). Complete, not a cancel.
+            tap.end_seen_whole()
+            self.metrics.left_after_end.inc()
+            self._line_then(_ignore)
+            return
+        self.metrics.client_disconnects.inc()
         exchange.category_override = "cancelled"
         if self.ctx.cut_by_drain:
             exchange.failure = Failure("client", "cancelled", "the sidecar was shutting down and its drain timeout "

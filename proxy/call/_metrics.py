@@ -70,6 +70,9 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+        self.left_after_end = Counter("mcc_client_left_after_end_total", "Clients that left after a stream's last "
+                                      "meaningful event (every choice's finish reason, the usage asked for) and "
+                                      "before its terminal ([DONE]): complete calls, not cancels.", registry=registry)
         self.uncaptured_calls = Counter("mcc_uncaptured_calls_total", "Model calls forwarded without capture, with "
                                         "capture on, because their path had no /ng-rollout/<id>/ prefix.",
                                         registry=registry)
