@@ -163,7 +163,7 @@ async def test_every_dialect_through_the_sidecar_is_what_vllm_sends(vllm_url, ht
     for token_record in tokens:
         assert token_record.prompt_token_ids and token_record.generation_token_ids, token_record
         assert token_record.source == "token_file", "the arrays live once, in the training-token file (issue 31)"
-        if path != "/v1/responses":  # Responses: a stop string's logprobs are cut with its text (SOURCES.md).
+        if path != "/v1/responses":  # Responses streams send no logprob for a token whose text is empty.
             assert token_record.usable, token_record.unusable_reason
             assert len(token_record.generation_log_probs or ()) == len(token_record.generation_token_ids)
 
