@@ -1,0 +1,136 @@
+"""Every Content-Encoding the coding harnesses advertise (Claude Code: ``gzip, deflate, br, zstd``;
+Codex CLI: ``zstd, gzip``), request and reply: the client gets the upstream's compressed bytes, the
+line is the one the same exchange gives uncompressed, durable when the client has the end at any
+split of the compressed bytes, and a decompression bomb is a capture failure with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+
+import aiohttp
+import brotli
+import orjson
+import pytest
+
+from capture import make_decoder
+
+from .scripted_upstream import Script, json_script, split_every, sse_script
+from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
+from .wire import assert_same_reply, fetch, rollout_url
+
+try:
+    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
+except ImportError:
+    from backports import zstd
+
+CHAT = "/v1/chat/completions"
+COMPRESS = {
+    "gzip": lambda data: gzip.compress(data, mtime=0),
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "zstd": zstd.compress,
+}
+#: The same codecs at their fastest settings (a bomb is made of zeros: any level shrinks it).
+FAST_COMPRESS = {
+    "gzip": lambda data: gzip.compress(data, compresslevel=1, mtime=0),
+    "deflate": lambda data: zlib.compress(data, 1),
+    "br": lambda data: brotli.compress(data, quality=0),
+    "zstd": lambda data: zstd.compress(data, 1),
+}
+SPLITS = {"whole": None, "1-byte": 1, "7-byte": 7}
+#: What a line says that the encoding must not change (its ids and times aside).
+_SAME = ("dialect", "status_code", "error_category", "request", "response", "response_raw", "stream_truncated", "failure")
+
+
+def _pieces(data: bytes, split: str) -> list[bytes]:
+    size = SPLITS[split]
+    return [data] if size is None else split_every(data, size)
+
+
+def _line_view(line: dict) -> dict:
+    return {key: line.get(key) for key in _SAME}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("encoding", list(COMPRESS))
+async def test_a_compressed_stream_is_relayed_as_sent_and_captured_as_if_plain(http, upstream, sidecar, store,
+                                                                               encoding, split):
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, split_every(CHAT_STREAM, 40))
+    await fetch(http, "POST", rollout_url(sidecar.url, "plain", CHAT), CHAT_REQUEST)
+    packed = COMPRESS[encoding](CHAT_STREAM)
+    script = sse_script(packed, _pieces(packed, split), ending="hang", hang_for=1.0)
+    script.headers.append(("Content-Encoding", encoding))
+    upstream.scripts[CHAT] = script
+    async with http.post(rollout_url(sidecar.url, "packed", CHAT), data=CHAT_REQUEST) as response:
+        received = b""
+        while len(received) < len(packed):
+            chunk = await response.content.readany()
+            assert chunk, "the stream ended early"
+            received += chunk
+        assert received == packed, "the client gets the compressed bytes as sent"
+        (line,) = store.read("packed")  # Durable when the client has the end, the upstream still open.
+    (plain,) = store.read("plain")
+    assert _line_view(line) == _line_view(plain) and line["error_category"] is None
+
+
+@pytest.mark.parametrize("encoding", list(COMPRESS))
+async def test_a_compressed_json_reply_is_captured_as_if_plain(http, upstream, sidecar, store, encoding):
+    packed = COMPRESS[encoding](CHAT_JSON)
+    script = json_script(packed)
+    script.headers.append(("Content-Encoding", encoding))
+    upstream.scripts[CHAT] = script
+    direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_JSON_REQUEST)
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST)
+    assert_same_reply(direct, proxied)
+    (line,) = store.read("r1")
+    assert line["response"] == orjson.loads(CHAT_JSON) and line["error_category"] is None
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "br", "gzip"])
+async def test_a_compressed_request_body_is_forwarded_as_sent_and_captured_decoded(http, upstream, sidecar, store,
+                                                                                   encoding):
+    """Codex CLI compresses its request bodies with zstd toward some backends."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    packed = COMPRESS[encoding](CHAT_JSON_REQUEST)
+    await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), packed, {"Content-Encoding": encoding})
+    assert upstream.received[-1].body == packed and upstream.received[-1].header("Content-Encoding") == encoding
+    (line,) = store.read("r1")
+    assert line["request"] == orjson.loads(CHAT_JSON_REQUEST) and "request_raw" not in line
+
+
+@pytest.mark.parametrize("encoding", list(COMPRESS))
+def test_a_decompression_bomb_is_refused_at_the_bound_without_allocating_past_it(encoding):
+    """64 MiB of zeros (a few KiB compressed): refused once the decoded copy passes the bound,
+    having allocated about the bound, never the whole (the sidecar's bound is `MAX_DECODED_BYTES`;
+    here 1 MiB, so the test stays quick)."""
+    import tracemalloc
+
+    from capture._decoding import DecodedTooLarge
+
+    bomb = FAST_COMPRESS[encoding](b"\0" * (64 << 20))
+    tracemalloc.start()
+    try:
+        decode = make_decoder(encoding, limit=1 << 20)
+        with pytest.raises(DecodedTooLarge, match="decodes to more than 1,048,576 bytes"):
+            for piece in split_every(bomb, 1 << 16):
+                decode(piece)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak:,} bytes allocated for a 1 MiB bound"
+
+
+@pytest.mark.parametrize("encoding", list(COMPRESS))
+def test_the_decoders_agree_with_the_codecs_at_every_split(encoding):
+    data = CHAT_STREAM * 50
+    packed = COMPRESS[encoding](data) + (COMPRESS[encoding](data) if encoding == "zstd" else b"")
+    for size in (1, 3, 64, len(packed)):
+        decode = make_decoder(encoding)
+        assert b"".join(decode(piece) for piece in split_every(packed, size)) == data * (2 if encoding == "zstd" else 1)
+
+
+def test_an_encoding_nobody_decodes_is_refused_by_name():
+    with pytest.raises(ValueError, match="cannot decode Content-Encoding 'compress'"):
+        make_decoder("compress")
