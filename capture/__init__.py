@@ -8,7 +8,7 @@ from records import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
-from ._decoding import UnsupportedContentEncoding, make_decoder
+from ._decoding import UnsupportedContentEncoding, as_evidence, decodable, make_decoder
 from ._messages import MessagesReassembler
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
@@ -43,6 +43,8 @@ __all__ = [
     "TOKEN_FIELDS",
     "TapOutcome",
     "UnsupportedContentEncoding",
+    "as_evidence",
+    "decodable",
     "add_request_fields",
     "append_capture_line",
     "categorize_status",

@@ -47,6 +47,20 @@ def make_decoder(content_encoding: str | None, limit: int = MAX_DECODED_BYTES) -
     raise UnsupportedContentEncoding(f"cannot decode Content-Encoding {content_encoding!r}")
 
 
+def decodable(content_encoding: str | None) -> bool:
+    """Whether `make_decoder` takes this Content-Encoding."""
+    return (content_encoding or "").strip().lower() in ("", "identity", "gzip", "x-gzip", "deflate", "br", "zstd")
+
+
+def as_evidence(content_encoding: str | None, body: bytes) -> str:
+    """A body nobody can decode, for ``request_raw`` / ``response_raw``: its bytes in base64 after
+    a note saying so (never its bytes read as UTF-8, which would lose them)."""
+    import base64
+
+    return (f"(Content-Encoding {content_encoding!r} cannot be decoded: the body's bytes, base64) "
+            + base64.b64encode(body).decode("ascii"))
+
+
 def _identity(data: bytes) -> bytes:
     return data
 

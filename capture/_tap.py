@@ -17,7 +17,7 @@ import orjson
 from ._categories import categorize_status
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
-from ._decoding import Decoder, make_decoder
+from ._decoding import Decoder, as_evidence, decodable, make_decoder
 from ._event_templates import LEARN_AFTER_LINES, EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
@@ -121,12 +121,14 @@ class StreamTap:
         self.terminal = False
         self._decode: Decoder | None = None
         self._undecodable = False
+        self._raw_encoding: str | None = None
         try:
             if content_encoding and content_encoding.strip().lower() != "identity":
                 self._decode = make_decoder(content_encoding)
         except ValueError as exc:
             self._undecodable = True
             self._failure = str(exc)
+            self._raw_encoding = content_encoding  # The raw copy holds the encoded bytes.
 
     @property
     def bytes_seen(self) -> int:
@@ -465,6 +467,8 @@ class StreamTap:
 
     def raw_text(self) -> str:
         """The stream's raw text as kept (with a note when the window dropped its start)."""
+        if self._raw_encoding is not None:
+            return as_evidence(self._raw_encoding, bytes(self._raw))
         raw = bytes(self._raw).decode("utf-8", "replace") if self._raw else ""
         if self.raw_dropped:
             raw = f"(the stream's first {self.raw_dropped} bytes were not kept: --capture-raw-stream on-failure keeps its end)\n" + raw
@@ -537,7 +541,8 @@ class BodyTap:
         try:
             body = make_decoder(self._content_encoding)(b"".join(self._chunks))
         except Exception as exc:
-            return TapOutcome(None, None, categorize_status(status) or "capture_parse_error", None, str(exc))
+            raw = as_evidence(self._content_encoding, b"".join(self._chunks)) if not decodable(self._content_encoding) else None
+            return TapOutcome(None, raw, categorize_status(status) or "capture_parse_error", None, str(exc))
         parsed = parse_json_object(body)
         if parsed is None:
             text = body.decode("utf-8", "replace")

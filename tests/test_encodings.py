@@ -134,3 +134,34 @@ def test_the_decoders_agree_with_the_codecs_at_every_split(encoding):
 def test_an_encoding_nobody_decodes_is_refused_by_name():
     with pytest.raises(ValueError, match="cannot decode Content-Encoding 'compress'"):
         make_decoder("compress")
+
+
+async def test_an_encoding_nobody_decodes_keeps_its_bytes_base64_and_is_said_and_counted(http, upstream, sidecar, store,
+                                                                                        caplog):
+    """``compress`` (LZW), which no client advertises any more: forwarded as it came; the line keeps
+    the bytes base64 (never read as UTF-8), the log says it (once, then counted), a metric counts it."""
+    import base64
+    import logging
+
+    packed = b"\x1f\x9d\x90" + bytes(range(256))  # Not UTF-8.
+    stream = sse_script(packed, [packed])
+    stream.headers.append(("Content-Encoding", "compress"))
+    body = json_script(packed)
+    body.headers.append(("Content-Encoding", "compress"))
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        upstream.scripts[CHAT] = stream
+        assert (await fetch(http, "POST", rollout_url(sidecar.url, "s", CHAT), CHAT_REQUEST)).body == packed
+        upstream.scripts[CHAT] = body
+        assert (await fetch(http, "POST", rollout_url(sidecar.url, "j", CHAT), CHAT_JSON_REQUEST)).body == packed
+        await fetch(http, "POST", rollout_url(sidecar.url, "q", CHAT), packed, {"Content-Encoding": "compress"})
+    note = "(Content-Encoding 'compress' cannot be decoded: the body's bytes, base64) "
+    for rollout in ("s", "j"):
+        (line,) = store.read(rollout)
+        assert line["response_raw"].startswith(note) and line["error_category"] == "capture_parse_error"
+        assert base64.b64decode(line["response_raw"][len(note):]) == packed
+    (line,) = store.read("q")
+    assert base64.b64decode(line["request_raw"][len(note):]) == packed
+    said = [r.getMessage() for r in caplog.records if "cannot decode Content-Encoding 'compress'" in r.getMessage()]
+    assert len(said) == 1, said
+    metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
+    assert 'mcc_undecodable_bodies_total{encoding="compress"} 3.0' in metrics

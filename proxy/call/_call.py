@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap, parse_json_object
+from capture import AddedFieldCutter, BodyTap, StreamTap, decodable, parse_json_object
 
 from ..http import (
     Http1Connection,
@@ -148,6 +148,8 @@ class Call:
             correlation_headers=ctx.correlation_headers,
             raw_stream=ctx.raw_stream,
         )
+        if exchange.request_encoding is not None and not decodable(exchange.request_encoding):
+            self._undecodable(exchange.request_encoding, "request")
         if body:
             exchange.retry_of = ctx.retries.note(exchange.rollout_id, body, exchange.model_call_id)
         self.hooks = ctx.hooks_for(self.route)
@@ -289,6 +291,8 @@ class Call:
         exchange.status_code = exchange.upstream_status_code = upstream.status
         coding = upstream.fields.get(b"content-encoding")
         encoding = coding.decode("latin-1") if coding is not None else None
+        if encoding is not None and not decodable(encoding):
+            self._undecodable(encoding, "reply")
         if is_stream:
             # The line is all that reads the reassembly: per-token lists stay JSON (memory, issue 20).
             window = RAW_WINDOW_BYTES if self.ctx.raw_stream == "on-failure" else None
@@ -347,6 +351,15 @@ class Call:
         if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
                 and 200 <= (exchange.status_code or 0) < 300):
             metrics.streams_truncated.inc()
+
+    def _undecodable(self, encoding: str, body: str) -> None:
+        """A body in an encoding nobody decodes: forwarded as it came, its bytes kept base64 on
+        the line, counted, and said (then counted in the log as it repeats)."""
+        name = encoding.strip().lower()
+        self.metrics.undecodable_bodies.labels(name if len(name) <= 32 else "other").inc()
+        self.ctx.warnings.warning(("encoding", name), "cannot decode Content-Encoding %r of a %s body: forwarded as "
+                                  "it came, its line keeps the bytes base64 (the capture decodes gzip, deflate, br, "
+                                  "zstd)", encoding, body)
 
     def _client_gone_before_reply(self) -> None:
         exchange = self.exchange

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture import BodyTap, StreamTap, TapOutcome, is_aborted_reply, make_decoder, parse_json_object
+from capture import (BodyTap, StreamTap, TapOutcome, as_evidence, decodable, is_aborted_reply, make_decoder,
+                     parse_json_object)
 
 from ..http import Headers, first_values, single_value
 from ._routing import HARNESS_SESSION_HEADERS
@@ -193,6 +194,8 @@ class CallExchange:
         parsed = parse_json_object(body)
         if parsed is not None:
             return {"request": parsed}
+        if not decodable(self.request_encoding):
+            return {"request": None, "request_raw": as_evidence(self.request_encoding, body)}
         return {"request": None, "request_raw": body.decode("utf-8", "replace")}
 
     def _response_fields(self) -> dict[str, Any]:

@@ -70,6 +70,9 @@ class SidecarMetrics:
                                          "their terminal event.", registry=registry)
         self.client_disconnects = Counter("mcc_client_disconnects_total", "Clients that went away before the reply "
                                           "ended.", registry=registry)
+        self.undecodable_bodies = Counter("mcc_undecodable_bodies_total", "Request or reply bodies whose "
+                                          "Content-Encoding the capture cannot decode (kept base64 on the line).",
+                                          ["encoding"], registry=registry)
         self.left_after_end = Counter("mcc_client_left_after_end_total", "Clients that left after a stream's last "
                                       "meaningful event (every choice's finish reason, the usage asked for) and "
                                       "before its terminal ([DONE]): complete calls, not cancels.", registry=registry)
