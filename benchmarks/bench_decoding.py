@@ -4,7 +4,7 @@ In process, one core: a vLLM-shaped chat stream (2,000 tokens, a logprob entry a
 chunk) through the tap in 16 KiB reads, plain (the baseline, measured in the same run) and
 compressed with each encoding the harnesses advertise; then a 1 GiB bomb of zeros in each encoding,
 fed to the capture's decoder in 64 KiB reads, with the peak of what it allocated (tracemalloc) and
-the time until it is refused at the bound (`capture._decoding.MAX_DECODED_BYTES`).
+the time until it is refused at the bound (`capture.MAX_DECODED_BYTES`).
 Usage: python benchmarks/bench_decoding.py [--quick]
 """
 
@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import brotli  # noqa: E402
 
-from capture import StreamTap, make_decoder  # noqa: E402
-from capture._decoding import MAX_DECODED_BYTES, DecodedTooLarge  # noqa: E402
+from capture import MAX_DECODED_BYTES, DecodedTooLarge, StreamTap, make_decoder  # noqa: E402
 from tests.vllm_chat_model import FRAMINGS, chat_payloads, text_tokens  # noqa: E402
 
 try:

@@ -8,7 +8,7 @@ from records import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
-from ._decoding import UnsupportedContentEncoding, as_evidence, decodable, make_decoder
+from ._decoding import MAX_DECODED_BYTES, DecodedTooLarge, UnsupportedContentEncoding, as_evidence, decodable, make_decoder
 from ._messages import MessagesReassembler
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
 from ._reassembler import Reassembler
@@ -42,6 +42,8 @@ __all__ = [
     "StreamTap",
     "TOKEN_FIELDS",
     "TapOutcome",
+    "DecodedTooLarge",
+    "MAX_DECODED_BYTES",
     "UnsupportedContentEncoding",
     "as_evidence",
     "decodable",

@@ -107,7 +107,7 @@ def test_a_decompression_bomb_is_refused_at_the_bound_without_allocating_past_it
     here 1 MiB, so the test stays quick)."""
     import tracemalloc
 
-    from capture._decoding import DecodedTooLarge
+    from capture import DecodedTooLarge
 
     bomb = FAST_COMPRESS[encoding](b"\0" * (64 << 20))
     tracemalloc.start()
