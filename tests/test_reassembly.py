@@ -129,8 +129,10 @@ def test_compressed_stream_is_decoded_for_the_tap(encoding):
     assert outcome.response["choices"][0]["message"]["content"] == "Hello \u2603"
 
 
-def test_unknown_encoding_is_a_parse_error_not_an_exception():
-    outcome = reassemble("chat", [b"\x00\x01\x02"], "br")
+@pytest.mark.parametrize("encoding", ["compress", "zstd", "gzip"])
+def test_an_unknown_or_corrupt_encoding_is_a_parse_error_not_an_exception(encoding):
+    """``compress`` nobody decodes; these bytes are no zstd or gzip stream either."""
+    outcome = reassemble("chat", [b"\x00\x01\x02"], encoding)
     assert outcome.error_category == "capture_parse_error" and outcome.parse_failure
 
 
