@@ -165,3 +165,48 @@ async def test_an_encoding_nobody_decodes_keeps_its_bytes_base64_and_is_said_and
     assert len(said) == 1, said
     metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
     assert 'mcc_undecodable_bodies_total{encoding="compress"} 3.0' in metrics
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "gzip", "br"])
+async def test_the_token_mode_decodes_a_compressed_request_adds_its_fields_and_sends_it_plain(
+        http, stand_in, start, capture_dir, store, encoding):
+    """Codex CLI's zstd request body in the token mode: decoded, the fields added, sent
+    identity-encoded; the agent gets the reply its own request would have had, and the call its
+    training entry. The stand-in is asked directly with the same request, plain, for the reference."""
+    from records import read_token_entries, read_token_records
+
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    request = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    direct = await fetch(http, "POST", stand_in.url + CHAT, request, {"Content-Type": "application/json"})
+    proxied = await fetch(http, "POST", rollout_url(sidecar.url, "z", CHAT), COMPRESS[encoding](request),
+                          {"Content-Type": "application/json", "Content-Encoding": encoding})
+    assert proxied.status == 200 and _without_ids(proxied.body) == _without_ids(direct.body)
+    (line,) = store.read("z")
+    assert line["request"] == orjson.loads(request) and line["added_request_fields"]
+    (record,) = read_token_records(store, "z")
+    assert record.usable and record.source == "token_file" and len(read_token_entries(capture_dir, "z")) == 1
+
+
+def _without_ids(body: bytes) -> dict:
+    reply = orjson.loads(body)
+    return {key: value for key, value in reply.items() if key not in ("id", "created")}
+
+
+async def test_a_refused_decoded_request_is_resent_as_the_agent_sent_it(http, upstream, start, capture_dir, store):
+    """The upstream refuses an added field of the decoded, plain request: the agent's own bytes go
+    again, compressed as it sent them, with their Content-Encoding."""
+    refusal = b'{"error": {"message": "unknown field", "type": "BadRequestError", "param": "logprobs", "code": 400}}'
+
+    def respond(request):
+        if request.header("Content-Encoding") is None:
+            return json_script(refusal, status=400, reason="Bad Request")
+        return json_script(CHAT_JSON)
+
+    upstream.responder = respond
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    packed = zstd.compress(CHAT_JSON_REQUEST)
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "z", CHAT), packed, {"Content-Encoding": "zstd"})
+    assert reply.status == 200 and reply.body == CHAT_JSON
+    first, again = upstream.received[-2:]
+    assert first.header("Content-Encoding") is None and b'"logprobs":true' in first.body
+    assert again.header("Content-Encoding") == "zstd" and again.body == packed

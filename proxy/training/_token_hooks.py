@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Optional
 
-from capture import AddedFieldCutter, add_request_fields, parse_json_object, proves_prefix
+from capture import AddedFieldCutter, add_request_fields, decodable, make_decoder, parse_json_object, proves_prefix
 
 from ..call import CallHooks
 from ..http import Headers, UpstreamBroke, UpstreamReply, WholeBody
@@ -62,7 +62,7 @@ class TokenHooks(CallHooks):
     """The token capture mode's state for one call."""
 
     __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
-                 "prefix_not_supplied")
+                 "prefix_not_supplied", "sent_identity")
 
     def __init__(self, training: TokenTraining) -> None:
         self.training = training
@@ -81,6 +81,8 @@ class TokenHooks(CallHooks):
         self.plan: Optional[TokenPlan] = None
         #: `TokenCapture.prepare` under way, None when not started or awaited.
         self._planning: Optional[asyncio.Future[Any]] = None
+        #: The agent's body came compressed and was decoded to add the fields: it goes identity-encoded.
+        self.sent_identity = False
 
     # -- phase: request body ---------------------------------------------------------------------
 
@@ -96,11 +98,27 @@ class TokenHooks(CallHooks):
         return body
 
     def _add_fields(self, call: "Call", body: bytes) -> bytes:
-        """The body to send: the agent's own, or with the mode's fields added."""
-        exchange = call.exchange
-        plan = self.training.mode.plan(exchange.dialect, call.request.headers, body)  # type: ignore[union-attr]
+        """The body to send: the agent's own, or with the mode's fields added. A compressed body
+        (Codex CLI compresses with zstd) is decoded, the fields added, and sent identity-encoded
+        (`upstream_request` drops its Content-Encoding); the agent's own bytes are what a refusal
+        or an uncuttable reply resends."""
+        exchange, own = call.exchange, body
+        headers = call.request.headers
+        coding = call.request.fields.get(b"content-encoding")
+        if coding is not None and coding.strip().lower() not in (b"", b"identity"):
+            encoding = coding.decode("latin-1")
+            if not decodable(encoding):
+                return own
+            try:
+                body = make_decoder(encoding)(body)
+            except Exception:  # Corrupt or too large: the agent's own request goes as it came.
+                return own
+            headers = [(name, value) for name, value in headers if name.lower() != b"content-encoding"]
+            self.agent_request = parse_json_object(body) or {}  # The lineage reads it (`_plan_entry_soon`).
+        plan = self.training.mode.plan(exchange.dialect, headers, body)  # type: ignore[union-attr]
         if plan is None:
-            return body
+            return own
+        self.sent_identity = coding is not None
         self.fields, self.agent_request, sent = plan
         exchange.added_request_fields = self.fields  # type: ignore[union-attr]
         exchange.parsed_request = self.agent_request  # type: ignore[union-attr]
@@ -165,7 +183,10 @@ class TokenHooks(CallHooks):
 
     def upstream_request(self, call: "Call", headers: Headers) -> Headers:
         """``X-Session-ID: <rollout_id>`` (issue 32): vLLM 0.33 routes and caches a session's calls
-        together by it; other servers ignore it. An agent's own header is kept."""
+        together by it; other servers ignore it. An agent's own header is kept. A body the mode
+        decoded to add its fields goes identity-encoded (`_add_fields`)."""
+        if self.sent_identity and (self.fields is not None or self.prefix is not None):
+            headers = [(name, value) for name, value in headers if name.lower() != b"content-encoding"]
         rollout_id = call.exchange.rollout_id if call.exchange is not None else ""
         if not rollout_id or any(name.lower() == b"x-session-id" for name, _ in headers):
             return headers
