@@ -333,3 +333,19 @@ def test_the_path_of_an_absolute_form_target(target, path):
     """RFC 9112 §3.2.2: the absolute-form is accepted; only its path and query are forwarded."""
     from proxy.call import origin_form
     assert origin_form(target) == path
+
+
+async def test_a_refused_upgrade_is_said_once_with_its_path(raw_upstream, start, capture_dir, caplog):
+    """A WebSocket agent (Responses over WebSocket) gets its 501, and the log says why, once per path."""
+    import logging
+
+    sidecar = await start(raw_upstream.url, capture_dir=capture_dir)
+    ws = (b"GET /ng-rollout/ws-said/v1/responses HTTP/1.1\r\nHost: s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+          b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    with caplog.at_level(logging.WARNING, logger="mcc"):
+        for _ in range(2):
+            reply = await exchange(sidecar.url, ws, lambda received: False)
+            assert reply.startswith(b"HTTP/1.1 501 Not Implemented\r\n")
+    said = [r.getMessage() for r in caplog.records if "with 501" in r.getMessage()]
+    assert said == ["refused GET /ng-rollout/ws-said/v1/responses with 501: Upgrade: websocket is not served "
+                    "(only HTTP/1.1 requests are forwarded)"], said

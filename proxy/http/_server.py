@@ -76,6 +76,20 @@ HEAD_TIMEOUT_SECONDS = 20.0
 #: Client connections open at once (``--max-connections``).
 MAX_CONNECTIONS = 16384
 _last_refusal_log = [0.0]
+#: The paths whose upgrade or CONNECT was refused and said (each once; a few dozen at most).
+_said_upgrades: set[bytes] = set()
+
+
+def _say_refused_upgrade(method: str, target: bytes, upgrade: Optional[bytes]) -> None:
+    """An Upgrade (a WebSocket agent) or CONNECT gets a 501: said once per path, so that an agent
+    run failing on it shows why in the log."""
+    path = target.split(b"?", 1)[0][:200]
+    if path in _said_upgrades or len(_said_upgrades) >= 64:
+        return
+    _said_upgrades.add(path)
+    what = f"Upgrade: {upgrade.decode('latin-1')}" if upgrade is not None else method
+    log.warning("refused %s %s with 501: %s is not served (only HTTP/1.1 requests are forwarded)",
+                method, path.decode("latin-1"), what, extra={"status": 501, "path": path.decode("latin-1")})
 
 
 class Http1Connection(ReplyWriter, asyncio.Protocol):
@@ -255,6 +269,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
         elif request.method == "CONNECT" or parser.should_upgrade():
             # Not a proxy for tunnels or other protocols: 501 in this request's turn, nothing
             # upstream, no byte after it read (what follows would be the other protocol's).
+            _say_refused_upgrade(request.method, request.target, fields.get(b"upgrade"))
             self._refuse_in_turn(request, 501, b"Not Implemented",
                                  b"protocol upgrades and CONNECT are not supported by this sidecar")
         elif length is not None and length.strip().isdigit() and int(length) > self._max_body:
