@@ -57,7 +57,7 @@ SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
-                                 "trace_context")),
+                                 "trace_context", "affinity_header")),
     ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
     ("Shutdown", ("drain_timeout", "shutdown_delay")),
     ("Logs", ("log_level", "log_format")),
@@ -132,6 +132,7 @@ class _ServeCommand(click.Command):
 @click.option("--trace-context/--no-trace-context", default=None,
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
+@click.option("--affinity-header", metavar="NAME", help="Send each captured call upstream with this header set to its rollout id (unless the agent sent it), for a router that places sessions by a header: x-session-id (vllm-router), x-smg-routing-key (SGLang), X-Dynamo-Session-ID (Dynamo). [MCC_AFFINITY_HEADER]")
 @click.option("--upstream-idle-timeout", type=float, help="Seconds a pooled upstream connection may idle and be reused; keep it below the upstream's keep-alive (default 4; uvicorn: 5). [MCC_UPSTREAM_IDLE_TIMEOUT]")
 @click.option("--head-timeout", type=float, help="Seconds a client may take to send a request head (default 20). [MCC_HEAD_TIMEOUT]")
 @click.option("--max-connections", type=int, help="Client connections open at once (default 16384). [MCC_MAX_CONNECTIONS]")

@@ -154,3 +154,19 @@ async def test_200_concurrent_calls_over_20_rollouts_give_200_intact_lines(http,
         assert result.malformed == 0 and len(result.lines) == 10
         ids.update(line["model_call_id"] for line in result.lines)
     assert len(store.rollout_ids()) == 20 and len(ids) == 200
+
+
+@pytest.mark.parametrize("name", ["x-session-id", "x-smg-routing-key", "X-Dynamo-Session-ID"])
+async def test_an_affinity_header_carries_the_rollout_id_upstream(http, upstream, start, capture_dir, store, name):
+    """``--affinity-header NAME``: each captured call goes upstream with ``NAME: <rollout_id>``
+    (a router places a session's calls together by it), with or without the token mode; an agent's
+    own value is kept; an uncaptured call gets none; the bytes the agent receives are the upstream's."""
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, affinity_header=name)
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "task-7", CHAT), CHAT_JSON_REQUEST)
+    assert reply.status == 200 and reply.body == CHAT_JSON
+    assert upstream.received[-1].header(name) == "task-7"
+    await fetch(http, "POST", rollout_url(sidecar.url, "task-7", CHAT), CHAT_JSON_REQUEST, {name: "agents-own"})
+    assert [value for key, value in upstream.received[-1].headers if key.lower() == name.lower()] == ["agents-own"]
+    await fetch(http, "POST", sidecar.url + CHAT, CHAT_JSON_REQUEST)
+    assert upstream.received[-1].header(name) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -120,6 +121,17 @@ class Settings(BaseModel):
     #: turn's ids (the upstream's own renderer), so its prompt extends the parent exactly. Applies
     #: to the calls the token capture mode covers.
     supply_prefix: bool = False
+    #: A header sent upstream with each captured call, set to its rollout id (unless the agent sent
+    #: it): a router places a session's calls on one replica by it (DESIGN §2): ``x-session-id``
+    #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
+    affinity_header: str | None = None
+
+    @field_validator("affinity_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
+            raise ValueError("must be a header name (letters, digits and -, as x-session-id)")
+        return value
 
     @field_validator("upstream_ca")
     @classmethod

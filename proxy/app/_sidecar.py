@@ -166,7 +166,8 @@ class Sidecar:
             max_body_bytes=settings.max_body_bytes,
             correlation_headers=(settings.session_id_header, settings.assistant_message_id_header),
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
-            drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for)
+            drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for,
+            affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
 
     def handle(self, request: ServerRequest, client: Http1Connection) -> Awaitable[None]:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited

@@ -188,6 +188,9 @@ class Call:
             exchange.start()
             if self.ctx.trace_context:
                 headers = with_trace_context(headers, exchange.rollout_id, exchange.model_call_id, request.fields)
+            affinity = self.ctx.affinity_header
+            if affinity is not None and exchange.rollout_id and affinity.lower() not in request.fields:
+                headers = [*headers, (affinity, exchange.rollout_id.encode("latin-1"))]
             for hook in self.hooks:
                 headers = hook.upstream_request(self, headers)
         return await self.ctx.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),

@@ -134,5 +134,7 @@ class CallContext:
     url: str = ""
     #: Set when the drain timeout cut calls still in flight: their lines say so.
     cut_by_drain: bool = False
+    #: A header sent upstream with each captured call, set to its rollout id (``--affinity-header``).
+    affinity_header: Optional[bytes] = None
     #: The base_url mistakes already explained in the log (`base_url_mistake`).
     hinted: set[str] = field(default_factory=set)
