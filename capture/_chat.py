@@ -69,15 +69,7 @@ class ChatReassembler(Reassembler):
         self._open_text: tuple[dict[str, Any], str, list[str]] | None = None
 
     def seen_whole(self) -> bool:
-        """Every choice asked for has its ``finish_reason`` and, where the request asked, the usage
-        chunk has come (DESIGN §2): what follows is ``[DONE]``, which some clients (Codex CLI's
-        chat wire) do not wait for."""
-        if self.terminal:
-            return True
-        choices = self._choices
-        return (self._error is None and len(choices) >= self.expected_choices
-                and all(choice is not None and choice["finish_reason"] is not None for choice in choices)
-                and (not self.wants_usage or self._usage is not None))
+        return self._choices_seen_whole(self._choices, self._usage, self._error)
 
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """Per choice index: its generated ids and logprobs as the stream carried them; None when

@@ -42,15 +42,7 @@ class CompletionsReassembler(Reassembler):
         return self._arrays.get(index) or self._arrays.setdefault(index, TokenArrays())
 
     def seen_whole(self) -> bool:
-        """Every choice asked for has its ``finish_reason`` and, where the request asked, the usage
-        chunk has come (DESIGN §2): what follows is ``[DONE]``, which some clients (Codex CLI's
-        chat wire) do not wait for."""
-        if self.terminal:
-            return True
-        choices = self._choices
-        return (self._error is None and len(choices) >= self.expected_choices
-                and all(choice is not None and choice["finish_reason"] is not None for choice in choices)
-                and (not self.wants_usage or self._usage is not None))
+        return self._choices_seen_whole(self._choices, self._usage, self._error)
 
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:

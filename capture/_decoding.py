@@ -30,26 +30,32 @@ class DecodedTooLarge(ValueError):
     """The body decodes to more than the bound: a decompression bomb, or a body no model sends."""
 
 
+#: Each encoding the capture decodes, and how to make its codec.
+_CODECS: dict[str, Callable[[], Any]] = {
+    "gzip": lambda: _Zlib(16 + zlib.MAX_WBITS),
+    "x-gzip": lambda: _Zlib(16 + zlib.MAX_WBITS),
+    "deflate": lambda: _Zlib(None),
+    "br": lambda: _Brotli(),
+    "zstd": lambda: _Zstd(),
+}
+
+
 def make_decoder(content_encoding: str | None, limit: int = MAX_DECODED_BYTES) -> Decoder:
     """An incremental decoder for ``gzip``, ``deflate``, ``br``, ``zstd`` or identity, whose total
     output is bounded by ``limit``; raise `UnsupportedContentEncoding` for anything else."""
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return _identity
-    if encoding in ("gzip", "x-gzip"):
-        return _Bounded(_Zlib(16 + zlib.MAX_WBITS), limit)
-    if encoding == "deflate":
-        return _Bounded(_Zlib(None), limit)
-    if encoding == "br":
-        return _Bounded(_Brotli(), limit)
-    if encoding == "zstd":
-        return _Bounded(_Zstd(), limit)
-    raise UnsupportedContentEncoding(f"cannot decode Content-Encoding {content_encoding!r}")
+    codec = _CODECS.get(encoding)
+    if codec is None:
+        raise UnsupportedContentEncoding(f"cannot decode Content-Encoding {content_encoding!r}")
+    return _Bounded(codec(), limit)
 
 
 def decodable(content_encoding: str | None) -> bool:
     """Whether `make_decoder` takes this Content-Encoding."""
-    return (content_encoding or "").strip().lower() in ("", "identity", "gzip", "x-gzip", "deflate", "br", "zstd")
+    encoding = (content_encoding or "").strip().lower()
+    return encoding in ("", "identity") or encoding in _CODECS
 
 
 def as_evidence(content_encoding: str | None, body: bytes) -> str:

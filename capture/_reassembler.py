@@ -59,6 +59,15 @@ class Reassembler:
         terminal (chat's ``[DONE]``), has had all of it. The terminal, unless a dialect says more."""
         return self.terminal
 
+    def _choices_seen_whole(self, choices: list[Any], usage: Any, error: Any) -> bool:
+        """Chat's and completions' rule: every choice asked for has its ``finish_reason`` and,
+        where the request asked, the usage chunk has come (DESIGN §2): what follows is ``[DONE]``,
+        which some clients (Codex CLI's chat wire) do not wait for."""
+        return self.terminal or (
+            error is None and len(choices) >= self.expected_choices
+            and all(choice is not None and choice["finish_reason"] is not None for choice in choices)
+            and (not self.wants_usage or usage is not None))
+
     def generated_so_far(self) -> dict[int, int] | None:
         """Per choice: the generated token ids that have streamed so far (vLLM's ``token_ids``),
         for placing a declared weight update (issue 32); None when the stream does not carry

@@ -5,40 +5,17 @@ split of the compressed bytes, and a decompression bomb is a capture failure wit
 
 from __future__ import annotations
 
-import asyncio
-import gzip
-import zlib
-
-import aiohttp
-import brotli
 import orjson
 import pytest
 
 from capture import make_decoder
 
+from .codecs import COMPRESS, FAST_COMPRESS, zstd
 from .scripted_upstream import Script, json_script, split_every, sse_script
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
 from .wire import assert_same_reply, fetch, rollout_url
 
-try:
-    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
-except ImportError:
-    from backports import zstd
-
 CHAT = "/v1/chat/completions"
-COMPRESS = {
-    "gzip": lambda data: gzip.compress(data, mtime=0),
-    "deflate": zlib.compress,
-    "br": brotli.compress,
-    "zstd": zstd.compress,
-}
-#: The same codecs at their fastest settings (a bomb is made of zeros: any level shrinks it).
-FAST_COMPRESS = {
-    "gzip": lambda data: gzip.compress(data, compresslevel=1, mtime=0),
-    "deflate": lambda data: zlib.compress(data, 1),
-    "br": lambda data: brotli.compress(data, quality=0),
-    "zstd": lambda data: zstd.compress(data, 1),
-}
 SPLITS = {"whole": None, "1-byte": 1, "7-byte": 7}
 #: What a line says that the encoding must not change (its ids and times aside).
 _SAME = ("dialect", "status_code", "error_category", "request", "response", "response_raw", "stream_truncated", "failure")

@@ -157,6 +157,11 @@ async def _leave_before_done(http, upstream, sidecar, store, rollout: str, reque
     response = await http.post(rollout_url(sidecar.url, rollout, CHAT), data=orjson.dumps(request))
     assert await response.content.readexactly(len(body)) == body, "the client gets the upstream's bytes"
     response.close()
+    return await _line_once_written(store, rollout)
+
+
+async def _line_once_written(store, rollout: str) -> dict:
+    """The rollout's one line, once the sidecar has written it (after a client left)."""
     for _ in range(250):
         if store.read(rollout):
             break
@@ -220,11 +225,7 @@ async def test_a_messages_stream_is_complete_at_its_stop_reason_even_if_the_clie
         response = await http.post(rollout_url(sidecar.url, rollout, path), data=request)
         assert await response.content.readexactly(len(body)) == body
         response.close()
-        for _ in range(250):
-            if store.read(rollout):
-                break
-            await asyncio.sleep(0.02)
-        (line,) = store.read(rollout)
+        line = await _line_once_written(store, rollout)
         assert line["error_category"] == category, line
     (ended,) = store.read("ended")
     assert ended["response"]["stop_reason"] == "end_turn" and ended["response"]["content"] == [{"type": "text", "text": "Hi"}]

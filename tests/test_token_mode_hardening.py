@@ -56,6 +56,19 @@ def through_cutter(dialect: str, added: dict, request: dict, pieces: list[bytes]
     return b"".join(cutter.feed(piece) for piece in pieces) + cutter.close()
 
 
+def assert_cut_at_every_split(added: dict, request: dict, sent: bytes, expected: bytes, seed: int) -> None:
+    """``sent`` (a chat stream with ``added``'s arrays) cut to ``expected`` at every split, by the
+    tap and by the cutter alone; the capture the same as without the cutter."""
+    for split, pieces in splits(sent, seed=seed).items():
+        cut, tap = through_tap("chat", added, request, pieces)
+        assert cut == expected, (split, cut, expected)
+        assert through_cutter("chat", added, request, pieces) == expected, split
+        alone = StreamTap("chat")
+        for piece in pieces:
+            alone.feed(piece)
+        assert outcome_with_cut_entries(tap) == alone.finish(200), "the capture is the same with the cutter inside"
+
+
 @pytest.mark.parametrize("framing", list(FRAMINGS))
 @pytest.mark.parametrize("usage", list(USAGE))
 @pytest.mark.parametrize("generation", list(GENERATIONS))
@@ -71,14 +84,7 @@ def test_the_agent_gets_vllms_reply_to_its_own_request_in_every_framing(generati
     expected = frame(chat_payloads(choices, logprobs=False, token_ids=False, **options))
     sent = frame(chat_payloads(choices, logprobs=True, token_ids=True, **options))
     assert sent != expected
-    for split, pieces in splits(sent, seed=len(framing) + len(generation)).items():
-        cut, tap = through_tap("chat", added, request, pieces)
-        assert cut == expected, (split, cut, expected)
-        assert through_cutter("chat", added, request, pieces) == expected, split
-        alone = StreamTap("chat")
-        for piece in pieces:
-            alone.feed(piece)
-        assert outcome_with_cut_entries(tap) == alone.finish(200), "the capture is the same with the cutter inside"
+    assert_cut_at_every_split(added, request, sent, expected, seed=len(framing) + len(generation))
 
 
 @pytest.mark.parametrize("spelling", [name for name in SPELLINGS if name != "compact"])
@@ -96,14 +102,7 @@ def test_json_written_otherwise_is_cut_as_vllms_compact_json(generation, usage, 
     frame = FRAMINGS[framing]
     expected = frame(spelt(chat_payloads(choices, logprobs=False, token_ids=False, **options), spelling))
     sent = frame(spelt(chat_payloads(choices, logprobs=True, token_ids=True, **options), spelling))
-    for split, pieces in splits(sent, seed=len(spelling) + len(generation)).items():
-        cut, tap = through_tap("chat", added, request, pieces)
-        assert cut == expected, (split, cut, expected)
-        assert through_cutter("chat", added, request, pieces) == expected, split
-        alone = StreamTap("chat")
-        for piece in pieces:
-            alone.feed(piece)
-        assert outcome_with_cut_entries(tap) == alone.finish(200), "the capture is the same with the cutter inside"
+    assert_cut_at_every_split(added, request, sent, expected, seed=len(spelling) + len(generation))
 
 
 def test_a_token_only_chunk_spaced_before_its_colons_is_dropped():

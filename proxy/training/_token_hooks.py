@@ -114,7 +114,10 @@ class TokenHooks(CallHooks):
             except Exception:  # Corrupt or too large: the agent's own request goes as it came.
                 return own
             headers = [(name, value) for name, value in headers if name.lower() != b"content-encoding"]
-            self.agent_request = parse_json_object(body) or {}  # The lineage reads it (`_plan_entry_soon`).
+            # The lineage reads it (`_plan_entry_soon`), and the line: decoded once, here.
+            self.agent_request = parse_json_object(body) or {}
+            if self.agent_request:
+                exchange.parsed_request = self.agent_request  # type: ignore[union-attr]
         plan = self.training.mode.plan(exchange.dialect, headers, body)  # type: ignore[union-attr]
         if plan is None:
             return own
