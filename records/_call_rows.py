@@ -63,6 +63,9 @@ class CallRow:
     #: Correlation headers (DESIGN §2): evidence the client sent, not authentication.
     client_session_id: Optional[str] = None
     client_assistant_message_id: Optional[str] = None
+    #: The harness's agent (Claude Code's ``x-claude-code-agent-id``) and its parent agent.
+    client_agent_id: Optional[str] = None
+    client_parent_agent_id: Optional[str] = None
     #: The fields the token capture mode added to the request (JSON text), None when it added none:
     #: arrays the sidecar asked for, against an agent's own (DESIGN §11).
     added_request_fields: Optional[str] = None
@@ -104,6 +107,8 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         failure_stage=_str(failure.get("stage")), failure_message=_str(failure.get("message")),
         client_session_id=_str(line.get("client_session_id")),
         client_assistant_message_id=_str(line.get("client_assistant_message_id")),
+        client_agent_id=_str(line.get("client_agent_id")),
+        client_parent_agent_id=_str(line.get("client_parent_agent_id")),
         added_request_fields=(orjson.dumps(line["added_request_fields"]).decode()
                               if isinstance(line.get("added_request_fields"), dict) else None),
         cache_creation_tokens=stats["cache_creation_tokens"], stream=(request or {}).get("stream") is True,
@@ -133,6 +138,7 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("stream_truncated", "bool"), ("response_source", "string"), ("local_response_reason", "string"),
     ("upstream_status_code", "int64"), ("upstream_attempted", "bool"), ("failure_stage", "string"),
     ("failure_message", "string"), ("client_session_id", "string"), ("client_assistant_message_id", "string"),
+    ("client_agent_id", "string"), ("client_parent_agent_id", "string"),
     ("added_request_fields", "string"), ("cache_creation_tokens", "int64"), ("stream", "bool"),
 )
 

@@ -32,6 +32,8 @@ CORE_KEYS: tuple[str, ...] = (
 OPTIONAL_KEYS: tuple[str, ...] = (
     "client_session_id",
     "client_assistant_message_id",
+    "client_agent_id",
+    "client_parent_agent_id",
     "upstream_attempted",
     "response_source",
     "upstream_status_code",

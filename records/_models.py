@@ -72,7 +72,10 @@ class ModelCallRecord(BaseModel):
     cache_hit: Optional[bool] = None
     cached_tokens: Optional[int] = None
     call_index: int
+    #: Not in Gym's record: the harness's agent and its parent agent (DESIGN §2's correlation headers).
+    client_agent_id: Optional[str] = None
     client_assistant_message_id: Optional[str] = None
+    client_parent_agent_id: Optional[str] = None
     client_session_id: Optional[str] = None
     completed_at: Optional[float] = None
     dialect: Optional[str] = None

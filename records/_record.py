@@ -23,7 +23,8 @@ from ._tokens import extract_token_stats
 RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_raw"})
 #: Record fields NeMo Gym 0.7.0's record does not have (the seed's newer ones, and ours): an
 #: attached call leaves them out unless asked (``extended=True``), so it has Gym's shape.
-EXTENDED_CALL_FIELDS = frozenset({"client_assistant_message_id", "failure_report", "model_operations", "stream_truncated"})
+EXTENDED_CALL_FIELDS = frozenset({"client_agent_id", "client_assistant_message_id", "client_parent_agent_id",
+                                  "failure_report", "model_operations", "stream_truncated"})
 _UNSUCCESSFUL_STATUSES = frozenset({"failed", "cancelled"})
 
 
@@ -55,7 +56,9 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "cache_hit": tokens["cache_hit"],
         "cached_tokens": tokens["cached_tokens"],
         "call_index": call_index,
+        "client_agent_id": v if type(v := get("client_agent_id")) is str else None,
         "client_assistant_message_id": v if type(v := get("client_assistant_message_id")) is str else None,
+        "client_parent_agent_id": v if type(v := get("client_parent_agent_id")) is str else None,
         "client_session_id": v if type(v := get("client_session_id")) is str else None,
         "completed_at": float(completed) if type(completed) in _NUMBERS else None,
         "dialect": v if type(v := get("dialect")) is str else facts.shape,

@@ -70,6 +70,38 @@ async def test_the_harnesses_own_session_headers_name_the_session(http, upstream
     assert [line.get("client_session_id") for line in lines] == ["claude-1", "codex-1", "ours", None]
 
 
+async def test_the_harnesses_agent_headers_name_the_agent_and_mcc_show_groups_by_it(http, upstream, sidecar, store,
+                                                                                      capture_dir):
+    """Claude Code's subagent headers (and Dynamo's parent session) are recorded as the call's agent
+    and parent agent, read back by `records` (its call rows too), and `mcc show` groups by them."""
+    from click.testing import CliRunner
+
+    from proxy import main as cli_main
+    from records import read_model_call_records
+
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    url = rollout_url(sidecar.url, "agents", CHAT)
+    main = {"x-claude-code-session-id": "s-1"}
+    sent = [main, {**main, "x-claude-code-agent-id": "explore-1", "x-claude-code-parent-agent-id": "s-1"},
+            {**main, "x-claude-code-agent-id": "explore-1", "x-claude-code-parent-agent-id": "s-1"}, main,
+            {"x-dynamo-parent-session-id": "planner"}]
+    for headers in sent:
+        await fetch(http, "POST", url, CHAT_JSON_REQUEST, headers)
+        for name, value in headers.items():
+            assert upstream.received[-1].header(name) == value
+    lines = store.read("agents")
+    assert [(line.get("client_agent_id"), line.get("client_parent_agent_id")) for line in lines] == [
+        (None, None), ("explore-1", "s-1"), ("explore-1", "s-1"), (None, None), (None, "planner")]
+    assert "client_agent_id" not in lines[0] and lines[1]["client_session_id"] == "s-1"
+    records = read_model_call_records(capture_dir, "agents")
+    assert [r.client_agent_id for r in records] == [None, "explore-1", "explore-1", None, None]
+    assert records[4].client_parent_agent_id == "planner"
+    shown = CliRunner().invoke(cli_main, ["show", capture_dir, "agents"], catch_exceptions=False).output
+    assert "2 agents (the harness's agent headers):" in shown
+    assert "  no agent id (the main agent), started by planner: 3 calls #0 #3 #4" in shown
+    assert "  agent explore-1, started by s-1: 2 calls #1 #2" in shown
+
+
 async def test_malformed_json_request_is_forwarded_unchanged_and_kept_raw(http, upstream, sidecar, store):
     """A body that is not a JSON object reaches the upstream as sent; the line has `request_raw`."""
     upstream.scripts[CHAT] = json_script(b'{"error": {"message": "bad json"}}', 400, "Bad Request")

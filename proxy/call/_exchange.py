@@ -12,11 +12,12 @@ from capture import (BodyTap, StreamTap, TapOutcome, as_evidence, decodable, is_
                      parse_json_object)
 
 from ..http import Headers, first_values, single_value
-from ._routing import HARNESS_SESSION_HEADERS
+from ._routing import HARNESS_AGENT_HEADERS, HARNESS_PARENT_AGENT_HEADERS, HARNESS_SESSION_HEADERS
 
 MODEL_REF_TYPE = "responses_api_models"
 _OMITTED_WHEN_NONE = frozenset(
-    {"client_session_id", "client_assistant_message_id", "request_raw", "response_raw", "stream_truncated", "failure",
+    {"client_session_id", "client_assistant_message_id", "client_agent_id", "client_parent_agent_id", "request_raw",
+     "response_raw", "stream_truncated", "failure",
      "added_request_fields", "retry_of"}
 )
 
@@ -67,6 +68,9 @@ class CallExchange:
     request_encoding: str | None = None
     client_session_id: str | None = None
     client_assistant_message_id: str | None = None
+    #: The harness's agent within the session, and its parent agent (a subagent's): evidence.
+    client_agent_id: str | None = None
+    client_parent_agent_id: str | None = None
     #: The client's request headers. The correlation ids and the body's encoding are read from
     #: them when the line is made, once the reply has ended: not on the way to the first byte.
     request_headers: Headers | None = None
@@ -155,6 +159,8 @@ class CallExchange:
             "status_code": self.status_code,
             "client_session_id": self.client_session_id,
             "client_assistant_message_id": self.client_assistant_message_id,
+            "client_agent_id": self.client_agent_id,
+            "client_parent_agent_id": self.client_parent_agent_id,
             "upstream_attempted": self.upstream_attempted,
             "response_source": self.response_source,
             "upstream_status_code": self.upstream_status_code,
@@ -171,11 +177,9 @@ class CallExchange:
         session_header, message_header = self.correlation_headers
         fields = self.request_fields if self.request_fields is not None else first_values(headers)
         # Looked for only when sent (most calls carry neither): `single_value` scans the head.
-        self.client_session_id = None
-        for name in (session_header, *HARNESS_SESSION_HEADERS):  # The first one sent names the session.
-            if name.lower().encode("latin-1") in fields:
-                self.client_session_id = single_value(headers, name, fields)
-                break
+        self.client_session_id = _first_sent(headers, fields, (session_header, *HARNESS_SESSION_HEADERS))
+        self.client_agent_id = _first_sent(headers, fields, HARNESS_AGENT_HEADERS)
+        self.client_parent_agent_id = _first_sent(headers, fields, HARNESS_PARENT_AGENT_HEADERS)
         self.client_assistant_message_id = (single_value(headers, message_header, fields)
                                             if message_header.lower().encode("latin-1") in fields else None)
         encoding = fields.get(b"content-encoding")
@@ -221,6 +225,15 @@ class CallExchange:
         if failure is not None:
             fields["failure"] = failure.as_dict()
         return fields
+
+
+def _first_sent(headers: Headers, fields: dict[bytes, bytes], names: tuple[str, ...]) -> str | None:
+    """The value of the first of ``names`` the request carries (the one-distinct-value rule:
+    `single_value`), else None. Looked for only when sent: most calls carry none of them."""
+    for name in names:
+        if name.lower().encode("latin-1") in fields:
+            return single_value(headers, name, fields)
+    return None
 
 
 def _reassembled_whole(outcome: TapOutcome) -> bool:

@@ -94,6 +94,10 @@ def _decodes(encoded: str) -> bool:
 #: The session headers the coding harnesses send of their own, read (in this order) when the
 #: configured `session_id_header` is absent: Claude Code's, then Codex CLI's (DESIGN §2).
 HARNESS_SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
+#: The agent within a session, and the agent that started it (a subagent's parent): Claude Code's
+#: own headers, and Dynamo's parent session (its agents' convention), first present wins.
+HARNESS_AGENT_HEADERS = ("x-claude-code-agent-id",)
+HARNESS_PARENT_AGENT_HEADERS = ("x-claude-code-parent-agent-id", "x-dynamo-parent-session-id")
 
 _API_PATHS = ("/chat/completions", "/responses", "/messages", "/completions", "/embeddings", "/models")
 

@@ -246,8 +246,28 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                   "tool calls", "error", "training arrays"],
                  [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
                   [str(r), _UNREADABLE] for r in rows])
-    for line in chain_lines(store.capture_dir, rollout_id, rows):
+    for line in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows)]:
         click.echo(line)
+
+
+def agent_lines(rows: list[Any]) -> list[str]:
+    """The rollout's calls grouped by the harness's agent (``client_agent_id``; a subagent names its
+    parent), in order of first call; nothing when no call names an agent."""
+    calls = [row for row in rows if isinstance(row, CallRow)]
+    if not any(row.client_agent_id or row.client_parent_agent_id for row in calls):
+        return []
+    groups: dict[Optional[str], list[CallRow]] = {}
+    for row in calls:
+        groups.setdefault(row.client_agent_id, []).append(row)
+    said = [f"{len(groups)} agent{'s' if len(groups) != 1 else ''} (the harness's agent headers):"]
+    for agent, members in groups.items():
+        parents = sorted({row.client_parent_agent_id for row in members if row.client_parent_agent_id})
+        name = f"agent {agent}" if agent is not None else "no agent id (the main agent)"
+        if parents:
+            name += f", started by {', '.join(parents)}"
+        said.append(f"  {name}: {len(members)} call{'s' if len(members) != 1 else ''} "
+                    + " ".join(f"#{row.call_index}" for row in members))
+    return said
 
 
 def chain_lines(directory: str, rollout_id: str, rows: list[Any]) -> list[str]:

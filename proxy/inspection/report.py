@@ -64,7 +64,8 @@ def write_report(store: CaptureStore, rollout_ids: list[str], output: str,
     for number, rollout_id in enumerate(rollout_ids):
         calls, bodies, unreadable = _rollout(store, rollout_id)
         summaries.append({"id": rollout_id, "incomplete": store.is_incomplete(rollout_id), "calls": calls, "n": number,
-                          "unreadable": unreadable, "chains": _chains(store, rollout_id)})
+                          "unreadable": unreadable, "chains": _chains(store, rollout_id),
+                          "agents": _agents(store, rollout_id)})
         script = f"window.mccPayloads({embed_json(rollout_id)}, {embed_json(bodies)});\n"
         with open(os.path.join(payloads, f"r{number}.js"), "w", encoding="utf-8") as handle:
             handle.write(script)
@@ -75,6 +76,15 @@ def write_report(store: CaptureStore, rollout_ids: list[str], output: str,
     with open(output, "w", encoding="utf-8") as handle:
         handle.write(page)
     return {"page_bytes": len(page.encode()), "payload_bytes": payload_bytes}
+
+
+def _agents(store: CaptureStore, rollout_id: str) -> str:
+    """The rollout's calls by the harness's agent, in one phrase; empty when no call names one."""
+    from .cli import agent_lines
+
+    lines = agent_lines([call_row(rollout_id, index, line) for index, line in store.iter_available(rollout_id)
+                         if line is not None])
+    return "; ".join(line.strip().rstrip(":") for line in lines)
 
 
 def _chains(store: CaptureStore, rollout_id: str) -> str:
@@ -456,6 +466,7 @@ function rollout(r) {
   h.append(el("span", "meta", `${plural(r.calls.length, "call")}, ${plural(r.errors, "error")}, ${ms(r.span * 1000)}${r.unreadable ? `, ${plural(r.unreadable, "unreadable line")}` : ""}${r.incomplete ? ", capture incomplete" : ""}`));
   sec.append(h);
   if (r.chains) sec.append(el("div", "meta chains", r.chains));
+  if (r.agents) sec.append(el("div", "meta agents", r.agents));
   r.calls.forEach(c => {
     const row = el("div", "call" + (c[F.category] ? " error" : "") + (matches(c) ? "" : " dim")); row.dataset.index = c[F.index];
     row.dataset.kind = klass(c);
