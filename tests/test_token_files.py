@@ -4,6 +4,7 @@ the suffix after their parent, the rollout's sequence rebuilt and verified from 
 
 from __future__ import annotations
 
+import json
 import os
 
 import orjson
@@ -292,6 +293,41 @@ async def test_a_retry_names_the_call_it_repeats(http, upstream, start, capture_
     assert [r.retry_of for r in read_token_records(store, "retried")] == [None, first["model_call_id"],
                                                                          second["model_call_id"], None]
     assert read_token_entries(capture_dir, "retried")[1]["retry_of"] == first["model_call_id"]
+
+
+async def test_a_resend_equal_as_json_names_the_call_it_repeats(http, upstream, start, capture_dir, store):
+    """Codex CLI re-serialises ``client_metadata`` with its keys in another order when it resends after a
+    cut stream: a body equal as JSON (key order and spacing aside) is a retry too, on the line and, in
+    the token mode, on the token record and entry; one differing value is not."""
+    from records import read_token_records
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "resent", "/v1/chat/completions")
+    messages = [SYSTEM, {"role": "user", "content": "hi"}]
+    first_body = orjson.dumps({"model": "m", "messages": messages, "metadata": {"a": "1", "b": "2"}})
+    reordered = json.dumps({"metadata": {"b": "2", "a": "1"}, "messages": messages, "model": "m"}, indent=1).encode()
+    changed = orjson.dumps({"model": "m", "messages": messages, "metadata": {"a": "1", "b": "3"}})
+    for body in (first_body, reordered, changed):
+        await fetch(http, "POST", url, body)
+    first, second, third = store.read("resent")
+    assert second["retry_of"] == first["model_call_id"] and "retry_of" not in third
+    assert [r.retry_of for r in read_token_records(store, "resent")] == [None, first["model_call_id"], None]
+    assert read_token_entries(capture_dir, "resent")[1]["retry_of"] == first["model_call_id"]
+    assert list(orjson.loads(upstream.received[1].body))[:3] == ["metadata", "messages", "model"]  # As it came.
+
+
+async def test_a_reordered_responses_resend_is_a_retry_without_the_token_mode(http, upstream, sidecar, store):
+    """Without the token mode the JSON key is taken when the line is built: the same rule."""
+    upstream.scripts["/v1/responses"] = json_script(b'{"id": "resp_1", "object": "response", "status": "completed", '
+                                                    b'"output": []}')
+    url = rollout_url(sidecar.url, "codex", "/v1/responses")
+    request = {"model": "m", "input": "hi", "client_metadata": {"x-codex-turn": "1", "x-codex-window": "w"}}
+    again = {"client_metadata": {"x-codex-window": "w", "x-codex-turn": "1"}, "input": "hi", "model": "m"}
+    for body in (request, again, again, {**request, "input": "other"}):
+        await fetch(http, "POST", url, orjson.dumps(body))
+        assert upstream.received[-1].body == orjson.dumps(body)
+    lines = store.read("codex")
+    assert [line.get("retry_of") for line in lines] == [None, lines[0]["model_call_id"], lines[1]["model_call_id"], None]
 
 
 async def test_show_export_and_report_carry_the_chains(http, upstream, start, capture_dir, tmp_path):

@@ -151,6 +151,7 @@ class Call:
         if exchange.request_encoding is not None and not decodable(exchange.request_encoding):
             self._undecodable(exchange.request_encoding, "request")
         if body:
+            exchange.retries = ctx.retries
             exchange.retry_of = ctx.retries.note(exchange.rollout_id, body, exchange.model_call_id)
         self.hooks = ctx.hooks_for(self.route)
 

@@ -12,6 +12,7 @@ from capture import (BodyTap, StreamTap, TapOutcome, as_evidence, decodable, is_
                      parse_json_object)
 
 from ..http import Headers, first_values, single_value
+from ._retries import RetryMemory
 from ._routing import HARNESS_AGENT_HEADERS, HARNESS_PARENT_AGENT_HEADERS, HARNESS_SESSION_HEADERS
 
 MODEL_REF_TYPE = "responses_api_models"
@@ -99,10 +100,24 @@ class CallExchange:
     added_request_fields: dict[str, Any] | None = None
     #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
     parsed_request: dict[str, Any] | None = None
-    #: The earlier call of the rollout this one repeats byte for byte (an SDK retry, a resend).
+    #: The earlier call of the rollout this one repeats (an SDK retry, a resend): byte for byte,
+    #: noted as the call opens, or equal as JSON (`note_json_retry`).
     retry_of: str | None = None
+    #: Where the rollout's recent requests are remembered (`RetryMemory`); None: not looked for.
+    retries: RetryMemory | None = None
     model_call_id: str = field(default_factory=new_call_id)
     _started_monotonic: float = 0.0
+    _json_retry_noted: bool = False
+
+    def note_json_retry(self, request: Any) -> None:
+        """Note the parsed request (once per call) and, when no byte-equal call was found, take the
+        latest earlier call that is equal to it as JSON, key order aside (issue 44, point 5)."""
+        if self.retries is None or self._json_retry_noted or type(request) is not dict:
+            return
+        self._json_retry_noted = True
+        earlier = self.retries.note_json(self.rollout_id, request, self.model_call_id)
+        if self.retry_of is None:
+            self.retry_of = earlier
 
     def generated_so_far(self) -> dict[int, int] | None:
         """Per choice, the generated ids relayed so far (a declared weight update's split point), or
@@ -167,6 +182,7 @@ class CallExchange:
             "local_response_reason": self.local_response_reason,
         }
         fields.update(self._request_fields())
+        self.note_json_retry(fields.get("request"))
         fields.update(self._response_fields())
         fields["added_request_fields"] = self.added_request_fields
         fields["retry_of"] = self.retry_of

@@ -350,7 +350,7 @@ def training_summary(store: CaptureStore, rollout_id: str, call_index: int) -> l
                         "keeps the clean ones), or fix the chat template so a sent-back turn renders as its generated "
                         "ids, or send prompts as token ids")
         if record.retry_of is not None:
-            said.append(f"  repeats call {record.retry_of} byte for byte (a retry)")
+            said.append(f"  repeats call {record.retry_of} (a retry: the same request, as bytes or as JSON)")
         said += ["  " + words for words in lineage_words(record)]
     return ["", "--- training arrays ---", *said] if said else []
 

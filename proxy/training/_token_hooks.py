@@ -140,6 +140,7 @@ class TokenHooks(CallHooks):
         # after its capture line is durable: the intent's flush joins that barrier (one flush for
         # the call, not two; issue 34). Any other way out flushes first (`before_reply_bytes`).
         flush_intent = self.fields is None or request.get("stream") is True
+        exchange.note_json_retry(request)  # Parsed here first: a resend's token entry names its call too.
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
             exchange.dialect, request, exchange.retry_of, flush_intent)
