@@ -336,16 +336,18 @@ def test_the_path_of_an_absolute_form_target(target, path):
 
 
 async def test_a_refused_upgrade_is_said_once_with_its_path(raw_upstream, start, capture_dir, caplog):
-    """A WebSocket agent (Responses over WebSocket) gets its 501, and the log says why, once per path."""
+    """A WebSocket that is not the Responses WebSocket mode on a prefixed path (here: no rollout
+    prefix) gets its 501, nothing goes upstream, and the log says why, once per path."""
     import logging
 
     sidecar = await start(raw_upstream.url, capture_dir=capture_dir)
-    ws = (b"GET /ng-rollout/ws-said/v1/responses HTTP/1.1\r\nHost: s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    ws = (b"GET /said/v1/responses HTTP/1.1\r\nHost: s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
           b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
     with caplog.at_level(logging.WARNING, logger="mcc"):
         for _ in range(2):
             reply = await exchange(sidecar.url, ws, lambda received: False)
             assert reply.startswith(b"HTTP/1.1 501 Not Implemented\r\n")
+    assert raw_upstream.received == []
     said = [r.getMessage() for r in caplog.records if "with 501" in r.getMessage()]
-    assert said == ["refused GET /ng-rollout/ws-said/v1/responses with 501: Upgrade: websocket is not served "
-                    "(only HTTP/1.1 requests are forwarded)"], said
+    assert said == ["refused GET /said/v1/responses with 501: Upgrade: websocket is not served (only HTTP/1.1 requests "
+                    "are forwarded, and the Responses WebSocket mode on /ng-rollout/<rollout_id>/v1/responses)"], said

@@ -38,6 +38,7 @@ from ..training import (
     WeightVersionHooks,
     declared_version,
 )
+from ..websocket import serve_websocket
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 
@@ -106,7 +107,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             partial(Http1Connection, self.handle, settings.max_body_bytes, self.connections, self.idle_timeout,
-                    settings.head_timeout, settings.max_connections),
+                    settings.head_timeout, settings.max_connections, websocket_upgrades=True),
             settings.host, settings.port, backlog=1024, reuse_port=settings.reuse_port or None, start_serving=False)
         try:
             self._prepare(settings)
@@ -174,6 +175,8 @@ class Sidecar:
         here: the connection awaits the call itself (no frame of ours between them on each resume)."""
         if request.target.startswith(b"/-/"):
             return self._admin(request, client)
+        if request.upgrade:  # The Responses WebSocket mode (the wire hands over only WebSocket upgrades).
+            return serve_websocket(self.calls, request, client)
         return forward(self.calls, request, client)
 
     async def _admin(self, request: ServerRequest, client: Http1Connection) -> None:

@@ -8,7 +8,9 @@ rules (hop-by-hop stripping), and the body sinks a reply can be read into.
 from ._checks import certificate_problem, upstream_problem
 from ._headers import Headers, client_response_headers, first_values, header_value, single_value, upstream_request_headers
 from ._reply_writer import ReplyWriter
-from ._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest
+from ._server import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest, say_refused_upgrade
+from ._tunnel import ServerTunnel, StreamTunnel
+from . import _websocket as websocket
 from ._sinks import UpstreamBroke, WholeBody
 from ._upstream import (
     BodySink,
@@ -17,6 +19,7 @@ from ._upstream import (
     UpstreamProtocolError,
     UpstreamReply,
     UpstreamTimeout,
+    UpgradeReply,
 )
 
 __all__ = [
@@ -26,6 +29,9 @@ __all__ = [
     "ReplyWriter",
     "KEEPALIVE_IDLE_SECONDS",
     "ServerRequest",
+    "ServerTunnel",
+    "StreamTunnel",
+    "UpgradeReply",
     "UpstreamBroke",
     "UpstreamConnectError",
     "UpstreamPool",
@@ -38,5 +44,7 @@ __all__ = [
     "first_values",
     "header_value",
     "single_value",
+    "say_refused_upgrade",
     "upstream_request_headers",
+    "websocket",
 ]

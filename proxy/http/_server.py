@@ -27,6 +27,7 @@ import httptools
 
 from ._headers import Headers, first_values
 from ._reply_writer import ReplyWriter
+from ._tunnel import ServerTunnel
 
 log = logging.getLogger("mcc.http")
 
@@ -42,7 +43,7 @@ class ServerRequest:
     """One complete request as received: raw target, raw headers in order, the whole body."""
 
     __slots__ = ("method", "target", "headers", "fields", "body", "keep_alive", "has_body", "too_large", "http10",
-                 "refusal")
+                 "refusal", "upgrade")
 
     def __init__(self, method: str, target: bytes, headers: Headers, keep_alive: bool, has_body: bool,
                  fields: Optional[dict[bytes, bytes]] = None) -> None:
@@ -60,6 +61,9 @@ class ServerRequest:
         self.http10 = False
         #: (status, reason, message) of a local refusal answered in this request's turn (Upgrade, CONNECT).
         self.refusal: Optional[tuple[int, bytes, bytes]] = None
+        #: A WebSocket upgrade (``GET`` with ``Upgrade: websocket``) the handler may take over
+        #: (`Http1Connection.take_over`), or answer; the connection ends with it either way.
+        self.upgrade = False
 
     def value(self, name: bytes) -> Optional[bytes]:
         """The first value of the field ``name`` (lower case), else None."""
@@ -80,7 +84,7 @@ _last_refusal_log = [0.0]
 _said_upgrades: set[bytes] = set()
 
 
-def _say_refused_upgrade(method: str, target: bytes, upgrade: Optional[bytes]) -> None:
+def say_refused_upgrade(method: str, target: bytes, upgrade: Optional[bytes]) -> None:
     """An Upgrade (a WebSocket agent) or CONNECT gets a 501: said once per path, so that an agent
     run failing on it shows why in the log."""
     path = target.split(b"?", 1)[0][:200]
@@ -88,7 +92,8 @@ def _say_refused_upgrade(method: str, target: bytes, upgrade: Optional[bytes]) -
         return
     _said_upgrades.add(path)
     what = f"Upgrade: {upgrade.decode('latin-1')}" if upgrade is not None else method
-    log.warning("refused %s %s with 501: %s is not served (only HTTP/1.1 requests are forwarded)",
+    log.warning("refused %s %s with 501: %s is not served (only HTTP/1.1 requests are forwarded, and the Responses "
+                "WebSocket mode on /ng-rollout/<rollout_id>/v1/responses)",
                 method, path.decode("latin-1"), what, extra={"status": 501, "path": path.decode("latin-1")})
 
 
@@ -98,8 +103,14 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
 
     def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"],
                  idle_timeout: float = KEEPALIVE_IDLE_SECONDS, head_timeout: float = HEAD_TIMEOUT_SECONDS,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, websocket_upgrades: bool = False) -> None:
         self._handler = handler
+        #: Hand a WebSocket upgrade to the handler (which takes it over or answers it) instead of
+        #: refusing it here with a 501.
+        self._websocket_upgrades = websocket_upgrades
+        #: Bytes after an upgrade's head, held until the handler takes the connection over.
+        self._after_upgrade: Optional[bytearray] = None
+        self._tunnel: Optional[ServerTunnel] = None
         self._head_timeout = head_timeout
         self._max_connections = max_connections
         #: True while a request head is expected or arriving (its bytes are counted as they come).
@@ -157,6 +168,12 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = now = self._loop.time()
+        if self._after_upgrade is not None:  # Another protocol's bytes now, not HTTP's.
+            if self._tunnel is not None:
+                self._tunnel.feed(data)
+            else:
+                self._after_upgrade += data
+            return
         if self._closing or self._stop_reading:
             return
         if self._in_head:
@@ -176,7 +193,10 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
                 return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._after_upgrade is not None:  # Handed to the handler: what follows is its protocol's.
+                self._after_upgrade += data[upgrade.args[0]:]
+                return
             if not self._stop_reading:  # Its 501 is queued (`_refuse_in_turn`); anything else: now.
                 self._refuse(501, b"Not Implemented", b"protocol upgrades are not supported")
         except httptools.HttpParserError as exc:  # httptools wraps errors raised in our callbacks too.
@@ -196,7 +216,9 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             self._idle_timer.cancel()
         if self._head_timer is not None:
             self._head_timer.cancel()
-        if self._task is not None and not self._task.done():
+        if self._tunnel is not None:
+            self._tunnel.feed_eof()  # The relay sees the end and closes its side.
+        elif self._task is not None and not self._task.done():
             self._task.cancel()  # The client left: the handler stops its upstream call.
 
     def pause_writing(self) -> None:
@@ -266,10 +288,15 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             # HTTP/1.0 has no transfer codings: such a body's framing cannot be trusted (RFC 9112
             # §6.1; nginx answers 400).
             self._refuse_in_turn(request, 400, b"Bad Request", b"an HTTP/1.0 request cannot use Transfer-Encoding")
+        elif (self._websocket_upgrades and request.method == "GET" and parser.should_upgrade()
+              and fields.get(b"upgrade", b"").strip().lower() == b"websocket"):
+            request.upgrade = True  # The handler takes it over (or answers it); nothing after it is HTTP.
+            request.keep_alive = False
+            self._after_upgrade = bytearray()
         elif request.method == "CONNECT" or parser.should_upgrade():
             # Not a proxy for tunnels or other protocols: 501 in this request's turn, nothing
             # upstream, no byte after it read (what follows would be the other protocol's).
-            _say_refused_upgrade(request.method, request.target, fields.get(b"upgrade"))
+            say_refused_upgrade(request.method, request.target, fields.get(b"upgrade"))
             self._refuse_in_turn(request, 501, b"Not Implemented",
                                  b"protocol upgrades and CONNECT are not supported by this sidecar")
         elif length is not None and length.strip().isdigit() and int(length) > self._max_body:
@@ -376,6 +403,20 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             self._last_activity = self._loop.time()  # Idle from the end of the last reply.
         if self._closing:
             self.close()
+
+    def take_over(self) -> ServerTunnel:
+        """The connection, for the upgrade now being answered: its bytes from here on, both ways.
+        The handler has written its ``101`` (or relayed the upstream's) first."""
+        assert self.transport is not None and self._after_upgrade is not None
+        tunnel = self._tunnel = ServerTunnel(self.transport, bytes(self._after_upgrade))
+        self._after_upgrade.clear()
+        self.on_write_flow = tunnel.writing_paused
+        if self._paused_writing:
+            tunnel.writing_paused(True)
+        if self.gone:
+            tunnel.feed_eof()
+        self.response_started = self.response_ended = True
+        return tunnel
 
     @property
     def writing_paused(self) -> bool:

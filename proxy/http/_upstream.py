@@ -16,12 +16,13 @@ import asyncio
 import os
 import socket
 import ssl
-from typing import Optional, Protocol
+from typing import NamedTuple, Optional, Protocol
 from urllib.parse import urlsplit
 
 import httptools
 
 from ._headers import Headers, first_values
+from ._tunnel import StreamTunnel
 
 #: An idle connection older than this is closed rather than reused: servers close idle
 #: keep-alive connections (uvicorn, vLLM's server, after 5 s), and reusing one they are closing
@@ -357,6 +358,34 @@ class UpstreamConnection(asyncio.Protocol):
         self._close()
 
 
+#: An upgrade's reply head, as any head we read (`MAX_HEAD_BYTES` of the server side).
+_UPGRADE_HEAD_LIMIT = 64 * 1024
+
+
+class UpgradeReply(NamedTuple):
+    """The upstream's answer to an upgrade: its head (parsed, and ``raw`` as it came), and the
+    connection as a tunnel when it switched protocols (101)."""
+
+    status: int
+    reason: bytes
+    headers: Headers
+    raw: bytes
+    tunnel: Optional[StreamTunnel]
+
+
+def _parse_head(raw: bytes) -> tuple[int, bytes, Headers]:
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise UpstreamProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+    headers: Headers = []
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(b":")
+            headers.append((name.strip(), value.strip()))
+    return int(parts[1]), parts[2] if len(parts) > 2 else b"", headers
+
+
 class UpstreamPool:
     """Keep-alive connections to one upstream base URL."""
 
@@ -401,6 +430,37 @@ class UpstreamPool:
         # close, so it is not resent (the client gets a 502 and decides, as behind nginx).
         connection = await self._connect()
         return await connection.send(message, head_only)
+
+    async def upgrade(self, target: bytes, headers: Headers) -> "UpgradeReply":
+        """Send an upgrade request (``GET`` with its ``Upgrade`` and ``Connection`` headers) on a
+        connection of its own, never pooled, and read the reply's head. A ``101`` hands back the
+        connection as a tunnel; any other reply is closed (its head is all a caller uses)."""
+        head = [b"GET %s%s HTTP/1.1\r\nHost: %s\r\n" % (self.base_path, target, self.host_header)]
+        for name, value in headers:
+            head.append(b"%s: %s\r\n" % (name, value))
+        head.append(b"\r\n")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=_UPGRADE_HEAD_LIMIT),
+                self.connect_timeout)
+        except asyncio.TimeoutError as exc:
+            raise UpstreamConnectError(f"connect timeout after {self.connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            writer.write(b"".join(head))
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
+        except asyncio.TimeoutError as exc:
+            writer.close()
+            raise UpstreamTimeout(f"no reply head within {self.read_timeout:g} s") from exc
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
+            writer.close()
+            raise UpstreamProtocolError(f"the upgrade's reply head did not arrive whole: {exc}") from exc
+        status, reason, reply_headers = _parse_head(raw)
+        if status != 101:
+            writer.close()
+            return UpgradeReply(status, reason, reply_headers, raw, None)
+        return UpgradeReply(status, reason, reply_headers, raw, StreamTunnel(reader, writer))
 
     async def _acquire(self) -> tuple[UpstreamConnection, bool]:
         """The most recently idle connection that is young enough and still open, else a new one.
