@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The demo needs only the SDKs it drives, not the test tools (pytest, pyarrow, kubernetes-validate).
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test soak bench clean install docs gym-conformance gym-e2e vllm-conformance
+.PHONY: demo test soak bench clean install docs gym-conformance gym-e2e vllm-conformance harness-e2e
 
 install: $(STAMP)
 
@@ -76,3 +76,10 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info
+
+# Real agent harnesses through the sidecar against the stand-in: Claude Code and Codex CLI from the
+# npm registry, the OpenAI Agents SDK from the package index, installed (pinned) into
+# ~/.cache/model-call-capture/harnesses-1 the first time (about 30 s); skips, with the reason, where
+# node, npm or a package cannot be installed.
+harness-e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -s -m harness_e2e tests/harness_e2e

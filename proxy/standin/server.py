@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 import orjson
 from aiohttp import web
 
+from ._encoding import asked_encoding, compressor
 from .replies import (
     STAND_IN_MODEL,
     Plan,
@@ -79,7 +80,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     reply = responses_reply(plan, _serial(raw), STAND_IN_CREATED, ResponsesTokenOptions.from_request(body))
     if body.get("stream"):
         return await _stream(request, responses_events(reply))
-    return web.json_response(reply, dumps=_dumps)
+    return _json_reply(request, reply)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -95,7 +96,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, chat_events(reply, include_usage, tokens, lambda: version[0]))
-    return web.json_response(reply, dumps=_dumps)
+    return _json_reply(request, reply)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -120,7 +121,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, completions_events(reply, include_usage, tokens))
-    return web.json_response(reply, dumps=_dumps)
+    return _json_reply(request, reply)
 
 
 #: The most samples a completions request may ask for (``n``).
@@ -171,7 +172,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     reply = messages_reply(plan, _serial(raw), isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"))
     if body.get("stream"):
         return await _stream(request, messages_events(reply))
-    return web.json_response(reply, dumps=_dumps)
+    return _json_reply(request, reply)
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -200,8 +201,14 @@ async def _weight_info(request: web.Request) -> web.Response:
 async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
     """Each event written as it is made; ``X-Stand-In-Pace: S`` waits S seconds after each (a
     generation's pace, so a stream is seen in flight: weight updates mid-stream)."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    encoding = asked_encoding(request.headers)
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    response = web.StreamResponse(headers=headers)
     await response.prepare(request)
+    if encoding is not None:
+        events = _compressed(events, compressor(encoding))
     try:
         pace = float(request.headers.get("X-Stand-In-Pace") or 0)
     except ValueError:
@@ -212,6 +219,23 @@ async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamRe
             await asyncio.sleep(pace)
     await response.write_eof()
     return response
+
+
+def _compressed(events: Iterable[bytes], coder: Any) -> Iterable[bytes]:
+    for event in events:
+        yield coder.piece(event)
+    yield coder.end()
+
+
+def _json_reply(request: web.Request, reply: Any) -> web.Response:
+    """The reply as JSON, compressed when the request asked (`X-Stand-In-Encoding`)."""
+    body = orjson.dumps(reply)
+    encoding = asked_encoding(request.headers)
+    if encoding is None:
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
+    coder = compressor(encoding)
+    return web.Response(body=coder.piece(body) + coder.end(), content_type="application/json", charset="utf-8",
+                        headers={"Content-Encoding": encoding})
 
 
 async def _json_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
