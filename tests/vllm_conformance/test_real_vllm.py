@@ -331,3 +331,50 @@ async def test_prefix_supply_makes_a_drifting_session_extend_every_turn(vllm_url
     assert not build.masked, build.mask_reason
     last = records[-1]
     assert build.main.token_ids == [*last.prompt_token_ids, *last.generation_token_ids]
+
+
+@pytest.mark.parametrize("mode", ["plain", "token-capture"])
+async def test_a_websocket_session_of_ten_responses_is_bridged_to_vllm(vllm_url, http, start, capture_dir, store, mode):
+    """vLLM serves no WebSocket: the sidecar bridges each ``response.create`` of one socket to a
+    streamed POST (issue 44). Ten chained responses: ten lines, each as complete as the same request
+    streamed over HTTP through the sidecar (same status, text, usage); the socket's events are the
+    stream's; in the token mode each has its training arrays and the agent's events are unchanged."""
+    from tests.websockets_wire import RawSocket, create
+
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=mode == "token-capture")
+    socket = await RawSocket.connect(sidecar.url, f"/ng-rollout/ws-{mode}/v1/responses")
+    assert socket.status == 101, socket.head
+    previous, answered = None, []
+    for turn in range(10):
+        socket.send_text(create(f"Turn {turn}: write a word.", previous, model=SERVED_NAME, max_output_tokens=8,
+                                temperature=0))
+        events = await socket.until_ending()
+        assert events[-1]["type"] == "response.completed", events[-1]
+        answered.append(events)
+        previous = events[-1]["response"]["id"]
+    socket.close()
+    lines = store.read(f"ws-{mode}")
+    assert len(lines) == 10 and [line["websocket"]["turn"] for line in lines] == list(range(10))
+    for turn, (line, events) in enumerate(zip(lines, answered)):
+        assert line["status_code"] == 200 and line["error_category"] in (None, "incomplete"), line.get("failure")
+        assert line["response"]["output"] == events[-1]["response"]["output"]
+        assert len(line["request"]["input"]) > turn  # The socket's context, whole.
+        body = orjson.dumps(line["request"])
+        over_http = await fetch(http, "POST", rollout_url(sidecar.url, f"http-{mode}-{turn}", "/v1/responses"), body,
+                                headers=_JSON)
+        assert over_http.status == 200
+        (twin,) = store.read(f"http-{mode}-{turn}")
+        record, twin_record = build_model_call_record(line, turn), build_model_call_record(twin, 0)
+        assert (record.response_status, record.tokens_in, record.tokens_out, record.finish_reason) == (
+            twin_record.response_status, twin_record.tokens_in, twin_record.tokens_out, twin_record.finish_reason)
+        assert _output_text(line["response"]) == _output_text(twin["response"])
+    if mode == "token-capture":
+        tokens = read_token_records(store, f"ws-{mode}")
+        assert len(tokens) == 10 and all(t.prompt_token_ids and t.generation_token_ids for t in tokens)
+        # The arrays the mode asked for were cut from the agent's events: none carries a logprob.
+        assert not any(event.get("logprobs") for events in answered for event in events)
+
+
+def _output_text(response: dict) -> str:
+    return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
+                   for part in item.get("content", []))
