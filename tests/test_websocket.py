@@ -233,3 +233,92 @@ async def test_other_upgrades_and_unprefixed_sockets_get_a_501(start, stand_in, 
         socket.close()
     assert any("/v1/chat/completions" in record.getMessage() and "501" in record.getMessage()
                for record in caplog.records)
+
+
+async def test_a_client_leaving_a_relayed_response_leaves_a_cancelled_line(start, stand_in, capture_dir):
+    """The relay: the client closes its socket mid-response; the upstream socket is closed too (the
+    GPU stops) and the response's line says ``cancelled``."""
+    upstream = await WebSocketUpstream(stand_in.url, pace=0.05).start()
+    try:
+        sidecar = await start(upstream.url, capture_dir=capture_dir)
+        socket = await RawSocket.connect(sidecar.url, PATH.format("relay-left"))
+        socket.send_text(create("a slow one"))
+        while (await socket.next_message()).payload.find(b"output_text.delta") < 0:
+            pass
+        socket.writer.transport.abort()
+        for _ in range(100):
+            if lines_of(capture_dir, "relay-left"):
+                break
+            await asyncio.sleep(0.05)
+        (line,) = lines_of(capture_dir, "relay-left")
+        assert line["error_category"] == "cancelled" and line["websocket"]["mode"] == "relay"
+        assert line["response"]["status"] == "in_progress"  # What had come: the reassembly so far.
+    finally:
+        await upstream.close()
+
+
+async def test_a_relayed_socket_whose_frames_cannot_be_read_is_still_relayed(start, ws_upstream, capture_dir, caplog):
+    """A client frame the capture cannot read (a reserved bit set) is relayed as it came; the
+    capture of that socket stops, said in the log; the upstream answers the protocol error itself."""
+    sidecar = await start(ws_upstream.url, capture_dir=capture_dir)
+    socket = await RawSocket.connect(sidecar.url, PATH.format("odd"))
+    socket.send_text(create("hello"))
+    events = await socket.until_ending()
+    assert events[-1]["type"] == "response.completed"
+    frame = bytearray(websocket.encode_frame(websocket.TEXT, create("again"), mask=socket.MASK))
+    frame[0] |= 0x20  # RSV2: no extension defines it.
+    socket.writer.write(bytes(frame))
+    closing = await socket.next_message()
+    assert closing.opcode == websocket.CLOSE and websocket.close_code(closing.payload) == websocket.PROTOCOL_ERROR
+    socket.close()
+    await asyncio.sleep(0.1)
+    assert len(lines_of(capture_dir, "odd")) == 1
+    assert any("stopped capturing a relayed WebSocket" in record.getMessage() for record in caplog.records)
+
+
+async def test_the_relay_holds_the_ending_frame_at_every_split(start, capture_dir):
+    """An upstream that writes its frames cut at each point around the ending event's frame (its
+    head split, its payload split, fragmented): the client never has the whole ending before the
+    line is on disk, and gets every byte as sent."""
+    events = [orjson.dumps({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}),
+              orjson.dumps({"type": "response.output_text.delta", "delta": "Hi", "output_index": 0,
+                            "content_index": 0, "item_id": "m1"}),
+              orjson.dumps({"type": "response.completed", "response": {
+                  "id": "resp_1", "object": "response", "status": "completed", "output": [
+                      {"type": "message", "id": "m1", "role": "assistant",
+                       "content": [{"type": "output_text", "text": "Hi"}]}]}})]
+    ending = events[-1]
+    body = (websocket.encode_frame(websocket.TEXT, events[0]) + websocket.encode_frame(websocket.TEXT, events[1])
+            + websocket.encode_frame(websocket.TEXT, ending[:20], fin=False)
+            + websocket.encode_frame(websocket.CONTINUATION, ending[20:]))
+    last_frame = body.rindex(websocket.encode_frame(websocket.CONTINUATION, ending[20:]))
+    cuts = sorted({*range(last_frame - 3, last_frame + 4), len(body) - 1, len(body) - 30, 1})
+
+    async def serve(reader, writer, cut):
+        head = await reader.readuntil(b"\r\n\r\n")
+        key = next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.lower().startswith(b"sec-websocket-key"))
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + websocket.accept_value(key) + b"\r\n\r\n")
+        await reader.read(65536)  # The response.create.
+        for piece in (body[:cut], body[cut:]):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        await reader.read()
+        writer.close()
+
+    for cut in cuts:
+        server = await asyncio.start_server(lambda r, w, cut=cut: serve(r, w, cut), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sidecar = await start(f"http://127.0.0.1:{port}", capture_dir=capture_dir)
+        rollout = f"split-{cut}"
+        socket = await RawSocket.connect(sidecar.url, PATH.format(rollout))
+        socket.send_text(create("hi"))
+        got = await socket.until_ending()
+        assert len(lines_of(capture_dir, rollout)) == 1, cut  # On disk before the client had the end.
+        assert [orjson.dumps(event) for event in got] == events
+        assert bytes(socket.received) == body
+        (line,) = lines_of(capture_dir, rollout)
+        assert line["response"]["output"][0]["content"][0]["text"] == "Hi"
+        socket.close()
+        server.close()

@@ -25,8 +25,10 @@ from proxy.http import websocket
 
 
 class WebSocketUpstream:
-    def __init__(self, stand_in_url: str) -> None:
+    def __init__(self, stand_in_url: str, pace: float = 0.0) -> None:
         self.stand_in_url = stand_in_url
+        #: Seconds between the events of a response (the stand-in's ``X-Stand-In-Pace``).
+        self.pace = pace
         self.creates: list[dict[str, Any]] = []
         self._runner: Optional[web.AppRunner] = None
         self.url = ""
@@ -62,8 +64,12 @@ class WebSocketUpstream:
                     await socket.send_str(orjson.dumps({"type": "response.created", "response": response}).decode())
                     await socket.send_str(orjson.dumps({"type": "response.completed", "response": response}).decode())
                     continue
-                for data in await sse_data(http, self.stand_in_url, body):
-                    await socket.send_str(data.decode())
+                async with http.post(self.stand_in_url + "/v1/responses", data=orjson.dumps({**body, "stream": True}),
+                                     headers={"Content-Type": "application/json",
+                                              "X-Stand-In-Pace": str(self.pace)}) as reply:
+                    async for line in reply.content:  # Each event's frame as its event comes.
+                        if line.startswith(b"data: "):
+                            await socket.send_str(line[len(b"data: "):].rstrip(b"\r\n").decode())
         return socket
 
 
