@@ -322,3 +322,20 @@ async def test_the_relay_holds_the_ending_frame_at_every_split(start, capture_di
         assert line["response"]["output"][0]["content"][0]["text"] == "Hi"
         socket.close()
         server.close()
+
+
+@pytest.mark.parametrize("mode", ["bridge", "relay"])
+async def test_a_draining_sidecar_says_going_away_to_an_idle_socket(start, stand_in, ws_upstream, capture_dir, mode):
+    """SIGTERM's drain: a socket between responses is closed with 1001 at once (the client reconnects
+    elsewhere), not held until the drain timeout; its lines are on disk."""
+    sidecar = await start(ws_upstream.url if mode == "relay" else stand_in.url, capture_dir=capture_dir,
+                          drain_timeout=30)
+    socket = await RawSocket.connect(sidecar.url, PATH.format(f"drain-{mode}"))
+    socket.send_text(create("hi"))
+    await socket.until_ending()
+    closing = asyncio.ensure_future(sidecar.close())
+    goodbye = await socket.next_message()
+    assert goodbye.opcode == websocket.CLOSE and websocket.close_code(goodbye.payload) == websocket.GOING_AWAY
+    await closing
+    assert sidecar.sidecar.drained == (1, 0)  # Finished by the drain, not cut at its timeout.
+    assert len(lines_of(capture_dir, f"drain-{mode}")) == 1

@@ -435,8 +435,11 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             self.transport.close()
 
     def shut_down(self) -> None:
-        """Graceful stop: an idle connection closes now, a busy one after its current reply."""
+        """Graceful stop: an idle connection closes now, a busy one after its current reply; a
+        taken-over one is told (its handler says goodbye in its protocol, between messages)."""
         self._closing = True
+        if self._tunnel is not None:
+            self._tunnel.shut_down()
         if self._task is None:
             self.close()
 

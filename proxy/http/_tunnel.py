@@ -30,6 +30,9 @@ class ServerTunnel:
         #: Told True / False as writing to the client pauses / resumes (a bridged call's pump).
         self.on_flow: Optional[Callable[[bool], None]] = None
         self.write_paused = False
+        #: Told once when the sidecar drains (SIGTERM): the protocol's own goodbye is the handler's.
+        self.on_shutdown: Optional[Callable[[], None]] = None
+        self.shutting_down = False
 
     # -- fed by the connection -------------------------------------------------------------------
 
@@ -46,6 +49,12 @@ class ServerTunnel:
         self._wake()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
+
+    def shut_down(self) -> None:
+        if not self.shutting_down:
+            self.shutting_down = True
+            if self.on_shutdown is not None:
+                self.on_shutdown()
 
     def writing_paused(self, paused: bool) -> None:
         self.write_paused = paused

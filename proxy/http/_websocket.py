@@ -137,6 +137,11 @@ class FrameReader:
         self._message_opcode: Optional[int] = None
         self._compressed = False
 
+    @property
+    def between_messages(self) -> bool:
+        """No frame or fragmented message is part-way: a frame of the reader's side may go now."""
+        return not self._buffer and self._message_opcode is None
+
     def feed(self, data: bytes) -> list[Message]:
         self._buffer += data
         messages: list[Message] = []

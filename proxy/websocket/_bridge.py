@@ -24,7 +24,6 @@ Responses on one socket are answered one at a time, in order (as the API does wi
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -47,6 +46,21 @@ _SOCKET_HEADERS = frozenset({b"upgrade", b"connection", b"sec-websocket-key", b"
                              b"sec-websocket-extensions", b"sec-websocket-protocol", b"content-length",
                              b"content-type", b"accept", b"accept-encoding", b"transfer-encoding", b"origin"})
 _ENDING_MARKERS = (b"response.completed", b"response.failed", b"response.incomplete", b'"error"')
+
+
+class _WithHook:
+    """The sidecar's call context, with one hook more for a bridged call (the line's `websocket`
+    key). Reads through to the context itself, so what changes there (a drain's cut) is seen."""
+
+    def __init__(self, ctx: CallContext, hook: SocketFacts) -> None:
+        self._ctx = ctx
+        self._hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def hooks_for(self, route: Route) -> tuple[Any, ...]:
+        return (*self._ctx.hooks_for(route), self._hook)
 
 
 def switching_protocols_head(key: bytes) -> bytes:
@@ -179,7 +193,9 @@ class Bridge:
         self.socket_id = uuid.uuid4().hex[:16]
         self.conversation = Conversation()
         self.turns = 0
-        self._creates: asyncio.Queue[Optional[dict[str, Any]]] = asyncio.Queue()
+        self._creates: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._answering = False
+        socket.on_shutdown = self._shut_down
         self._post_headers = [(name, value) for name, value in request.headers if name.lower() not in _SOCKET_HEADERS]
         self._post_headers += [(b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"),
                                (b"Accept-Encoding", b"identity")]
@@ -233,9 +249,23 @@ class Bridge:
     async def _answer_in_turn(self) -> None:
         while True:
             event = await self._creates.get()
-            if event is None:
-                return
-            await self._answer(event)
+            self._answering = True
+            try:
+                await self._answer(event)
+            finally:
+                self._answering = False
+            if self.socket.shutting_down and self._creates.empty():
+                self._say_going_away()
+
+    def _shut_down(self) -> None:
+        """The sidecar drains: an idle socket is closed now (1001, going away), a busy one once its
+        response has ended; the client reconnects to another sidecar."""
+        if not self._answering and self._creates.empty():
+            self._say_going_away()
+
+    def _say_going_away(self) -> None:
+        self._close(websocket.GOING_AWAY, "the sidecar is shutting down")
+        self.socket.feed_eof()  # Ends the read loop: `run` closes the socket.
 
     async def _answer(self, event: dict[str, Any]) -> None:
         turn, self.turns = self.turns, self.turns + 1
@@ -250,10 +280,7 @@ class Bridge:
                                                                                      body.get("input"), response))
         request = ServerRequest("POST", self.request.target, self._post_headers, True, True)
         request.body = dumps_body(body)
-        hook = SocketFacts(facts)
-        base = self.ctx.hooks_for
-        ctx = dataclasses.replace(self.ctx, hooks_for=lambda route: (*base(route), hook))
-        await forward(ctx, request, frames)  # type: ignore[arg-type]
+        await forward(_WithHook(self.ctx, SocketFacts(facts)), request, frames)  # type: ignore[arg-type]
 
     async def _prewarm(self, body: dict[str, Any], facts: dict[str, Any]) -> None:
         """``generate: false``: nothing is generated; the socket answers at once, remembers the

@@ -46,6 +46,19 @@ class Relay:
         self._from_server = websocket.FrameReader(False, ctx.max_body_bytes,
                                                   websocket.agreed_deflate(extensions, from_server=True))
         self._client_closed = False
+        client.on_shutdown = self._shut_down
+
+    def _shut_down(self) -> None:
+        """The sidecar drains: once no response is open and no server message is part-way, the
+        client is told 1001 (going away) and both sockets close; the client reconnects elsewhere."""
+        if not self.capturing:  # Its frames are not read: where a message ends is not known.
+            self.client.feed_eof()
+            self.upstream.close()
+        elif not self.open and self._from_server.between_messages:
+            self.client.write(websocket.encode_frame(websocket.CLOSE, websocket.close_payload(
+                websocket.GOING_AWAY, "the sidecar is shutting down")))
+            self.client.feed_eof()
+            self.upstream.close()
 
     async def run(self) -> None:
         upward = asyncio.ensure_future(self._client_to_upstream())
@@ -96,6 +109,8 @@ class Relay:
             self.client.write(data[sent:])
             base += len(data)
             await self.client.drain()
+            if self.client.shutting_down:
+                self._shut_down()
 
     def _read(self, reader: websocket.FrameReader, data: bytes) -> list[websocket.Message]:
         if not self.capturing:
