@@ -274,6 +274,9 @@ async def test_a_relayed_socket_whose_frames_cannot_be_read_is_still_relayed(sta
     await asyncio.sleep(0.1)
     assert len(lines_of(capture_dir, "odd")) == 1
     assert any("stopped capturing a relayed WebSocket" in record.getMessage() for record in caplog.records)
+    async with aiohttp.ClientSession() as http, http.get(sidecar.url + "/-/metrics") as reply:
+        metrics = await reply.text()
+    assert "mcc_websocket_capture_stopped_total 1.0" in metrics and 'mcc_websockets_total{mode="relay"} 1.0' in metrics
 
 
 async def test_the_relay_holds_the_ending_frame_at_every_split(start, capture_dir):

@@ -76,6 +76,12 @@ class SidecarMetrics:
         self.left_after_end = Counter("mcc_client_left_after_end_total", "Clients that left after a stream's last "
                                       "meaningful event (every choice's finish reason, the usage asked for) and "
                                       "before its terminal ([DONE]): complete calls, not cancels.", registry=registry)
+        self.websockets = Counter("mcc_websockets_total", "Responses WebSocket connections served, by how: relay "
+                                  "(the upstream took the upgrade) or bridge (streamed POSTs).", ["mode"],
+                                  registry=registry)
+        self.websocket_capture_stopped = Counter("mcc_websocket_capture_stopped_total", "Relayed WebSockets whose "
+                                                 "frames could not be read: relayed on, their capture stopped.",
+                                                 registry=registry)
         self.uncaptured_calls = Counter("mcc_uncaptured_calls_total", "Model calls forwarded without capture, with "
                                         "capture on, because their path had no /ng-rollout/<id>/ prefix.",
                                         registry=registry)

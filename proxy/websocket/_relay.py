@@ -119,6 +119,7 @@ class Relay:
             return reader.feed(data)
         except websocket.WebSocketError as error:
             self.capturing = False  # Relaying goes on; the capture of this socket stops.
+            self.ctx.metrics.websocket_capture_stopped.inc()
             self.ctx.warnings.warning(("websocket", "unreadable"), "stopped capturing a relayed WebSocket of rollout %s: "
                                       "its frames cannot be read (%s); the bytes are still relayed unchanged",
                                       self.rollout_id, error.reason)

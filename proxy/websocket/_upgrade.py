@@ -55,6 +55,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
         client.transport.write(upstream.raw)  # type: ignore[union-attr]  The upstream's 101 as it came.
         extensions = next((value for name, value in upstream.headers if name.lower() == b"sec-websocket-extensions"),
                           None)
+        ctx.metrics.websockets.labels("relay").inc()
         await Relay(ctx, request, route.rollout_id, client.take_over(), upstream.tunnel, extensions).run()
         return
     if "websocket bridge" not in ctx.hinted:
@@ -62,6 +63,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
         log.info("the upstream %s answered %d to a WebSocket upgrade on %s: the sidecar serves the Responses "
                  "WebSocket itself, each response.create sent as a streamed POST /v1/responses", ctx.upstream_url,
                  upstream.status, route.upstream_target, extra={"rollout_id": route.rollout_id})
+    ctx.metrics.websockets.labels("bridge").inc()
     client.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]
     await Bridge(ctx, request, route, client.take_over()).run()
 
