@@ -55,6 +55,7 @@ def main() -> None:
 SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "config")),
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync")),
+    ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
                                  "trace_context", "affinity_header")),
@@ -133,6 +134,9 @@ class _ServeCommand(click.Command):
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
 @click.option("--affinity-header", metavar="NAME", help="Send each captured call upstream with this header set to its rollout id (unless the agent sent it), for a router that places sessions by a header: x-session-id (vllm-router), x-smg-routing-key (SGLang), X-Dynamo-Session-ID (Dynamo). [MCC_AFFINITY_HEADER]")
+@click.option("--capture-store", metavar="URL", help="Write-once storage past one node: segments:///path, s3://bucket/prefix, gs://..., az://...; the capture dir is then the local spool (off by default). [MCC_CAPTURE_STORE]")
+@click.option("--segment-max-bytes", type=int, help="Seal (and upload) a writer segment at this size (default 64 MiB). [MCC_SEGMENT_MAX_BYTES]")
+@click.option("--segment-max-age", type=float, help="Seal (and upload) a writer segment this many seconds after it opened (default 60). [MCC_SEGMENT_MAX_AGE]")
 @click.option("--upstream-idle-timeout", type=float, help="Seconds a pooled upstream connection may idle and be reused; keep it below the upstream's keep-alive (default 4; uvicorn: 5). [MCC_UPSTREAM_IDLE_TIMEOUT]")
 @click.option("--head-timeout", type=float, help="Seconds a client may take to send a request head (default 20). [MCC_HEAD_TIMEOUT]")
 @click.option("--max-connections", type=int, help="Client connections open at once (default 16384). [MCC_MAX_CONNECTIONS]")

@@ -85,6 +85,8 @@ from ._datasets import (
     trajectory_rows,
 )
 from ._store import CaptureStore, ReadResult
+from ._object_store import STORE_SCHEMES, ObjectStore, StoreUnavailable, is_store_url
+from ._store_view import MANIFESTS, SEGMENT_OBJECTS, SegmentDamaged, compact_store, manifest_name, merge_writers, segment_name, store_view
 from ._token_records import (
     TOKEN_SOURCES,
     DriftTracker,
@@ -100,6 +102,18 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    "MANIFESTS",
+    "ObjectStore",
+    "SEGMENT_OBJECTS",
+    "STORE_SCHEMES",
+    "SegmentDamaged",
+    "StoreUnavailable",
+    "compact_store",
+    "is_store_url",
+    "manifest_name",
+    "merge_writers",
+    "segment_name",
+    "store_view",
     "finish_reason_of",
     "gc_paused",
     "invalid_arguments",

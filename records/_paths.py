@@ -1,9 +1,12 @@
-"""What every reader takes for "where the captures are": a directory path or a `CaptureStore` (issue 47)."""
+"""What every reader takes for "where the captures are": a directory path, a `CaptureStore` (issue
+47), or a store URL (issue 46: read as Gym's per-rollout files of the store, `store_view`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Union
+
+from ._object_store import is_store_url
 
 #: A capture directory: a path (``str`` or ``os.PathLike``), or a `CaptureStore` (a path-like of its
 #: directory: it has ``__fspath__``).
@@ -14,6 +17,9 @@ def directory_of(where: object, taker: str) -> str:
     """The directory ``where`` names (a ``str``, an ``os.PathLike`` such as `pathlib.Path`, or a
     `CaptureStore`); anything else is refused in one sentence naming what ``taker`` takes."""
     if isinstance(where, str):
+        if is_store_url(where):
+            from ._store_view import store_view  # Only a store's readers fetch its segments.
+            return store_view(where)
         return where
     if isinstance(where, os.PathLike):
         path = os.fspath(where)

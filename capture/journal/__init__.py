@@ -10,6 +10,8 @@ primitives) and the readers; the rest of `capture` stays sans-io.
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._process_main import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._repeats import RepeatLimiter
+from ._segments import SegmentPolicy, seal_leftovers, sealed_segments
+from ._upload import UploadLag, Uploader
 from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind
 
 __all__ = [
@@ -22,10 +24,15 @@ __all__ = [
     "JournalMetrics",
     "RepeatLimiter",
     "SYNC_MODES",
+    "SegmentPolicy",
+    "UploadLag",
+    "Uploader",
     "encode_pickled_fields",
     "failure_kind",
     "frame_line",
     "frame_lines",
     "persist_process_command",
     "pickle_fields",
+    "seal_leftovers",
+    "sealed_segments",
 ]

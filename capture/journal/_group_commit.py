@@ -35,6 +35,7 @@ from records import filesystem_type, syncfs_flushes
 from records import fsync_directory as _fsync_directory
 from records import load_syncfs as _load_syncfs
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
+from ._segments import SegmentFiles, SegmentPolicy
 
 #: What a line's callback receives: the seconds its batch's barrier took, or why it failed.
 Outcome = Union[float, BaseException]
@@ -52,7 +53,7 @@ class GroupCommitter:
     """A writer thread that appends queued lines and makes each batch durable with one barrier."""
 
     def __init__(self, sync_mode: str = "auto", max_batch: int = 512, directory: Optional[str] = None,
-                 max_open_files: Optional[int] = None) -> None:
+                 max_open_files: Optional[int] = None, segments: Optional[SegmentPolicy] = None) -> None:
         """``directory``: where the lines go; ``auto`` uses ``syncfs`` only when that directory is
         on a filesystem whose ``syncfs`` is known to flush (see `syncfs_flushes`), and files stay
         open between appends only where that is safe (see `capture.journal._open_files`)."""
@@ -61,7 +62,9 @@ class GroupCommitter:
         fstype = filesystem_type(directory) if directory is not None else None
         self._syncfs = _load_syncfs() if sync_mode == "auto" and syncfs_flushes(fstype) else None
         #: Used by the appender thread; released by whichever thread ran the barrier.
-        self._files = OpenFiles(keeps_files_open_safely(fstype), max_open_files)
+        #: ``segments``: this writer's own segment instead of each rollout's file (DESIGN §14).
+        self._files: OpenFiles | SegmentFiles = (SegmentFiles(segments) if segments is not None else
+                                                 OpenFiles(keeps_files_open_safely(fstype), max_open_files))
         self._max_batch = max_batch
         # A SimpleQueue (C): `submit` runs on the event loop's thread for every call, and a
         # Condition's notify costs several times its put. None is the stop sentinel.

@@ -29,6 +29,7 @@ from ._process_main import LINE as PERSIST_LINE
 from ._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
 from ._process_main import READY as PERSIST_READY
 from ._process_main import frame_lines, persist_process_command
+from ._segments import SegmentPolicy
 
 log = logging.getLogger("mcc.capture")
 
@@ -54,14 +55,15 @@ class CaptureProcess:
     """Starts the capture process for ``directory`` and sends it lines. Raises OSError when it
     cannot be started (then the writer keeps its own threads)."""
 
-    def __init__(self, directory: str, sync_mode: str, on_lost: Callable[[list[Unsent]], None]) -> None:
+    def __init__(self, directory: str, sync_mode: str, on_lost: Callable[[list[Unsent]], None],
+                 segments: Optional[SegmentPolicy] = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_lost = on_lost
         ours, theirs = socket.socketpair()
         try:
             # Its own session: a terminal's Ctrl-C reaches the sidecar, which drains, then closes the socket.
             self._process = subprocess.Popen(
-                persist_process_command(theirs.fileno(), directory, sync_mode), pass_fds=(theirs.fileno(),),
+                persist_process_command(theirs.fileno(), directory, sync_mode, segments), pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, env=_child_environment(), start_new_session=True)
         except BaseException:
             ours.close()

@@ -42,6 +42,7 @@ from records import encode_capture_line, filesystem_type, load_syncfs, syncfs_fl
 from . import _group_commit, _open_files
 from ._group_commit import Outcome, append_by_file, make_durable
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
+from ._segments import SegmentFiles, SegmentPolicy
 
 LINE_HEADER = struct.Struct("!IQHB")
 ACK = struct.Struct("!QiId")
@@ -60,11 +61,13 @@ _READ_BYTES = 1 << 20
 _BATCH_BYTES = 8 << 20
 
 
-def persist_process_command(fd: int, directory: str, sync_mode: str) -> list[str]:
+def persist_process_command(fd: int, directory: str, sync_mode: str,
+                            segments: Optional[SegmentPolicy] = None) -> list[str]:
     """The command line of a capture process reading lines from ``fd``, with this process's
-    open-file policy (`capture.journal._open_files`, as the writer threads would follow it)."""
+    open-file policy (`capture.journal._open_files`, as the writer threads would follow it), and
+    the segment policy when lines go to writer segments (DESIGN §14)."""
     return [sys.executable, "-c", _ENTRY, str(fd), directory, sync_mode, repr(_open_files.IDLE_SECONDS),
-            repr(_group_commit._SWEEP_SECONDS)]
+            repr(_group_commit._SWEEP_SECONDS), segments.as_argument() if segments is not None else ""]
 
 
 def frame_lines(lines: Iterable[tuple[int, bytes, bytes, int]]) -> bytes:
@@ -101,11 +104,13 @@ class _FieldsPickler(pickle.Pickler):
     dispatch_table = {orjson.Fragment: lambda fragment: (orjson.Fragment, (orjson.dumps(fragment),))}
 
 
-def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float) -> None:
+def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float,
+          segments: Optional[SegmentPolicy] = None) -> None:
     """Append and acknowledge until the other end closes."""
     fstype = filesystem_type(directory)
     syncfs = load_syncfs() if sync_mode == "auto" and syncfs_flushes(fstype) else None
-    files = OpenFiles(keeps_files_open_safely(fstype))
+    files: OpenFiles | SegmentFiles = (SegmentFiles(segments) if segments is not None
+                                       else OpenFiles(keeps_files_open_safely(fstype)))
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     _send_all(fd, READY)
@@ -207,7 +212,8 @@ def _send_all(fd: int, data: bytes) -> None:
 
 
 def main(argv: list[str]) -> None:
-    fd, directory, sync_mode, idle_seconds, sweep_seconds = argv
+    fd, directory, sync_mode, idle_seconds, sweep_seconds, segments = argv
     _open_files.IDLE_SECONDS = float(idle_seconds)  # The sidecar's policy (`capture.journal._open_files`).
-    serve(int(fd), directory, sync_mode, float(sweep_seconds))
+    serve(int(fd), directory, sync_mode, float(sweep_seconds),
+          SegmentPolicy.from_argument(segments) if segments else None)
 

@@ -33,6 +33,7 @@ from ._group_commit import AlsoDurable, GroupCommitter
 from ._process_client import CaptureProcess, Unsent
 from ._process_main import FIELDS, LINE, encode_pickled_fields, pickle_fields
 from ._repeats import RepeatLimiter
+from ._segments import SegmentPolicy, seal_leftovers
 
 log = logging.getLogger("mcc.capture")
 _PATHS_KEPT = 4096
@@ -68,19 +69,25 @@ class Journal:
     """Appends one line per call to ``<capture_dir>/<rollout_id>.capture.jsonl``, durably."""
 
     def __init__(self, capture_dir: str, metrics: JournalMetrics, sync_mode: str = "auto",
-                 process: bool = False) -> None:
-        """``process``: append through a capture process (else on the writer threads)."""
+                 process: bool = False, segments: Optional[SegmentPolicy] = None) -> None:
+        """``process``: append through a capture process (else on the writer threads);
+        ``segments``: every line to this process's writer segments under the spool (DESIGN §14),
+        not to its rollout's file (segments a crash left open are sealed first)."""
         self.capture_dir = capture_dir
+        self._segments = segments
+        if segments is not None:
+            seal_leftovers(segments.spool_dir)
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self._sync_mode = sync_mode
         self._process: Optional[CaptureProcess] = None
         if process:
             try:
-                self._process = CaptureProcess(capture_dir, sync_mode, self._process_lost)
+                self._process = CaptureProcess(capture_dir, sync_mode, self._process_lost, segments)
             except Exception as exc:  # OSError (no memory, no pids), or no interpreter to run it (embedded).
                 log.warning("cannot start the capture process (%s): the sidecar appends its lines itself", exc)
-        self._committer = GroupCommitter(sync_mode, directory=capture_dir) if self._process is None else None
+        self._committer = (GroupCommitter(sync_mode, directory=capture_dir, segments=segments)
+                           if self._process is None else None)
         #: Builds the lines of large calls for the capture process (`BUILD_ON_LOOP_BYTES`).
         self._builder: Optional[ThreadPoolExecutor] = None
         self._building = 0
@@ -190,7 +197,7 @@ class Journal:
 
     def _threads(self) -> GroupCommitter:
         if self._committer is None:
-            self._committer = GroupCommitter(self._sync_mode, directory=self.capture_dir)
+            self._committer = GroupCommitter(self._sync_mode, directory=self.capture_dir, segments=self._segments)
         return self._committer
 
     def _process_lost(self, unsent: "list[Unsent]") -> None:

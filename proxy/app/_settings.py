@@ -38,6 +38,8 @@ DEFAULT_UPSTREAM_IDLE_S = 4.0
 DEFAULT_HEAD_TIMEOUT_S = 20.0
 #: RL collectors keep thousands of streams open per sidecar; beyond this a flood is refused.
 DEFAULT_MAX_CONNECTIONS = 16384
+#: The schemes of ``capture_store`` (`records.STORE_SCHEMES`).
+STORE_SCHEMES = ("segments", "s3", "gs", "az")
 #: Values of ``capture_raw_stream``.
 RAW_STREAM_MODES = ("always", "on-failure")
 
@@ -125,6 +127,26 @@ class Settings(BaseModel):
     #: it): a router places a session's calls on one replica by it (DESIGN §2): ``x-session-id``
     #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
     affinity_header: str | None = None
+    #: Where the lines go past one node (DESIGN §14): ``segments:///path`` (writer segments on a
+    #: shared or local path), ``s3://bucket/prefix``, ``gs://...``, ``az://...`` (object storage).
+    #: The capture dir is then this sidecar's spool: its open and unsent segments.
+    capture_store: str | None = None
+    #: A segment is sealed (and uploaded) at this size, or this many seconds after its first line.
+    segment_max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    segment_max_age: float = Field(60.0, gt=0)
+
+    @field_validator("capture_store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme, separator, rest = value.partition("://")
+        if not separator or scheme not in STORE_SCHEMES or not rest.strip("/"):
+            raise ValueError("must be a store URL: segments:///path, s3://bucket/prefix, gs://bucket/prefix or "
+                             "az://container/prefix")
+        if scheme == "segments" and not rest.startswith("/"):
+            raise ValueError("a segments:// store takes an absolute path: segments:///data/store")
+        return value.rstrip("/")
 
     @field_validator("affinity_header")
     @classmethod
@@ -189,6 +211,12 @@ class Settings(BaseModel):
         if self.capture_tokens and not self.capture_on:
             raise ValueError("--capture-tokens (MCC_CAPTURE_TOKENS) needs capture on, or it does nothing: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR), with capture enabled")
+        if self.capture_store is not None and not self.capture_on:
+            raise ValueError("--capture-store (MCC_CAPTURE_STORE) needs a local spool: pass --capture-dir DIR "
+                             "(MCC_CAPTURE_DIR) on this node's own disk, with capture enabled")
+        if self.capture_store is not None and self.capture_tokens:
+            raise ValueError("--capture-store (MCC_CAPTURE_STORE) does not take the token capture mode's files yet: "
+                             "run --capture-tokens with the per-rollout layout (--capture-dir only)")
         if self.supply_prefix and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")

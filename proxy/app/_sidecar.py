@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Optional
 
 import orjson
 
-from capture.journal import Journal, RepeatLimiter
+from capture.journal import Journal, RepeatLimiter, SegmentPolicy, Uploader
 
 from ..call import (
     CONTENT_TYPE,
@@ -59,6 +59,8 @@ class Sidecar:
         #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
         self.model_ref_name = settings.model_ref_name
         self.journal: Optional[Journal] = None
+        #: With a capture store: the spool's sealed segments to the store (DESIGN §14).
+        self.uploader: Optional[Uploader] = None
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._server: Optional[asyncio.base_events.Server] = None
@@ -158,8 +160,15 @@ class Sidecar:
                                                 settings.capture_tokens,
                                                 PrefixSupply() if settings.supply_prefix else None)
             # The token capture mode writes each line's entries with it, on the writer threads.
+            segments = None
+            if settings.capture_store is not None:  # Writer segments, uploaded (DESIGN §14).
+                segments = SegmentPolicy(settings.capture_dir, settings.segment_max_bytes, settings.segment_max_age)
+                self.uploader = Uploader(settings.capture_dir, settings.capture_store)
+                self.metrics.upload_lag = self.uploader.lag
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
-                                   process=not settings.capture_tokens)
+                                   process=not settings.capture_tokens, segments=segments)
+            if self.uploader is not None:
+                self.uploader.start()  # What a restart found sealed in the spool goes first.
             self.metrics.capture_dir = settings.capture_dir
         self.calls = CallContext(
             upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,
@@ -233,7 +242,9 @@ class Sidecar:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self.upstream.close()
         if self.journal is not None:
-            await self.journal.close()
+            await self.journal.close()  # Seals the open segments, with a capture store.
+        if self.uploader is not None:  # Then what it holds goes to the store, within the drain's time.
+            await asyncio.get_running_loop().run_in_executor(None, self.uploader.stop, max(5.0, timeout))
         if self.settings.metrics_dir is not None:  # And what the drain counted: nothing is lost.
             try:
                 write_snapshot(self.settings.metrics_dir, self.metrics.exposition())
@@ -304,6 +315,10 @@ class Sidecar:
             problem = self.journal.write_problem if self.journal is not None else None
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
                           capture="ok" if writable and problem is None else "failing")
+            if self.uploader is not None:  # Told, never a 503: a store's outage must not fail a call.
+                checks.update(capture_store=settings.capture_store, upload_lag=self.uploader.lag().as_dict())
+                if self.uploader.problem is not None:
+                    checks["store_problem"] = self.uploader.problem
             if problem is not None:  # The last line was refused (a full disk): failing until one is written.
                 checks["capture_problem"] = f"the last capture line could not be written: {problem}"
         if self.shutting_down:

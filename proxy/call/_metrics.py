@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -114,6 +114,14 @@ class SidecarMetrics:
               "dir is writable and the last line written was not refused (a full disk or quota, an I/O error); "
               "0 otherwise, until a line is written again. /-/ready stays 200 either way.",
               registry=registry).set_function(self._capture_dir_writable)
+        #: With a capture store (DESIGN §14): what is sealed and not yet uploaded (an `UploadLag`).
+        self.upload_lag: Callable[[], Any] | None = None
+        Gauge("mcc_upload_lag_bytes", "Bytes of sealed segments not yet in the capture store (0 without one).",
+              registry=registry).set_function(lambda: self.upload_lag().bytes if self.upload_lag else 0)
+        Gauge("mcc_upload_lag_segments", "Sealed segments not yet in the capture store.",
+              registry=registry).set_function(lambda: self.upload_lag().segments if self.upload_lag else 0)
+        Gauge("mcc_upload_lag_seconds", "Age of the oldest sealed segment not yet in the capture store.",
+              registry=registry).set_function(lambda: self.upload_lag().oldest_seconds if self.upload_lag else 0)
 
     def request_handled(self, dialect: str, status: int | None, captured: str) -> None:
         """One request at its end: ``mcc_requests`` by dialect, status class and capture."""

@@ -1,0 +1,253 @@
+"""Writer segments (DESIGN §14, issue 46): a process appends every rollout's lines to files it owns.
+
+The per-rollout file (§3) needs locks and appends that work across every node that writes it; a
+segment needs neither. Each appending process (the capture process, or the writer threads where
+it cannot run) has a writer id of its own and appends to one open segment under the spool,
+``<spool>/segments/<writer_id>/<seq>.open``; each line is the rollout id, a tab, and the capture
+line's own bytes (a rollout id never holds a tab: `records.ROLLOUT_ID_PATTERN`). The same
+durability: the batch's barrier fsyncs the segment before its terminals are released.
+
+A segment is sealed when it reaches ``max_bytes`` or ``max_age`` seconds, or when its process
+ends: once no barrier still needs it, it is renamed ``<seq>.sealed`` (and the rename made
+durable), and is never written again; the uploader (`proxy.app`'s, `capture.journal._upload`)
+takes it from there. A segment left ``.open`` by a process that died is sealed by the next one
+to start on the spool (`seal_leftovers`): its acknowledged lines are in it, fsynced, and a torn
+last line (a crash mid-write) is skipped by every reader.
+
+`SegmentFiles` has `OpenFiles`' interface, so the capture process and the group committer append
+to segments as they append to rollout files.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from records import CAPTURE_SUFFIX
+
+from ._open_files import OpenFile
+
+OPEN_SUFFIX = ".open"
+SEALED_SUFFIX = ".sealed"
+SEGMENTS = "segments"
+
+
+@dataclass(frozen=True)
+class SegmentPolicy:
+    """Where segments are spooled and when one is sealed."""
+
+    spool_dir: str
+    max_bytes: int = 64 * 1024 * 1024
+    max_age: float = 60.0
+
+    def as_argument(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_argument(cls, text: str) -> "SegmentPolicy":
+        return cls(**json.loads(text))
+
+
+def new_writer_id() -> str:
+    """Unique to one appending process: its host, its pid, and a random part (pids are reused)."""
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:40] or "host"
+    return f"{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def writer_alive(writer_id: str) -> bool:
+    """Whether the process a writer id names still runs (on this host; another host's: assumed)."""
+    host, _, rest = writer_id.partition(".")
+    pid = rest.partition(".")[0]
+    own_host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:40] or "host"
+    if host != own_host or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Segment:
+    __slots__ = ("path", "entry", "opened", "size")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.entry = OpenFile(fd)
+        self.opened = time.monotonic()
+        self.size = 0
+
+
+class SegmentFiles:
+    """This process's open segment, behind `OpenFiles`' interface: `append` takes the rollout's
+    capture path (``<dir>/<rollout_id>.capture.jsonl``) and its whole lines."""
+
+    def __init__(self, policy: SegmentPolicy) -> None:
+        self.policy = policy
+        self.writer_id = new_writer_id()
+        self.directory = os.path.join(policy.spool_dir, SEGMENTS, self.writer_id)
+        self._sequence = 0
+        self._current: Optional[_Segment] = None
+        #: Sealed segments some barrier still holds: renamed when the last lets go.
+        self._sealing: dict[int, _Segment] = {}
+        self._lock = threading.Lock()
+
+    def append(self, path: str, data: bytes) -> tuple[OpenFile, bool]:
+        rollout_id = os.path.basename(path)[: -len(CAPTURE_SUFFIX)].encode()
+        prefix = rollout_id + b"\t"
+        lines = data.split(b"\n")
+        if lines[-1]:
+            raise ValueError("a capture append is whole lines, each ending in a newline")
+        payload = b"".join(prefix + line + b"\n" for line in lines[:-1])
+        segment = self._current if self._current is not None else self._open_next()
+        entry = segment.entry
+        if entry.end is None:  # An append failed part-way: the torn line ends here, alone.
+            payload = b"\n" + payload
+        _write_all(entry.fd, payload, segment)
+        entry.end = segment.size
+        entry.used = time.monotonic()
+        with self._lock:
+            entry.holds += 1
+        if segment.size >= self.policy.max_bytes:
+            self._seal_current()
+        return entry, False
+
+    def release(self, entry: OpenFile) -> None:
+        with self._lock:
+            entry.holds -= 1
+            segment = self._sealing.get(entry.fd) if entry.retired and entry.holds == 0 else None
+            if segment is not None:
+                del self._sealing[entry.fd]
+        if segment is not None:
+            self._finish_sealing(segment)
+
+    def close_idle(self, now: Optional[float] = None) -> int:
+        """Seal the open segment once it is ``max_age`` old (called on the writer's sweep)."""
+        current = self._current
+        if current is not None and (time.monotonic() if now is None else now) - current.opened >= self.policy.max_age:
+            self._seal_current()
+            return 1
+        return 0
+
+    def close_all(self) -> None:
+        """Seal the open segment (the process ends, or a full disk: a fresh one is opened next)."""
+        if self._current is not None:
+            self._seal_current()
+
+    def __len__(self) -> int:
+        return 1 if self._current is not None else 0
+
+    def _open_next(self) -> _Segment:
+        os.makedirs(self.directory, exist_ok=True)
+        self._sequence += 1
+        path = os.path.join(self.directory, f"{self._sequence:010d}{OPEN_SUFFIX}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        _fsync_directory(self.directory)  # The new file's entry is durable before any line in it is acknowledged.
+        self._current = _Segment(path, fd)
+        return self._current
+
+    def _seal_current(self) -> None:
+        segment, self._current = self._current, None
+        if segment is None:
+            return
+        with self._lock:
+            segment.entry.retired = True
+            held = segment.entry.holds > 0
+            if held:
+                self._sealing[segment.entry.fd] = segment
+        if not held:
+            self._finish_sealing(segment)
+
+    def _finish_sealing(self, segment: _Segment) -> None:
+        """No barrier needs it: fsynced, closed, renamed sealed (durably); empty ones removed."""
+        fd = segment.entry.fd
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if segment.size == 0:
+            os.unlink(segment.path)
+            return
+        os.rename(segment.path, segment.path[: -len(OPEN_SUFFIX)] + SEALED_SUFFIX)
+        _fsync_directory(os.path.dirname(segment.path))
+
+
+def seal_leftovers(spool_dir: str) -> int:
+    """Seal the segments left open by processes that are gone (a crash, a SIGKILL); how many."""
+    root = os.path.join(spool_dir, SEGMENTS)
+    sealed = 0
+    try:
+        writers = os.listdir(root)
+    except FileNotFoundError:
+        return 0
+    for writer_id in writers:
+        directory = os.path.join(root, writer_id)
+        if writer_alive(writer_id) or not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            if name.endswith(OPEN_SUFFIX):
+                path = os.path.join(directory, name)
+                if os.path.getsize(path) == 0:
+                    os.unlink(path)
+                    continue
+                os.rename(path, path[: -len(OPEN_SUFFIX)] + SEALED_SUFFIX)
+                sealed += 1
+        _fsync_directory(directory)
+    return sealed
+
+
+def sealed_segments(spool_dir: str) -> list[str]:
+    """Every sealed segment in the spool, oldest first per writer (its sequence), writers by name."""
+    root = os.path.join(spool_dir, SEGMENTS)
+    found = []
+    try:
+        writers = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    for writer_id in writers:
+        directory = os.path.join(root, writer_id)
+        if os.path.isdir(directory):
+            found += [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+                      if name.endswith(SEALED_SUFFIX)]
+    return found
+
+
+def _write_all(fd: int, payload: bytes, segment: _Segment) -> None:
+    view = memoryview(payload)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except OSError:
+            segment.entry.end = None
+            raise
+        if written == 0:
+            segment.entry.end = None
+            raise OSError(errno.EIO, "a write of a segment wrote nothing")
+        segment.size += written
+        view = view[written:]
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+__all__ = ["OPEN_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
+           "seal_leftovers", "sealed_segments", "writer_alive"]

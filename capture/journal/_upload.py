@@ -1,0 +1,156 @@
+"""The uploader (DESIGN §14): sealed segments from the spool to the store, each named by its content,
+its manifest written after it.
+
+One thread per sidecar. For each sealed segment in the spool (oldest first: those a restart
+found go before the new ones), in this order, each step safe to repeat after a crash at any
+point: put the segment as ``segments/<writer_id>/<sha256>.jsonl`` (the same bytes again: the same
+object); put its manifest ``manifests/<writer_id>/<sequence>.json`` (the same, again); remove it
+from the spool. A reader reads only what a manifest names, so it never sees a segment that is not
+whole, and takes each sha256 once.
+
+A store that refuses (down, no credentials, a full bucket) never fails a call: the segments stay
+in the spool, the uploader tries again with a growing pause, the log says so (once a minute at
+most), and the lag -- bytes, segments, and the age of the oldest unsent one -- is in the metrics
+and ``/-/ready``'s body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+import orjson
+
+from records import ObjectStore, manifest_name, segment_name
+
+from ._segments import SEALED_SUFFIX, sealed_segments
+
+log = logging.getLogger("mcc.capture")
+#: Pauses after a refused upload, growing to the last.
+_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: The lag past which the log says so (once a minute).
+LAG_WARN_SECONDS = 300.0
+
+
+class UploadLag:
+    """What is sealed and not yet in the store."""
+
+    __slots__ = ("bytes", "segments", "oldest_seconds")
+
+    def __init__(self, bytes_: int = 0, segments: int = 0, oldest_seconds: float = 0.0) -> None:
+        self.bytes = bytes_
+        self.segments = segments
+        self.oldest_seconds = oldest_seconds
+
+    def as_dict(self) -> dict[str, float]:
+        return {"bytes": self.bytes, "segments": self.segments, "oldest_seconds": round(self.oldest_seconds, 3)}
+
+
+class Uploader:
+    """Uploads the spool's sealed segments to ``store_url`` on a thread of its own."""
+
+    def __init__(self, spool_dir: str, store_url: str, interval: float = 0.5) -> None:
+        self.spool_dir = spool_dir
+        self.store = ObjectStore(store_url)
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.uploaded = 0
+        self.failures = 0
+        self.problem: Optional[str] = None
+        self._said_at = 0.0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mcc-uploader", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def lag(self) -> UploadLag:
+        segments = sealed_segments(self.spool_dir)
+        now, total, oldest = time.time(), 0, 0.0
+        for path in segments:
+            try:
+                status = os.stat(path)
+            except FileNotFoundError:
+                continue
+            total += status.st_size
+            oldest = max(oldest, now - status.st_mtime)
+        return UploadLag(total, len(segments), oldest)
+
+    def stop(self, timeout: float) -> bool:
+        """Upload what is sealed (within ``timeout`` seconds), then stop; whether nothing is left."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not sealed_segments(self.spool_dir):
+                break
+            self._wake.set()
+            time.sleep(0.05)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        left = sealed_segments(self.spool_dir)
+        if left:
+            log.warning("%d sealed segment(s) not uploaded to %s at exit: they stay in the spool %s and go first "
+                        "when a sidecar starts on it again", len(left), self.store.url, self.spool_dir)
+        return not left
+
+    def upload_all(self) -> int:
+        """Upload every sealed segment now (on the calling thread); how many went."""
+        sent = 0
+        for path in sealed_segments(self.spool_dir):
+            self.upload(path)
+            sent += 1
+        return sent
+
+    def upload(self, path: str) -> None:
+        """One sealed segment: the object, then its manifest, then out of the spool."""
+        writer_id = os.path.basename(os.path.dirname(path))
+        sequence = int(os.path.basename(path)[: -len(SEALED_SUFFIX)])
+        with open(path, "rb") as handle:
+            data = handle.read()
+        sha = hashlib.sha256(data).hexdigest()
+        rollouts = sorted({line.partition(b"\t")[0].decode() for line in data.split(b"\n") if b"\t" in line})
+        name = segment_name(writer_id, sha)
+        self.store.put(name, data)
+        manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
+                    "lines": data.count(b"\n"), "rollouts": rollouts}
+        self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))
+        os.unlink(path)
+        self.uploaded += 1
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.upload_all()
+                failures, self.problem = 0, None
+            except Exception as exc:  # The store's refusal is the store's: the spool keeps the lines.
+                self.failures += 1
+                failures += 1
+                self.problem = f"{type(exc).__name__}: {exc}"[:500]
+                self._say(f"cannot upload to {self.store.url}: {self.problem}; the segments stay in the spool "
+                          f"{self.spool_dir} and are tried again")
+            lag = self.lag()
+            if lag.oldest_seconds > LAG_WARN_SECONDS:
+                self._say(f"upload lag: {lag.segments} segment(s), {lag.bytes} bytes, the oldest sealed "
+                          f"{lag.oldest_seconds:.0f} s ago, not yet in {self.store.url}")
+            pause = _BACKOFF_SECONDS[min(failures, len(_BACKOFF_SECONDS)) - 1] if failures else self._interval
+            self._wake.wait(pause)
+            self._wake.clear()
+
+    def _say(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._said_at >= 60.0:
+            self._said_at = now
+            log.warning("%s", message)
+
+
+__all__ = ["LAG_WARN_SECONDS", "UploadLag", "Uploader"]

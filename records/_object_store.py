@@ -1,0 +1,124 @@
+"""Write-once objects under one store URL (DESIGN §14): the writer's uploads and the readers' reads.
+
+``segments:///path`` is a path (local, or a shared filesystem): each object a file, written to a
+temporary name, fsynced, then renamed, so no reader ever sees part of one. ``s3://bucket/prefix``,
+``gs://bucket/prefix`` and ``az://container/prefix`` go through fsspec (s3fs, gcsfs, adlfs: the
+``store`` extra), whose single PUT of a whole object is atomic on every such service. Credentials
+and an S3 endpoint come from the services' own environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ...), never from a URL, a line or a log.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+#: The schemes a store URL may have.
+STORE_SCHEMES = ("segments", "s3", "gs", "az")
+_FSSPEC_PROTOCOLS = {"s3": "s3", "gs": "gcs", "az": "az"}
+
+
+def is_store_url(value: object) -> bool:
+    """Whether ``value`` is a store URL (``segments://``, ``s3://``, ``gs://``, ``az://``)."""
+    if not isinstance(value, str):
+        return False
+    scheme, separator, _ = value.partition("://")
+    return bool(separator) and scheme in STORE_SCHEMES
+
+
+class StoreUnavailable(RuntimeError):
+    """The store's library is not installed, or the URL is not one."""
+
+
+class ObjectStore:
+    """Objects by name (``/``-separated) under one store URL."""
+
+    def __init__(self, url: str) -> None:
+        if not is_store_url(url):
+            raise StoreUnavailable(f"not a store URL: {url!r} (segments:///path, s3://, gs://, az://)")
+        self.url = url.rstrip("/")
+        scheme, _, rest = self.url.partition("://")
+        self._fs: Any = None
+        if scheme == "segments":
+            self._root = "/" + rest.lstrip("/")
+            return
+        try:
+            import fsspec
+        except ImportError:
+            raise StoreUnavailable(f"{scheme}:// needs fsspec and its {scheme} filesystem: "
+                                   "pip install 'model-call-capture[store]'") from None
+        try:
+            self._fs = fsspec.filesystem(_FSSPEC_PROTOCOLS[scheme], **_options(scheme))
+        except (ImportError, ValueError) as exc:
+            raise StoreUnavailable(f"{scheme}:// cannot be opened: {exc} (pip install 'model-call-capture[store]')") from None
+        self._root = rest.strip("/")
+
+    def _path(self, name: str) -> str:
+        return f"{self._root}/{name}" if self._fs is not None else os.path.join(self._root, *name.split("/"))
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``data`` as the whole object ``name`` (again: the same bytes, idempotent)."""
+        if self._fs is not None:
+            self._fs.pipe_file(self._path(name), data)
+            return
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _fsync_directory(directory)
+
+    def get(self, name: str) -> bytes:
+        if self._fs is not None:
+            return self._fs.cat_file(self._path(name))
+        with open(self._path(name), "rb") as handle:
+            return handle.read()
+
+    def exists(self, name: str) -> bool:
+        return self._fs.exists(self._path(name)) if self._fs is not None else os.path.exists(self._path(name))
+
+    def names(self, prefix: str) -> list[str]:
+        """Every object's name under ``prefix/``, sorted (temporary files left out)."""
+        if self._fs is not None:
+            base = self._path(prefix)
+            try:
+                found = self._fs.find(base)
+            except FileNotFoundError:
+                return []
+            self._fs.invalidate_cache()
+            return sorted(f"{prefix}/{path[len(base):].lstrip('/')}" for path in found)
+        root = self._path(prefix)
+        names = []
+        for directory, _, files in os.walk(root):
+            relative = os.path.relpath(directory, self._root).replace(os.sep, "/")
+            names += [f"{relative}/{name}" for name in files if not name.endswith(".part")]
+        return sorted(names)
+
+
+def _options(scheme: str) -> dict[str, Any]:
+    """The filesystem's options from the environment: an S3 endpoint (``AWS_ENDPOINT_URL``, which
+    MinIO, Ceph and the tests' server need); the rest each library reads itself."""
+    if scheme == "s3" and os.environ.get("AWS_ENDPOINT_URL"):
+        return {"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "use_listings_cache": False}
+    return {"use_listings_cache": False} if scheme == "s3" else {}
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+__all__ = ["ObjectStore", "STORE_SCHEMES", "StoreUnavailable", "is_store_url"]

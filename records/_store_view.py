@@ -1,0 +1,167 @@
+"""A store's rollouts as Gym's per-rollout files (DESIGN §14): what every reader reads a store URL as,
+and what ``mcc compact`` writes.
+
+A store holds, per writer, sealed segments (``segments/<writer_id>/<sha256>.jsonl``: lines of
+``<rollout_id>\\t<capture line>``) and manifests written after them
+(``manifests/<writer_id>/<sequence>.json``: the segment's name, sha256, size and rollouts). Only
+what a manifest names is read, each segment once (by its sha256, whatever names it), its bytes
+checked against the manifest. A rollout's lines are merged in the stated order: each writer's in
+its append order (segment sequence, then line), across writers by ``completed_at``, then writer
+id. Each rollout's file is written whole to a temporary name, then renamed (Gym's readers never
+see part of one).
+
+`store_view` keeps a cache (``MCC_STORE_CACHE``, else ``~/.cache/model-call-capture/stores``):
+the segments it fetched (immutable), and a view directory whose files are rebuilt only for the
+rollouts new manifests name, so a reader that reopens a store as it grows (a tail) pays for what
+is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import orjson
+
+from ._file_contract import CAPTURE_SUFFIX
+from ._object_store import ObjectStore
+
+MANIFESTS = "manifests"
+SEGMENT_OBJECTS = "segments"
+_APPLIED = ".applied-manifests"
+
+
+class SegmentDamaged(ValueError):
+    """A segment's bytes are not those its manifest names."""
+
+
+def manifest_name(writer_id: str, sequence: int) -> str:
+    return f"{MANIFESTS}/{writer_id}/{sequence:010d}.json"
+
+
+def segment_name(writer_id: str, sha256: str) -> str:
+    return f"{SEGMENT_OBJECTS}/{writer_id}/{sha256}.jsonl"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MCC_STORE_CACHE") or Path.home() / ".cache" / "model-call-capture" / "stores")
+
+
+def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[Iterable[str]] = None) -> str:
+    """Gym's per-rollout files of the store at ``url`` in ``directory`` (default: the store's view in
+    the cache), for ``rollout_ids`` (default: every rollout); returns the directory."""
+    store = ObjectStore(url)
+    cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
+    target = Path(directory) if directory is not None else cache / "view"
+    target.mkdir(parents=True, exist_ok=True)
+    wanted = set(rollout_ids) if rollout_ids is not None else None
+    names = store.names(MANIFESTS)
+    applied_path = target / _APPLIED
+    applied = set(applied_path.read_text().split()) if applied_path.exists() else set()
+    if wanted is None and applied == set(names):
+        return str(target)
+    manifests = [_manifest(store, cache, name) for name in names]
+    fresh = {name for name in names if name not in applied}
+    touched: set[str] = set()
+    for name, manifest in zip(names, manifests):
+        if name in fresh or wanted is not None:
+            touched.update(manifest.get("rollouts") or ())
+    if wanted is not None:
+        touched &= wanted
+    _rebuild(store, cache, target, [m for m in manifests], touched)
+    if wanted is None:
+        _write_atomically(applied_path, "\n".join(names).encode())
+    return str(target)
+
+
+def compact_store(url: str, directory: str, rollout_ids: Optional[Iterable[str]] = None) -> str:
+    """Write Gym's per-rollout files (``<rollout_id>.capture.jsonl``) of the store at ``url`` into
+    ``directory``, each atomically: every rollout, or ``rollout_ids``. Run again, it rewrites the
+    rollouts that new segments added lines to. Returns the directory."""
+    return store_view(url, directory, rollout_ids)
+
+
+def _manifest(store: ObjectStore, cache: Path, name: str) -> dict[str, Any]:
+    local = cache / name
+    if local.exists():
+        return orjson.loads(local.read_bytes())
+    data = store.get(name)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(local, data)
+    return orjson.loads(data)
+
+
+def _segment(store: ObjectStore, cache: Path, manifest: dict[str, Any]) -> bytes:
+    sha = manifest["sha256"]
+    local = cache / "segments" / f"{sha}.jsonl"
+    if local.exists():
+        return local.read_bytes()
+    data = store.get(manifest["segment"])
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise SegmentDamaged(f"{manifest['segment']} in {store.url} is not the segment its manifest names "
+                             f"(sha256 {sha})")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(local, data)
+    return data
+
+
+def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict[str, Any]], rollouts: set[str]) -> None:
+    """Rewrite the files of ``rollouts`` from every segment that names them."""
+    if not rollouts:
+        return
+    seen: set[str] = set()
+    by_writer: dict[str, dict[str, list[bytes]]] = {}
+    ordered = sorted(manifests, key=lambda m: (m["writer"], m["sequence"]))
+    for manifest in ordered:
+        if manifest["sha256"] in seen or not rollouts.intersection(manifest.get("rollouts") or ()):
+            continue
+        seen.add(manifest["sha256"])
+        lines = by_writer.setdefault(manifest["writer"], {})
+        for raw in _segment(store, cache, manifest).split(b"\n"):
+            rollout, tab, line = raw.partition(b"\t")
+            if not tab or not line:
+                continue  # A torn last line (a crash mid-write) or a blank one: skipped.
+            rollout_id = rollout.decode()
+            if rollout_id in rollouts:
+                lines.setdefault(rollout_id, []).append(line)
+    for rollout_id in rollouts:
+        streams = [(writer, per_rollout[rollout_id]) for writer, per_rollout in sorted(by_writer.items())
+                   if rollout_id in per_rollout]
+        merged = merge_writers(streams)
+        _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}", b"".join(line + b"\n" for line in merged))
+
+
+def merge_writers(streams: list[tuple[str, list[bytes]]]) -> list[bytes]:
+    """One rollout's lines from several writers: each writer's in its own order, across writers by
+    ``completed_at`` (a line without one sorts with the one before it), then writer id."""
+    if len(streams) == 1:
+        return streams[0][1]
+
+    def keyed(writer: str, lines: list[bytes]) -> Iterable[tuple[float, str, int, bytes]]:
+        last = float("-inf")
+        for number, line in enumerate(lines):
+            try:
+                completed = orjson.loads(line).get("completed_at")
+            except (orjson.JSONDecodeError, AttributeError):
+                completed = None
+            last = max(last, completed) if isinstance(completed, (int, float)) else last
+            yield last, writer, number, line
+
+    return [line for *_, line in heapq.merge(*(keyed(writer, lines) for writer, lines in streams))]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+__all__ = ["MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "compact_store", "manifest_name", "merge_writers", "segment_name",
+           "store_view"]
