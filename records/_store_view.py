@@ -121,18 +121,26 @@ def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict
             continue
         seen.add(manifest["sha256"])
         lines = by_writer.setdefault(manifest["writer"], {})
-        for raw in _segment(store, cache, manifest).split(b"\n"):
+        for raw in _segment(store, cache, manifest).split(b"\n")[:-1]:  # The last piece: b"", or torn.
             rollout, tab, line = raw.partition(b"\t")
             if not tab or not line:
-                continue  # A torn last line (a crash mid-write) or a blank one: skipped.
+                continue  # A blank line (after an append that failed part-way) or a torn one: skipped.
             rollout_id = rollout.decode()
-            if rollout_id in rollouts:
+            if rollout_id in rollouts and _whole(line):
                 lines.setdefault(rollout_id, []).append(line)
     for rollout_id in rollouts:
         streams = [(writer, per_rollout[rollout_id]) for writer, per_rollout in sorted(by_writer.items())
                    if rollout_id in per_rollout]
         merged = merge_writers(streams)
         _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}", b"".join(line + b"\n" for line in merged))
+
+
+def _whole(line: bytes) -> bool:
+    """A line an append wrote whole (one JSON object): the piece of one that failed part-way is not."""
+    try:
+        return isinstance(orjson.loads(line), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def merge_writers(streams: list[tuple[str, list[bytes]]]) -> list[bytes]:

@@ -5,12 +5,13 @@ rows and totals, `cli` and `cli_export` are the click commands, `report` the HTM
 Parquet and OpenTelemetry spans.
 """
 
-from .cli import ls_command, show_command, stats_command, tail_command
+from .cli import compact_command, ls_command, show_command, stats_command, tail_command
 from .cli_export import export_command, report_command
 from .tables import CallRow, RolloutRow, call_row, directory_stats, iter_call_rows, select_rollouts
 
 #: Every inspection command, in the order `mcc --help` lists them.
-COMMANDS = (ls_command, show_command, stats_command, tail_command, report_command, export_command)
+COMMANDS = (ls_command, show_command, stats_command, tail_command, report_command, export_command, compact_command)
 
-__all__ = ["COMMANDS", "CallRow", "RolloutRow", "call_row", "directory_stats", "export_command", "iter_call_rows",
+__all__ = ["COMMANDS", "CallRow", "RolloutRow", "call_row", "compact_command", "directory_stats", "export_command",
+           "iter_call_rows",
            "ls_command", "report_command", "select_rollouts", "show_command", "stats_command", "tail_command"]

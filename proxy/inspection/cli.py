@@ -15,8 +15,9 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, TokenRecord, TokenRecordFollower, is_valid_rollout_id,
-                     iter_token_records, trajectories)
+from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, SegmentDamaged, StoreUnavailable, TokenRecord,
+                     TokenRecordFollower, compact_store, is_store_url, is_valid_rollout_id, iter_token_records,
+                     trajectories)
 
 from .lineage_words import lineage_words
 from .tables import (
@@ -62,6 +63,11 @@ def _rollout_id(store: CaptureStore, rollout_id: str) -> str:
 
 
 def _store(directory: str) -> CaptureStore:
+    if is_store_url(directory):  # A capture store (DESIGN §14): read as Gym's per-rollout files.
+        try:
+            return CaptureStore(directory)
+        except (StoreUnavailable, OSError, SegmentDamaged) as exc:
+            raise click.ClickException(f"cannot read the store {directory}: {exc}") from None
     if not os.path.isdir(directory):
         raise click.BadParameter(f"{directory!r} is not a directory", param_hint="DIR")
     return CaptureStore(directory)
@@ -471,6 +477,30 @@ class _Followed:
     consumed: int
     index: int
     tokens: TokenRecordFollower
+
+
+@click.command("compact")
+@click.argument("store_url", metavar="STORE")
+@click.argument("directory", metavar="DIR")
+@click.option("--rollout", "rollout_ids", multiple=True, metavar="ID", help="Only this rollout (repeatable).")
+def compact_command(store_url: str, directory: str, rollout_ids: tuple[str, ...]) -> None:
+    """Write Gym's per-rollout files of a capture store (segments:///path, s3://, gs://, az://) into DIR.
+
+    Each <rollout_id>.capture.jsonl is written whole, then renamed: NeMo Gym's CaptureStore and
+    read_model_call_records read DIR as they read a shared volume. Run it again as the store grows:
+    the rollouts with new lines are rewritten."""
+    if not is_store_url(store_url):
+        raise click.BadParameter(f"{store_url!r} is not a store URL (segments:///path, s3://bucket/prefix, "
+                                 "gs://bucket/prefix, az://container/prefix)", param_hint="STORE")
+    for rollout_id in rollout_ids:
+        if not is_valid_rollout_id(rollout_id):
+            raise click.BadParameter(f"{rollout_id!r} is not a rollout id", param_hint="--rollout")
+    try:
+        compact_store(store_url, os.path.abspath(directory), list(rollout_ids) or None)
+    except (StoreUnavailable, OSError, SegmentDamaged) as exc:
+        raise click.ClickException(f"cannot compact {store_url}: {exc}") from None
+    written = sorted(name for name in os.listdir(directory) if name.endswith(CAPTURE_SUFFIX))
+    click.echo(f"{len(written)} rollout file{'s' if len(written) != 1 else ''} in {directory}")
 
 
 @click.command("tail")

@@ -1,0 +1,264 @@
+"""Storage past one node (DESIGN §14, issue 46): writer segments, a capture store, readers that merge
+every writer, Gym's view by compaction. Real parts: sidecar processes (`mcc serve --stand-in`),
+SIGKILL, a real S3 server on loopback (moto's standalone server, as s3fs's own tests use)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import socket
+
+import aiohttp
+import orjson
+import pytest
+
+from capture.journal import SegmentPolicy, Uploader, seal_leftovers, sealed_segments
+from records import (CaptureStore, SegmentDamaged, compact_store, manifest_name, merge_writers,
+                     read_model_call_records, store_view)
+
+from .processes import SidecarProcess
+
+
+@pytest.fixture(autouse=True)
+def _store_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "store-cache"))
+
+
+def _line(call: int, completed_at: float) -> bytes:
+    return orjson.dumps({"model_call_id": f"{call:032x}", "dialect": "chat", "model_ref": None, "started_at": 0,
+                         "completed_at": completed_at, "latency_ms": 1, "latency_ttft_ms": None, "status_code": 200,
+                         "error_category": None, "request": {"call": call}, "response": None})
+
+
+def _write_segment(spool: str, writer: str, sequence: int, lines: list[tuple[str, bytes]]) -> str:
+    directory = os.path.join(spool, "segments", writer)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{sequence:010d}.sealed")
+    with open(path, "wb") as handle:
+        handle.write(b"".join(rollout.encode() + b"\t" + line + b"\n" for rollout, line in lines))
+    return path
+
+
+def test_a_store_merges_writers_in_the_stated_order_and_reads_each_segment_once(tmp_path):
+    """Per writer in append order, across writers by completed_at then writer id; a segment uploaded
+    twice (a crash after its manifest, before it left the spool) is read once; a torn last line is
+    skipped; Gym's per-rollout files are the lines' own bytes."""
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    a = [("r1", _line(1, 10.0)), ("r2", _line(2, 11.0)), ("r1", _line(3, 30.0))]
+    b = [("r1", _line(4, 20.0)), ("r1", _line(5, 40.0))]
+    first = _write_segment(spool, "host.1.aaaa", 1, a)
+    with open(first, "rb") as handle:
+        again = handle.read()
+    _write_segment(spool, "host.2.bbbb", 1, b)
+    uploader = Uploader(spool, url)
+    assert uploader.upload_all() == 2 and sealed_segments(spool) == []
+    with open(_write_segment(spool, "host.1.aaaa", 1, []), "wb") as handle:  # The same segment, again.
+        handle.write(again)
+    uploader.upload_all()
+    torn = _write_segment(spool, "host.2.bbbb", 2, [("r1", _line(6, 50.0))])
+    with open(torn, "ab") as handle:
+        handle.write(b"r1\t{\"model_call_id\": \"tor")
+    uploader.upload_all()
+    calls = [record.request["call"] for record in read_model_call_records(url, "r1")]
+    assert calls == [1, 4, 3, 5, 6]
+    assert [record.request["call"] for record in read_model_call_records(url, "r2")] == [2]
+    view = compact_store(url, str(tmp_path / "gym"))
+    with open(os.path.join(view, "r1.capture.jsonl"), "rb") as handle:
+        assert handle.read() == b"".join(line + b"\n" for line in (a[0][1], b[0][1], a[2][1], b[1][1], _line(6, 50.0)))
+    assert sorted(os.listdir(view)) == [".applied-manifests", "r1.capture.jsonl", "r2.capture.jsonl"]
+
+
+def test_merge_keeps_each_writers_order_when_clocks_disagree():
+    late_first = [b'{"completed_at": 5}', b'{"completed_at": 1}', b'{"completed_at": 6}']
+    other = [b'{"completed_at": 2}', b'{"completed_at": 5.5}']
+    merged = merge_writers([("a", late_first), ("b", other)])
+    assert [merged.index(line) for line in late_first] == sorted(merged.index(line) for line in late_first)
+    assert merged == [other[0], late_first[0], late_first[1], other[1], late_first[2]]
+
+
+def test_a_damaged_segment_is_refused_not_read(tmp_path):
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    _write_segment(spool, "host.1.aaaa", 1, [("r1", _line(1, 1.0))])
+    Uploader(spool, url).upload_all()
+    manifest = json.loads((tmp_path / "store" / manifest_name("host.1.aaaa", 1)).read_text())
+    (tmp_path / "store" / manifest["segment"]).write_bytes(b"r1\t{}\n")
+    with pytest.raises(SegmentDamaged):
+        store_view(url)
+
+
+def test_segments_a_dead_writer_left_open_are_sealed(tmp_path):
+    spool = str(tmp_path / "spool")
+    directory = os.path.join(spool, "segments", f"{socket.gethostname()}.999999999.dead")
+    os.makedirs(directory)
+    with open(os.path.join(directory, "0000000003.open"), "wb") as handle:
+        handle.write(b"r1\t" + _line(1, 1.0) + b"\n")
+    open(os.path.join(directory, "0000000004.open"), "wb").close()
+    assert seal_leftovers(spool) == 1
+    assert sorted(os.listdir(directory)) == ["0000000003.sealed"]
+    assert SegmentPolicy.from_argument(SegmentPolicy(spool, 4096, 1.0).as_argument()) == SegmentPolicy(spool, 4096, 1.0)
+
+
+async def _chat(http: aiohttp.ClientSession, url: str, rollout: str, content: str, stream: bool) -> bool:
+    """One call; True when the client had its whole reply (acknowledged)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "stream": stream}
+    try:
+        async with http.post(f"{url}/ng-rollout/{rollout}/v1/chat/completions", json=body) as reply:
+            data = await reply.read()
+            return reply.status == 200 and (not stream or data.rstrip().endswith(b"data: [DONE]"))
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+        return False
+
+
+def _contents(url: str, rollouts: list[str]) -> dict[str, list[str]]:
+    store = CaptureStore(url)
+    found = {}
+    for rollout in rollouts:
+        if os.path.exists(store.path_for(rollout)):
+            found[rollout] = [line["request"]["messages"][-1]["content"] for line in store.read(rollout)]
+    return found
+
+
+async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tmp_path):
+    """Three sidecar processes write the same 50 rollouts into one store, each with its own spool;
+    one of them is SIGKILLed 20 times at random (between appends, seals, uploads and manifests) and
+    restarted on its spool; a reader reads the store all along. Every acknowledged call is read
+    exactly once, in the rollout it was sent to; no line twice, none torn; the reader never saw a
+    line twice either."""
+    url = f"segments://{tmp_path}/store"
+    rollouts = [f"rollout-{n}" for n in range(50)]
+
+    def start(index: int) -> SidecarProcess:
+        return SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{index}"),
+                                    "--capture-store", url, "--segment-max-bytes", "8192",
+                                    "--segment-max-age", "0.2", "--drain-timeout", "10")
+
+    sidecars = [start(index) for index in range(3)]
+    acknowledged: dict[str, str] = {}
+    rng = random.Random(46)
+    stop = asyncio.Event()
+    seen_twice: list[str] = []
+
+    async def drive(worker: int) -> None:
+        call = 0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            while not stop.is_set():
+                call += 1
+                content, rollout = f"w{worker}-call{call}", rng.choice(rollouts)
+                if await _chat(http, rng.choice(sidecars).url, rollout, content, stream=call % 2 == 0):
+                    acknowledged[content] = rollout
+
+    async def read_all_along() -> None:
+        while not stop.is_set():
+            found = await asyncio.get_running_loop().run_in_executor(None, _contents, url, rollouts[:10])
+            seen_twice.extend(c for lines in found.values() for c in lines if lines.count(c) > 1)
+            await asyncio.sleep(0.2)
+
+    drivers = [asyncio.ensure_future(drive(worker)) for worker in range(6)]
+    reader = asyncio.ensure_future(read_all_along())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+            index = rng.randrange(3)
+            sidecars[index].kill()
+            sidecars[index] = await asyncio.get_running_loop().run_in_executor(None, start, index)
+        await asyncio.sleep(0.3)
+    finally:
+        stop.set()
+        await asyncio.gather(*drivers, reader)
+        for sidecar in sidecars:
+            assert sidecar.terminate() == 0, "".join(sidecar.stderr_lines)
+    assert len(acknowledged) > 100
+    found = _contents(url, rollouts)
+    every = [content for lines in found.values() for content in lines]
+    assert len(every) == len(set(every)), "a line was read twice"
+    missing = [content for content in acknowledged if content not in set(every)]
+    assert missing == [], f"{len(missing)} acknowledged calls are not in the store"
+    placed = {content: rollout for rollout, lines in found.items() for content in lines}
+    assert all(placed[content] == rollout for content, rollout in acknowledged.items())
+    assert seen_twice == []
+    for index in range(3):  # A drained sidecar leaves nothing in its spool.
+        assert sealed_segments(str(tmp_path / f"spool-{index}")) == []
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="captures")
+    yield endpoint
+    server.stop()
+
+
+async def test_an_s3_store_through_sidecar_processes_reads_as_the_lines_written(s3_server, tmp_path):
+    """Two sidecars upload to a real S3 server; the readers (records, CaptureStore, the CLI's) read
+    the store URL; its compacted view is Gym's per-rollout files with the lines' own bytes."""
+    url = "s3://captures/run-7"
+    sidecars = [SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{i}"), "--capture-store",
+                                     url, "--segment-max-age", "0.2") for i in range(2)]
+    sent = []
+    async with aiohttp.ClientSession() as http:
+        for call in range(12):
+            content = f"call-{call}"
+            assert await _chat(http, sidecars[call % 2].url, f"r{call % 3}", content, stream=call % 4 == 0)
+            sent.append((f"r{call % 3}", content))
+    for sidecar in sidecars:
+        assert sidecar.terminate() == 0, "".join(sidecar.stderr_lines)
+    found = _contents(url, ["r0", "r1", "r2"])
+    assert sorted((rollout, content) for rollout, lines in found.items() for content in lines) == sorted(sent)
+    assert [len(read_model_call_records(url, rollout)) for rollout in ("r0", "r1", "r2")] == [4, 4, 4]
+    view = compact_store(url, str(tmp_path / "gym"))
+    import s3fs
+    fs = s3fs.S3FileSystem(endpoint_url=s3_server)
+    segment_lines = {}
+    for path in fs.find("captures/run-7/segments"):
+        for raw in fs.cat_file(path).split(b"\n"):
+            if raw:
+                rollout, _, line = raw.partition(b"\t")
+                segment_lines.setdefault(rollout.decode(), set()).add(line)
+    for rollout in ("r0", "r1", "r2"):
+        with open(os.path.join(view, f"{rollout}.capture.jsonl"), "rb") as handle:
+            assert set(handle.read().splitlines()) == segment_lines[rollout]
+    assert hashlib.sha256(b"").hexdigest() not in "".join(fs.find("captures/run-7/segments"))  # No empty segment.
+
+
+async def test_a_store_that_refuses_never_fails_a_call_and_the_spool_keeps_the_lines(tmp_path):
+    """The store cannot be written (its path is a file): calls are answered as ever; /-/ready stays
+    200 and says the lag and the problem; once the store takes writes, the drain uploads the lines."""
+    store = tmp_path / "store"
+    store.write_text("not a directory")
+    url = f"segments://{store}"
+    sidecar = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "spool"), "--capture-store", url,
+                                   "--segment-max-age", "0.1")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for call in range(3):
+                assert await _chat(http, sidecar.url, "r1", f"call-{call}", stream=False)
+            ready = {}
+            for _ in range(100):
+                async with http.get(sidecar.url + "/-/ready") as reply:
+                    ready = await reply.json()
+                    assert reply.status == 200
+                if ready["upload_lag"]["segments"] and "store_problem" in ready:
+                    break
+                await asyncio.sleep(0.05)
+        assert ready["upload_lag"]["segments"] >= 1 and "store_problem" in ready, ready
+        assert ready["capture"] == "ok"
+    finally:
+        store.unlink()
+        store.mkdir()
+        assert sidecar.terminate() == 0
+    assert _contents(url, ["r1"]) == {"r1": ["call-0", "call-1", "call-2"]}
+    assert "cannot upload to" in "".join(sidecar.stderr_lines)
