@@ -86,7 +86,8 @@ from ._datasets import (
 )
 from ._store import CaptureStore, ReadResult
 from ._object_store import STORE_SCHEMES, ObjectStore, StoreUnavailable, is_store_url
-from ._store_view import MANIFESTS, SEGMENT_OBJECTS, SegmentDamaged, compact_store, manifest_name, merge_writers, segment_name, store_view
+from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, SegmentDamaged, compact_store,
+                          incomplete_name, manifest_name, merge_writers, segment_name, store_view)
 from ._token_records import (
     TOKEN_SOURCES,
     DriftTracker,
@@ -109,6 +110,7 @@ __all__ = [
     "SegmentDamaged",
     "StoreUnavailable",
     "compact_store",
+    "incomplete_name",
     "is_store_url",
     "manifest_name",
     "merge_writers",

@@ -27,11 +27,13 @@ from typing import Any, Iterable, Optional
 
 import orjson
 
-from ._file_contract import CAPTURE_SUFFIX
+from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._object_store import ObjectStore
 
 MANIFESTS = "manifests"
 SEGMENT_OBJECTS = "segments"
+#: ``incomplete/<rollout_id>``: a line of the rollout was lost (the spool's ``.capture.incomplete``).
+INCOMPLETE_OBJECTS = "incomplete"
 _APPLIED = ".applied-manifests"
 
 
@@ -41,6 +43,10 @@ class SegmentDamaged(ValueError):
 
 def manifest_name(writer_id: str, sequence: int) -> str:
     return f"{MANIFESTS}/{writer_id}/{sequence:010d}.json"
+
+
+def incomplete_name(rollout_id: str) -> str:
+    return f"{INCOMPLETE_OBJECTS}/{rollout_id}"
 
 
 def segment_name(writer_id: str, sha256: str) -> str:
@@ -60,6 +66,10 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     target.mkdir(parents=True, exist_ok=True)
     wanted = set(rollout_ids) if rollout_ids is not None else None
     names = store.names(MANIFESTS)
+    for marker in store.names(INCOMPLETE_OBJECTS):  # Lost lines, as the per-rollout layout marks them.
+        rollout_id = marker.rpartition("/")[2]
+        if wanted is None or rollout_id in wanted:
+            (target / f"{rollout_id}{INCOMPLETE_SUFFIX}").touch()
     applied_path = target / _APPLIED
     applied = set(applied_path.read_text().split()) if applied_path.exists() else set()
     if wanted is None and applied == set(names):
@@ -171,5 +181,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "compact_store", "manifest_name", "merge_writers", "segment_name",
+__all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "compact_store", "incomplete_name",
+           "manifest_name", "merge_writers", "segment_name",
            "store_view"]

@@ -61,14 +61,17 @@ def test_a_store_merges_writers_in_the_stated_order_and_reads_each_segment_once(
     torn = _write_segment(spool, "host.2.bbbb", 2, [("r1", _line(6, 50.0))])
     with open(torn, "ab") as handle:
         handle.write(b"r1\t{\"model_call_id\": \"tor")
+    open(os.path.join(spool, "r2.capture.incomplete"), "wb").close()  # A line of r2 was lost.
     uploader.upload_all()
+    assert CaptureStore(url).is_incomplete("r2") and not CaptureStore(url).is_incomplete("r1")
     calls = [record.request["call"] for record in read_model_call_records(url, "r1")]
     assert calls == [1, 4, 3, 5, 6]
     assert [record.request["call"] for record in read_model_call_records(url, "r2")] == [2]
     view = compact_store(url, str(tmp_path / "gym"))
     with open(os.path.join(view, "r1.capture.jsonl"), "rb") as handle:
         assert handle.read() == b"".join(line + b"\n" for line in (a[0][1], b[0][1], a[2][1], b[1][1], _line(6, 50.0)))
-    assert sorted(os.listdir(view)) == [".applied-manifests", "r1.capture.jsonl", "r2.capture.jsonl"]
+    assert sorted(os.listdir(view)) == [".applied-manifests", "r1.capture.jsonl", "r2.capture.incomplete",
+                                        "r2.capture.jsonl"]
 
 
 def test_merge_keeps_each_writers_order_when_clocks_disagree():
@@ -262,3 +265,23 @@ async def test_a_store_that_refuses_never_fails_a_call_and_the_spool_keeps_the_l
         assert sidecar.terminate() == 0
     assert _contents(url, ["r1"]) == {"r1": ["call-0", "call-1", "call-2"]}
     assert "cannot upload to" in "".join(sidecar.stderr_lines)
+
+
+@pytest.mark.parametrize("fstype, options, said", [
+    ("ext4", "rw", None), ("xfs", "rw", None), ("ceph", "rw", None), ("lustre", "rw,flock", None),
+    ("nfs4", "rw,vers=4.2", "O_APPEND is not atomic"), ("gpfs", "rw", "node-local"),
+    ("fuse.gcsfuse", "rw", "do not append"), ("fuse.mountpoint-s3", "rw", "FUSE"), ("lustre", "rw", "flock"),
+])
+def test_the_default_layout_is_said_unsafe_where_it_is(fstype, options, said):
+    from proxy.app import layout_caveat
+    caveat = layout_caveat(fstype, options)
+    assert (caveat is None) if said is None else (said in caveat)
+
+
+def test_the_mount_options_are_read_from_the_mount_table():
+    """The deepest mount holding the directory gives its options (Lustre's ``flock``)."""
+    from proxy.app import mount_options
+    table = ("36 35 0:30 / /data rw,relatime shared:1 - fuse.gcsfuse gcsfuse rw,user_id=0\n"
+             "37 35 0:31 / /data/lustre rw - lustre 10.0.0.1@tcp:/fs rw,flock\n")
+    assert mount_options("/data/x", table) == "rw,user_id=0"
+    assert mount_options("/data/lustre/x", table) == "rw,flock"

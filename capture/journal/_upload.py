@@ -25,7 +25,7 @@ from typing import Optional
 
 import orjson
 
-from records import ObjectStore, manifest_name, segment_name
+from records import INCOMPLETE_SUFFIX, ObjectStore, incomplete_name, manifest_name, segment_name
 
 from ._segments import SEALED_SUFFIX, sealed_segments
 
@@ -64,6 +64,7 @@ class Uploader:
         self.failures = 0
         self.problem: Optional[str] = None
         self._said_at = 0.0
+        self._markers_sent: set[str] = set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mcc-uploader", daemon=True)
@@ -103,11 +104,17 @@ class Uploader:
         return not left
 
     def upload_all(self) -> int:
-        """Upload every sealed segment now (on the calling thread); how many went."""
+        """Upload every sealed segment now (on the calling thread), and the spool's new
+        ``.capture.incomplete`` markers (a line lost: the store's readers must know it too); how
+        many segments went."""
         sent = 0
         for path in sealed_segments(self.spool_dir):
             self.upload(path)
             sent += 1
+        for name in os.listdir(self.spool_dir):
+            if name.endswith(INCOMPLETE_SUFFIX) and name not in self._markers_sent:
+                self.store.put(incomplete_name(name[: -len(INCOMPLETE_SUFFIX)]), b"")
+                self._markers_sent.add(name)
         return sent
 
     def upload(self, path: str) -> None:

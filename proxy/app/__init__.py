@@ -3,6 +3,7 @@ logging, workers, and serving it. It makes the `proxy.call.CallContext` and choo
 hooks; it never imports the stand-in or the inspection tools (they depend on it).
 """
 
+from ._filesystems import layout_caveat, mount_options
 from ._logging import JsonFormatter, configure_logging, utc_timestamp
 from ._serve import (
     CannotServe,
@@ -32,7 +33,9 @@ __all__ = [
     "describe_startup",
     "free_port",
     "freeze_startup_objects",
+    "layout_caveat",
     "load_settings",
+    "mount_options",
     "ready_line",
     "ready_url",
     "serve_forever",

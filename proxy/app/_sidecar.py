@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Optional
 import orjson
 
 from capture.journal import Journal, RepeatLimiter, SegmentPolicy, Uploader
+from records import filesystem_type
 
 from ..call import (
     CONTENT_TYPE,
@@ -39,6 +40,7 @@ from ..training import (
     declared_version,
 )
 from ..websocket import serve_websocket
+from ._filesystems import layout_caveat, mount_options
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
 
@@ -151,6 +153,13 @@ class Sidecar:
                             "until it is (on Kubernetes, set the pod's fsGroup)", settings.capture_dir, os.getuid(),
                             extra={"path": settings.capture_dir})
                 self._capture_dir_was_writable = False
+            caveat = (layout_caveat(filesystem_type(settings.capture_dir), mount_options(settings.capture_dir))
+                      if settings.capture_store is None else None)
+            if caveat is not None:  # Said once, with the fix: safe for this node alone, not for several.
+                log.warning("the capture dir %s is on %s: several sidecars writing the same rollouts from different "
+                            "nodes can interleave or lose lines there; give each sidecar a local spool and "
+                            "--capture-store (segments:///shared/path, or s3://, gs://, az://) instead",
+                            settings.capture_dir, caveat, extra={"path": settings.capture_dir})
             token_dir = settings.token_dir or settings.capture_dir
             try:
                 os.makedirs(token_dir, exist_ok=True)

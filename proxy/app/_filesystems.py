@@ -1,0 +1,62 @@
+"""Which filesystems the default layout (one file per rollout, appended under ``flock`` by every
+writer: DESIGN §3) is safe on, said once at start-up (DESIGN §14, issue 46, point 5).
+
+Read from the mount table (`records.filesystem_type`, and the mount's options): on a node's own
+disk (ext4, xfs, btrfs, tmpfs, overlay) and on a filesystem whose locks and appends hold across
+its clients (CephFS, Lustre mounted with ``flock``), several sidecars may append to one rollout's
+file. Where they do not -- ``O_APPEND`` is not atomic across NFS clients; ``flock`` is node-local
+on GPFS and on FUSE mounts; object-storage mounts (gcsfuse, Mountpoint for S3, s3fs-fuse) do not
+append at all -- the lines of two nodes can interleave or overwrite each other, and writer
+segments (``--capture-store``) are the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+_UNSAFE = {
+    "nfs": "O_APPEND is not atomic across NFS clients (two nodes can take the same end of a file)",
+    "nfs4": "O_APPEND is not atomic across NFS clients (two nodes can take the same end of a file)",
+    "gpfs": "flock is node-local on GPFS (Spectrum Scale): another node's appends do not wait for it",
+    "cifs": "SMB mounts do not make appends atomic across clients",
+    "smb3": "SMB mounts do not make appends atomic across clients",
+    "9p": "9p mounts do not make locks or appends hold across clients",
+}
+
+
+def layout_caveat(fstype: Optional[str], options: str = "") -> Optional[str]:
+    """Why the default layout is not safe for writers on several nodes on ``fstype``, else None."""
+    if fstype is None:
+        return None
+    if fstype.startswith("fuse"):
+        return (f"{fstype} (a FUSE mount: gcsfuse, Mountpoint for S3 and s3fs-fuse do not append; flock on FUSE "
+                "is not seen by other nodes)")
+    if fstype == "lustre" and "flock" not in options.split(","):
+        return "lustre mounted without the flock option: flock is refused or local to this node"
+    reason = _UNSAFE.get(fstype)
+    return f"{fstype} ({reason})" if reason is not None else None
+
+
+def mount_options(directory: str, mountinfo: Optional[str] = None) -> str:
+    """The super options of the mount ``directory`` is on (``/proc/self/mountinfo``), '' if unknown."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return ""
+    path = os.path.realpath(directory)
+    best, options = -1, ""
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        after = line.split(" - ", 1)[1].split(" ")
+        if (path == mount_point or path.startswith(mount_point.rstrip("/") + "/")) and len(mount_point) >= best:
+            best, options = len(mount_point), after[2] if len(after) > 2 else ""
+    return options
+
+
+__all__ = ["layout_caveat", "mount_options"]
