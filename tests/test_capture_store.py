@@ -269,7 +269,8 @@ async def test_a_store_that_refuses_never_fails_a_call_and_the_spool_keeps_the_l
 
 @pytest.mark.parametrize("fstype, options, said", [
     ("ext4", "rw", None), ("xfs", "rw", None), ("ceph", "rw", None), ("lustre", "rw,flock", None),
-    ("nfs4", "rw,vers=4.2", "O_APPEND is not atomic"), ("gpfs", "rw", "node-local"),
+    ("nfs4", "rw,vers=4.2,local_lock=none", None), ("nfs4", "rw,vers=4.2,local_lock=flock", "O_APPEND is not atomic"),
+    ("nfs", "rw,vers=3,nolock", "O_APPEND"), ("gpfs", "rw", "node-local"),
     ("fuse.gcsfuse", "rw", "do not append"), ("fuse.mountpoint-s3", "rw", "FUSE"), ("lustre", "rw", "flock"),
 ])
 def test_the_default_layout_is_said_unsafe_where_it_is(fstype, options, said):

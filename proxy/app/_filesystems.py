@@ -4,8 +4,8 @@ writer: DESIGN §3) is safe on, said once at start-up (DESIGN §14, issue 46, po
 Read from the mount table (`records.filesystem_type`, and the mount's options): on a node's own
 disk (ext4, xfs, btrfs, tmpfs, overlay) and on a filesystem whose locks and appends hold across
 its clients (CephFS, Lustre mounted with ``flock``), several sidecars may append to one rollout's
-file. Where they do not -- ``O_APPEND`` is not atomic across NFS clients; ``flock`` is node-local
-on GPFS and on FUSE mounts; object-storage mounts (gcsfuse, Mountpoint for S3, s3fs-fuse) do not
+file. Where they do not -- ``O_APPEND`` is not atomic across NFS clients whose locks are local
+(``nolock``, ``local_lock``); ``flock`` is node-local on GPFS and on FUSE mounts; object-storage mounts (gcsfuse, Mountpoint for S3, s3fs-fuse) do not
 append at all -- the lines of two nodes can interleave or overwrite each other, and writer
 segments (``--capture-store``) are the fix.
 """
@@ -16,8 +16,6 @@ import os
 from typing import Optional
 
 _UNSAFE = {
-    "nfs": "O_APPEND is not atomic across NFS clients (two nodes can take the same end of a file)",
-    "nfs4": "O_APPEND is not atomic across NFS clients (two nodes can take the same end of a file)",
     "gpfs": "flock is node-local on GPFS (Spectrum Scale): another node's appends do not wait for it",
     "cifs": "SMB mounts do not make appends atomic across clients",
     "smb3": "SMB mounts do not make appends atomic across clients",
@@ -32,8 +30,13 @@ def layout_caveat(fstype: Optional[str], options: str = "") -> Optional[str]:
     if fstype.startswith("fuse"):
         return (f"{fstype} (a FUSE mount: gcsfuse, Mountpoint for S3 and s3fs-fuse do not append; flock on FUSE "
                 "is not seen by other nodes)")
-    if fstype == "lustre" and "flock" not in options.split(","):
+    flags = options.split(",")
+    if fstype == "lustre" and "flock" not in flags:
         return "lustre mounted without the flock option: flock is refused or local to this node"
+    if fstype in ("nfs", "nfs4") and ("nolock" in flags or "local_lock=flock" in flags or "local_lock=all" in flags):
+        # With its locks the server's, an NFS append under flock is safe: the lock revalidates the
+        # size. Without them, O_APPEND is not atomic across clients (two nodes take the same end).
+        return f"{fstype} mounted with local locks (nolock or local_lock): O_APPEND is not atomic across NFS clients"
     reason = _UNSAFE.get(fstype)
     return f"{fstype} ({reason})" if reason is not None else None
 
