@@ -1,0 +1,42 @@
+"""NeMo Gym 0.7.0's own readers on a compacted capture store (issue 46, point 4): a sidecar writes
+writer segments to a store; `mcc compact`'s library call writes Gym's per-rollout files; Gym's
+`read_model_call_records`, `aggregate_model_call_metrics` and `merge_model_call_capture_into_record`
+read them, and agree field by field with `records` reading the store URL itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+from records import CaptureStore, compact_store, read_model_call_records
+from tests.scripted_upstream import json_script, sse_script
+from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, RESPONSES_REQUEST, RESPONSES_STREAM
+from tests.wire import fetch, rollout_url
+
+from .agreement import compare_rollout, run_gym
+
+
+async def test_gyms_readers_on_a_compacted_store_agree_with_records_on_the_store(http, upstream, start, tmp_path, gym,
+                                                                                monkeypatch):
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path}/store"
+    upstream.scripts["/v1/chat/completions"] = json_script(CHAT_JSON)
+    upstream.scripts["/v1/responses"] = sse_script(RESPONSES_STREAM)
+    sidecar = await start(upstream.url, capture_dir=str(tmp_path / "spool"), capture_store=url, segment_max_age=0.1,
+                          model_name="test-model")
+    sent = {"s-chat": 3, "s-responses": 2}
+    for _ in range(3):
+        await fetch(http, "POST", rollout_url(sidecar.url, "s-chat", "/v1/chat/completions"), CHAT_JSON_REQUEST)
+    for _ in range(2):
+        await fetch(http, "POST", rollout_url(sidecar.url, "s-responses", "/v1/responses"), RESPONSES_REQUEST)
+    for _ in range(200):  # Sealed at 0.1 s, then uploaded.
+        if all(len(read_model_call_records(url, rollout)) == count for rollout, count in sent.items()):
+            break
+        await asyncio.sleep(0.05)
+    view = compact_store(url, str(tmp_path / "gym-view"))
+    theirs = run_gym(gym, view, *sent)
+    compared, unexplained = 0, []
+    for rollout_id, count in sent.items():
+        assert len(theirs[rollout_id]["records"]) == count
+        counts = compare_rollout(CaptureStore(url), rollout_id, theirs[rollout_id])
+        compared, unexplained = compared + counts[0], unexplained + counts[1]
+    assert compared > 50 and unexplained == []
