@@ -9,11 +9,12 @@ COPY capture ./capture
 COPY records ./records
 COPY deploy/docker/constraints.txt ./
 # Every dependency pinned by the constraints file (hadolint DL3013).
-RUN pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels "."
+# The store extra: --capture-store s3:// (fsspec, s3fs) works in the image as it comes.
+RUN pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels ".[store]"
 
 FROM python:3.12-slim
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels "model-call-capture==0.1.0" \
+RUN pip install --no-cache-dir --no-index --find-links /wheels "model-call-capture[store]==0.1.0" \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 mcc \
     && useradd --system --uid 10001 --gid 10001 --create-home mcc \

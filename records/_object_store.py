@@ -47,11 +47,11 @@ class ObjectStore:
             import fsspec
         except ImportError:
             raise StoreUnavailable(f"{scheme}:// needs fsspec and its {scheme} filesystem: "
-                                   "pip install 'model-call-capture[store]'") from None
+                                   "pip install fsspec s3fs (or the checkout's '.[store]' extra)") from None
         try:
             self._fs = fsspec.filesystem(_FSSPEC_PROTOCOLS[scheme], **_options(scheme))
         except (ImportError, ValueError) as exc:
-            raise StoreUnavailable(f"{scheme}:// cannot be opened: {exc} (pip install 'model-call-capture[store]')") from None
+            raise StoreUnavailable(f"{scheme}:// cannot be opened: {exc} (pip install fsspec s3fs, gcsfs or adlfs)") from None
         self._root = rest.strip("/")
 
     def _path(self, name: str) -> str:

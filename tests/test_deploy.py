@@ -362,3 +362,36 @@ async def test_metrics_show_the_resident_memory_to_alert_on(http, upstream, side
     from tests.wire import fetch
     text = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
     assert "process_resident_memory_bytes" in text
+
+
+def test_the_object_store_variants_send_segments_to_a_store_with_credentials_from_a_secret():
+    """Kubernetes (an overlay of deploy/kubernetes) and compose (an override of compose.yaml): the
+    sidecar's capture dir is a spool of its own, the store URL is set, credentials come from a
+    secret or an env file (never inline), and the collector reads the same store."""
+    compose = _yaml(os.path.join(COMPOSE, "compose.yaml"))["services"]["mcc"]
+    override = _yaml(os.path.join(COMPOSE, "compose.store.yaml"))["services"]["mcc"]
+    environment = {**compose["environment"], **override["environment"]}
+    settings = load_settings(environ={k: str(v) for k, v in environment.items()})
+    assert settings.capture_store == "s3://your-bucket/model-calls" and settings.capture_on
+    assert override["env_file"] == [{"path": "store-credentials.env", "required": False}]
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on the PATH: `kubectl kustomize` cannot render deploy/kubernetes-object-store here")
+    rendered = subprocess.run([kubectl, "kustomize", os.path.join(ROOT, "deploy", "kubernetes-object-store")],
+                              capture_output=True, text=True, check=True).stdout
+    documents = [document for document in yaml.safe_load_all(rendered) if document]
+    for document in documents:
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+    assert "PersistentVolumeClaim" not in {document["kind"] for document in documents}
+    deployment = next(d for d in documents if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    sidecar = next(c for c in deployment["containers"] if c["name"] == "model-call-capture")
+    env = {item["name"]: item.get("value") for item in sidecar["env"]}
+    assert len(env) == len(sidecar["env"])  # Merged by name, never twice.
+    settings = load_settings(environ={name: value for name, value in env.items() if name.startswith("MCC_")})
+    assert settings.capture_store == "s3://your-bucket/model-calls"
+    assert sidecar["envFrom"] == [{"secretRef": {"name": "model-call-store", "optional": True}}]
+    assert next(v for v in deployment["volumes"] if v["name"] == "model-calls") == {"name": "model-calls",
+                                                                                    "emptyDir": {"sizeLimit": "20Gi"}}
+    collector = next(d for d in documents if d["kind"] == "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert collector["containers"][0]["command"][-1] == settings.capture_store
+    assert "SECRET_ACCESS_KEY" not in rendered.replace("AWS_SECRET_ACCESS_KEY=...", "")
