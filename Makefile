@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_reassembly.py
 	$(BIN)/python benchmarks/bench_cutter.py
 	$(BIN)/python benchmarks/bench_decoding.py
+	$(BIN)/python benchmarks/bench_store.py
 	$(BIN)/python benchmarks/bench_records.py
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_rl.py

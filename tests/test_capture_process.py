@@ -308,7 +308,7 @@ async def test_a_capture_process_that_never_comes_up_loses_no_line(http, upstrea
     """It ends before its first byte (here: exits at once; in life, an import that fails): the lines
     waiting for it were never sent, so the writer threads append them -- none is a failure."""
     monkeypatch.setattr(capture_process, "persist_process_command",
-                        lambda fd, directory, sync_mode: [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(3)"])
+                        lambda fd, directory, sync_mode, segments=None: [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(3)"])
     upstream.scripts[CHAT] = json_script(orjson.dumps(REPLY))
     with caplog.at_level(logging.ERROR, logger="mcc.capture"):
         sidecar = await start(upstream.url, capture_dir=capture_dir)

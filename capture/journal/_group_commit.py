@@ -255,7 +255,7 @@ class GroupCommitter:
                     break
 
 
-def append_by_file(files: OpenFiles, by_path: dict[str, list[int]], lines: list[bytes],
+def append_by_file(files: OpenFiles | SegmentFiles, by_path: dict[str, list[int]], lines: list[bytes],
                    outcomes: list[Outcome]) -> tuple[list[tuple[OpenFile, list[int]]], set[str]]:
     """Each file's lines (``by_path``: indexes into ``lines``) appended in one write; a failure is
     the outcome of that file's lines. The files appended to (held until their barrier releases
@@ -263,6 +263,15 @@ def append_by_file(files: OpenFiles, by_path: dict[str, list[int]], lines: list[
     a barrier too)."""
     held: list[tuple[OpenFile, list[int]]] = []
     new_directories: set[str] = set()
+    if isinstance(files, SegmentFiles):  # One segment for every rollout: one write, one fsync.
+        try:
+            file, _ = files.append_batch([(path, b"".join(lines[i] for i in indexes)) for path, indexes in by_path.items()])
+        except OSError as exc:
+            for indexes in by_path.values():
+                for i in indexes:
+                    outcomes[i] = exc
+            return held, new_directories
+        return [(file, [i for indexes in by_path.values() for i in indexes])], new_directories
     for path, indexes in by_path.items():
         try:
             file, created = files.append(path, b"".join(lines[i] for i in indexes))

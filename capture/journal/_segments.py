@@ -77,14 +77,19 @@ def writer_alive(writer_id: str) -> bool:
     return True
 
 
+ROLLOUTS_SUFFIX = ".rollouts"
+
+
 class _Segment:
-    __slots__ = ("path", "entry", "opened", "size")
+    __slots__ = ("path", "entry", "opened", "size", "rollouts")
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self.entry = OpenFile(fd)
         self.opened = time.monotonic()
         self.size = 0
+        #: The rollouts it holds lines of: its manifest names them (the uploader need not scan it).
+        self.rollouts: set[bytes] = set()
 
 
 class SegmentFiles:
@@ -102,17 +107,28 @@ class SegmentFiles:
         self._lock = threading.Lock()
 
     def append(self, path: str, data: bytes) -> tuple[OpenFile, bool]:
-        rollout_id = os.path.basename(path)[: -len(CAPTURE_SUFFIX)].encode()
-        prefix = rollout_id + b"\t"
-        lines = data.split(b"\n")
-        if lines[-1]:
-            raise ValueError("a capture append is whole lines, each ending in a newline")
-        payload = b"".join(prefix + line + b"\n" for line in lines[:-1])
+        return self.append_batch([(path, data)])
+
+    def append_batch(self, appends: list[tuple[str, bytes]]) -> tuple[OpenFile, bool]:
+        """Every rollout's lines of a batch (``(capture path, whole lines)``) in one write: one
+        file, so the batch's barrier is one fsync (not a syncfs of the filesystem)."""
+        pieces = []
+        rollouts = []
+        for path, data in appends:
+            rollout_id = os.path.basename(path)[: -len(CAPTURE_SUFFIX)].encode()
+            rollouts.append(rollout_id)
+            prefix = rollout_id + b"\t"
+            lines = data.split(b"\n")
+            if lines[-1]:
+                raise ValueError("a capture append is whole lines, each ending in a newline")
+            pieces += [prefix + line + b"\n" for line in lines[:-1]]
+        payload = b"".join(pieces)
         segment = self._current if self._current is not None else self._open_next()
         entry = segment.entry
         if entry.end is None:  # An append failed part-way: the torn line ends here, alone.
             payload = b"\n" + payload
         _write_all(entry.fd, payload, segment)
+        segment.rollouts.update(rollouts)
         entry.end = segment.size
         entry.used = time.monotonic()
         with self._lock:
@@ -177,7 +193,10 @@ class SegmentFiles:
         if segment.size == 0:
             os.unlink(segment.path)
             return
-        os.rename(segment.path, segment.path[: -len(OPEN_SUFFIX)] + SEALED_SUFFIX)
+        base = segment.path[: -len(OPEN_SUFFIX)]
+        with open(base + ROLLOUTS_SUFFIX, "wb") as handle:  # Before the rename: a sealed one always has it.
+            handle.write(b"\n".join(sorted(segment.rollouts)))
+        os.rename(segment.path, base + SEALED_SUFFIX)
         _fsync_directory(os.path.dirname(segment.path))
 
 
@@ -249,5 +268,5 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["OPEN_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
+__all__ = ["OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
            "seal_leftovers", "sealed_segments", "writer_alive"]

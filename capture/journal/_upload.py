@@ -27,7 +27,7 @@ import orjson
 
 from records import INCOMPLETE_SUFFIX, ObjectStore, incomplete_name, manifest_name, segment_name
 
-from ._segments import SEALED_SUFFIX, sealed_segments
+from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, sealed_segments
 
 log = logging.getLogger("mcc.capture")
 #: Pauses after a refused upload, growing to the last.
@@ -124,13 +124,20 @@ class Uploader:
         with open(path, "rb") as handle:
             data = handle.read()
         sha = hashlib.sha256(data).hexdigest()
-        rollouts = sorted({line.partition(b"\t")[0].decode() for line in data.split(b"\n") if b"\t" in line})
+        index = path[: -len(SEALED_SUFFIX)] + ROLLOUTS_SUFFIX
+        try:
+            with open(index, "rb") as handle:  # Written by the writer as it sealed.
+                rollouts = sorted(name.decode() for name in handle.read().split(b"\n") if name)
+        except FileNotFoundError:  # A segment a crash left open, sealed by the next start: read it.
+            rollouts = sorted({line.partition(b"\t")[0].decode() for line in data.split(b"\n") if b"\t" in line})
         name = segment_name(writer_id, sha)
         self.store.put(name, data)
         manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
                     "lines": data.count(b"\n"), "rollouts": rollouts}
         self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))
         os.unlink(path)
+        if os.path.exists(index):
+            os.unlink(index)
         self.uploaded += 1
 
     def _run(self) -> None:

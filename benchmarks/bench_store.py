@@ -1,0 +1,157 @@
+"""Storage past one node (issue 46), side by side in one run:
+
+    python benchmarks/bench_store.py [--rollouts 2000] [--seconds 5] [--rounds 3]
+
+1. Files: the same calls (one JSON call per rollout, then a second round) through a sidecar with
+   the per-rollout layout and through one with writer segments and a ``segments://`` store; files
+   and inodes each leaves, counted, and scaled to a run of 100,000 rollouts (per-rollout files grow
+   with the rollouts, segments with the bytes).
+2. Load: 1 KB JSON calls from wrk at c=64 over 64 rollouts, interleaved rounds: the per-rollout
+   layout against segments (requests/s), while the store's upload lag (`/-/ready`'s
+   ``upload_lag``) is sampled every 0.25 s: its largest and median seconds and bytes; and
+   segments whose store refuses every upload (the appends alone, without the upload's read, hash
+   and copy on the same disk).
+
+Nothing is asserted: the machine is shared. Prints markdown tables; writes results/store.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench_proxy as bench  # noqa: E402
+
+
+def count_files(root: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+async def one_call_per_rollout(port: int, rollouts: int) -> None:
+    import aiohttp
+    async with aiohttp.ClientSession() as http:
+        semaphore = asyncio.Semaphore(32)
+
+        async def call(number: int) -> None:
+            async with semaphore:
+                async with http.post(f"http://127.0.0.1:{port}/ng-rollout/run-{number}/v1/chat/completions",
+                                     data=bench.JSON_BODY, headers={"Content-Type": "application/json"}) as reply:
+                    await reply.read()
+        await asyncio.gather(*(call(n) for n in range(rollouts)))
+
+
+def ready(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5) as reply:
+        return json.loads(reply.read())
+
+
+def files_table(upstream: bench.Target, workdir: str, rollouts: int) -> list[str]:
+    rows = []
+    for layout in ("per-rollout", "segments"):
+        spool, store = os.path.join(workdir, f"{layout}-dir"), os.path.join(workdir, f"{layout}-store")
+        extra = ("--capture-store", f"segments://{store}") if layout == "segments" else ()
+        sidecar = bench.start_sidecar(layout, upstream, spool, extra=extra)
+        for _ in range(2):
+            asyncio.run(one_call_per_rollout(sidecar.port, rollouts))
+        sidecar.stop()
+        files = count_files(spool) + (count_files(store) if layout == "segments" else 0)
+        size = sum(os.path.getsize(os.path.join(d, f)) for root in (spool, store) if os.path.isdir(root)
+                   for d, _, names in os.walk(root) for f in names)
+        per_rollout = files / rollouts if layout == "per-rollout" else None
+        at_100k = (files * 100_000 // rollouts) if per_rollout is not None else max(1, -(-size * 100_000 // rollouts
+                                                                                            // (64 << 20))) * 2
+        rows.append(f"| {layout} | {rollouts:,} | {2 * rollouts:,} | {files:,} | {size:,} | {at_100k:,} |")
+    return ["| layout | rollouts | calls | files left | bytes | files at 100,000 rollouts |", "|---|---:|---:|---:|---:|---:|",
+            *rows, "", "Per-rollout: one file per rollout (the token capture mode adds up to four more: "
+            "`.tokens.jsonl`, `.lock`, `.intents`, `.state.json`). Segments: a 64 MiB segment and its manifest "
+            "per 64 MiB of lines, whatever the number of rollouts (at 100,000 rollouts: the bytes scaled, "
+            "two objects per segment)."]
+
+
+def load_table(upstream: bench.Target, workdir: str, rounds: int, seconds: int) -> list[str]:
+    results: dict[str, list[float]] = {"per-rollout": [], "segments": [], "segments, uploads refused": []}
+    refusing = os.path.join(workdir, "not-a-directory")
+    with open(refusing, "w", encoding="ascii") as handle:
+        handle.write("a store whose path is a file refuses every upload")
+    lag_seconds: list[float] = []
+    lag_bytes: list[int] = []
+    for round_ in range(rounds):
+        for layout in results:
+            store = f"segments://{workdir}/load-store-{round_}" if layout == "segments" else f"segments://{refusing}"
+            extra = ("--capture-store", store, "--segment-max-age", "1") if layout.startswith("segments") else ()
+            spool = os.path.join(workdir, f"load-{layout.replace(', ', '-').replace(' ', '-')}-{round_}")
+            sidecar = bench.start_sidecar(layout, upstream, spool, extra=extra)
+            stop = threading.Event()
+
+            def sample(port: int = sidecar.port) -> None:
+                while not stop.is_set():
+                    try:
+                        lag = ready(port).get("upload_lag")
+                    except OSError:
+                        lag = None
+                    if lag is not None:
+                        lag_seconds.append(lag["oldest_seconds"])
+                        lag_bytes.append(lag["bytes"])
+                    time.sleep(0.25)
+            sampler = threading.Thread(target=sample, daemon=True) if layout == "segments" else None
+            if sampler is not None:
+                sampler.start()
+            results[layout].append(bench.wrk_rps(sidecar.port, 64, seconds, workdir))
+            stop.set()
+            if sampler is not None:
+                sampler.join()
+            sidecar.stop()
+    lines = [f"JSON 1 KB, wrk c=64, {rounds} interleaved rounds of {seconds} s (requests/s)", "",
+             "| layout | median | min - max | x per-rollout |", "|---|---:|---:|---:|"]
+    base = statistics.median(results["per-rollout"])
+    for layout, values in results.items():
+        lines.append(f"| {layout} | {statistics.median(values):,.0f} | {min(values):,.0f} - {max(values):,.0f} | "
+                     f"{statistics.median(values) / base:.3f} |")
+    if lag_seconds:
+        lines += ["", f"Upload lag under that load (segments sealed at 1 s, {len(lag_seconds)} samples of /-/ready): "
+                  f"oldest unsent segment median {statistics.median(lag_seconds):.2f} s, largest {max(lag_seconds):.2f} s; "
+                  f"unsent bytes median {statistics.median(lag_bytes):,.0f}, largest {max(lag_bytes):,}."]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="200 rollouts, one round of 2 s")
+    args = parser.parse_args()
+    if args.quick:
+        args.rollouts, args.seconds, args.rounds = 200, 2, 1
+    bench.ensure_tools()
+    upstream = bench.start_upstream()
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            table = ["# Storage past one node (issue 46): the per-rollout layout against writer segments, one run", "",
+                     f"`python benchmarks/bench_store.py --rollouts {args.rollouts} --seconds {args.seconds} --rounds "
+                     f"{args.rounds}`, {time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores, "
+                     "wrk, the `fast_upstream.py` upstream, a `segments://` store on the same disk.", "",
+                     *files_table(upstream, workdir, args.rollouts), "", *load_table(upstream, workdir, args.rounds,
+                                                                                     args.seconds)]
+    finally:
+        upstream.stop()
+    text = "\n".join(table) + "\n"
+    print(text)
+    if not args.quick:
+        with open(os.path.join(HERE, "results", "store.md"), "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
