@@ -121,8 +121,11 @@ class Uploader:
         """One sealed segment: the object, then its manifest, then out of the spool."""
         writer_id = os.path.basename(os.path.dirname(path))
         sequence = int(os.path.basename(path)[: -len(SEALED_SUFFIX)])
-        with open(path, "rb") as handle:
-            data = handle.read()
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:  # Another worker of this spool (--workers) uploaded it first.
+            return
         sha = hashlib.sha256(data).hexdigest()
         index = path[: -len(SEALED_SUFFIX)] + ROLLOUTS_SUFFIX
         try:
@@ -135,9 +138,11 @@ class Uploader:
         manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
                     "lines": data.count(b"\n"), "rollouts": rollouts}
         self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))
-        os.unlink(path)
-        if os.path.exists(index):
-            os.unlink(index)
+        for done in (path, index):
+            try:
+                os.unlink(done)
+            except FileNotFoundError:  # The other worker's upload of it got there first: the same objects.
+                pass
         self.uploaded += 1
 
     def _run(self) -> None:
