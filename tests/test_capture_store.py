@@ -92,15 +92,25 @@ def test_a_damaged_segment_is_refused_not_read(tmp_path):
         store_view(url)
 
 
-def test_segments_a_dead_writer_left_open_are_sealed(tmp_path):
+def test_segments_a_dead_writer_left_open_are_sealed_and_a_live_ones_are_not(tmp_path):
+    """A writer is alive while it holds its `.alive` lock (never told by its pid: a restarted
+    container's process has the pid the dead one had)."""
+    from capture.journal import SegmentFiles
     spool = str(tmp_path / "spool")
-    directory = os.path.join(spool, "segments", f"{socket.gethostname()}.999999999.dead")
+    live = SegmentFiles(SegmentPolicy(spool, 1 << 20, 3600))
+    entry, _ = live.append(os.path.join(spool, "r9.capture.jsonl"), _line(9, 1.0) + b"\n")
+    live.release(entry)  # Its barrier is done with it (the committer's part).
+    directory = os.path.join(spool, "segments", f"{socket.gethostname()}.{os.getpid()}.dead")  # Our pid, yet dead.
     os.makedirs(directory)
+    open(os.path.join(directory, ".alive"), "wb").close()
     with open(os.path.join(directory, "0000000003.open"), "wb") as handle:
         handle.write(b"r1\t" + _line(1, 1.0) + b"\n")
     open(os.path.join(directory, "0000000004.open"), "wb").close()
     assert seal_leftovers(spool) == 1
-    assert sorted(os.listdir(directory)) == ["0000000003.sealed"]
+    assert sorted(os.listdir(directory)) == [".alive", "0000000003.sealed"]
+    assert [name for name in os.listdir(live.directory) if name != ".alive"] == ["0000000001.open"]
+    live.close_all()
+    assert sorted(os.listdir(live.directory)) == [".alive", "0000000001.rollouts", "0000000001.sealed"]
     assert SegmentPolicy.from_argument(SegmentPolicy(spool, 4096, 1.0).as_argument()) == SegmentPolicy(spool, 4096, 1.0)
 
 
@@ -135,7 +145,7 @@ async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tm
 
     def start(index: int) -> SidecarProcess:
         return SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{index}"),
-                                    "--capture-store", url, "--segment-max-bytes", "8192",
+                                    "--capture-store", url, "--segment-max-bytes", "65536",
                                     "--segment-max-age", "0.2", "--drain-timeout", "10")
 
     sidecars = [start(index) for index in range(3)]
@@ -173,17 +183,29 @@ async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tm
         await asyncio.gather(*drivers, reader)
         for sidecar in sidecars:
             assert sidecar.terminate() == 0, "".join(sidecar.stderr_lines)
+    for index in range(3):  # A drained sidecar leaves nothing in its spool: all of it went.
+        assert sealed_segments(str(tmp_path / f"spool-{index}")) == [], "".join(sidecars[index].stderr_lines)
     assert len(acknowledged) > 100
     found = _contents(url, rollouts)
     every = [content for lines in found.values() for content in lines]
     assert len(every) == len(set(every)), "a line was read twice"
     missing = [content for content in acknowledged if content not in set(every)]
-    assert missing == [], f"{len(missing)} acknowledged calls are not in the store"
+    assert missing == [], f"{len(missing)} acknowledged calls are not in the store: {_where(tmp_path, missing)}"
     placed = {content: rollout for rollout, lines in found.items() for content in lines}
     assert all(placed[content] == rollout for content, rollout in acknowledged.items())
     assert seen_twice == []
-    for index in range(3):  # A drained sidecar leaves nothing in its spool.
-        assert sealed_segments(str(tmp_path / f"spool-{index}")) == []
+
+
+def _where(root, contents: list[str]) -> list[str]:
+    """Which files under ``root`` hold each missing call (a failure's evidence)."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as handle:
+                data = handle.read()
+            found += [f"{content} in {os.path.relpath(path, root)}" for content in contents if content.encode() in data]
+    return found
 
 
 @pytest.fixture

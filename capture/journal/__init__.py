@@ -10,7 +10,7 @@ primitives) and the readers; the rest of `capture` stays sans-io.
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
 from ._process_main import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._repeats import RepeatLimiter
-from ._segments import SegmentPolicy, seal_leftovers, sealed_segments
+from ._segments import SegmentFiles, SegmentPolicy, seal_leftovers, sealed_segments
 from ._upload import UploadLag, Uploader
 from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind
 
@@ -24,6 +24,7 @@ __all__ = [
     "JournalMetrics",
     "RepeatLimiter",
     "SYNC_MODES",
+    "SegmentFiles",
     "SegmentPolicy",
     "UploadLag",
     "Uploader",

@@ -21,6 +21,7 @@ to segments as they append to rollout files.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -61,20 +62,26 @@ def new_writer_id() -> str:
     return f"{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
-def writer_alive(writer_id: str) -> bool:
-    """Whether the process a writer id names still runs (on this host; another host's: assumed)."""
-    host, _, rest = writer_id.partition(".")
-    pid = rest.partition(".")[0]
-    own_host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:40] or "host"
-    if host != own_host or not pid.isdigit():
-        return True
+#: Held (``flock``, exclusive) by a writer for as long as it lives: the kernel lets go when the
+#: process ends, however it ends. A pid is no proof: a restarted container's process has the pid
+#: the dead one had.
+ALIVE_FILE = ".alive"
+
+
+def writer_alive(directory: str) -> bool:
+    """Whether the writer of ``directory`` still runs: its ``.alive`` lock is held (the spool is on
+    this node's own disk, where ``flock`` is what it says)."""
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
+        fd = os.open(os.path.join(directory, ALIVE_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)  # Closing lets go of a lock taken just now.
+    return False
 
 
 ROLLOUTS_SUFFIX = ".rollouts"
@@ -100,6 +107,10 @@ class SegmentFiles:
         self.policy = policy
         self.writer_id = new_writer_id()
         self.directory = os.path.join(policy.spool_dir, SEGMENTS, self.writer_id)
+        os.makedirs(self.directory, exist_ok=True)
+        # Alive from here on, for as long as this process lives (`writer_alive`).
+        self._alive = os.open(os.path.join(self.directory, ALIVE_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(self._alive, fcntl.LOCK_EX)
         self._sequence = 0
         self._current: Optional[_Segment] = None
         #: Sealed segments some barrier still holds: renamed when the last lets go.
@@ -163,7 +174,6 @@ class SegmentFiles:
         return 1 if self._current is not None else 0
 
     def _open_next(self) -> _Segment:
-        os.makedirs(self.directory, exist_ok=True)
         self._sequence += 1
         path = os.path.join(self.directory, f"{self._sequence:010d}{OPEN_SUFFIX}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -210,7 +220,7 @@ def seal_leftovers(spool_dir: str) -> int:
         return 0
     for writer_id in writers:
         directory = os.path.join(root, writer_id)
-        if writer_alive(writer_id) or not os.path.isdir(directory):
+        if not os.path.isdir(directory) or writer_alive(directory):
             continue
         for name in os.listdir(directory):
             if name.endswith(OPEN_SUFFIX):
@@ -268,5 +278,5 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
+__all__ = ["ALIVE_FILE", "OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
            "seal_leftovers", "sealed_segments", "writer_alive"]
