@@ -25,13 +25,16 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import tempfile
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence, Union
 
 from ._call_rows import CALL_COLUMNS, call_row, with_arrow_times
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
+from ._object_store import is_store_url
 from ._paths import directory_of
+from ._store_view import store_rollout_sizes, store_view
 from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
@@ -147,6 +150,24 @@ def group_files(files: list[tuple[str, int]], parallelism: int,
         groups[min(len(groups) - 1, int(middle * len(groups) / total)) if total else 0].append((file, size))
         start += size
     return [group for group in groups if group]
+
+
+def read_items(items: Sequence[Any], kind: str) -> Iterator["pyarrow.Table"]:
+    """A read task's items: capture files, and ``(store URL, rollout id)`` pairs: a store's
+    rollouts are rebuilt on the task's own node (`store_view` into a directory of its own, from the
+    segments that name them, fetched once per node), so a cluster needs no shared volume."""
+    paths = [item for item in items if isinstance(item, str)]
+    if paths:
+        yield from read_group(paths, kind)
+    by_store: dict[str, list[str]] = {}
+    for item in items:
+        if not isinstance(item, str):
+            by_store.setdefault(item[0], []).append(item[1])
+    for url, rollout_ids in by_store.items():
+        with tempfile.TemporaryDirectory(prefix="mcc-store-read-") as directory:
+            store_view(url, directory, rollout_ids)
+            yield from read_group([os.path.join(directory, rollout_id + CAPTURE_SUFFIX) for rollout_id in rollout_ids],
+                                  kind)
 
 
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
@@ -330,7 +351,11 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     except ImportError:
         raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (or install this package from its "
                           "checkout with its ray extra: pip install \"model-call-capture[ray] @ file:///path/to/checkout\")") from None
-    files = capture_files(paths)
+    listed = list(paths) if isinstance(paths, (list, tuple)) else [paths]
+    stores = [path for path in listed if is_store_url(path)]
+    files: list[tuple[Any, int]] = capture_files([path for path in listed if not is_store_url(path)]) if len(stores) < len(listed) else []
+    for url in stores:  # A store's rollouts, planned from its manifests; each task builds its own on its node.
+        files += [((url, rollout_id), size) for rollout_id, size in store_rollout_sizes(url).items()]
     if override_num_blocks is None:
         # As many blocks as read tasks: asked for more, Ray Data would split every task's output
         # (SplitBlocks), and its per-block cost shows beside a read this light.
@@ -367,12 +392,13 @@ def _capture_datasource() -> type:
             for group in group_files(self.files, parallelism, self.target_bytes):
                 paths = [path for path, _ in group]
                 details = {"num_rows": None, "size_bytes": sum(size for _, size in group),
-                           "input_files": paths, "exec_stats": None, "schema": schema}
+                           "input_files": [p if isinstance(p, str) else f"{p[0]}#{p[1]}" for p in paths],
+                           "exec_stats": None, "schema": schema}
                 metadata = BlockMetadata(**{k: v for k, v in details.items() if k in metadata_takes})
                 extra = {"schema": schema} if "schema" in task_takes else {}
                 if options.get("per_task_row_limit") is not None and "per_task_row_limit" in task_takes:
                     extra["per_task_row_limit"] = options["per_task_row_limit"]
-                tasks.append(ReadTask(lambda paths=paths, kind=self.kind: read_group(paths, kind), metadata, **extra))
+                tasks.append(ReadTask(lambda paths=paths, kind=self.kind: read_items(paths, kind), metadata, **extra))
             return tasks
 
     return CaptureDatasource

@@ -95,6 +95,27 @@ def compact_store(url: str, directory: str, rollout_ids: Optional[Iterable[str]]
     return store_view(url, directory, rollout_ids)
 
 
+def store_rollout_sizes(url: str) -> dict[str, int]:
+    """Each rollout of the store and about how many bytes of lines it has (a segment's bytes shared
+    among the rollouts its manifest names): read from the manifests alone, to plan reads by."""
+    store = ObjectStore(url)
+    cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
+    sizes: dict[str, int] = {}
+    seen: set[str] = set()
+    for name in store.names(MANIFESTS):
+        manifest = _manifest(store, cache, name)
+        rollouts = manifest.get("rollouts") or []
+        if manifest["sha256"] in seen or not rollouts:
+            continue
+        seen.add(manifest["sha256"])
+        share = max(1, int(manifest.get("bytes", 0)) // len(rollouts))
+        for rollout_id in rollouts:
+            sizes[rollout_id] = sizes.get(rollout_id, 0) + share
+    for marker in store.names(INCOMPLETE_OBJECTS):  # A rollout whose lines were all lost still counts.
+        sizes.setdefault(marker.rpartition("/")[2], 0)
+    return dict(sorted(sizes.items()))
+
+
 def _manifest(store: ObjectStore, cache: Path, name: str) -> dict[str, Any]:
     local = cache / name
     if local.exists():
@@ -182,5 +203,5 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 __all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "compact_store", "incomplete_name",
-           "manifest_name", "merge_writers", "segment_name",
+           "manifest_name", "store_rollout_sizes", "merge_writers", "segment_name",
            "store_view"]

@@ -477,3 +477,30 @@ async def test_trajectory_rows_are_records_trajectories(tmp_path, local_ray, htt
     assert list(clean["call_ids"]) == [call.model_call_id for call in main.calls]
     assert [list(clean["call_starts"]), list(clean["call_ends"])] == [[c.start for c in main.calls], [c.end for c in main.calls]]
     assert rows["drift"]["masked"] is True and rows["drift"]["mask_reason"] == trajectories(directory, "drift").mask_reason
+
+
+def test_a_store_url_reads_as_its_compacted_view_each_task_on_its_own_node(tmp_path, local_ray):
+    """A capture store (issue 46): the read tasks are planned from its manifests (rollouts by their
+    bytes) and each rebuilds its rollouts from the segments naming them where it runs, so no node
+    needs a volume another wrote; the rows equal those of the store's compacted directory."""
+    import orjson
+
+    from capture.journal import Uploader
+    from records import compact_store
+    from .capture_dirs import make_conversation_dir
+    directory = str(tmp_path / "captures")
+    make_conversation_dir(directory)
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    store = CaptureStore(directory)
+    for writer, first in (("host.1.aaaa", 0), ("host.2.bbbb", 1)):  # Each rollout's calls split between two writers.
+        segment_dir = os.path.join(spool, "segments", writer)
+        os.makedirs(segment_dir)
+        with open(os.path.join(segment_dir, "0000000001.sealed"), "wb") as handle:
+            for rollout_id in store.rollout_ids():
+                lines = store.read_available(rollout_id).lines[first::2]
+                handle.write(b"".join(rollout_id.encode() + b"\t" + orjson.dumps(line) + b"\n" for line in lines))
+    assert Uploader(spool, url).upload_all() == 2
+    compacted = compact_store(url, str(tmp_path / "compacted"))
+    got = sorted(ray_dataset(url, kind="calls").take_all(), key=sort_key)
+    want = sorted(ray_dataset(compacted, kind="calls").take_all(), key=sort_key)
+    assert len(got) == len(want) > 0 and got == want
