@@ -529,6 +529,8 @@ def tail_command(directory: str, rollout_id: Optional[str], interval: float, fro
     try:
         while True:
             time.sleep(interval)
+            if is_store_url(directory):  # A store's view is rebuilt for what its new segments add.
+                store = _store(directory)
             for rid in [rollout_id] if rollout_id else store.rollout_ids():
                 _tail_one(store, rid, offsets, emit=True)
     except KeyboardInterrupt:
