@@ -342,7 +342,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_sync", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 
