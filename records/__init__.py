@@ -24,7 +24,7 @@ from ._collect import (
     read_model_call_records,
 )
 from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
-from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
+from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, mount_of, syncfs_flushes
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, canonical_arguments, conversation_digest
 from ._lineage import LineageVerdict, RolloutLineage
 from ._token_entries import (
@@ -127,6 +127,7 @@ __all__ = [
     "GroupSync",
     "call_syncfs",
     "filesystem_type",
+    "mount_of",
     "load_syncfs",
     "syncfs_flushes",
     "engine_weight_versions",

@@ -30,14 +30,20 @@ def syncfs_flushes(fstype: Optional[str]) -> bool:
 
 def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional[str]:
     """The type of the filesystem ``directory`` is on, from ``/proc/self/mountinfo`` (None if unknown)."""
+    return mount_of(directory, mountinfo)[0]
+
+
+def mount_of(directory: str, mountinfo: Optional[str] = None) -> tuple[Optional[str], str]:
+    """The type and the super options (``rw,flock``) of the mount ``directory`` is on, from
+    ``/proc/self/mountinfo`` ((None, "") if unknown)."""
     if mountinfo is None:
         try:
             with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
                 mountinfo = handle.read()
         except OSError:
-            return None
+            return None, ""
     path = os.path.realpath(directory)
-    best, best_type = -1, None
+    best, found = -1, (None, "")
     for line in mountinfo.splitlines():
         fields = line.split(" ")
         if " - " not in line or len(fields) < 5:
@@ -46,8 +52,8 @@ def filesystem_type(directory: str, mountinfo: Optional[str] = None) -> Optional
         after = line.split(" - ", 1)[1].split(" ")
         inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
         if inside and len(mount_point) >= best:  # The deepest mount wins; a later one shadows.
-            best, best_type = len(mount_point), after[0]
-    return best_type
+            best, found = len(mount_point), (after[0], after[2] if len(after) > 2 else "")
+    return found
 
 
 @functools.lru_cache(maxsize=None)

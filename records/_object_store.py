@@ -14,6 +14,8 @@ import os
 import uuid
 from typing import Any
 
+from ._appender import fsync_directory
+
 #: The schemes a store URL may have.
 STORE_SCHEMES = ("segments", "s3", "gs", "az")
 _FSSPEC_PROTOCOLS = {"s3": "s3", "gs": "gcs", "az": "az"}
@@ -71,7 +73,7 @@ class ObjectStore:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-        _fsync_directory(directory)
+        fsync_directory(directory)
 
     def get(self, name: str) -> bytes:
         if self._fs is not None:
@@ -106,19 +108,6 @@ def _options(scheme: str) -> dict[str, Any]:
     if scheme == "s3" and os.environ.get("AWS_ENDPOINT_URL"):
         return {"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "use_listings_cache": False}
     return {"use_listings_cache": False} if scheme == "s3" else {}
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["ObjectStore", "STORE_SCHEMES", "StoreUnavailable", "is_store_url"]

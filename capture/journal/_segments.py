@@ -31,7 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from records import CAPTURE_SUFFIX
+from records import CAPTURE_SUFFIX, fsync_directory
 
 from ._open_files import OpenFile
 
@@ -177,7 +177,7 @@ class SegmentFiles:
         self._sequence += 1
         path = os.path.join(self.directory, f"{self._sequence:010d}{OPEN_SUFFIX}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        _fsync_directory(self.directory)  # The new file's entry is durable before any line in it is acknowledged.
+        fsync_directory(self.directory)  # The new file's entry is durable before any line in it is acknowledged.
         self._current = _Segment(path, fd)
         return self._current
 
@@ -207,7 +207,7 @@ class SegmentFiles:
         with open(base + ROLLOUTS_SUFFIX, "wb") as handle:  # Before the rename: a sealed one always has it.
             handle.write(b"\n".join(sorted(segment.rollouts)))
         os.rename(segment.path, base + SEALED_SUFFIX)
-        _fsync_directory(os.path.dirname(segment.path))
+        fsync_directory(os.path.dirname(segment.path))
 
 
 def seal_leftovers(spool_dir: str) -> int:
@@ -230,7 +230,7 @@ def seal_leftovers(spool_dir: str) -> int:
                     continue
                 os.rename(path, path[: -len(OPEN_SUFFIX)] + SEALED_SUFFIX)
                 sealed += 1
-        _fsync_directory(directory)
+        fsync_directory(directory)
     return sealed
 
 
@@ -263,19 +263,6 @@ def _write_all(fd: int, payload: bytes, segment: _Segment) -> None:
             raise OSError(errno.EIO, "a write of a segment wrote nothing")
         segment.size += written
         view = view[written:]
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["ALIVE_FILE", "OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",

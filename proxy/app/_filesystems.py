@@ -12,8 +12,9 @@ segments (``--capture-store``) are the fix.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
+
+from records import mount_of
 
 _UNSAFE = {
     "gpfs": "flock is node-local on GPFS (Spectrum Scale): another node's appends do not wait for it",
@@ -43,23 +44,7 @@ def layout_caveat(fstype: Optional[str], options: str = "") -> Optional[str]:
 
 def mount_options(directory: str, mountinfo: Optional[str] = None) -> str:
     """The super options of the mount ``directory`` is on (``/proc/self/mountinfo``), '' if unknown."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-                mountinfo = handle.read()
-        except OSError:
-            return ""
-    path = os.path.realpath(directory)
-    best, options = -1, ""
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if " - " not in line or len(fields) < 5:
-            continue
-        mount_point = fields[4].replace("\\040", " ")
-        after = line.split(" - ", 1)[1].split(" ")
-        if (path == mount_point or path.startswith(mount_point.rstrip("/") + "/")) and len(mount_point) >= best:
-            best, options = len(mount_point), after[2] if len(after) > 2 else ""
-    return options
+    return mount_of(directory, mountinfo)[1]
 
 
 __all__ = ["layout_caveat", "mount_options"]
