@@ -58,25 +58,26 @@ def ready(port: int) -> dict:
 
 def files_table(upstream: bench.Target, workdir: str, rollouts: int) -> list[str]:
     rows = []
-    for layout in ("per-rollout", "segments"):
-        spool, store = os.path.join(workdir, f"{layout}-dir"), os.path.join(workdir, f"{layout}-store")
-        extra = ("--capture-store", f"segments://{store}") if layout == "segments" else ()
-        sidecar = bench.start_sidecar(layout, upstream, spool, extra=extra)
+    for layout, tokens in (("per-rollout", False), ("segments", False), ("per-rollout", True), ("segments", True)):
+        name = f"{layout}{'-tokens' if tokens else ''}"
+        spool, store = os.path.join(workdir, f"{name}-dir"), os.path.join(workdir, f"{name}-store")
+        extra = (("--capture-store", f"segments://{store}", "--segment-max-age", "1") if layout == "segments" else ())
+        extra += ("--capture-tokens",) if tokens else ()
+        sidecar = bench.start_sidecar(name, upstream, spool, extra=extra)
         for _ in range(2):
             asyncio.run(one_call_per_rollout(sidecar.port, rollouts))
         sidecar.stop()
-        files = count_files(spool) + (count_files(store) if layout == "segments" else 0)
-        size = sum(os.path.getsize(os.path.join(d, f)) for root in (spool, store) if os.path.isdir(root)
-                   for d, _, names in os.walk(root) for f in names)
-        per_rollout = files / rollouts if layout == "per-rollout" else None
-        at_100k = (files * 100_000 // rollouts) if per_rollout is not None else max(1, -(-size * 100_000 // rollouts
-                                                                                            // (64 << 20))) * 2
-        rows.append(f"| {layout} | {rollouts:,} | {2 * rollouts:,} | {files:,} | {size:,} | {at_100k:,} |")
-    return ["| layout | rollouts | calls | files left | bytes | files at 100,000 rollouts |", "|---|---:|---:|---:|---:|---:|",
-            *rows, "", "Per-rollout: one file per rollout (the token capture mode adds up to four more: "
-            "`.tokens.jsonl`, `.lock`, `.intents`, `.state.json`). Segments: a 64 MiB segment and its manifest "
-            "per 64 MiB of lines, whatever the number of rollouts (at 100,000 rollouts: the bytes scaled, "
-            "two objects per segment)."]
+        local, shared = count_files(spool), count_files(store) if layout == "segments" else count_files(spool)
+        rows.append(f"| {layout} | {'on' if tokens else 'off'} | {rollouts:,} | {2 * rollouts:,} | {local:,} | "
+                    f"{shared:,} | {f'{shared * 100_000 // rollouts:,}' if layout == 'per-rollout' else f'about {shared}'} |")
+    return ["| layout | token mode | rollouts | calls | files on the node | files in the shared place | "
+            "shared files at 100,000 rollouts |", "|---|---|---:|---:|---:|---:|---:|", *rows, "",
+            "The shared place: the capture dir on the shared volume (per-rollout), the store (segments). Per-rollout: "
+            "a file per rollout, and with the token mode up to four more (`.tokens.jsonl`, `.tokens.lock`, "
+            "`.tokens.intents`, `.tokens.state.json`). Segments: objects per sealed segment and per token bundle "
+            "(here sealed each second: in a run, every 64 MiB or 60 s), whatever the number of rollouts; the token "
+            "mode's per-rollout files stay on the node's own spool (its lineage reads them), shipped to the store "
+            "in bundles."]
 
 
 def load_table(upstream: bench.Target, workdir: str, rounds: int, seconds: int) -> list[str]:

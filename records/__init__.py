@@ -88,8 +88,9 @@ from ._datasets import (
 )
 from ._store import CaptureStore, ReadResult
 from ._object_store import STORE_SCHEMES, ObjectStore, StoreUnavailable, is_store_url
-from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, SegmentDamaged, compact_store,
-                          incomplete_name, manifest_name, merge_writers, segment_name, store_view)
+from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, SegmentDamaged,
+                          compact_store, incomplete_name, manifest_name, merge_writers, segment_name, store_view,
+                          token_bundle_name, token_manifest_name)
 from ._token_records import (
     TOKEN_SOURCES,
     DriftTracker,
@@ -113,6 +114,9 @@ __all__ = [
     "StoreUnavailable",
     "compact_store",
     "incomplete_name",
+    "token_bundle_name",
+    "token_manifest_name",
+    "TOKEN_FILE_SUFFIXES",
     "is_store_url",
     "manifest_name",
     "merge_writers",

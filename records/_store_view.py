@@ -18,6 +18,7 @@ is new.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import heapq
 import os
@@ -34,6 +35,14 @@ MANIFESTS = "manifests"
 SEGMENT_OBJECTS = "segments"
 #: ``incomplete/<rollout_id>``: a line of the rollout was lost (the spool's ``.capture.incomplete``).
 INCOMPLETE_OBJECTS = "incomplete"
+#: The training-token files (DESIGN §12): bundles of rollouts' files, each whole as its spool held
+#: it (``tokens/<spool_id>/<sha256>.json``), and their manifests, written after them
+#: (``token-manifests/<spool_id>/<time_ns>-<sha256 prefix>.json``); a rollout's latest wins.
+TOKEN_OBJECTS = "tokens"
+TOKEN_MANIFESTS = "token-manifests"
+#: A rollout's training-token files, by suffix (`records._token_files`), in the order they merge.
+TOKEN_FILE_SUFFIXES = (".tokens.jsonl", ".tokens.intents", ".tokens.incomplete", ".tokens.late.jsonl",
+                       ".tokens.state.json")
 _APPLIED = ".applied-manifests"
 
 
@@ -47,6 +56,14 @@ def manifest_name(writer_id: str, sequence: int) -> str:
 
 def incomplete_name(rollout_id: str) -> str:
     return f"{INCOMPLETE_OBJECTS}/{rollout_id}"
+
+
+def token_bundle_name(spool_id: str, sha256: str) -> str:
+    return f"{TOKEN_OBJECTS}/{spool_id}/{sha256}.json"
+
+
+def token_manifest_name(spool_id: str, time_ns: int, sha256: str) -> str:
+    return f"{TOKEN_MANIFESTS}/{spool_id}/{time_ns:020d}-{sha256[:16]}.json"
 
 
 def segment_name(writer_id: str, sha256: str) -> str:
@@ -66,14 +83,17 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     target.mkdir(parents=True, exist_ok=True)
     wanted = set(rollout_ids) if rollout_ids is not None else None
     names = store.names(MANIFESTS)
+    token_names = store.names(TOKEN_MANIFESTS)
     for marker in store.names(INCOMPLETE_OBJECTS):  # Lost lines, as the per-rollout layout marks them.
         rollout_id = marker.rpartition("/")[2]
         if wanted is None or rollout_id in wanted:
             (target / f"{rollout_id}{INCOMPLETE_SUFFIX}").touch()
     applied_path = target / _APPLIED
     applied = set(applied_path.read_text().split()) if applied_path.exists() else set()
-    if wanted is None and applied == set(names):
+    if wanted is None and applied == set(names) | set(token_names):
         return str(target)
+    _rebuild_tokens(store, cache, target, [name for name in token_names if name not in applied or wanted is not None],
+                    token_names, wanted)
     manifests = [_manifest(store, cache, name) for name in names]
     fresh = {name for name in names if name not in applied}
     touched: set[str] = set()
@@ -84,8 +104,62 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
         touched &= wanted
     _rebuild(store, cache, target, [m for m in manifests], touched)
     if wanted is None:
-        _write_atomically(applied_path, "\n".join(names).encode())
+        _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
     return str(target)
+
+
+def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[str], every: list[str],
+                    wanted: Optional[set[str]]) -> None:
+    """The training-token files of the rollouts ``fresh`` token manifests name: each spool's latest
+    snapshot of them; one spool's as it was (byte for byte, Gym's files), several spools' joined
+    (their entries, intents and marks one after the other, by spool id, under a fresh state whose
+    index readers bring up to the joined file's tail, as they do any lagging index)."""
+    touched = set()
+    for name in fresh:
+        touched.update(_manifest(store, cache, name).get("rollouts") or ())
+    if wanted is not None:
+        touched &= wanted
+    if not touched:
+        return
+    latest: dict[str, dict[str, str]] = {}  # rollout -> spool -> its latest manifest's name
+    for name in every:  # Names sort by spool, then time.
+        manifest = _manifest(store, cache, name)
+        for rollout_id in manifest.get("rollouts") or ():
+            if rollout_id in touched:
+                latest.setdefault(rollout_id, {})[manifest["spool"]] = name
+    for rollout_id, by_spool in latest.items():
+        snapshots = [_token_snapshot(store, cache, _manifest(store, cache, by_spool[spool]), rollout_id)
+                     for spool in sorted(by_spool)]
+        for suffix in TOKEN_FILE_SUFFIXES:
+            present = [snapshot[suffix] for snapshot in snapshots if suffix in snapshot]
+            if not present:
+                continue
+            if len(snapshots) == 1:
+                data = present[0]
+            elif suffix == ".tokens.state.json":
+                states = [orjson.loads(part) for part in present]
+                data = orjson.dumps({"entry_digests": {}, "indexed_size": 0, "snapshot_id": "",
+                                     "version": max(int(state.get("version") or 0) for state in states),
+                                     **{flag: any(state.get(flag) for state in states)
+                                        for flag in ("frozen", "incomplete", "retired")}})
+            else:
+                data = b"".join(part if part.endswith(b"\n") or not part else part + b"\n" for part in present)
+            _write_atomically(target / f"{rollout_id}{suffix}", data)
+
+
+def _token_snapshot(store: ObjectStore, cache: Path, manifest: dict[str, Any], rollout_id: str) -> dict[str, bytes]:
+    sha = manifest["sha256"]
+    local = cache / "tokens" / f"{sha}.json"
+    if local.exists():
+        data = local.read_bytes()
+    else:
+        data = store.get(manifest["bundle"])
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise SegmentDamaged(f"{manifest['bundle']} in {store.url} is not the bundle its manifest names")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(local, data)
+    files = orjson.loads(data)["rollouts"].get(rollout_id) or {}
+    return {suffix: base64.b64decode(text) for suffix, text in files.items()}
 
 
 def compact_store(url: str, directory: str, rollout_ids: Optional[Iterable[str]] = None) -> str:
@@ -202,6 +276,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "compact_store", "incomplete_name",
-           "manifest_name", "store_rollout_sizes", "merge_writers", "segment_name",
+__all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "TOKEN_FILE_SUFFIXES",
+           "TOKEN_MANIFESTS", "TOKEN_OBJECTS", "compact_store", "incomplete_name", "manifest_name", "store_rollout_sizes",
+           "token_bundle_name", "token_manifest_name", "merge_writers", "segment_name",
            "store_view"]

@@ -308,3 +308,41 @@ def test_the_mount_options_are_read_from_the_mount_table():
              "37 35 0:31 / /data/lustre rw - lustre 10.0.0.1@tcp:/fs rw,flock\n")
     assert mount_options("/data/x", table) == "rw,user_id=0"
     assert mount_options("/data/lustre/x", table) == "rw,flock"
+
+
+async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill(tmp_path):
+    """The token capture mode with a capture store: the spool's training-token files reach the
+    store (shipped once still, and by the drain; after a SIGKILL, by the next start on the spool).
+    A rollout written by one sidecar reads as it would from a capture dir; one re-pinned across two
+    sidecars keeps every entry of both."""
+    from records import read_token_records
+    url = f"segments://{tmp_path}/store"
+
+    def start(index: int) -> SidecarProcess:
+        return SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{index}"), "--capture-store",
+                                    url, "--capture-tokens", "--segment-max-age", "0.2")
+
+    async def converse(sidecar: SidecarProcess, rollout: str, turns: list[str], history: list) -> list:
+        async with aiohttp.ClientSession() as http:
+            for text in turns:
+                history.append({"role": "user", "content": text})
+                async with http.post(f"{sidecar.url}/ng-rollout/{rollout}/v1/chat/completions",
+                                     json={"model": "m", "messages": history}) as reply:
+                    assert reply.status == 200
+                    history.append({"role": "assistant", "content": (await reply.json())["choices"][0]["message"]["content"]})
+        return history
+
+    first, second = start(0), start(1)
+    await converse(first, "alone", ["hi", "more"], [])
+    pinned = await converse(first, "pinned", ["hi", "more"], [])
+    await converse(second, "pinned", ["and then"], pinned)
+    first.kill()  # Its token files are in its spool, not yet shipped (0.2 s still) or shipped: either way
+    first = start(0)  # the next start on the spool ships what the store lacks.
+    for sidecar in (first, second):
+        assert sidecar.terminate() == 0, "".join(sidecar.stderr_lines)
+    alone = read_token_records(url, "alone")
+    assert [record.usable for record in alone] == [True, True] and alone[1].extends == 0  # Turn 2 extends turn 1.
+    pinned_records = read_token_records(url, "pinned")
+    assert len(pinned_records) == 3 and all(record.generation_token_ids for record in pinned_records)
+    view = compact_store(url, str(tmp_path / "gym"))
+    assert {"alone.tokens.jsonl", "alone.tokens.intents", "pinned.tokens.jsonl"} <= set(os.listdir(view))

@@ -16,16 +16,20 @@ and ``/-/ready``'s body.
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import hashlib
 import logging
 import os
 import threading
 import time
-from typing import Optional
+import uuid
+from typing import Any, Optional
 
 import orjson
 
-from records import INCOMPLETE_SUFFIX, ObjectStore, incomplete_name, manifest_name, segment_name
+from records import (INCOMPLETE_SUFFIX, TOKEN_FILE_SUFFIXES, ObjectStore, incomplete_name, manifest_name, segment_name,
+                     token_bundle_name, token_manifest_name)
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, sealed_segments
 
@@ -53,8 +57,12 @@ class UploadLag:
 class Uploader:
     """Uploads the spool's sealed segments to ``store_url`` on a thread of its own."""
 
-    def __init__(self, spool_dir: str, store_url: str, interval: float = 0.5) -> None:
+    def __init__(self, spool_dir: str, store_url: str, interval: float = 0.5, token_idle: float = 60.0) -> None:
         self.spool_dir = spool_dir
+        #: A rollout's training-token files go once unchanged this long (and at the drain).
+        self._token_idle = token_idle
+        #: What was shipped of each rollout's token files (their sizes, times, inodes).
+        self._tokens_shipped: dict[str, tuple[Any, ...]] = {}
         self.store = ObjectStore(store_url)
         self._interval = interval
         self._wake = threading.Event()
@@ -97,6 +105,11 @@ class Uploader:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        try:
+            self.ship_tokens(everything=True)  # What the rollouts' token files hold now, all of it.
+        except Exception as exc:
+            log.warning("cannot upload the training-token files to %s at exit: %s: %s; they stay in the spool %s",
+                        self.store.url, type(exc).__name__, exc, self.spool_dir)
         left = sealed_segments(self.spool_dir)
         if left:
             log.warning("%d sealed segment(s) not uploaded to %s at exit: they stay in the spool %s and go first "
@@ -115,7 +128,51 @@ class Uploader:
             if name.endswith(INCOMPLETE_SUFFIX) and name not in self._markers_sent:
                 self.store.put(incomplete_name(name[: -len(INCOMPLETE_SUFFIX)]), b"")
                 self._markers_sent.add(name)
+        self.ship_tokens()
         return sent
+
+    def ship_tokens(self, everything: bool = False) -> int:
+        """The training-token files (DESIGN §12) of the rollouts whose files changed and have been
+        still for ``token_idle`` seconds (``everything``: all that changed, the drain's), as one
+        bundle: each rollout's files whole, read under its shared lock (a consistent snapshot), the
+        bundle named by its content, then its manifest. Readers take each rollout's latest. How
+        many rollouts went."""
+        now, changed = time.time(), {}
+        for rollout_id, files in _token_files(self.spool_dir).items():
+            fingerprint = tuple(sorted((suffix, s.st_size, s.st_mtime_ns, s.st_ino) for suffix, s in files.items()))
+            newest = max(s.st_mtime for s in files.values())
+            if fingerprint != self._tokens_shipped.get(rollout_id) and (everything or now - newest >= self._token_idle):
+                changed[rollout_id] = fingerprint
+        if not changed:
+            return 0
+        bundle = {rollout_id: _snapshot(self.spool_dir, rollout_id) for rollout_id in sorted(changed)}
+        data = orjson.dumps({"spool": self.spool_id, "rollouts": bundle})
+        sha = hashlib.sha256(data).hexdigest()
+        name = token_bundle_name(self.spool_id, sha)
+        self.store.put(name, data)
+        self.store.put(token_manifest_name(self.spool_id, time.time_ns(), sha), orjson.dumps(
+            {"spool": self.spool_id, "bundle": name, "sha256": sha, "rollouts": sorted(changed)}))
+        self._tokens_shipped.update(changed)
+        return len(changed)
+
+    @property
+    def spool_id(self) -> str:
+        """This spool's own id, kept in it: its token files' name in the store across restarts."""
+        path = os.path.join(self.spool_dir, ".spool-id")
+        try:
+            with open(path, encoding="ascii") as handle:
+                return handle.read().strip()
+        except FileNotFoundError:
+            identity = uuid.uuid4().hex[:16]
+            with open(path + ".part", "w", encoding="ascii") as handle:
+                handle.write(identity)
+            try:
+                os.link(path + ".part", path)  # The first to name it wins; the others read its name.
+            except FileExistsError:
+                pass
+            os.unlink(path + ".part")
+            with open(path, encoding="ascii") as handle:
+                return handle.read().strip()
 
     def upload(self, path: str) -> None:
         """One sealed segment: the object, then its manifest, then out of the spool."""
@@ -157,6 +214,8 @@ class Uploader:
                 self.problem = f"{type(exc).__name__}: {exc}"[:500]
                 self._say(f"cannot upload to {self.store.url}: {self.problem}; the segments stay in the spool "
                           f"{self.spool_dir} and are tried again")
+            if self._stop.is_set():
+                break
             lag = self.lag()
             if lag.oldest_seconds > LAG_WARN_SECONDS:
                 self._say(f"upload lag: {lag.segments} segment(s), {lag.bytes} bytes, the oldest sealed "
@@ -170,6 +229,37 @@ class Uploader:
         if now - self._said_at >= 60.0:
             self._said_at = now
             log.warning("%s", message)
+
+
+def _token_files(spool_dir: str) -> dict[str, dict[str, os.stat_result]]:
+    """Each rollout's training-token files in the spool, by suffix, with their stat."""
+    found: dict[str, dict[str, os.stat_result]] = {}
+    for name in os.listdir(spool_dir):
+        for suffix in TOKEN_FILE_SUFFIXES:
+            if name.endswith(suffix):
+                try:
+                    found.setdefault(name[: -len(suffix)], {})[suffix] = os.stat(os.path.join(spool_dir, name))
+                except FileNotFoundError:
+                    pass
+                break
+    return found
+
+
+def _snapshot(spool_dir: str, rollout_id: str) -> dict[str, str]:
+    """The rollout's token files, whole, under its shared lock (as Gym's readers take them)."""
+    lock = os.open(os.path.join(spool_dir, rollout_id + ".tokens.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        files = {}
+        for suffix in TOKEN_FILE_SUFFIXES:
+            try:
+                with open(os.path.join(spool_dir, rollout_id + suffix), "rb") as handle:
+                    files[suffix] = base64.b64encode(handle.read()).decode()
+            except FileNotFoundError:
+                pass
+        return files
+    finally:
+        os.close(lock)
 
 
 __all__ = ["LAG_WARN_SECONDS", "UploadLag", "Uploader"]

@@ -214,9 +214,9 @@ class Settings(BaseModel):
         if self.capture_store is not None and not self.capture_on:
             raise ValueError("--capture-store (MCC_CAPTURE_STORE) needs a local spool: pass --capture-dir DIR "
                              "(MCC_CAPTURE_DIR) on this node's own disk, with capture enabled")
-        if self.capture_store is not None and self.capture_tokens:
-            raise ValueError("--capture-store (MCC_CAPTURE_STORE) does not take the token capture mode's files yet: "
-                             "run --capture-tokens with the per-rollout layout (--capture-dir only)")
+        if self.capture_store is not None and self.token_dir is not None and self.token_dir != self.capture_dir:
+            raise ValueError("--capture-store (MCC_CAPTURE_STORE) ships the training-token files from the spool: "
+                             "leave --token-dir (MCC_TOKEN_DIR) unset, or set it to the capture dir")
         if self.supply_prefix and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")

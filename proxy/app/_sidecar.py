@@ -172,7 +172,8 @@ class Sidecar:
             segments = None
             if settings.capture_store is not None:  # Writer segments, uploaded (DESIGN §14).
                 segments = SegmentPolicy(settings.capture_dir, settings.segment_max_bytes, settings.segment_max_age)
-                self.uploader = Uploader(settings.capture_dir, settings.capture_store)
+                self.uploader = Uploader(settings.capture_dir, settings.capture_store,
+                                         token_idle=settings.segment_max_age)
                 self.metrics.upload_lag = self.uploader.lag
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
                                    process=not settings.capture_tokens, segments=segments)

@@ -40,3 +40,33 @@ async def test_gyms_readers_on_a_compacted_store_agree_with_records_on_the_store
         counts = compare_rollout(CaptureStore(url), rollout_id, theirs[rollout_id])
         compared, unexplained = compared + counts[0], unexplained + counts[1]
     assert compared > 50 and unexplained == []
+
+
+async def test_gyms_token_readers_on_a_compacted_store_build_the_chain(http, upstream, start, tmp_path, gym,
+                                                                      monkeypatch):
+    """The token capture mode with a capture store: the spool's training-token files are shipped
+    with the segments; on the compacted view Gym's `TokenCaptureStore.freeze_now` and
+    `trajectories_for_rollout` build one unmasked chain, as `records.trajectories` does on the URL
+    and as both do on the same rollout written to a plain capture dir."""
+    from records import trajectories
+    from tests.gym_conformance.test_gym_reads_token_files import assert_ours_equal_gyms
+    from tests.gym_conformance.test_gym_reads_token_files import run_gym as run_gym_tokens
+    from tests.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path}/store"
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=str(tmp_path / "spool"), capture_store=url, capture_tokens=True,
+                          segment_max_age=0.1)
+    plain = await start(upstream.url, capture_dir=str(tmp_path / "plain"), capture_tokens=True)
+    for target in (sidecar, plain):
+        await converse(http, target, "clean", ["hi", "more", "thanks"])
+    await sidecar.close()  # The drain seals, uploads and ships the token files.
+    view = compact_store(url, str(tmp_path / "gym-view"))
+    theirs = run_gym_tokens(gym, view, "clean")["clean"]
+    assert theirs["mask"] is False and theirs["error"] is None and len(theirs["entries"]) == 3, theirs
+    assert_ours_equal_gyms(view, "clean", theirs)
+    ours = trajectories(url, "clean")
+    assert not ours.masked and ours.main.token_ids == trajectories(str(tmp_path / "plain"), "clean").main.token_ids
+    assert run_gym_tokens(gym, str(tmp_path / "plain"), "clean")["clean"]["generations"] == theirs["generations"]
