@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from typing import Any, Iterable, Optional
 
@@ -180,7 +181,7 @@ def aggregate_model_call_records(calls: Iterable[ModelCallRecord], percentiles: 
     totals: dict[str, Any] = {}
     for name in GYM_METRICS[:-1] + (("cache_creation_tokens",) if extended else ()):
         values = [getattr(call, name) for call in calls if getattr(call, name) is not None]
-        totals[name] = sum(values) if values else None
+        totals[name] = gym_sum(values) if values else None
     totals["num_calls"] = len(calls)
     if extended:
         totals["num_cache_hits"] = sum(1 for call in calls if call.cache_hit)
@@ -192,6 +193,24 @@ def aggregate_model_call_records(calls: Iterable[ModelCallRecord], percentiles: 
         totals[f"latency_ms_p{label}"] = _percentile([c.latency_total_ms for c in calls], p)
         totals[f"ttft_ms_p{label}"] = _percentile([c.latency_ttft_ms for c in calls], p)
     return totals
+
+
+def gym_sum(values: list[Any]) -> Any:
+    """``sum(values)`` as Gym 0.7.0 gets it on the Python it runs on (3.12+): floats added with
+    Neumaier's compensation, as CPython's ``sum`` does since 3.12. A plain sum on 3.10 and 3.11
+    differs from it in the last bit for some latencies (1.102 against 1.1019999999999999)."""
+    if sys.version_info >= (3, 12) or all(type(value) is int for value in values):
+        return sum(values)
+    total = compensation = 0.0
+    for value in values:
+        value = float(value)
+        added = total + value
+        if abs(total) >= abs(value):
+            compensation += (total - added) + value
+        else:
+            compensation += (value - added) + total
+        total = added
+    return total + compensation if compensation and math.isfinite(compensation) else total
 
 
 def _percentile(values: list[Optional[float]], p: float) -> Optional[float]:

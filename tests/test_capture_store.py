@@ -134,13 +134,17 @@ def _contents(url: str, rollouts: list[str]) -> dict[str, list[str]]:
     return found
 
 
-async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tmp_path):
-    """Three sidecar processes write the same 50 rollouts into one store, each with its own spool;
-    one of them is SIGKILLed 20 times at random (between appends, seals, uploads and manifests) and
-    restarted on its spool; a reader reads the store all along. Every acknowledged call is read
-    exactly once, in the rollout it was sent to; no line twice, none torn; the reader never saw a
-    line twice either."""
+@pytest.mark.parametrize("kind", ["segments", "s3"])
+async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tmp_path, kind, request):
+    """Three sidecar processes write the same 50 rollouts into one store (a shared path, and a real
+    S3 server on loopback), each with its own spool; one of them is SIGKILLed 20 times at random
+    (between appends, seals, uploads and manifests) and restarted on its spool; a reader reads the
+    store all along. Every acknowledged call is read exactly once, in the rollout it was sent to;
+    no line twice, none torn; the reader never saw a line twice either."""
     url = f"segments://{tmp_path}/store"
+    if kind == "s3":
+        request.getfixturevalue("s3_server")
+        url = "s3://captures/killed"
     rollouts = [f"rollout-{n}" for n in range(50)]
 
     def start(index: int) -> SidecarProcess:

@@ -70,3 +70,18 @@ async def test_gyms_token_readers_on_a_compacted_store_build_the_chain(http, ups
     ours = trajectories(url, "clean")
     assert not ours.masked and ours.main.token_ids == trajectories(str(tmp_path / "plain"), "clean").main.token_ids
     assert run_gym_tokens(gym, str(tmp_path / "plain"), "clean")["clean"]["generations"] == theirs["generations"]
+
+
+def test_records_sums_latencies_as_gyms_interpreter_does(gym):
+    """`records`' sums of latencies equal, to the bit, what Gym's own interpreter's ``sum`` gives
+    (3.12+: compensated), for 2,000 random lists of latencies rounded as lines round them."""
+    import json
+    import random
+    import subprocess
+
+    from records._record import gym_sum
+    rng = random.Random(7)
+    lists = [[round(rng.uniform(0.1, 900.0), 3) for _ in range(rng.randint(2, 40))] for _ in range(2000)]
+    done = subprocess.run([gym, "-c", "import json, sys; print(json.dumps([sum(v) for v in json.load(sys.stdin)]))"],
+                          input=json.dumps(lists), capture_output=True, text=True, check=True)
+    assert [gym_sum(values) for values in lists] == json.loads(done.stdout)
