@@ -79,9 +79,9 @@ def test_records_sums_latencies_as_gyms_interpreter_does(gym):
     import random
     import subprocess
 
-    from records._record import gym_sum
+    from tests.test_records_gym_parity import latency_total
     rng = random.Random(7)
     lists = [[round(rng.uniform(0.1, 900.0), 3) for _ in range(rng.randint(2, 40))] for _ in range(2000)]
     done = subprocess.run([gym, "-c", "import json, sys; print(json.dumps([sum(v) for v in json.load(sys.stdin)]))"],
                           input=json.dumps(lists), capture_output=True, text=True, check=True)
-    assert [gym_sum(values) for values in lists] == json.loads(done.stdout)
+    assert [latency_total(values) for values in lists] == json.loads(done.stdout)
