@@ -81,9 +81,6 @@ class ObjectStore:
         with open(self._path(name), "rb") as handle:
             return handle.read()
 
-    def exists(self, name: str) -> bool:
-        return self._fs.exists(self._path(name)) if self._fs is not None else os.path.exists(self._path(name))
-
     def names(self, prefix: str) -> list[str]:
         """Every object's name under ``prefix/``, sorted (temporary files left out)."""
         if self._fs is not None:

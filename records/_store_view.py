@@ -102,7 +102,7 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
             touched.update(manifest.get("rollouts") or ())
     if wanted is not None:
         touched &= wanted
-    _rebuild(store, cache, target, [m for m in manifests], touched)
+    _rebuild(store, cache, target, manifests, touched)
     if wanted is None:
         _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
     return str(target)

@@ -78,9 +78,6 @@ class Uploader:
         self._thread = threading.Thread(target=self._run, name="mcc-uploader", daemon=True)
         self._thread.start()
 
-    def nudge(self) -> None:
-        self._wake.set()
-
     def lag(self) -> UploadLag:
         segments = sealed_segments(self.spool_dir)
         now, total, oldest = time.time(), 0, 0.0

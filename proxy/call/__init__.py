@@ -9,6 +9,7 @@ from ._call import Call, forward, origin_form
 from ._context import NO_HOOKS, CallContext, CallHooks, CallView
 from ._exchange import MODEL_REF_TYPE, CallExchange, Failure, new_call_id
 from ._line import build_line, submit_line
+from ._local_replies import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable, status_class
 from ._pump import AS_CAME, TAP_OUTPUT, BodyPump, Relay
 from ._retries import RetryMemory
@@ -24,6 +25,7 @@ __all__ = [
     "CallHooks",
     "CallView",
     "Failure",
+    "LocalReply",
     "MODEL_REF_TYPE",
     "NO_HOOKS",
     "OBSERVED_PATHS",
@@ -32,6 +34,8 @@ __all__ = [
     "Route",
     "SidecarMetrics",
     "TAP_OUTPUT",
+    "UPSTREAM_TIMEOUT",
+    "UPSTREAM_UNREACHABLE",
     "base_url_mistake",
     "build_line",
     "directory_writable",
@@ -39,6 +43,7 @@ __all__ = [
     "new_call_id",
     "origin_form",
     "route_request",
+    "send_local_reply",
     "status_class",
     "submit_line",
 ]

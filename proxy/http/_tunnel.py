@@ -72,10 +72,6 @@ class ServerTunnel:
     # -- used by the relay -----------------------------------------------------------------------
 
     @property
-    def ended(self) -> bool:
-        return self._ended and not self._chunks
-
-    @property
     def closed(self) -> bool:
         """The client's connection is gone (or closing): nothing written reaches it."""
         return self._ended or self._transport.is_closing()
@@ -105,9 +101,6 @@ class ServerTunnel:
         if not self._transport.is_closing():
             self._transport.close()
 
-    def abort(self) -> None:
-        self._transport.abort()
-
 
 class StreamTunnel:
     """The upstream's side: an asyncio stream pair."""
@@ -135,11 +128,6 @@ class StreamTunnel:
     def close(self) -> None:
         if not self._writer.is_closing():
             self._writer.close()
-
-    def abort(self) -> None:
-        transport = self._writer.transport
-        if transport is not None:
-            transport.abort()
 
 
 __all__ = ["ServerTunnel", "StreamTunnel"]

@@ -27,9 +27,7 @@ _CONTROL_OPCODES = (CLOSE, PING, PONG)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 #: Close codes (RFC 6455 §7.4.1).
-NORMAL_CLOSURE, GOING_AWAY, PROTOCOL_ERROR, UNSUPPORTED_DATA, INVALID_PAYLOAD, MESSAGE_TOO_BIG = (
-    1000, 1001, 1002, 1003, 1007, 1009)
-INTERNAL_ERROR = 1011
+NORMAL_CLOSURE, GOING_AWAY, PROTOCOL_ERROR, INVALID_PAYLOAD, MESSAGE_TOO_BIG = 1000, 1001, 1002, 1007, 1009
 
 
 def accept_value(key: bytes) -> bytes:
@@ -234,7 +232,7 @@ class FrameReader:
 
 __all__ = [
     "BINARY", "CLOSE", "CONTINUATION", "DEFAULT_MAX_MESSAGE_BYTES", "Deflate", "FrameReader", "GOING_AWAY",
-    "INTERNAL_ERROR", "INVALID_PAYLOAD", "MESSAGE_TOO_BIG", "Message", "NORMAL_CLOSURE", "PING", "PONG",
-    "PROTOCOL_ERROR", "TEXT", "UNSUPPORTED_DATA", "WebSocketError", "accept_value", "agreed_deflate",
+    "INVALID_PAYLOAD", "MESSAGE_TOO_BIG", "Message", "NORMAL_CLOSURE", "PING", "PONG",
+    "PROTOCOL_ERROR", "TEXT", "WebSocketError", "accept_value", "agreed_deflate",
     "close_code", "close_payload", "encode_frame",
 ]

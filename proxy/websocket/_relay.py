@@ -103,8 +103,7 @@ class Relay:
                     hold_from = max(sent, message.last_frame_at - base)
                     self.client.write(data[sent:hold_from])  # Everything before the ending frame.
                     sent = hold_from
-                    self.conversation.remember((call.response or {}).get("id"), call.exchange.parsed_request
-                                               and call.exchange.parsed_request.get("input"), call.response)
+                    self.conversation.remember((call.response or {}).get("id"), call.request.get("input"), call.response)
                     await call.finish()  # Durable, then the ending frame goes.
             self.client.write(data[sent:])
             base += len(data)

@@ -40,6 +40,8 @@ class SocketCall:
                  facts: dict[str, Any]) -> None:
         self.ctx = ctx
         self.facts = facts
+        #: The whole request the turn stands for (`Conversation.whole_request`).
+        self.request = body
         self.ended = False
         self.response: Optional[dict[str, Any]] = None
         exchange = self.exchange = CallExchange(

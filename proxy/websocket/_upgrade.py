@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ..call import CallContext, route_request
+from ..call import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, CallContext, route_request, send_local_reply
 from ..http import (Http1Connection, ServerRequest, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout,
                     say_refused_upgrade, upstream_request_headers)
 from ._bridge import Bridge, switching_protocols_head
@@ -44,12 +44,11 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
     try:
         upstream = await ctx.upstream.upgrade(route.upstream_target.encode("latin-1"), headers)
     except (UpstreamConnectError, UpstreamTimeout, UpstreamProtocolError, OSError) as exc:
-        status, reason = (504, b"Gateway Timeout") if isinstance(exc, UpstreamTimeout) else (502, b"Bad Gateway")
         ctx.warnings.warning(("websocket", "upstream"), "a WebSocket for rollout %s: the upstream %s failed before "
                              "answering the upgrade (%s: %s)", route.rollout_id, ctx.upstream_url, type(exc).__name__, exc)
-        client.reply(status, reason, [(b"Content-Type", b"application/json")],
-                     b'{"error": {"message": "the upstream model server could not be reached for the WebSocket", '
-                     b'"type": "upstream_unreachable", "param": null, "code": "upstream_unreachable"}}')
+        send_local_reply(client, UPSTREAM_TIMEOUT if isinstance(exc, UpstreamTimeout) else UPSTREAM_UNREACHABLE,
+                         "openai", f"the upstream model server at {ctx.upstream_url} could not be reached for the "
+                         f"WebSocket ({type(exc).__name__}: {exc})")
         return
     if upstream.tunnel is not None:
         client.transport.write(upstream.raw)  # type: ignore[union-attr]  The upstream's 101 as it came.
