@@ -88,9 +88,9 @@ from ._datasets import (
 )
 from ._store import CaptureStore, ReadResult
 from ._object_store import STORE_SCHEMES, ObjectStore, StoreUnavailable, is_store_url
-from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, SegmentDamaged,
-                          compact_store, incomplete_name, manifest_name, merge_writers, segment_name, store_view,
-                          token_bundle_name, token_manifest_name)
+from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, SegmentDamaged, SegmentRead,
+                          compact_store, incomplete_name, manifest_name, merge_order, merge_writers, plan_segment_reads, segment_name,
+                          segment_order, store_view, token_bundle_name, token_manifest_name)
 from ._token_records import (
     TOKEN_SOURCES,
     DriftTracker,
@@ -111,6 +111,7 @@ __all__ = [
     "SEGMENT_OBJECTS",
     "STORE_SCHEMES",
     "SegmentDamaged",
+    "SegmentRead",
     "StoreUnavailable",
     "compact_store",
     "incomplete_name",
@@ -119,8 +120,11 @@ __all__ = [
     "TOKEN_FILE_SUFFIXES",
     "is_store_url",
     "manifest_name",
+    "merge_order",
     "merge_writers",
+    "plan_segment_reads",
     "segment_name",
+    "segment_order",
     "store_view",
     "finish_reason_of",
     "gc_paused",

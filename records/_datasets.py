@@ -34,7 +34,7 @@ from ._rollout_ids import is_valid_rollout_id
 from ._rollouts import split_attempt
 from ._object_store import is_store_url
 from ._paths import directory_of
-from ._store_view import store_rollout_sizes, store_view
+from ._store_view import SegmentRead, plan_segment_reads, store_rollout_sizes, store_view
 from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
@@ -153,15 +153,20 @@ def group_files(files: list[tuple[str, int]], parallelism: int,
 
 
 def read_items(items: Sequence[Any], kind: str) -> Iterator["pyarrow.Table"]:
-    """A read task's items: capture files, and ``(store URL, rollout id)`` pairs: a store's
-    rollouts are rebuilt on the task's own node (`store_view` into a directory of its own, from the
-    segments that name them, fetched once per node), so a cluster needs no shared volume."""
+    """A read task's items: capture files; a store's segments (`SegmentRead`: ``kind="calls"``,
+    each segment read alone, its lines' call indexes planned from the manifests); and
+    ``(store URL, rollout id)`` pairs (the training kinds, whose rows follow a rollout's whole
+    chain): those rollouts rebuilt on the task's own node (`store_view` into a directory of its
+    own, from the segments that name them), so a cluster needs no shared volume."""
     paths = [item for item in items if isinstance(item, str)]
     if paths:
         yield from read_group(paths, kind)
+    segments = [item for item in items if isinstance(item, SegmentRead)]
+    if segments:
+        yield from _blocks((row for segment in segments for row in segment_call_rows(segment)), kind)
     by_store: dict[str, list[str]] = {}
     for item in items:
-        if not isinstance(item, str):
+        if isinstance(item, tuple):
             by_store.setdefault(item[0], []).append(item[1])
     for url, rollout_ids in by_store.items():
         with tempfile.TemporaryDirectory(prefix="mcc-store-read-") as directory:
@@ -170,30 +175,52 @@ def read_items(items: Sequence[Any], kind: str) -> Iterator["pyarrow.Table"]:
                                   kind)
 
 
+def segment_call_rows(segment: SegmentRead) -> Iterator[dict[str, Any]]:
+    """The call rows of one segment's lines: those `rollout_rows_of` gives for the same lines of the
+    store's view (the view holds only whole lines, so none is unreadable)."""
+    attempts: dict[str, tuple[str, int]] = {}
+    with gc_paused():
+        for rollout_id, call_index, line in segment.lines():
+            row = with_arrow_times(call_row(rollout_id, call_index, line).as_dict())
+            if rollout_id not in attempts:
+                attempts[rollout_id] = split_attempt(rollout_id)
+            base, attempt = attempts[rollout_id]
+            row.update(rollout_base=base, attempt=attempt, rollout_incomplete=rollout_id in segment.incomplete,
+                       rollout_unreadable_lines=0)
+            yield row
+
+
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
-    """What one read task does: its files' rows as Arrow tables of bounded size (`BLOCK_ROWS`,
-    `BLOCK_VALUES`), one file at a time."""
+    """What one read task does with capture files: their rows as Arrow tables of bounded size
+    (`BLOCK_ROWS`, `BLOCK_VALUES`), one file at a time."""
+    def rows() -> Iterator[dict[str, Any]]:
+        for path in files:
+            directory, name = os.path.split(path)
+            yield from rollout_rows_of(directory, name[: -len(CAPTURE_SUFFIX)], kind)
+
+    return _blocks(rows(), kind)
+
+
+def _blocks(rows: Iterable[dict[str, Any]], kind: str) -> Iterator["pyarrow.Table"]:
+    """``rows`` as Arrow tables of bounded size (`BLOCK_ROWS`, `BLOCK_VALUES`)."""
     columns = _COLUMNS[kind] + ROLLOUT_COLUMNS
     schema = arrow_schema(columns)
     names = [name for name, _ in columns]
     block: dict[str, list[Any]] = {name: [] for name in names}
-    rows = values = 0
-    for path in files:
-        directory, name = os.path.split(path)
-        rollout_id = name[: -len(CAPTURE_SUFFIX)]
-        for row in rollout_rows_of(directory, rollout_id, kind):
-            for column in names:
-                block[column].append(row[column])
-            rows += 1
-            if kind == "tokens":
-                values += sum(len(row[key]) for key in ("prompt_token_ids", "generation_token_ids",
-                                                        "generation_log_probs") if row[key] is not None)
-            elif kind == "trajectories":
-                values += 2 * len(row["token_ids"])
-            if rows >= BLOCK_ROWS or values >= BLOCK_VALUES:
-                yield to_arrow(block, schema)
-                block, rows, values = {name: [] for name in names}, 0, 0
-    if rows:
+    count = values = 0
+    for row in rows:
+        for column in names:
+            block[column].append(row[column])
+        count += 1
+        if kind == "tokens":
+            values += sum(len(row[key]) for key in ("prompt_token_ids", "generation_token_ids",
+                                                    "generation_log_probs") if row[key] is not None)
+        elif kind == "trajectories":
+            values += 2 * len(row["token_ids"])
+        if count >= BLOCK_ROWS or values >= BLOCK_VALUES:
+            yield to_arrow(block, schema)
+            block, count, values = {name: [] for name in names}, 0, 0
+    if count:
         yield to_arrow(block, schema)
 
 
@@ -354,8 +381,12 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     listed = list(paths) if isinstance(paths, (list, tuple)) else [paths]
     stores = [path for path in listed if is_store_url(path)]
     files: list[tuple[Any, int]] = capture_files([path for path in listed if not is_store_url(path)]) if len(stores) < len(listed) else []
-    for url in stores:  # A store's rollouts, planned from its manifests; each task builds its own on its node.
-        files += [((url, rollout_id), size) for rollout_id, size in store_rollout_sizes(url).items()]
+    for url in stores:  # Planned from the store's manifests alone; no task needs a volume another wrote.
+        segments = plan_segment_reads(url) if kind == "calls" else None
+        if segments is not None:  # A read task per segment (or a few small ones), each read alone.
+            files += [(segment, segment.size) for segment in segments]
+        else:  # A rollout's chain needs its whole file: tasks of rollouts, each rebuilt on its node.
+            files += [((url, rollout_id), size) for rollout_id, size in store_rollout_sizes(url).items()]
     if override_num_blocks is None:
         # As many blocks as read tasks: asked for more, Ray Data would split every task's output
         # (SplitBlocks), and its per-block cost shows beside a read this light.
@@ -366,6 +397,14 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     if ray_remote_args:
         options["ray_remote_args"] = ray_remote_args
     return ray.data.read_datasource(source, **options)
+
+
+def _item_name(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, SegmentRead):
+        return f"{item.url}#{item.segment}"
+    return f"{item[0]}#{item[1]}"
 
 
 def _capture_datasource() -> type:
@@ -392,7 +431,7 @@ def _capture_datasource() -> type:
             for group in group_files(self.files, parallelism, self.target_bytes):
                 paths = [path for path, _ in group]
                 details = {"num_rows": None, "size_bytes": sum(size for _, size in group),
-                           "input_files": [p if isinstance(p, str) else f"{p[0]}#{p[1]}" for p in paths],
+                           "input_files": [_item_name(p) for p in paths],
                            "exec_stats": None, "schema": schema}
                 metadata = BlockMetadata(**{k: v for k, v in details.items() if k in metadata_takes})
                 extra = {"schema": schema} if "schema" in task_takes else {}

@@ -3,7 +3,9 @@ and what ``mcc compact`` writes.
 
 A store holds, per writer, sealed segments (``segments/<writer_id>/<sha256>.jsonl``: lines of
 ``<rollout_id>\\t<capture line>``) and manifests written after them
-(``manifests/<writer_id>/<sequence>.json``: the segment's name, sha256, size and rollouts). Only
+(``manifests/<writer_id>/<sequence>.json``: the segment's name, sha256, size, rollouts, and each
+rollout's lines' ``completed_at`` in append order, so a reader can place every line of a segment
+in its rollout from the manifests alone: `plan_segment_reads`). Only
 what a manifest names is read, each segment once (by its sha256, whatever names it), its bytes
 checked against the manifest. A rollout's lines are merged in the stated order: each writer's in
 its append order (segment sequence, then line), across writers by ``completed_at``, then writer
@@ -24,7 +26,7 @@ import heapq
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
@@ -226,12 +228,8 @@ def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict
             continue
         seen.add(manifest["sha256"])
         lines = by_writer.setdefault(manifest["writer"], {})
-        for raw in _segment(store, cache, manifest).split(b"\n")[:-1]:  # The last piece: b"", or torn.
-            rollout, tab, line = raw.partition(b"\t")
-            if not tab or not line:
-                continue  # A blank line (after an append that failed part-way) or a torn one: skipped.
-            rollout_id = rollout.decode()
-            if rollout_id in rollouts and _whole(line):
+        for rollout_id, line, _ in whole_segment_lines(_segment(store, cache, manifest)):
+            if rollout_id in rollouts:
                 lines.setdefault(rollout_id, []).append(line)
     for rollout_id in rollouts:
         streams = [(writer, per_rollout[rollout_id]) for writer, per_rollout in sorted(by_writer.items())
@@ -240,31 +238,141 @@ def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict
         _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}", b"".join(line + b"\n" for line in merged))
 
 
-def _whole(line: bytes) -> bool:
-    """A line an append wrote whole (one JSON object): the piece of one that failed part-way is not."""
-    try:
-        return isinstance(orjson.loads(line), dict)
-    except orjson.JSONDecodeError:
-        return False
+def whole_segment_lines(data: bytes) -> Iterator[tuple[str, bytes, dict[str, Any]]]:
+    """``(rollout_id, line, parsed line)`` for each line of a segment an append wrote whole, in
+    append order: one rule for the uploader's manifest and every reader. Skipped: the torn last
+    piece (a crash mid-append: never acknowledged), a blank line or a piece that is not one JSON
+    object (an append that failed part-way, its rollout marked incomplete)."""
+    for raw in data.split(b"\n")[:-1]:  # The last piece: b"", or torn.
+        rollout, tab, line = raw.partition(b"\t")
+        if not tab or not line:
+            continue
+        try:
+            parsed = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(parsed, dict):
+            yield rollout.decode(), line, parsed
+
+
+def segment_order(data: bytes) -> dict[str, list[Any]]:
+    """The manifest's ``completed_at``: each rollout's whole lines' ``completed_at``, in append order."""
+    order: dict[str, list[Any]] = {}
+    for rollout_id, _, parsed in whole_segment_lines(data):
+        order.setdefault(rollout_id, []).append(parsed.get("completed_at"))
+    return order
+
+
+def merge_order(streams: list[list[Any]]) -> list[tuple[int, int]]:
+    """The stated order of one rollout's lines from several writers (DESIGN §14), from their
+    ``completed_at`` alone: ``streams`` one list per writer, sorted by writer id, each in its append
+    order; returns ``(stream, position)`` in merged order. Each writer's order is kept; across writers
+    a line sorts by ``completed_at`` (one without sorts with the one before it), then writer id."""
+    if len(streams) == 1:
+        return [(0, position) for position in range(len(streams[0]))]
+
+    def keyed(stream: int, values: list[Any]) -> Iterator[tuple[float, int, int]]:
+        last = float("-inf")
+        for position, completed in enumerate(values):
+            if isinstance(completed, (int, float)):
+                last = max(last, completed)
+            yield last, stream, position
+
+    return [(stream, position) for _, stream, position in heapq.merge(*(keyed(i, v) for i, v in enumerate(streams)))]
 
 
 def merge_writers(streams: list[tuple[str, list[bytes]]]) -> list[bytes]:
-    """One rollout's lines from several writers: each writer's in its own order, across writers by
-    ``completed_at`` (a line without one sorts with the one before it), then writer id."""
+    """One rollout's lines from several writers (``(writer id, lines)``, sorted by writer id) in the
+    stated order (`merge_order`)."""
     if len(streams) == 1:
         return streams[0][1]
-
-    def keyed(writer: str, lines: list[bytes]) -> Iterable[tuple[float, str, int, bytes]]:
-        last = float("-inf")
-        for number, line in enumerate(lines):
+    values = []
+    for _, lines in streams:
+        completed = []
+        for line in lines:
             try:
-                completed = orjson.loads(line).get("completed_at")
-            except (orjson.JSONDecodeError, AttributeError):
-                completed = None
-            last = max(last, completed) if isinstance(completed, (int, float)) else last
-            yield last, writer, number, line
+                parsed = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                parsed = None
+            completed.append(parsed.get("completed_at") if isinstance(parsed, dict) else None)
+        values.append(completed)
+    return [streams[stream][1][position] for stream, position in merge_order(values)]
 
-    return [line for *_, line in heapq.merge(*(keyed(writer, lines) for writer, lines in streams))]
+
+class SegmentRead:
+    """One segment of a store as a read task takes it: where it is, what it must hash to, and the
+    call index in its rollout of each of its lines (``indexes[rollout_id]``, in append order),
+    worked out from every manifest (`plan_segment_reads`), so the task reads this segment alone."""
+
+    __slots__ = ("url", "segment", "sha256", "size", "indexes", "incomplete")
+
+    def __init__(self, url: str, segment: str, sha256: str, size: int) -> None:
+        self.url, self.segment, self.sha256, self.size = url, segment, sha256, size
+        self.indexes: dict[str, list[int]] = {}
+        #: Its rollouts with a lost line (an ``incomplete/`` marker).
+        self.incomplete: set[str] = set()
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(self.__slots__, state):
+            setattr(self, name, value)
+
+    def lines(self) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """``(rollout_id, call_index, parsed line)`` of each whole line, fetched and checked."""
+        store = ObjectStore(self.url)
+        data = store.get(self.segment)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise SegmentDamaged(f"{self.segment} in {store.url} is not the segment its manifest names "
+                                 f"(sha256 {self.sha256})")
+        taken: dict[str, int] = {}
+        for rollout_id, _, parsed in whole_segment_lines(data):
+            indexes = self.indexes.get(rollout_id)
+            if indexes is None:
+                continue
+            position = taken.get(rollout_id, 0)
+            taken[rollout_id] = position + 1
+            yield rollout_id, indexes[position], parsed
+
+
+def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
+    """Every segment the store's manifests name, once each (by sha256), with each line's call index
+    in its rollout: the order `store_view` writes a rollout's file in, worked out from the
+    manifests' ``completed_at`` without reading a segment. None when a manifest has no
+    ``completed_at`` (written before it was kept): then rollouts are read whole."""
+    store = ObjectStore(url)
+    cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
+    manifests = [_manifest(store, cache, name) for name in store.names(MANIFESTS)]
+    reads: list[SegmentRead] = []
+    seen: set[str] = set()
+    # rollout -> writer -> [(read, its completed_at values)], each writer's in sequence order.
+    streams: dict[str, dict[str, list[tuple[SegmentRead, list[Any]]]]] = {}
+    for manifest in sorted(manifests, key=lambda m: (m["writer"], m["sequence"])):
+        order = manifest.get("completed_at")
+        if order is None:
+            return None
+        if manifest["sha256"] in seen:
+            continue
+        seen.add(manifest["sha256"])
+        read = SegmentRead(store.url, manifest["segment"], manifest["sha256"], int(manifest.get("bytes", 0)))
+        reads.append(read)
+        for rollout_id, values in order.items():
+            read.indexes[rollout_id] = [0] * len(values)
+            streams.setdefault(rollout_id, {}).setdefault(manifest["writer"], []).append((read, values))
+    incomplete = {marker.rpartition("/")[2] for marker in store.names(INCOMPLETE_OBJECTS)}
+    for rollout_id, by_writer in streams.items():
+        writers = [by_writer[writer] for writer in sorted(by_writer)]
+        places = [[(read, k) for read, values in pieces for k in range(len(values))] for pieces in writers]
+        values = [[value for _, piece in pieces for value in piece] for pieces in writers]
+        for call_index, (stream, position) in enumerate(merge_order(values)):
+            read, k = places[stream][position]
+            read.indexes[rollout_id][k] = call_index
+        if rollout_id in incomplete:
+            for pieces in writers:
+                for read, _ in pieces:
+                    read.incomplete.add(rollout_id)
+    return reads
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -276,7 +384,8 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "TOKEN_FILE_SUFFIXES",
+__all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "SegmentRead", "merge_order",
+           "plan_segment_reads", "segment_order", "whole_segment_lines", "TOKEN_FILE_SUFFIXES",
            "TOKEN_MANIFESTS", "TOKEN_OBJECTS", "compact_store", "incomplete_name", "manifest_name", "store_rollout_sizes",
            "token_bundle_name", "token_manifest_name", "merge_writers", "segment_name",
            "store_view"]

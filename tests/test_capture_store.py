@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from capture.journal import SegmentPolicy, Uploader, seal_leftovers, sealed_segments
-from records import (CaptureStore, SegmentDamaged, compact_store, manifest_name, merge_writers,
+from records import (CaptureStore, SegmentDamaged, compact_store, manifest_name, merge_writers, plan_segment_reads,
                      read_model_call_records, store_view)
 
 from .processes import SidecarProcess
@@ -72,6 +72,52 @@ def test_a_store_merges_writers_in_the_stated_order_and_reads_each_segment_once(
         assert handle.read() == b"".join(line + b"\n" for line in (a[0][1], b[0][1], a[2][1], b[1][1], _line(6, 50.0)))
     assert sorted(os.listdir(view)) == [".applied-manifests", "r1.capture.jsonl", "r2.capture.incomplete",
                                         "r2.capture.jsonl"]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_each_segment_read_alone_places_its_lines_as_the_view_does(tmp_path, seed):
+    """`plan_segment_reads`: from the manifests alone, each line of each segment gets the call index
+    the store's view gives it (three writers on five rollouts, clocks that tie, disagree or are
+    missing, segments cut at random, one uploaded twice, torn and part-written pieces, a lost line);
+    a segment's read then needs no other segment (issue 46: a read task per segment)."""
+    rng = random.Random(seed)
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    call = 0
+    uploader = Uploader(spool, url)
+    for writer in ("host.1.aaaa", "host.2.bbbb", "host.3.cccc"):
+        lines, clock = [], 0.0
+        for _ in range(rng.randrange(0, 40)):
+            call += 1
+            clock += rng.choice([0.0, 0.5, 1.0, -2.0])  # Ties, and a clock that steps back.
+            line = _line(call, clock)
+            if rng.random() < 0.1:
+                line = line.replace(b'"completed_at":' + orjson.dumps(clock), b'"completed_at":null')
+            lines.append((f"r{rng.randrange(5)}", line))
+        cuts = sorted(rng.sample(range(len(lines) + 1), min(len(lines) + 1, rng.randrange(1, 5))))
+        for sequence, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(lines)]), start=1):
+            path = _write_segment(spool, writer, sequence, lines[start:end])
+            if rng.random() < 0.3:  # An append that failed part-way (then a newline), or a torn tail.
+                with open(path, "ab") as handle:
+                    handle.write(b"r1\t{\"model_call_id\": \"part\n" if rng.random() < 0.5 else b"r2\t{\"tor")
+            with open(path, "rb") as handle:
+                data = handle.read()
+            uploader.upload_all()
+            if rng.random() < 0.2:  # Uploaded again under a later sequence (the same bytes: read once).
+                with open(_write_segment(spool, writer, sequence + 100, []), "wb") as handle:
+                    handle.write(data)
+                uploader.upload_all()
+    if rng.random() < 0.5:
+        open(os.path.join(spool, "r3.capture.incomplete"), "wb").close()
+        uploader.upload_all()
+    view = CaptureStore(store_view(url, str(tmp_path / "view")))
+    want = {(rollout_id, index, line["model_call_id"]) for rollout_id in view.rollout_ids()
+            for index, line in view.iter_available(rollout_id)}
+    reads = plan_segment_reads(url)
+    got = [(rollout_id, index, line["model_call_id"]) for read in reads for rollout_id, index, line in read.lines()]
+    assert len(got) == len(set(got)) and set(got) == want
+    assert len(reads) == len({read.sha256 for read in reads})
+    for read in reads:
+        assert read.incomplete == ({"r3"} & set(read.indexes)) if view.is_incomplete("r3") else not read.incomplete
 
 
 def test_merge_keeps_each_writers_order_when_clocks_disagree():

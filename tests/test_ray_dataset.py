@@ -479,10 +479,12 @@ async def test_trajectory_rows_are_records_trajectories(tmp_path, local_ray, htt
     assert rows["drift"]["masked"] is True and rows["drift"]["mask_reason"] == trajectories(directory, "drift").mask_reason
 
 
-def test_a_store_url_reads_as_its_compacted_view_each_task_on_its_own_node(tmp_path, local_ray):
-    """A capture store (issue 46): the read tasks are planned from its manifests (rollouts by their
-    bytes) and each rebuilds its rollouts from the segments naming them where it runs, so no node
-    needs a volume another wrote; the rows equal those of the store's compacted directory."""
+@pytest.mark.parametrize("kind", ["calls", "tokens"])
+def test_a_store_url_reads_as_its_compacted_view_each_task_on_its_own_node(tmp_path, local_ray, kind):
+    """A capture store (issue 46): the read tasks are planned from its manifests, so no node needs a
+    volume another wrote: for calls a task per segment, each read alone (its lines' call indexes
+    from the manifests); for the training kinds, whose rows follow a rollout's chain, tasks of
+    rollouts rebuilt where they run. The rows equal those of the store's compacted directory."""
     import orjson
 
     from capture.journal import Uploader
@@ -501,6 +503,13 @@ def test_a_store_url_reads_as_its_compacted_view_each_task_on_its_own_node(tmp_p
                 handle.write(b"".join(rollout_id.encode() + b"\t" + orjson.dumps(line) + b"\n" for line in lines))
     assert Uploader(spool, url).upload_all() == 2
     compacted = compact_store(url, str(tmp_path / "compacted"))
-    got = sorted(ray_dataset(url, kind="calls").take_all(), key=sort_key)
-    want = sorted(ray_dataset(compacted, kind="calls").take_all(), key=sort_key)
+    dataset = ray_dataset(url, kind=kind, target_bytes_per_task=1)
+    got = sorted(dataset.take_all(), key=sort_key)
+    want = sorted(ray_dataset(compacted, kind=kind).take_all(), key=sort_key)
     assert len(got) == len(want) > 0 and got == want
+    if kind == "calls":
+        store_dir = tmp_path / "store"
+        assert sorted(dataset.input_files()) == sorted(f"{url}#{path.relative_to(store_dir)}"
+                                                        for path in (store_dir / "segments").rglob("*.jsonl"))
+    else:
+        assert sorted(dataset.input_files()) == sorted(f"{url}#{rollout_id}" for rollout_id in store.rollout_ids())

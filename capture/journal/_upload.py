@@ -29,7 +29,7 @@ from typing import Any, Optional
 import orjson
 
 from records import (INCOMPLETE_SUFFIX, TOKEN_FILE_SUFFIXES, ObjectStore, incomplete_name, manifest_name, segment_name,
-                     token_bundle_name, token_manifest_name)
+                     segment_order, token_bundle_name, token_manifest_name)
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, sealed_segments
 
@@ -189,8 +189,10 @@ class Uploader:
             rollouts = sorted({line.partition(b"\t")[0].decode() for line in data.split(b"\n") if b"\t" in line})
         name = segment_name(writer_id, sha)
         self.store.put(name, data)
+        # Each rollout's lines' completed_at: a reader places every line of this segment in its
+        # rollout from the manifests alone (records.plan_segment_reads: a read task per segment).
         manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
-                    "lines": data.count(b"\n"), "rollouts": rollouts}
+                    "lines": data.count(b"\n"), "rollouts": rollouts, "completed_at": segment_order(data)}
         self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))
         for done in (path, index):
             try:
