@@ -26,7 +26,7 @@ import heapq
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import orjson
 
@@ -217,25 +217,36 @@ def _segment(store: ObjectStore, cache: Path, manifest: dict[str, Any]) -> bytes
 
 
 def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict[str, Any]], rollouts: set[str]) -> None:
-    """Rewrite the files of ``rollouts`` from every segment that names them."""
+    """Rewrite the files of ``rollouts`` from every segment that names them, in the stated order,
+    by the ``completed_at`` the manifests give (as `plan_segment_reads` places them)."""
     if not rollouts:
         return
     seen: set[str] = set()
-    by_writer: dict[str, dict[str, list[bytes]]] = {}
+    # writer -> rollout -> (its lines, their completed_at), each writer's in sequence order.
+    by_writer: dict[str, dict[str, tuple[list[bytes], list[Any]]]] = {}
     ordered = sorted(manifests, key=lambda m: (m["writer"], m["sequence"]))
     for manifest in ordered:
         if manifest["sha256"] in seen or not rollouts.intersection(manifest.get("rollouts") or ()):
             continue
         seen.add(manifest["sha256"])
-        lines = by_writer.setdefault(manifest["writer"], {})
-        for rollout_id, line, _ in whole_segment_lines(_segment(store, cache, manifest)):
+        found: dict[str, tuple[list[bytes], list[Any]]] = {}
+        for rollout_id, line, parsed in whole_segment_lines(_segment(store, cache, manifest)):
             if rollout_id in rollouts:
-                lines.setdefault(rollout_id, []).append(line)
+                lines, values = found.setdefault(rollout_id, ([], []))
+                lines.append(line)
+                values.append(parsed.get("completed_at"))
+        order = manifest.get("completed_at") or {}
+        per_rollout = by_writer.setdefault(manifest["writer"], {})
+        for rollout_id, (lines, values) in found.items():
+            kept = order.get(rollout_id)
+            lines_so_far, values_so_far = per_rollout.setdefault(rollout_id, ([], []))
+            lines_so_far += lines
+            values_so_far += kept if kept is not None and len(kept) == len(lines) else values
     for rollout_id in rollouts:
-        streams = [(writer, per_rollout[rollout_id]) for writer, per_rollout in sorted(by_writer.items())
-                   if rollout_id in per_rollout]
-        merged = merge_writers(streams)
-        _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}", b"".join(line + b"\n" for line in merged))
+        streams = [per_rollout[rollout_id] for _, per_rollout in sorted(by_writer.items()) if rollout_id in per_rollout]
+        merged = merge_order([values for _, values in streams])
+        _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}",
+                          b"".join(streams[stream][0][position] + b"\n" for stream, position in merged))
 
 
 def whole_segment_lines(data: bytes) -> Iterator[tuple[str, bytes, dict[str, Any]]]:
@@ -301,14 +312,15 @@ def merge_writers(streams: list[tuple[str, list[bytes]]]) -> list[bytes]:
 
 class SegmentRead:
     """One segment of a store as a read task takes it: where it is, what it must hash to, and the
-    call index in its rollout of each of its lines (``indexes[rollout_id]``, in append order),
-    worked out from every manifest (`plan_segment_reads`), so the task reads this segment alone."""
+    call index in its rollout of each of its lines (``indexes[rollout_id]``: the list, in append
+    order, or the first when they run on by one, as they do for a rollout one writer wrote), worked
+    out from every manifest (`plan_segment_reads`), so the task reads this segment alone."""
 
     __slots__ = ("url", "segment", "sha256", "size", "indexes", "incomplete")
 
     def __init__(self, url: str, segment: str, sha256: str, size: int) -> None:
         self.url, self.segment, self.sha256, self.size = url, segment, sha256, size
-        self.indexes: dict[str, list[int]] = {}
+        self.indexes: dict[str, Union[int, list[int]]] = {}
         #: Its rollouts with a lost line (an ``incomplete/`` marker).
         self.incomplete: set[str] = set()
 
@@ -333,7 +345,7 @@ class SegmentRead:
                 continue
             position = taken.get(rollout_id, 0)
             taken[rollout_id] = position + 1
-            yield rollout_id, indexes[position], parsed
+            yield rollout_id, indexes + position if type(indexes) is int else indexes[position], parsed
 
 
 def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
@@ -344,35 +356,54 @@ def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
     store = ObjectStore(url)
     cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
     manifests = [_manifest(store, cache, name) for name in store.names(MANIFESTS)]
-    reads: list[SegmentRead] = []
+    reads: list[tuple[str, SegmentRead, dict[str, list[Any]]]] = []  # (writer, read, its order)
     seen: set[str] = set()
-    # rollout -> writer -> [(read, its completed_at values)], each writer's in sequence order.
-    streams: dict[str, dict[str, list[tuple[SegmentRead, list[Any]]]]] = {}
     for manifest in sorted(manifests, key=lambda m: (m["writer"], m["sequence"])):
         order = manifest.get("completed_at")
         if order is None:
             return None
-        if manifest["sha256"] in seen:
-            continue
-        seen.add(manifest["sha256"])
-        read = SegmentRead(store.url, manifest["segment"], manifest["sha256"], int(manifest.get("bytes", 0)))
-        reads.append(read)
+        if manifest["sha256"] not in seen:
+            seen.add(manifest["sha256"])
+            read = SegmentRead(store.url, manifest["segment"], manifest["sha256"], int(manifest.get("bytes", 0)))
+            reads.append((manifest["writer"], read, order))
+    # Most rollouts have one writer: their lines are numbered in its order, segment after segment.
+    # Those that several wrote are merged by completed_at (`merge_order`), as the view merges them.
+    writer_of: dict[str, str] = {}
+    several: set[str] = set()
+    for writer, _, order in reads:
+        for rollout_id in order:
+            if writer_of.setdefault(rollout_id, writer) != writer:
+                several.add(rollout_id)
+    following: dict[str, int] = {}
+    streams: dict[str, dict[str, list[tuple[SegmentRead, list[Any]]]]] = {}
+    for writer, read, order in reads:
+        indexes = read.indexes
         for rollout_id, values in order.items():
-            read.indexes[rollout_id] = [0] * len(values)
-            streams.setdefault(rollout_id, {}).setdefault(manifest["writer"], []).append((read, values))
-    incomplete = {marker.rpartition("/")[2] for marker in store.names(INCOMPLETE_OBJECTS)}
+            if rollout_id in several:
+                streams.setdefault(rollout_id, {}).setdefault(writer, []).append((read, values))
+            else:
+                first = indexes[rollout_id] = following.get(rollout_id, 0)
+                following[rollout_id] = first + len(values)
     for rollout_id, by_writer in streams.items():
         writers = [by_writer[writer] for writer in sorted(by_writer)]
-        places = [[(read, k) for read, values in pieces for k in range(len(values))] for pieces in writers]
-        values = [[value for _, piece in pieces for value in piece] for pieces in writers]
-        for call_index, (stream, position) in enumerate(merge_order(values)):
+        places = [[(read, k) for read, piece in pieces for k in range(len(piece))] for pieces in writers]
+        for pieces in writers:
+            for read, piece in pieces:
+                read.indexes[rollout_id] = [0] * len(piece)
+        merged = merge_order([[value for _, piece in pieces for value in piece] for pieces in writers])
+        for call_index, (stream, position) in enumerate(merged):
             read, k = places[stream][position]
             read.indexes[rollout_id][k] = call_index
-        if rollout_id in incomplete:
-            for pieces in writers:
-                for read, _ in pieces:
-                    read.incomplete.add(rollout_id)
-    return reads
+        for pieces in writers:  # Lines that run on by one in a segment: its first says it.
+            for read, _ in pieces:
+                found = read.indexes[rollout_id]
+                if found == list(range(found[0], found[0] + len(found))):
+                    read.indexes[rollout_id] = found[0]
+    incomplete = {marker.rpartition("/")[2] for marker in store.names(INCOMPLETE_OBJECTS)}
+    if incomplete:
+        for _, read, order in reads:
+            read.incomplete = incomplete.intersection(order)
+    return [read for _, read, _ in reads]
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

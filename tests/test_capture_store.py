@@ -120,6 +120,47 @@ def test_each_segment_read_alone_places_its_lines_as_the_view_does(tmp_path, see
         assert read.incomplete == ({"r3"} & set(read.indexes)) if view.is_incomplete("r3") else not read.incomplete
 
 
+def test_the_writer_keeps_each_lines_completed_at_as_a_reader_parses_it(tmp_path):
+    """The writer notes each line's ``completed_at`` as it appends (so the uploader does not parse
+    the segment for its manifest): the same values, in the same order, as every reader's parse of
+    the segment's whole lines (floats, integers, exponents, null, none, and one in a nested object)."""
+    from capture.journal import SegmentFiles
+    from records import segment_order
+
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    segments = SegmentFiles(SegmentPolicy(spool, max_bytes=4000))
+    rng = random.Random(7)
+    values = [1767225600.25, 1767225601, 1.5e9, None, -3.0, 0]
+    for batch in range(40):
+        appends = []
+        for rollout in rng.sample(["r0", "r1", "r2", "r3"], rng.randrange(1, 4)):
+            lines = []
+            for _ in range(rng.randrange(1, 3)):
+                fields = {"model_call_id": f"{batch}-{rollout}-{len(lines)}", "dialect": "responses",
+                          "model_ref": {"type": "responses_api_models", "name": 'a "completed_at": 1 model'},
+                          "started_at": 1.0}
+                choice = rng.randrange(len(values) + 1)
+                if choice < len(values):
+                    fields["completed_at"] = values[choice]
+                fields["response"] = {"completed_at": 99, "output": []}  # The Responses API's own field.
+                lines.append(orjson.dumps(fields) + b"\n")
+            appends.append((os.path.join(spool, f"{rollout}.capture.jsonl"), b"".join(lines)))
+        entry, _ = segments.append_batch(appends)
+        segments.release(entry)
+    segments.close_all()
+    paths = sealed_segments(spool)
+    assert len(paths) > 3  # Sealed by size, several times.
+    wanted = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            wanted.append(segment_order(handle.read()))
+    uploader = Uploader(spool, url)
+    assert uploader.upload_all() == len(paths)
+    store = tmp_path / "store"
+    manifests = [json.loads(path.read_text()) for path in sorted((store / "manifests").rglob("*.json"))]
+    assert [manifest["completed_at"] for manifest in manifests] == wanted
+
+
 def test_merge_keeps_each_writers_order_when_clocks_disagree():
     late_first = [b'{"completed_at": 5}', b'{"completed_at": 1}', b'{"completed_at": 6}']
     other = [b'{"completed_at": 2}', b'{"completed_at": 5.5}']
@@ -244,6 +285,14 @@ async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tm
     placed = {content: rollout for rollout, lines in found.items() for content in lines}
     assert all(placed[content] == rollout for content, rollout in acknowledged.items())
     assert seen_twice == []
+    # Each segment read alone (Ray's read task per segment) places every line as the view does:
+    # the writers' own orders (sealed segments) and the uploader's reads of those a SIGKILL left open.
+    view = CaptureStore(store_view(url, str(tmp_path / "view")))
+    want = {(rollout_id, index, line["model_call_id"]) for rollout_id in view.rollout_ids()
+            for index, line in view.iter_available(rollout_id)}
+    got = [(rollout_id, index, line["model_call_id"]) for read in plan_segment_reads(url)
+           for rollout_id, index, line in read.lines()]
+    assert len(got) == len(set(got)) == len(want) and set(got) == want
 
 
 def _where(root, contents: list[str]) -> list[str]:
@@ -337,6 +386,36 @@ async def test_a_store_that_refuses_never_fails_a_call_and_the_spool_keeps_the_l
         assert sidecar.terminate() == 0
     assert _contents(url, ["r1"]) == {"r1": ["call-0", "call-1", "call-2"]}
     assert "cannot upload to" in "".join(sidecar.stderr_lines)
+
+
+async def test_workers_say_the_spools_lag_once_not_once_per_worker(tmp_path):
+    """``--workers 2`` on one spool: every worker reports the spool's whole upload lag, so the
+    merged ``/-/metrics`` takes it once (the largest reading), and the capture dir's writability as
+    one gauge of 0 or 1, not a sum over the workers."""
+    store = tmp_path / "store"
+    store.write_text("not a directory")  # A store that refuses: the sealed segments stay, the lag grows.
+    spool = tmp_path / "spool"
+    sidecar = SidecarProcess.start("--stand-in", "--workers", "2", "--capture-dir", str(spool), "--capture-store",
+                                   f"segments://{store}", "--segment-max-age", "0.1")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for call in range(8):
+                async with aiohttp.ClientSession() as fresh:  # A connection each: both workers get calls.
+                    assert await _chat(fresh, sidecar.url, f"r{call}", f"call-{call}", stream=False)
+            await asyncio.sleep(1.0)  # Every segment sealed; then both workers' snapshots (1 s) see them all.
+            sealed = len(sealed_segments(str(spool)))
+            await asyncio.sleep(2.5)
+            assert len(sealed_segments(str(spool))) == sealed >= 2
+            async with http.get(sidecar.url + "/-/metrics") as reply:
+                gauges = {line.split()[0]: float(line.split()[1]) for line in (await reply.text()).splitlines()
+                          if line.startswith(("mcc_upload_lag_segments ", "mcc_capture_dir_writable "))}
+        assert gauges == {"mcc_upload_lag_segments": sealed, "mcc_capture_dir_writable": 1.0}
+        writers = os.listdir(spool / "segments")
+        assert len(writers) == 2, writers  # Each worker its own writer, so there were two to count.
+    finally:
+        store.unlink()
+        store.mkdir()
+        assert sidecar.terminate() == 0
 
 
 @pytest.mark.parametrize("fstype, options, said", [

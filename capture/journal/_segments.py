@@ -24,12 +24,15 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Optional
+
+import orjson
 
 from records import CAPTURE_SUFFIX, fsync_directory
 
@@ -85,18 +88,26 @@ def writer_alive(directory: str) -> bool:
 
 
 ROLLOUTS_SUFFIX = ".rollouts"
+#: A line's top-level ``completed_at`` as our own encoder writes it: after ``model_ref``'s fixed
+#: keys, so its first match is the top-level one (an escaped string never holds ``"...":``).
+_COMPLETED_AT = re.compile(rb'"completed_at":\s*(-?[0-9][0-9.eE+-]*|null)')
+#: How far into a line ``completed_at`` is looked for (it is among the first fields).
+_COMPLETED_AT_WITHIN = 4096
 
 
 class _Segment:
-    __slots__ = ("path", "entry", "opened", "size", "rollouts")
+    __slots__ = ("path", "entry", "opened", "size", "order", "whole")
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self.entry = OpenFile(fd)
         self.opened = time.monotonic()
         self.size = 0
-        #: The rollouts it holds lines of: its manifest names them (the uploader need not scan it).
-        self.rollouts: set[bytes] = set()
+        #: Each rollout it holds lines of, with their ``completed_at`` (JSON text) in append order:
+        #: the manifest's (the uploader need not parse the segment; readers place lines by it).
+        self.order: dict[bytes, list[bytes]] = {}
+        #: No append to it failed part-way: every line in it is whole, as the order says.
+        self.whole = True
 
 
 class SegmentFiles:
@@ -124,22 +135,25 @@ class SegmentFiles:
         """Every rollout's lines of a batch (``(capture path, whole lines)``) in one write: one
         file, so the batch's barrier is one fsync (not a syncfs of the filesystem)."""
         pieces = []
-        rollouts = []
+        order: list[tuple[bytes, list[bytes]]] = []
         for path, data in appends:
             rollout_id = os.path.basename(path)[: -len(CAPTURE_SUFFIX)].encode()
-            rollouts.append(rollout_id)
             prefix = rollout_id + b"\t"
             lines = data.split(b"\n")
             if lines[-1]:
                 raise ValueError("a capture append is whole lines, each ending in a newline")
-            pieces += [prefix + line + b"\n" for line in lines[:-1]]
+            del lines[-1]
+            pieces += [prefix + line + b"\n" for line in lines]
+            order.append((rollout_id, [_completed_at(line) for line in lines]))
         payload = b"".join(pieces)
         segment = self._current if self._current is not None else self._open_next()
         entry = segment.entry
         if entry.end is None:  # An append failed part-way: the torn line ends here, alone.
             payload = b"\n" + payload
+            segment.whole = False
         _write_all(entry.fd, payload, segment)
-        segment.rollouts.update(rollouts)
+        for rollout_id, values in order:
+            segment.order.setdefault(rollout_id, []).extend(values)
         entry.end = segment.size
         entry.used = time.monotonic()
         with self._lock:
@@ -179,6 +193,7 @@ class SegmentFiles:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         fsync_directory(self.directory)  # The new file's entry is durable before any line in it is acknowledged.
         self._current = _Segment(path, fd)
+        self._current.entry.end = 0  # Empty, made here: no torn line to end.
         return self._current
 
     def _seal_current(self) -> None:
@@ -205,7 +220,10 @@ class SegmentFiles:
             return
         base = segment.path[: -len(OPEN_SUFFIX)]
         with open(base + ROLLOUTS_SUFFIX, "wb") as handle:  # Before the rename: a sealed one always has it.
-            handle.write(b"\n".join(sorted(segment.rollouts)))
+            # ``<rollout_id>\t<completed_at>,...`` a line; after an append that failed part-way,
+            # the rollouts alone (the uploader then reads the order from the segment's whole lines).
+            handle.write(b"\n".join(rollout_id + b"\t" + b",".join(values) if segment.whole else rollout_id
+                                     for rollout_id, values in sorted(segment.order.items())))
         os.rename(segment.path, base + SEALED_SUFFIX)
         fsync_directory(os.path.dirname(segment.path))
 
@@ -250,6 +268,39 @@ def sealed_segments(spool_dir: str) -> list[str]:
     return found
 
 
+def _completed_at(line: bytes) -> bytes:
+    """The line's top-level ``completed_at`` as JSON text (``null`` when it has none, or not a number),
+    what a parse of the line gives. Our encoder writes it among the first fields: found there, at
+    the object's own depth (its braces counted outside strings, when no escape makes that hard), it
+    is taken as written; otherwise the line is parsed."""
+    found = _COMPLETED_AT.search(line, 0, _COMPLETED_AT_WITHIN)
+    if found is not None:
+        prefix = line[: found.start()]
+        if b"\\" not in prefix:
+            outside = prefix.split(b'"')[::2]  # Without escapes, every other piece is a string's.
+            if sum(piece.count(b"{") - piece.count(b"}") for piece in outside) == 1:
+                return found.group(1)
+    try:
+        value = orjson.loads(line).get("completed_at")
+    except (orjson.JSONDecodeError, AttributeError):
+        return b"null"
+    return orjson.dumps(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else b"null"
+
+
+def read_rollouts_index(data: bytes) -> tuple[list[str], Optional[dict[str, list]]]:
+    """A sealed segment's ``.rollouts``: its rollouts, and each one's lines' ``completed_at`` in
+    append order (None when the writer could not vouch for every line being whole)."""
+    rollouts, order = [], {}
+    for entry in data.split(b"\n"):
+        if not entry:
+            continue
+        rollout_id, tab, values = entry.partition(b"\t")
+        rollouts.append(rollout_id.decode())
+        if tab:
+            order[rollout_id.decode()] = orjson.loads(b"[" + values + b"]")
+    return sorted(rollouts), (order if len(order) == len(rollouts) else None)
+
+
 def _write_all(fd: int, payload: bytes, segment: _Segment) -> None:
     view = memoryview(payload)
     while view:
@@ -266,4 +317,5 @@ def _write_all(fd: int, payload: bytes, segment: _Segment) -> None:
 
 
 __all__ = ["ALIVE_FILE", "OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
+           "read_rollouts_index",
            "seal_leftovers", "sealed_segments", "writer_alive"]

@@ -31,7 +31,7 @@ import orjson
 from records import (INCOMPLETE_SUFFIX, TOKEN_FILE_SUFFIXES, ObjectStore, incomplete_name, manifest_name, segment_name,
                      segment_order, token_bundle_name, token_manifest_name)
 
-from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, sealed_segments
+from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
 
 log = logging.getLogger("mcc.capture")
 #: Pauses after a refused upload, growing to the last.
@@ -182,17 +182,20 @@ class Uploader:
             return
         sha = hashlib.sha256(data).hexdigest()
         index = path[: -len(SEALED_SUFFIX)] + ROLLOUTS_SUFFIX
+        order = None
         try:
             with open(index, "rb") as handle:  # Written by the writer as it sealed.
-                rollouts = sorted(name.decode() for name in handle.read().split(b"\n") if name)
+                rollouts, order = read_rollouts_index(handle.read())
         except FileNotFoundError:  # A segment a crash left open, sealed by the next start: read it.
             rollouts = sorted({line.partition(b"\t")[0].decode() for line in data.split(b"\n") if b"\t" in line})
+        if order is None:  # Its whole lines, as every reader takes them (the torn tail of a crash, a part-write).
+            order = segment_order(data)
         name = segment_name(writer_id, sha)
         self.store.put(name, data)
-        # Each rollout's lines' completed_at: a reader places every line of this segment in its
-        # rollout from the manifests alone (records.plan_segment_reads: a read task per segment).
+        # Each rollout's lines' completed_at: readers place every line of this segment in its rollout
+        # from the manifests alone (records.plan_segment_reads: a read task per segment), by them.
         manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
-                    "lines": data.count(b"\n"), "rollouts": rollouts, "completed_at": segment_order(data)}
+                    "lines": data.count(b"\n"), "rollouts": rollouts, "completed_at": order}
         self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))
         for done in (path, index):
             try:

@@ -10,7 +10,8 @@ Why the sum never goes down: each file only ever moves to a newer snapshot of on
 counters, which never go down, and each scrape reads every file once; so each term of the sum
 is at least what the previous scrape read. A worker's part is at most a second old. Samples
 named ``*_created`` (creation times) take the earliest; ``mcc_worker_info`` keeps one sample per
-worker (its labels differ).
+worker (its labels differ); the gauges of what the workers share (`SHARED_GAUGES`: the spool's
+upload lag, the capture dir's writability) are not summed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+#: Gauges of what the workers share, not of each worker's own: one node's capture dir and spool,
+#: which every worker reports whole. Summed, N workers would say N times the lag; so the lag takes
+#: the largest worker's reading (the freshest look at one spool), writability the least (a worker
+#: that cannot write is a capture dir that cannot be written).
+SHARED_GAUGES = {"mcc_upload_lag_bytes": max, "mcc_upload_lag_segments": max, "mcc_upload_lag_seconds": max,
+                 "mcc_capture_dir_writable": min}
 #: How often a worker refreshes its snapshot between scrapes.
 SNAPSHOT_INTERVAL_S = 1.0
 _SUFFIX = ".prom"
@@ -90,6 +97,8 @@ def merge(texts: Iterable[str]) -> list[Metric]:
                     samples[key] = sample.value
                 elif sample.name.endswith("_created"):
                     samples[key] = min(samples[key], sample.value)
+                elif sample.name in SHARED_GAUGES:
+                    samples[key] = SHARED_GAUGES[sample.name](samples[key], sample.value)
                 else:
                     samples[key] += sample.value
     for name, metric in families.items():
