@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_trajectories.py
 	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py
+	$(BIN)/python benchmarks/bench_ray_store.py
 	$(BIN)/python benchmarks/bench_report.py
 
 # docs/configuration.md is generated from the settings and the flags' help (tests/test_docs.py

@@ -32,6 +32,7 @@ import orjson
 
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._object_store import ObjectStore
+from ._token_join import join_entries
 
 MANIFESTS = "manifests"
 SEGMENT_OBJECTS = "segments"
@@ -94,8 +95,6 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     applied = set(applied_path.read_text().split()) if applied_path.exists() else set()
     if wanted is None and applied == set(names) | set(token_names):
         return str(target)
-    _rebuild_tokens(store, cache, target, [name for name in token_names if name not in applied or wanted is not None],
-                    token_names, wanted)
     manifests = [_manifest(store, cache, name) for name in names]
     fresh = {name for name in names if name not in applied}
     touched: set[str] = set()
@@ -105,20 +104,27 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     if wanted is not None:
         touched &= wanted
     _rebuild(store, cache, target, manifests, touched)
+    # Then the token files: joining several spools' entries reads the calls' requests (new lines
+    # of a rollout may link its entries: rebuilt too).
+    _rebuild_tokens(store, cache, target, [name for name in token_names if name not in applied or wanted is not None],
+                    token_names, wanted, touched)
     if wanted is None:
         _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
     return str(target)
 
 
 def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[str], every: list[str],
-                    wanted: Optional[set[str]]) -> None:
-    """The training-token files of the rollouts ``fresh`` token manifests name: each spool's latest
-    snapshot of them; one spool's as it was (byte for byte, Gym's files), several spools' joined
-    (their entries, intents and marks one after the other, by spool id, under a fresh state whose
-    index readers bring up to the joined file's tail, as they do any lagging index)."""
-    touched = set()
+                    wanted: Optional[set[str]], lines_touched: set[str]) -> None:
+    """The training-token files of the rollouts ``fresh`` token manifests name (and of those
+    ``lines_touched`` that have any): each spool's latest snapshot of them; one spool's as it was
+    (byte for byte, Gym's files), several spools' joined (their entries, intents and marks one
+    after the other, by spool id, the calls one spool could not resolve linked to the other's
+    they continue, `join_entries`, under a fresh state whose index readers bring up to the joined
+    file's tail, as they do any lagging index)."""
+    shipped: set[str] = set()
     for name in fresh:
-        touched.update(_manifest(store, cache, name).get("rollouts") or ())
+        shipped.update(_manifest(store, cache, name).get("rollouts") or ())
+    touched = shipped | lines_touched
     if wanted is not None:
         touched &= wanted
     if not touched:
@@ -130,6 +136,8 @@ def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[s
             if rollout_id in touched:
                 latest.setdefault(rollout_id, {})[manifest["spool"]] = name
     for rollout_id, by_spool in latest.items():
+        if rollout_id not in shipped and len(by_spool) == 1:
+            continue  # New lines, no new token files, nothing to join: as they were.
         snapshots = [_token_snapshot(store, cache, _manifest(store, cache, by_spool[spool]), rollout_id)
                      for spool in sorted(by_spool)]
         for suffix in TOKEN_FILE_SUFFIXES:
@@ -138,6 +146,9 @@ def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[s
                 continue
             if len(snapshots) == 1:
                 data = present[0]
+            elif suffix == ".tokens.jsonl":
+                capture = target / f"{rollout_id}{CAPTURE_SUFFIX}"
+                data = join_entries(present, capture.read_bytes() if capture.exists() else b"")
             elif suffix == ".tokens.state.json":
                 states = [orjson.loads(part) for part in present]
                 data = orjson.dumps({"entry_digests": {}, "indexed_size": 0, "snapshot_id": "",

@@ -444,7 +444,7 @@ async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill
     store (shipped once still, and by the drain; after a SIGKILL, by the next start on the spool).
     A rollout written by one sidecar reads as it would from a capture dir; one re-pinned across two
     sidecars keeps every entry of both."""
-    from records import read_token_records
+    from records import read_token_records, trajectories
     url = f"segments://{tmp_path}/store"
 
     def start(index: int) -> SidecarProcess:
@@ -465,6 +465,8 @@ async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill
     await converse(first, "alone", ["hi", "more"], [])
     pinned = await converse(first, "pinned", ["hi", "more"], [])
     await converse(second, "pinned", ["and then"], pinned)
+    forged = await converse(first, "forged", ["hi"], [])
+    await converse(second, "forged", ["and then"], [forged[0], {"role": "assistant", "content": "never said"}])
     first.kill()  # Its token files are in its spool, not yet shipped (0.2 s still) or shipped: either way
     first = start(0)  # the next start on the spool ships what the store lacks.
     for sidecar in (first, second):
@@ -473,5 +475,17 @@ async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill
     assert [record.usable for record in alone] == [True, True] and alone[1].extends == 0  # Turn 2 extends turn 1.
     pinned_records = read_token_records(url, "pinned")
     assert len(pinned_records) == 3 and all(record.generation_token_ids for record in pinned_records)
+    # The second sidecar could not resolve its call (the first's are in the first's spool): the
+    # store's view links it to the call it continues, as one token file on a shared volume would.
+    pinned = trajectories(url, "pinned")
+    assert not pinned.masked and len(pinned.chains) == 1 and len(pinned.main.calls) == 3, pinned.mask_reason
     view = compact_store(url, str(tmp_path / "gym"))
     assert {"alone.tokens.jsonl", "alone.tokens.intents", "pinned.tokens.jsonl"} <= set(os.listdir(view))
+    with open(os.path.join(view, "pinned.tokens.jsonl"), "rb") as handle:
+        linked = [orjson.loads(line) for line in handle.read().splitlines()]
+    assert [entry.get("linked_across_spools", False) for entry in linked] == [False, False, True]
+    assert linked[2]["parent_call_id"] == linked[1]["model_call_id"] and linked[2]["parent_resolution"] == "resolved"
+    # A call that continues nothing either sidecar made stays unresolved: never a guess.
+    assert trajectories(url, "forged").masked
+    with open(os.path.join(view, "forged.tokens.jsonl"), "rb") as handle:
+        assert [orjson.loads(line)["parent_resolution"] for line in handle.read().splitlines()] == ["root", "unresolved"]

@@ -72,6 +72,46 @@ async def test_gyms_token_readers_on_a_compacted_store_build_the_chain(http, ups
     assert run_gym_tokens(gym, str(tmp_path / "plain"), "clean")["clean"]["generations"] == theirs["generations"]
 
 
+
+async def test_gyms_token_readers_link_a_rollout_re_pinned_across_two_sidecars(http, upstream, start, tmp_path, gym,
+                                                                             monkeypatch):
+    """A router re-pins a rollout: turns 1-2 through one sidecar, turn 3 through another, each with
+    its own spool. The second could not resolve turn 3 (the first's calls are in the other spool);
+    the store's view links it to turn 2, so Gym's `trajectories_for_rollout` builds one unmasked
+    3-turn chain, the one both build for the same conversation through one sidecar."""
+    import orjson
+
+    from records import trajectories
+    from tests.gym_conformance.test_gym_reads_token_files import assert_ours_equal_gyms
+    from tests.gym_conformance.test_gym_reads_token_files import run_gym as run_gym_tokens
+    from tests.test_token_files import SYSTEM, converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path}/store"
+    serve_model(upstream, TinyChatModel())
+    sidecars = [await start(upstream.url, capture_dir=str(tmp_path / f"spool-{i}"), capture_store=url,
+                            capture_tokens=True, segment_max_age=0.1) for i in range(2)]
+    plain = await start(upstream.url, capture_dir=str(tmp_path / "plain"), capture_tokens=True)
+    await converse(http, plain, "pinned", ["hi", "more", "thanks"])
+    messages = [SYSTEM]
+    for turn, text in enumerate(["hi", "more", "thanks"]):
+        messages.append({"role": "user", "content": text})
+        target = sidecars[0] if turn < 2 else sidecars[1]
+        reply = await fetch(http, "POST", rollout_url(target.url, "pinned", "/v1/chat/completions"),
+                            orjson.dumps({"model": "m", "messages": messages}))
+        assert reply.status == 200
+        messages.append({"role": "assistant", "content": orjson.loads(reply.body)["choices"][0]["message"]["content"]})
+    for sidecar in sidecars:
+        await sidecar.close()
+    view = compact_store(url, str(tmp_path / "gym-view"))
+    theirs = run_gym_tokens(gym, view, "pinned")["pinned"]
+    assert theirs["mask"] is False and theirs["error"] is None and len(theirs["entries"]) == 3, theirs
+    assert_ours_equal_gyms(view, "pinned", theirs)
+    assert run_gym_tokens(gym, str(tmp_path / "plain"), "pinned")["pinned"]["generations"] == theirs["generations"]
+    ours = trajectories(url, "pinned")
+    assert not ours.masked and ours.main.token_ids == trajectories(str(tmp_path / "plain"), "pinned").main.token_ids
+
 def test_records_sums_latencies_as_gyms_interpreter_does(gym):
     """`records`' sums of latencies equal, to the bit, what Gym's own interpreter's ``sum`` gives
     (3.12+: compensated), for 2,000 random lists of latencies rounded as lines round them."""
