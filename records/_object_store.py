@@ -90,7 +90,10 @@ class ObjectStore:
             except FileNotFoundError:
                 return []
             self._fs.invalidate_cache()
-            return sorted(f"{prefix}/{path[len(base):].lstrip('/')}" for path in found)
+            # Objects only: ``find`` may also give the prefix itself (a fresh prefix, listed as its
+            # first object lands) or a folder marker, neither of which is an object to read.
+            relative = (path[len(base):].lstrip("/") for path in found)
+            return sorted(f"{prefix}/{name}" for name in relative if name and not name.endswith("/"))
         root = self._path(prefix)
         names = []
         for directory, _, files in os.walk(root):

@@ -12,6 +12,7 @@ from ._process_main import encode_pickled_fields, frame_line, frame_lines, persi
 from ._repeats import RepeatLimiter
 from ._segments import SegmentFiles, SegmentPolicy, seal_leftovers, sealed_segments
 from ._upload import UploadLag, Uploader
+from ._upload_process import UploaderProcess
 from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SegmentPolicy",
     "UploadLag",
     "Uploader",
+    "UploaderProcess",
     "encode_pickled_fields",
     "failure_kind",
     "frame_line",

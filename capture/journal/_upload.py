@@ -1,7 +1,7 @@
 """The uploader (DESIGN §14): sealed segments from the spool to the store, each named by its content,
 its manifest written after it.
 
-One thread per sidecar. For each sealed segment in the spool (oldest first: those a restart
+One thread, in a process of its own beside the sidecar (`_upload_process`). For each sealed segment in the spool (oldest first: those a restart
 found go before the new ones), in this order, each step safe to repeat after a crash at any
 point: put the segment as ``segments/<writer_id>/<sha256>.jsonl`` (the same bytes again: the same
 object); put its manifest ``manifests/<writer_id>/<sequence>.json`` (the same, again); remove it
@@ -54,6 +54,20 @@ class UploadLag:
         return {"bytes": self.bytes, "segments": self.segments, "oldest_seconds": round(self.oldest_seconds, 3)}
 
 
+def spool_lag(spool_dir: str) -> UploadLag:
+    """What the spool holds sealed and not yet in the store (read from the spool alone)."""
+    segments = sealed_segments(spool_dir)
+    now, total, oldest = time.time(), 0, 0.0
+    for path in segments:
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            continue
+        total += status.st_size
+        oldest = max(oldest, now - status.st_mtime)
+    return UploadLag(total, len(segments), oldest)
+
+
 class Uploader:
     """Uploads the spool's sealed segments to ``store_url`` on a thread of its own."""
 
@@ -79,16 +93,7 @@ class Uploader:
         self._thread.start()
 
     def lag(self) -> UploadLag:
-        segments = sealed_segments(self.spool_dir)
-        now, total, oldest = time.time(), 0, 0.0
-        for path in segments:
-            try:
-                status = os.stat(path)
-            except FileNotFoundError:
-                continue
-            total += status.st_size
-            oldest = max(oldest, now - status.st_mtime)
-        return UploadLag(total, len(segments), oldest)
+        return spool_lag(self.spool_dir)
 
     def stop(self, timeout: float) -> bool:
         """Upload what is sealed (within ``timeout`` seconds), then stop; whether nothing is left."""
@@ -264,4 +269,4 @@ def _snapshot(spool_dir: str, rollout_id: str) -> dict[str, str]:
         os.close(lock)
 
 
-__all__ = ["LAG_WARN_SECONDS", "UploadLag", "Uploader"]
+__all__ = ["LAG_WARN_SECONDS", "UploadLag", "Uploader", "spool_lag"]

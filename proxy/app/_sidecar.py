@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Optional
 
 import orjson
 
-from capture.journal import Journal, RepeatLimiter, SegmentPolicy, Uploader
+from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
 from records import filesystem_type
 
 from ..call import (
@@ -62,7 +62,7 @@ class Sidecar:
         self.model_ref_name = settings.model_ref_name
         self.journal: Optional[Journal] = None
         #: With a capture store: the spool's sealed segments to the store (DESIGN §14).
-        self.uploader: Optional[Uploader] = None
+        self.uploader: Optional[UploaderProcess] = None
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._server: Optional[asyncio.base_events.Server] = None
@@ -172,8 +172,8 @@ class Sidecar:
             segments = None
             if settings.capture_store is not None:  # Writer segments, uploaded (DESIGN §14).
                 segments = SegmentPolicy(settings.capture_dir, settings.segment_max_bytes, settings.segment_max_age)
-                self.uploader = Uploader(settings.capture_dir, settings.capture_store,
-                                         token_idle=settings.segment_max_age)
+                self.uploader = UploaderProcess(settings.capture_dir, settings.capture_store,
+                                                token_idle=settings.segment_max_age)
                 self.metrics.upload_lag = self.uploader.lag
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
                                    process=not settings.capture_tokens, segments=segments)
