@@ -423,6 +423,49 @@ async def test_workers_say_the_spools_lag_once_not_once_per_worker(tmp_path):
         assert sidecar.terminate() == 0
 
 
+async def test_the_uploader_runs_apart_from_the_sidecar_and_comes_back_when_killed(tmp_path):
+    """The uploader is a process of its own (its reads, hashes and puts never take turns with the
+    event loop); SIGKILLed, it is started again and what was sealed meanwhile still reaches the
+    store; the sidecar's log says so; the drain leaves nothing behind, the uploader included."""
+    import signal
+    import subprocess
+
+    url = f"segments://{tmp_path}/store"
+    sidecar = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "spool"), "--capture-store", url,
+                                   "--segment-max-age", "0.1")
+
+    def uploaders() -> list[int]:
+        children = subprocess.run(["pgrep", "-P", str(sidecar.process.pid)], capture_output=True, text=True).stdout
+        found = []
+        for child in children.split():
+            with open(f"/proc/{child}/cmdline", "rb") as handle:
+                if b"_upload_process" in handle.read():
+                    found.append(int(child))
+        return found
+
+    try:
+        [first] = uploaders()
+        os.kill(first, signal.SIGKILL)
+        async with aiohttp.ClientSession() as http:
+            for call in range(4):
+                assert await _chat(http, sidecar.url, "r1", f"call-{call}", stream=False)
+        for _ in range(200):  # Started again within its restart pause (5 s).
+            await asyncio.sleep(0.05)
+            again = uploaders()
+            if again and again != [first]:
+                break
+        assert again and first not in again
+        for _ in range(200):
+            if sorted(_contents(url, ["r1"]).get("r1", [])) == [f"call-{call}" for call in range(4)]:
+                break
+            await asyncio.sleep(0.05)
+        assert _contents(url, ["r1"]) == {"r1": [f"call-{call}" for call in range(4)]}
+    finally:
+        assert sidecar.terminate() == 0
+    assert "the uploader process" in "".join(sidecar.stderr_lines) and "starting it again" in "".join(sidecar.stderr_lines)
+    assert subprocess.run(["pgrep", "-f", f"_upload_process.*{tmp_path}"], capture_output=True).returncode == 1
+
+
 @pytest.mark.parametrize("fstype, options, said", [
     ("ext4", "rw", None), ("xfs", "rw", None), ("ceph", "rw", None), ("lustre", "rw,flock", None),
     ("nfs4", "rw,vers=4.2,local_lock=none", None), ("nfs4", "rw,vers=4.2,local_lock=flock", "O_APPEND is not atomic"),
