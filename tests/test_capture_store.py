@@ -271,9 +271,11 @@ async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tm
         await asyncio.sleep(0.3)
     finally:
         stop.set()
-        await asyncio.gather(*drivers, reader)
-        for sidecar in sidecars:
-            assert sidecar.terminate() == 0, "".join(sidecar.stderr_lines)
+        try:
+            await asyncio.gather(*drivers, reader)
+        finally:  # A failed driver or reader must not leave the sidecars running.
+            codes = [sidecar.terminate() for sidecar in sidecars]
+    assert codes == [0, 0, 0], "".join(line for sidecar in sidecars for line in sidecar.stderr_lines)
     for index in range(3):  # A drained sidecar leaves nothing in its spool: all of it went.
         assert sealed_segments(str(tmp_path / f"spool-{index}")) == [], "".join(sidecars[index].stderr_lines)
     assert len(acknowledged) > 100
