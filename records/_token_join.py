@@ -22,7 +22,6 @@ import orjson
 
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
 from ._token_entries import RESOLVED, UNRESOLVED, request_items, token_digest
-from ._token_files import entry_sequence
 
 #: A choice's entry of a call with n > 1 is ``<model_call_id>-<choice>``.
 _CHOICE_SUFFIX = re.compile(r"-[0-9]+$")
@@ -114,11 +113,12 @@ def _sequence(entry: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> Option
         if parent is None or len(chain) > len(by_id):
             return None
         chain.append(parent)
-    sequence: Optional[list[int]] = None
-    try:
+    sequence: list[int] = []
+    try:  # Each entry's prompt (after its parent's sequence, when a delta), then its generation.
         for node in reversed(chain):
-            sequence = entry_sequence(node, sequence)
-    except (KeyError, TypeError, ValueError):
+            prompt = [*sequence, *node["prompt_token_ids"]] if node.get("prompt_is_delta") else list(node["prompt_token_ids"])
+            sequence = [*prompt, *node["generation_token_ids"]]
+    except (KeyError, TypeError):
         return None
     return sequence
 

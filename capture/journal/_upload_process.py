@@ -80,10 +80,10 @@ class UploaderProcess:
         if process is None:
             return not self.lag().segments
         try:
-            assert process.stdin is not None
-            process.stdin.write(f"{timeout!r}\n".encode())
-            process.stdin.close()
-        except (BrokenPipeError, OSError):
+            if process.stdin is not None and not process.stdin.closed:  # Stopped twice: once is enough.
+                process.stdin.write(f"{timeout!r}\n".encode())
+                process.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
             pass
         try:
             code = process.wait(timeout + 15.0)
