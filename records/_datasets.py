@@ -178,16 +178,21 @@ def read_items(items: Sequence[Any], kind: str) -> Iterator["pyarrow.Table"]:
 def segment_call_rows(segment: SegmentRead) -> Iterator[dict[str, Any]]:
     """The call rows of one segment's lines: those `rollout_rows_of` gives for the same lines of the
     store's view (the view holds only whole lines, so none is unreadable)."""
-    attempts: dict[str, tuple[str, int]] = {}
+    columns: dict[str, dict[str, Any]] = {}
     with gc_paused():
         for rollout_id, call_index, line in segment.lines():
+            if rollout_id not in columns:
+                columns[rollout_id] = _rollout_columns(rollout_id, rollout_id in segment.incomplete, 0)
             row = with_arrow_times(call_row(rollout_id, call_index, line).as_dict())
-            if rollout_id not in attempts:
-                attempts[rollout_id] = split_attempt(rollout_id)
-            base, attempt = attempts[rollout_id]
-            row.update(rollout_base=base, attempt=attempt, rollout_incomplete=rollout_id in segment.incomplete,
-                       rollout_unreadable_lines=0)
+            row.update(columns[rollout_id])
             yield row
+
+
+def _rollout_columns(rollout_id: str, incomplete: bool, unreadable: int) -> dict[str, Any]:
+    """The `ROLLOUT_COLUMNS` of every row of one rollout."""
+    base, attempt = split_attempt(rollout_id)
+    return {"rollout_base": base, "attempt": attempt, "rollout_incomplete": incomplete,
+            "rollout_unreadable_lines": unreadable}
 
 
 def read_group(files: Sequence[str], kind: str) -> Iterator["pyarrow.Table"]:
@@ -293,10 +298,10 @@ def rollout_rows_of(directory: str, rollout_id: str, kind: str) -> list[dict[str
             "call_tokens": _call_token_rows}[kind]
     directory = directory_of(directory, "rollout_rows_of")
     rows, unreadable = read(CaptureStore(directory), rollout_id)
-    base, attempt = split_attempt(rollout_id)
-    incomplete = os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX))
+    columns = _rollout_columns(rollout_id, os.path.exists(os.path.join(directory, rollout_id + INCOMPLETE_SUFFIX)),
+                               unreadable)
     for row in rows:
-        row.update(rollout_base=base, attempt=attempt, rollout_incomplete=incomplete, rollout_unreadable_lines=unreadable)
+        row.update(columns)
     return rows
 
 

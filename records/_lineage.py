@@ -11,11 +11,19 @@ call id. None, or several that differ: unresolved (``no_match`` / ``ambiguous``)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
-from ._token_entries import RESOLVED, ROOT, UNRESOLVED, output_items, request_items, token_digest
-from ._token_files import TokenFiles, entry_sequence
+from ._token_entries import RESOLVED, ROOT, UNRESOLVED, entry_sequence, output_items, request_items, token_digest
+
+
+class EntrySource(Protocol):
+    """Where a rollout's entries are read from: `records.TokenFiles`, or entries held in memory
+    (the store's view joining several spools' entries: `records._token_join`)."""
+
+    def entries(self, rollout_id: str, offset: int = 0) -> tuple[list[tuple[int, dict[str, Any]]], int]: ...
+
+    def entry_at(self, rollout_id: str, offset: int) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class RolloutLineage:
     """The calls of one rollout, indexed by continuation fingerprint as their entries are read
     (`refresh` reads only what was appended since); token arrays stay in the file."""
 
-    files: TokenFiles
+    files: EntrySource
     rollout_id: str
     offset: int = 0
     by_fingerprint: dict[str, list[str]] = field(default_factory=dict)

@@ -218,12 +218,17 @@ def _segment(store: ObjectStore, cache: Path, manifest: dict[str, Any]) -> bytes
     local = cache / "segments" / f"{sha}.jsonl"
     if local.exists():
         return local.read_bytes()
-    data = store.get(manifest["segment"])
-    if hashlib.sha256(data).hexdigest() != sha:
-        raise SegmentDamaged(f"{manifest['segment']} in {store.url} is not the segment its manifest names "
-                             f"(sha256 {sha})")
+    data = _fetch_segment(store, manifest["segment"], sha)
     local.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(local, data)
+    return data
+
+
+def _fetch_segment(store: ObjectStore, name: str, sha256: str) -> bytes:
+    """The segment's bytes, checked against the sha256 its manifest names."""
+    data = store.get(name)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SegmentDamaged(f"{name} in {store.url} is not the segment its manifest names (sha256 {sha256})")
     return data
 
 
@@ -344,11 +349,7 @@ class SegmentRead:
 
     def lines(self) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """``(rollout_id, call_index, parsed line)`` of each whole line, fetched and checked."""
-        store = ObjectStore(self.url)
-        data = store.get(self.segment)
-        if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise SegmentDamaged(f"{self.segment} in {store.url} is not the segment its manifest names "
-                                 f"(sha256 {self.sha256})")
+        data = _fetch_segment(ObjectStore(self.url), self.segment, self.sha256)
         taken: dict[str, int] = {}
         for rollout_id, _, parsed in whole_segment_lines(data):
             indexes = self.indexes.get(rollout_id)

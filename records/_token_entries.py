@@ -126,6 +126,16 @@ def token_entry(*, rollout_id: str, model_call_id: str, model: str, prompt_token
     }
 
 
+def entry_sequence(entry: dict[str, Any], parent_sequence: Optional[list[int]]) -> list[int]:
+    """An entry's whole sequence (prompt + generation), its delta prompt after its parent's."""
+    prompt = entry["prompt_token_ids"]
+    if entry.get("prompt_is_delta"):
+        if parent_sequence is None:
+            raise ValueError(f"model call {entry['model_call_id']} stores a delta prompt and its parent is unknown")
+        prompt = [*parent_sequence, *prompt]
+    return [*prompt, *entry["generation_token_ids"]]
+
+
 class TokenEntryProblem(ValueError):
     """An entry line that is not a schema-1 entry this reader can trust."""
 

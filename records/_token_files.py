@@ -34,7 +34,7 @@ from ._appender import fsync_directory
 from ._group_sync import GroupSync
 from ._rollout_ids import validate_rollout_id
 from ._paths import Captures, directory_of
-from ._token_entries import check_token_entry
+from ._token_entries import check_token_entry, entry_sequence
 
 TOKENS_SUFFIX = ".tokens.jsonl"
 _NEW_STATE = {"entry_digests": {}, "frozen": False, "incomplete": False, "indexed_size": 0, "retired": False,
@@ -349,16 +349,6 @@ def late_entries(directory: Captures, rollout_id: str) -> list[dict[str, Any]]:
             return [orjson.loads(line) for line in handle if line.strip()]
     except FileNotFoundError:
         return []
-
-
-def entry_sequence(entry: dict[str, Any], parent_sequence: Optional[list[int]]) -> list[int]:
-    """An entry's whole sequence (prompt + generation), its delta prompt after its parent's."""
-    prompt = entry["prompt_token_ids"]
-    if entry.get("prompt_is_delta"):
-        if parent_sequence is None:
-            raise ValueError(f"model call {entry['model_call_id']} stores a delta prompt and its parent is unknown")
-        prompt = [*parent_sequence, *prompt]
-    return [*prompt, *entry["generation_token_ids"]]
 
 
 def clear_token_captures(rollout_ids: list[str], token_dir: Captures) -> None:

@@ -9,8 +9,9 @@ rule (`records.RolloutLineage.resolve`'s: the request's model-authored turns mat
 request and output, and the request begins with the context the candidate was made with; one
 candidate, identical retries counted once, never a guess) to each such call, against every
 spool's entries written before the call's request began (its line's ``started_at``), as a shared
-volume would have shown them. A call so linked gets its parent (its prompt stays whole: no delta to
-rebuild) and ``linked_across_spools: true``; every other entry keeps its bytes.
+volume would have shown them: the lineage itself (`RolloutLineage`), reading them from memory. A
+call so linked gets its parent (its prompt stays whole: no delta to rebuild) and
+``linked_across_spools: true``; every other entry keeps its bytes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any, Optional
 
 import orjson
 
-from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, conversation_digest
-from ._token_entries import RESOLVED, UNRESOLVED, request_items, token_digest
+from ._lineage import RolloutLineage
+from ._token_entries import RESOLVED, UNRESOLVED, request_items
 
 #: A choice's entry of a call with n > 1 is ``<model_call_id>-<choice>``.
 _CHOICE_SUFFIX = re.compile(r"-[0-9]+$")
@@ -43,15 +44,13 @@ def join_entries(parts: list[bytes], capture_lines: bytes) -> bytes:
                and entry.get("parent_resolution") == UNRESOLVED and entry.get("parent_resolution_reason") == "no_match"]
     if waiting:
         requests = _requests(capture_lines)
-        by_id = {entry["model_call_id"]: entry for entry in entries if entry is not None}
         for i in waiting:
             entry = entries[i]
             assert entry is not None
             call = requests.get(entry["model_call_id"]) or requests.get(_CHOICE_SUFFIX.sub("", entry["model_call_id"]))
             if call is None:
                 continue
-            started_at, request = call
-            parent = _parent(request, started_at, entry, entries, by_id)
+            parent = _parent(*call, entry, entries)
             if parent is not None:
                 entry.update(parent_call_id=parent, parent_resolution=RESOLVED, parent_resolution_reason="",
                              linked_across_spools=True)
@@ -73,54 +72,35 @@ def _requests(capture_lines: bytes) -> dict[str, tuple[float, dict[str, Any]]]:
     return found
 
 
-def _parent(request: dict[str, Any], started_at: float, child: dict[str, Any], entries: list[Optional[dict[str, Any]]],
-            by_id: dict[str, dict[str, Any]]) -> Optional[str]:
-    """The one call the request continues among the entries written before it began, verified."""
+class _Written:
+    """The entries a shared volume's token file would have held when a request began, as the
+    lineage reads them (`records._lineage.EntrySource`)."""
+
+    def __init__(self, entries: list[tuple[int, dict[str, Any]]]) -> None:
+        self._entries = entries
+        self._by_offset = dict(entries)
+
+    def entries(self, rollout_id: str, offset: int = 0) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        return ([], offset) if offset else (self._entries, len(self._entries))
+
+    def entry_at(self, rollout_id: str, offset: int) -> dict[str, Any]:
+        return self._by_offset[offset]
+
+
+def _parent(started_at: float, request: dict[str, Any], child: dict[str, Any],
+            entries: list[Optional[dict[str, Any]]]) -> Optional[str]:
+    """The call the request continues, by the lineage's own rule (`RolloutLineage.resolve`), among
+    the entries written before the request began."""
     try:
         messages = request_items(request)
     except Exception:
         return None
-    fingerprint = assistant_fingerprint(messages)
-    if not fingerprint:
-        return None
-    candidates = [entry for entry in entries if entry is not None and entry is not child
-                  and entry.get("continuation_fingerprint") == fingerprint
-                  and entry.get("fingerprint_version") in (None, FINGERPRINT_VERSION)
-                  and isinstance(entry.get("created_at"), (int, float)) and entry["created_at"] <= started_at
-                  and _continues(entry, messages)]
-    if len(candidates) > 1 and len({(e.get("digest"), e.get("cum_len")) for e in candidates}) == 1 and candidates[0].get("digest"):
-        candidates = [min(candidates, key=lambda e: e["model_call_id"])]  # Identical retries are one call.
-    if len(candidates) != 1:
-        return None
-    parent = candidates[0]
-    sequence = _sequence(parent, by_id)
-    if sequence is None or token_digest(sequence) != parent.get("digest"):
-        return None
-    return parent["model_call_id"]
-
-
-def _continues(entry: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-    context_len, context_digest = entry.get("continuation_context_len") or 0, entry.get("continuation_context_digest")
-    return bool(context_digest) and len(messages) >= context_len and \
-        conversation_digest(messages[:context_len]) == context_digest
-
-
-def _sequence(entry: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> Optional[list[int]]:
-    """The entry's whole sequence, through its delta ancestors; None when one is missing."""
-    chain = [entry]
-    while chain[-1].get("prompt_is_delta"):
-        parent = by_id.get(chain[-1].get("parent_call_id") or "")
-        if parent is None or len(chain) > len(by_id):
-            return None
-        chain.append(parent)
-    sequence: list[int] = []
-    try:  # Each entry's prompt (after its parent's sequence, when a delta), then its generation.
-        for node in reversed(chain):
-            prompt = [*sequence, *node["prompt_token_ids"]] if node.get("prompt_is_delta") else list(node["prompt_token_ids"])
-            sequence = [*prompt, *node["generation_token_ids"]]
-    except (KeyError, TypeError):
-        return None
-    return sequence
+    written = [(offset, entry) for offset, entry in enumerate(entries) if entry is not None and entry is not child
+               and isinstance(entry.get("created_at"), (int, float)) and entry["created_at"] <= started_at]
+    lineage = RolloutLineage(_Written(written), str(child.get("rollout_id") or ""))
+    lineage.refresh()
+    verdict = lineage.resolve(messages)
+    return verdict.parent_call_id if verdict.resolved else None
 
 
 __all__ = ["join_entries"]

@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import orjson
 
+from ._process_client import _child_environment
 from ._upload import UploadLag, Uploader, spool_lag
 
 log = logging.getLogger("mcc.capture")
@@ -57,8 +58,6 @@ class UploaderProcess:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        from ._process_client import _child_environment
-
         with self._lock:
             self._started_at = time.monotonic()
             # Its own session: a terminal's Ctrl-C reaches the sidecar, which drains it.
