@@ -14,7 +14,7 @@ from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, token
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
-from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object
+from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object, reply_expectations
 from ._token_cutter import AddedFieldCutter
 from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
 # The journal's names, as before it had a door of its own (`capture.journal`).
@@ -62,6 +62,7 @@ __all__ = [
     "pickle_fields",
     "proves_prefix",
     "render_requests",
+    "reply_expectations",
     "token_fields_to_add",
     "tokenized_ids",
     "vllm_bool",

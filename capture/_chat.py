@@ -170,6 +170,8 @@ class ChatReassembler(Reassembler):
             self.error_category = "upstream_error"
             self._error = payload["error"]
             self.terminal = True
+        elif self.ends_when_whole:
+            self._ended_if_whole()  # Off the hot path: only a chunk the hot path did not take ends a reply.
 
     def learn_template(self, prefix: bytes, data: bytes, payload: Any = None, event_type: str = "message"
                        ) -> Optional[tuple[EventTemplate, bytes, dict[str, Any], list[bytes]]]:

@@ -78,6 +78,8 @@ class CompletionsReassembler(Reassembler):
             self.error_category = "upstream_error"
             self._error = payload["error"]
             self.terminal = True
+        elif self.ends_when_whole:
+            self._ended_if_whole()
 
     def _on_choice(self, chunk_choice: dict[str, Any]) -> None:
         index = chunk_choice.get("index", 0)

@@ -126,6 +126,7 @@ class MessagesReassembler(Reassembler):
             merged = dict(earlier) if isinstance(earlier, dict) else {}
             merged.update({key: value for key, value in usage.items() if value is not None})
             self._message["usage"] = merged
+        self._ended_if_whole()
 
     def seen_whole(self) -> bool:
         """The ``message_delta`` with the stop reason has come: ``message_stop`` only follows."""

@@ -43,6 +43,11 @@ class Reassembler:
     #: (``stream_options.include_usage``): what `seen_whole` waits for (`expect`).
     expected_choices = 1
     wants_usage = False
+    #: The reply ends at its last meaningful event (`seen_whole`), not at the terminal after it
+    #: (chat's ``[DONE]``, Messages' ``message_stop``): set by `StreamTap` when the request says
+    #: what that event is (docs/wire.md, "Durable before the agent's end"). The line is made
+    #: there and the chunk completing that event is the one held until it is durable.
+    ends_when_whole = False
 
     def expect(self, request: Any) -> None:
         """What the request asked for that ends the reply before its terminal (DESIGN §2)."""
@@ -58,6 +63,12 @@ class Reassembler:
         """The reply's last meaningful event has come: a client that leaves now, before the
         terminal (chat's ``[DONE]``), has had all of it. The terminal, unless a dialect says more."""
         return self.terminal
+
+    def _ended_if_whole(self) -> None:
+        """After an event that may complete the reply (a finish reason, the usage chunk, Messages'
+        stop reason): with `ends_when_whole`, the reply ends here when it is whole."""
+        if self.ends_when_whole and not self.terminal and self.seen_whole():
+            self.terminal = True
 
     def _choices_seen_whole(self, choices: list[Any], usage: Any, error: Any) -> bool:
         """Chat's and completions' rule: every choice asked for has its ``finish_reason`` and,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
@@ -18,7 +18,7 @@ from ._categories import categorize_status
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import Decoder, as_evidence, decodable, make_decoder
-from ._event_templates import LEARN_AFTER_LINES, EventTemplate
+from ._event_templates import LEARN_AFTER_LINES, LEARN_FROM_READ_BYTES, EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
@@ -53,6 +53,8 @@ _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
 #: No run is shorter than this (`EventTemplate.shortest_run`: 4 events a slot); a read too short to
 #: hold a run (one event at a GPU's pace) is told by its length alone (`StreamTap._run_bytes`).
 _SHORTEST_RUN = 4
+#: The token capture mode gives the client its cut events at least this often (`StreamTap._put`).
+_EMIT_BYTES = 16 * 1024
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
 #: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
@@ -62,6 +64,41 @@ _TOOL_CALLS = b"[TOOL_CALLS]"
 _TERMINAL_MARKERS = {"chat": (b"[DONE]", b'"error"'), "completions": (b"[DONE]", b'"error"'),
                      "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
                      "messages": (b"message_stop", b"error")}
+#: The same where the reply ends at its last meaningful event (`reply_expectations`): the event
+#: that completes it carries a finish reason, the usage or Messages' ``message_delta``. A false
+#: match (``"usage":null`` on every chunk of some servers) only holds back more.
+_WHOLE_MARKERS = {"chat": (b"[DONE]", b'"error"', b'"usage"', b'"finish_reason":"', b'"finish_reason": "'),
+                  "completions": (b"[DONE]", b'"error"', b'"usage"', b'"finish_reason":"', b'"finish_reason": "'),
+                  "messages": (b"message_delta", b"message_stop", b"error")}
+
+
+def reply_expectations(dialect: str, body: bytes, parsed: Any = None) -> dict[str, Any] | None:
+    """What a streamed request of ``dialect`` says about where its reply ends (for `StreamTap`'s
+    ``expect``), or None when the reply ends at its terminal as ever (docs/wire.md, "Durable
+    before the agent's end").
+
+    A reply is complete at its last meaningful event: Messages' ``message_delta`` with the stop
+    reason; chat's and completions' last finish reason and the usage chunk, only where the
+    request asked for it (``stream_options.include_usage``): without that a server may still add
+    a usage chunk after the finish (vLLM's ``--enable-force-include-usage``) that the line must
+    keep, so the reply ends at ``[DONE]``. ``parsed``: the body already parsed, if it was; else
+    the bytes are searched, and parsed only when they name ``n`` (a false match of
+    ``include_usage`` in a message's text only makes the reply wait for a usage chunk that may
+    never come, then end at ``[DONE]``: as before)."""
+    if dialect == "messages":
+        return {}
+    if dialect not in ("chat", "completions"):
+        return None
+    if parsed is None:
+        if b'"include_usage":true' not in body and b'"include_usage": true' not in body:
+            return None
+        if b'"n"' not in body:
+            return {"stream_options": {"include_usage": True}}
+        parsed = parse_json_object(body)
+    if type(parsed) is not dict:
+        return None
+    options = parsed.get("stream_options")
+    return parsed if type(options) is dict and options.get("include_usage") is True else None
 
 
 class StreamTap:
@@ -77,6 +114,7 @@ class StreamTap:
         cutter: "AddedFieldCutter | None" = None,
         templates: bool = True,
         learn_after: int = LEARN_AFTER_LINES,
+        expect: dict[str, Any] | None = None,
     ) -> None:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
@@ -85,14 +123,29 @@ class StreamTap:
         capture mode's (DESIGN §11): each event is parsed once for both, and `take_output` gives
         the bytes for the client, the added fields cut. ``templates``: learn the stream's repeated
         events and take runs of them the fast way (`capture._event_templates`; off only to test
-        that the outcome is the same), once ``learn_after`` field lines have passed."""
+        that the outcome is the same), once ``learn_after`` field lines have passed. ``expect``:
+        the request's `reply_expectations`: the reply then ends (`feed` returns True) at its last
+        meaningful event, which is what is held until the line is durable."""
         self._parser = SSEParser(max_event_bytes)
         self._max_event_bytes = max_event_bytes
         self._reassembler = REASSEMBLERS[dialect]()
         self._terminal_markers = _TERMINAL_MARKERS[dialect]
+        if expect is not None and dialect in _WHOLE_MARKERS:
+            self._reassembler.expect(expect)
+            self._reassembler.ends_when_whole = True
+            self._terminal_markers = _WHOLE_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
         self._cutter = cutter
         self._output: list[bytes] = []
+        #: With a cutter: where the client's bytes of each event go as soon as it is cut and known
+        #: not to complete the reply (the relay's write: issue 55, the token mode sends as it
+        #: cuts); None: everything waits in `take_output`. Once anything waits there (the event
+        #: that completed the reply, what follows it), everything after it waits too, in order.
+        self.emit: Callable[[bytes], None] | None = None
+        #: Cut events for `emit` not given yet (`_put`), and their bytes.
+        self._emitting: list[bytes] = []
+        self._emitting_bytes = 0
+        self._emitted = False
         #: The cutter's JSON of the current event's values, shared with the fold.
         self._written: dict[int, bytes] = {}
         if cutter is not None:
@@ -142,7 +195,8 @@ class StreamTap:
         return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
 
     def take_output(self) -> bytes:
-        """With a cutter: the client's bytes for the chunks fed since the last call."""
+        """With a cutter: the client's bytes for the chunks fed since the last call (those `emit`
+        has not had: with it, from the event that completed the reply on)."""
         output, self._output = self._output, []
         return output[0] if len(output) == 1 else b"".join(output)
 
@@ -173,7 +227,8 @@ class StreamTap:
 
     def feed(self, chunk: bytes) -> bool:
         """Observe one chunk; True when it completed the stream's terminal event."""
-        if self._learn_after is not None and self._parser.field_lines >= self._learn_after:
+        if self._learn_after is not None and (self._parser.field_lines >= self._learn_after
+                                              or len(chunk) >= LEARN_FROM_READ_BYTES):
             self._learn_after = None  # Long enough for templates to pay: runs may be taken from now on.
             self._run_bytes = _SHORTEST_RUN * 64
         if self._cutter is not None:
@@ -207,42 +262,70 @@ class StreamTap:
             self._failure = self._failure or f"{type(exc).__name__}: {exc}"
             self._framing_failed = True
             self._output.append(chunk)
+        if self._emitting:
+            self._flush_emitted()
         self.terminal = self._reassembler.terminal
         return self.terminal
 
+    def _put(self, output: bytes) -> None:
+        """The client's bytes of an event just cut and folded: for `emit` while nothing waits and
+        the reply is not complete (its completing event is held until the line is durable).
+
+        Given to `emit` at once for the stream's first event (its first byte), then every
+        `_EMIT_BYTES` and at the end of each read: a socket write costs 20-90 µs on loopback, so a
+        write per event of a read that holds hundreds would cost more than the wait it saves (an
+        event waits for at most `_EMIT_BYTES` of cutting behind it: about 0.1 ms)."""
+        if self.emit is not None and not self._output and not self._reassembler.terminal and not self._failure:
+            self._emitting.append(output)
+            self._emitting_bytes += len(output)
+            if self._emitting_bytes >= _EMIT_BYTES or not self._emitted:
+                self._flush_emitted()
+        else:
+            if self._emitting:
+                self._flush_emitted()  # They came before what waits: the order holds.
+            self._output.append(output)
+
+    def _flush_emitted(self) -> None:
+        emitting, self._emitting, self._emitting_bytes = self._emitting, [], 0
+        if emitting and self.emit is not None:
+            self._emitted = True
+            self.emit(emitting[0] if len(emitting) == 1 else b"".join(emitting))
+
     def _cut_plain(self, plain: list[tuple[str, bytes, bytes]], learn: bool = False) -> None:
         """The plain events of one read: each parsed once, cut, then folded (the hot path: inline)."""
-        cutter, output, written, reassembler = self._cutter, self._output, self._written, self._reassembler
+        cutter, put, written, reassembler = self._cutter, self._put, self._written, self._reassembler
         for event_type, event_data, part in plain:
             try:
                 payload = orjson.loads(event_data)
             except orjson.JSONDecodeError:
                 payload = None
-            output.append(cutter.cut_part(part, event_type, event_data, payload))  # type: ignore[union-attr]
+            cut = cutter.cut_part(part, event_type, event_data, payload)  # type: ignore[union-attr]
             if self._failure is None and not reassembler.terminal:
                 try:
                     if type(payload) is dict:
                         reassembler.feed_payload(event_type, payload)
                         if learn and self._learn_attempts:
-                            self._learn(part, event_type, event_data, payload)
+                            self._learn(part, event_type, event_data, payload, cut)
                     else:
                         reassembler.feed_data(event_type, event_data)
                 except Exception as exc:  # The output is complete whatever happens here.
                     self._failure = f"{type(exc).__name__}: {exc}"
+            put(cut)  # Folded first: the event that completes the reply waits (`_put`).
             if written:
                 written.clear()
 
     def _cut_block(self, block: EventBlock) -> None:
         data = block.data
         if data is None:
-            self._output.append(self._cutter.cut_block(block))  # type: ignore[union-attr]
+            self._put(self._cutter.cut_block(block))  # type: ignore[union-attr]
             return
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             payload = None
-        self._output.append(self._cutter.cut_block(block, payload))  # type: ignore[union-attr]
+        cut = self._cutter.cut_block(block, payload)  # type: ignore[union-attr]
         self._fold(block.event_type, data, payload)
+        self._put(cut)
         if self._written:
             self._written.clear()
 
@@ -326,9 +409,9 @@ class StreamTap:
             feed_data(event_type, event_data)
         self.terminal = reassembler.terminal
 
-    def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any) -> None:
-        """Learn the template of a plain event just folded (and cut, with the cutter: its client's
-        bytes are the last output), if it is a shape the reassembler takes in runs."""
+    def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any, output: bytes | None = None) -> None:
+        """Learn the template of a plain event just folded (and cut, with the cutter: ``output`` is
+        its client's bytes), if it is a shape the reassembler takes in runs."""
         templates = self._templates
         assert templates is not None
         prefix = part[:len(part) - len(data)]
@@ -340,7 +423,7 @@ class StreamTap:
             columns: list[list[bytes]] = [[] for _ in template.kinds]
             template.take([part], 0, columns)
             if cut is None or not template.learn_output(cut[0], markers, cut[1], cut[2]) \
-                    or template.write(columns, 1) != self._output[-1]:
+                    or template.write(columns, 1) != output:
                 template = None
         if template is None:
             self._learn_attempts -= 1
@@ -406,7 +489,7 @@ class StreamTap:
             cutter = self._cutter
             if cutter is not None:
                 _, _, cut_values, dropped = template.output  # type: ignore[misc]
-                self._output.append(template.write(columns, count))
+                self._put(template.write(columns, count))  # A run never completes a reply.
                 cutter.took_template_events(count, cut_values, dropped)
             try:
                 template.fold(columns, count, decoded)

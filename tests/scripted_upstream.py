@@ -26,6 +26,8 @@ class Script:
     chunked: bool = False
     #: Seconds to wait before each body piece (0 still yields to the event loop and drains).
     pause: float = 0.0
+    #: Seconds to wait before the piece at each of these positions instead (`pause` elsewhere).
+    pauses: dict[int, float] = field(default_factory=dict)
     #: Seconds to wait before sending anything at all (read-timeout tests).
     delay_head: float = 0.0
     #: After the last piece: "finish" (end the reply properly), "reset" (abort the TCP
@@ -150,8 +152,8 @@ class ScriptedUpstream:
         await writer.drain()
         if head_only:  # A reply to HEAD has no body, whatever its headers say.
             return True
-        for piece in script.pieces:
-            await asyncio.sleep(script.pause)
+        for position, piece in enumerate(script.pieces):
+            await asyncio.sleep(script.pauses.get(position, script.pause))
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if script.chunked else piece)
             await writer.drain()
             self.bytes_sent[path] = self.bytes_sent.get(path, 0) + len(piece)

@@ -13,12 +13,13 @@ from capture import make_decoder
 from .codecs import COMPRESS, FAST_COMPRESS, zstd
 from .scripted_upstream import Script, json_script, split_every, sse_script
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
-from .wire import assert_same_reply, fetch, rollout_url
+from .wire import assert_raw_until_the_end, assert_same_reply, fetch, rollout_url
 
 CHAT = "/v1/chat/completions"
 SPLITS = {"whole": None, "1-byte": 1, "7-byte": 7}
 #: What a line says that the encoding must not change (its ids and times aside).
-_SAME = ("dialect", "status_code", "error_category", "request", "response", "response_raw", "stream_truncated", "failure")
+# The raw text is the stream as read until the reply was whole: where each read ends differs (below).
+_SAME = ("dialect", "status_code", "error_category", "request", "response", "stream_truncated", "failure")
 
 
 def _pieces(data: bytes, split: str) -> list[bytes]:
@@ -50,6 +51,8 @@ async def test_a_compressed_stream_is_relayed_as_sent_and_captured_as_if_plain(h
         (line,) = store.read("packed")  # Durable when the client has the end, the upstream still open.
     (plain,) = store.read("plain")
     assert _line_view(line) == _line_view(plain) and line["error_category"] is None
+    for kept in (line, plain):
+        assert_raw_until_the_end(kept["response_raw"], CHAT_STREAM)
 
 
 @pytest.mark.parametrize("encoding", list(COMPRESS))

@@ -68,10 +68,12 @@ async def test_upstream_closing_mid_stream_marks_the_line_truncated(http, upstre
 
 
 async def test_stream_ending_cleanly_without_terminal_is_truncated(http, upstream, sidecar, store):
-    """A 2xx SSE reply that ends without its terminal event is `stream_truncated`, partial result kept."""
+    """A 2xx SSE reply that ends without its terminal event is `stream_truncated`, partial result kept
+    (a request without ``include_usage``: its reply ends at `[DONE]`, docs/wire.md)."""
     cut = CHAT_STREAM.split(b"data: [DONE]")[0]
     upstream.scripts[CHAT] = sse_script(cut)
-    reply = await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST)
+    request = orjson.dumps({**orjson.loads(CHAT_REQUEST), "stream_options": {"include_usage": False}})
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), request)
     assert reply.body == cut
     (line,) = store.read("r1")
     assert line["error_category"] == "stream_truncated" and line["response"]["usage"]["total_tokens"] == 12

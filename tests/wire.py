@@ -45,3 +45,13 @@ def assert_same_reply(direct: Reply, proxied: Reply) -> None:
 
 def rollout_url(sidecar_url: str, rollout_id: str, path: str) -> str:
     return f"{sidecar_url}/ng-rollout/{rollout_id}{path}"
+
+
+def assert_raw_until_the_end(raw: str, stream: bytes) -> None:
+    """``response_raw`` is the stream as read until the reply was whole (docs/wire.md, "Durable
+    before the agent's end"): all of it, or all but what follows its last meaningful event (a
+    ``[DONE]`` that came in a later read, and the rest of the read that completed it)."""
+    text = stream.decode()
+    assert text.startswith(raw), "the raw text is the stream's beginning"
+    rest = text[len(raw):]
+    assert all(marker not in rest for marker in ('"usage"', '"finish_reason":"', "message_delta", "response.completed")), rest

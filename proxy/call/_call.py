@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap, decodable, parse_json_object
+from capture import AddedFieldCutter, BodyTap, StreamTap, decodable, parse_json_object, reply_expectations
 
 from ..http import (
     Http1Connection,
@@ -253,7 +253,9 @@ class Call:
     async def _relay_cut_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
                               cutter: AddedFieldCutter) -> None:
         """A sized body with a cutter: read whole, cut whole, its Content-Length recomputed
-        (DESIGN §11); the line is durable before the agent gets a byte of it."""
+        (DESIGN §11). A JSON body's line is durable before the agent gets a byte of it; a sized
+        stream's events go out as soon as the whole is cut, the one that completes the reply and
+        what follows it once the line is durable (issue 55)."""
         sink = WholeBody()
         upstream.attach(sink)
         try:
@@ -270,20 +272,32 @@ class Call:
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
+        before: list[bytes] = []  # A stream's events before the one that completes it.
+        if isinstance(tap, StreamTap):
+            tap.emit = before.append
         if tap is not None:
             tap.feed(body)
             if self.exchange is not None:
                 self.exchange.mark_first_content()
         if isinstance(tap, StreamTap):  # Framed and cut by the tap's one reader, as a chunked stream is.
+            tap.emit = None
             cut = tap.take_output() + tap.close_output()
         else:
             cut = cutter.cut_body(body)
+        first = b"".join(before)
         headers = client_response_headers(upstream.headers, upstream.fields)
         if upstream.content_length is not None:
-            length = str(len(cut)).encode()
+            length = str(len(first) + len(cut)).encode()
             headers = [(name, length if name.lower() == b"content-length" else value) for name, value in headers]
-        await self._persist_now()
-        self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
+        if first:
+            await self._before_reply_bytes()  # Bytes reach the agent before the line.
+            self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
+            self.client.write(first)
+            self.client.flush_head()
+            await self._persist_now()
+        else:
+            await self._persist_now()
+            self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
         self.client.write(cut)
         self.client.end()
 
@@ -300,7 +314,11 @@ class Call:
         if is_stream:
             # The line is all that reads the reassembly: per-token lists stay JSON (memory, issue 20).
             window = RAW_WINDOW_BYTES if self.ctx.raw_stream == "on-failure" else None
-            exchange.tap = StreamTap(exchange.dialect, encoding, compact_arrays=True, raw_window=window, cutter=cutter)
+            # Where the request says so, the reply ends at its last meaningful event (docs/wire.md;
+            # a compressed request body says nothing: its reply ends at its terminal, as ever).
+            expect = reply_expectations(exchange.dialect, exchange.request_body, exchange.parsed_request)
+            exchange.tap = StreamTap(exchange.dialect, encoding, compact_arrays=True, raw_window=window, cutter=cutter,
+                                     expect=expect)
         else:
             exchange.tap = BodyTap(exchange.dialect, encoding)
         return exchange.tap
@@ -367,10 +385,15 @@ class Call:
 
     def _client_gone_before_reply(self) -> None:
         exchange = self.exchange
+        tap = exchange.tap if exchange is not None else None
+        if self.persisted and isinstance(tap, StreamTap) and tap.terminal and exchange.category_override is None:
+            # The reply was whole (its line already made at its last meaningful event: docs/wire.md);
+            # the client left before what follows it (`[DONE]`), having had all of it.
+            self.metrics.left_after_end.inc()
+            return
         if exchange is None or self.persisted:
             self.metrics.client_disconnects.inc()
             return
-        tap = exchange.tap
         if (isinstance(tap, StreamTap) and not self.ctx.cut_by_drain
                 and tap.seen_whole(exchange.parsed_request if exchange.parsed_request is not None
                                    else parse_json_object(exchange.request_body))):

@@ -33,11 +33,8 @@ class PumpedCall(Protocol):
 class Relay:
     """What the client gets of a reply's bytes: as they came."""
 
-    #: Whether a stream's first event goes out on its own, before the rest of its read is read
-    #: (TTFT: a read the tap must rewrite costs more than one search).
-    first_event_apart = False
-    #: Whether the client's bytes are other than those that came (then the tap must read the
-    #: events it gives back apart from the rest: `BodyPump._flush_stream`).
+    #: Whether the client's bytes are other than those that came (then the tap gives each event's
+    #: bytes to the client as soon as it is cut: `BodyPump._flush_stream`).
     rewrites = False
 
     def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
@@ -61,12 +58,7 @@ class Relay:
 class _TapOutput(Relay):
     """What the tap gives back of what it read: the reply with the call's added fields cut."""
 
-    first_event_apart = True
     rewrites = True
-
-    def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
-        tap.feed(events)
-        client.write(tap.take_output())
 
     def fed(self, tap: StreamTap, data: bytes) -> bytes:
         return tap.take_output()
@@ -115,6 +107,8 @@ class BodyPump:
         self.ended = False
         #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
         self.broken: Optional[str] = None
+        if cutter is not None and type(tap) is StreamTap:
+            tap.emit = self._emit  # Each event to the client as soon as it is cut (issue 55).
         self.client.on_write_flow = self._client_flow
         if self.client.writing_paused:
             upstream.pause()
@@ -178,26 +172,17 @@ class BodyPump:
         follows it, until the line is durable (DESIGN §2).
         """
         relay = self.relay
-        if not self.first_written and relay.first_event_apart:
-            # A relay that rewrites reads before it writes: the stream's first event goes out
-            # before the rest of the read is searched and rewritten (TTFT). Relayed as it came, a
-            # read goes out whole after one search (a write more a stream would cost more than it saves).
-            first = data.find(b"\n\n") + 2  # Always an event's end, whatever the line ends.
-            if 2 <= first < len(data):
-                event = data[:first]
-                if tap.quiet_prefix(event) == first:
-                    self._write_quiet(event, tap)  # Before the rest is searched: TTFT.
-                    data = data[first:]
-        quiet, sent = tap.quiet_prefix(data), 0
-        if quiet == len(data) or (quiet and relay.rewrites):
-            head = data if quiet == len(data) else data[:quiet]
-            self._write_quiet(head, tap)
-            if head is data:
+        sent = 0
+        if not relay.rewrites:
+            quiet = tap.quiet_prefix(data)
+            if quiet == len(data):
+                self._write_quiet(data, tap)
                 return
-            data = data[quiet:]
-        elif quiet:  # As they came: the quiet events go out now, and the tap reads the read in one pass.
-            self.client.write(data[:quiet])
-            self.first_written, sent = True, quiet
+            if quiet:  # The quiet events go out now, and the tap reads the read in one pass.
+                self.client.write(data[:quiet])
+                self.first_written, sent = True, quiet
+        # A relay that rewrites: the tap gives each event to the client as soon as it is cut and
+        # known not to complete the reply (`_emit`); what it gives back here is the rest.
         ends_reply = tap.feed(data)
         out = relay.fed(tap, data)
         if sent:
@@ -211,6 +196,19 @@ class BodyPump:
             return
         self.first_written = True
         self.client.write(out)
+
+    def _unhook_tap(self) -> None:
+        """The tap no longer writes to this pump (its `emit` is a bound method: a cycle otherwise)."""
+        if type(self.tap) is StreamTap:
+            self.tap.emit = None
+
+    def _emit(self, events: bytes) -> None:
+        """The client's bytes of events the tap has just cut (`StreamTap.emit`)."""
+        self.client.write(events)
+        self.first_written = True
+        exchange = self.exchange
+        if exchange is not None and exchange.latency_ttft_ms is None and self.tap.has_content:  # type: ignore[union-attr]
+            exchange.mark_first_content()
 
     def _write_quiet(self, events: bytes, tap: StreamTap) -> None:
         """Whole events that cannot complete the terminal: to the client and the tap (`Relay.quiet`)."""
@@ -313,6 +311,7 @@ class BodyPump:
         self.call.upstream_broke_then(self.broken or "reset_mid_reply", lambda: self._finish("upstream_broke"))
 
     def _finish(self, outcome: str) -> None:
+        self._unhook_tap()
         self.client.on_write_flow = None
         self.write = _write_nothing  # A bound method of its own: a cycle left to the collector.
         if not self.done.done():
@@ -320,6 +319,7 @@ class BodyPump:
 
     def stop(self) -> None:
         """The handler was cancelled (the client left): stop listening to the upstream."""
+        self._unhook_tap()
         self.client.on_write_flow = None
         self.write = _write_nothing
         if not self.done.done():
