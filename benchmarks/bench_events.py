@@ -17,7 +17,9 @@ read from /proc; each sample is given to the part its innermost frame of this pr
   records' encoder, the token mode's entry).
 
 µs per event = the part's share of the samples x the process's CPU seconds / events delivered.
-The capture process (which appends the lines) is another process: its CPU is printed apart.
+Only the event loop's thread is counted by part: the sidecar's other threads (the token mode's
+writer threads: its intents and lines) and the capture process (which appends the lines with
+capture on) are printed apart, µs of CPU per event each.
 Nothing is asserted; figures compare only within one run.
 """
 
@@ -61,8 +63,10 @@ def part_of(stack: str) -> str:
     return "pump"  # The event loop's own frames (uvloop, asyncio): the wire.
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """A process's CPU seconds (all its threads), or one thread's."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path, encoding="ascii") as handle:
         fields = handle.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -90,13 +94,15 @@ def measure(py_spy: str, upstream: bench.Target, mode: str, seconds: int, workdi
         time.sleep(1)
         pid = target.process.pid  # type: ignore[union-attr]
         helpers = children(pid)
-        cpu_before, helpers_before = cpu_seconds(pid), sum(map(cpu_seconds, helpers))
+        cpu_before, loop_before = cpu_seconds(pid), cpu_seconds(pid, pid)
+        helpers_before = sum(map(cpu_seconds, helpers))
         raw = os.path.join(workdir, "samples.txt")
         started = time.perf_counter()
         subprocess.run([py_spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "250", "-f", "raw", "-o", raw,
-                        "--nonblocking"], capture_output=True, check=True)
+                        "--nonblocking", "--threads"], capture_output=True, check=True)
         window = time.perf_counter() - started
-        cpu = cpu_seconds(pid) - cpu_before
+        cpu = cpu_seconds(pid, pid) - loop_before  # The event loop's thread (the process's first).
+        threads_cpu = cpu_seconds(pid) - cpu_before - cpu
         helpers_cpu = sum(map(cpu_seconds, helpers)) - helpers_before
         out = wrk.communicate()[0]
         rps = float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))
@@ -107,13 +113,16 @@ def measure(py_spy: str, upstream: bench.Target, mode: str, seconds: int, workdi
     with open(raw, encoding="utf-8") as handle:
         for line in handle:
             stack, _, count = line.rstrip("\n").rpartition(" ")
-            samples[part_of(stack)] += int(count)
+            if "proxy/__main__.py" in stack:  # The event loop's thread; writer threads apart.
+                samples[part_of(stack)] += int(count)
     total = sum(samples.values()) or 1
     events = rps * bench.STREAM_EVENTS * window
     figures = {part: samples[part] / total * cpu / events * 1e6 for part in PARTS}
     figures["events/s"] = rps * bench.STREAM_EVENTS
     figures["loop"] = cpu / events * 1e6
+    figures["process"] = (cpu + threads_cpu) / events * 1e6
     figures["capture process"] = helpers_cpu / events * 1e6
+    figures["threads"] = threads_cpu / events * 1e6
     return figures
 
 
@@ -136,14 +145,15 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"# Event-loop CPU per streamed event, by part (logprob stream, wrk c=64, {args.rounds} rounds of "
           f"{args.seconds} s, medians)\n")
-    print("| mode | events/s | " + " | ".join(f"{part} (µs)" for part in PARTS) + " | loop, all (µs) | capture process (µs) |")
-    print("|---|---:|" + "---:|" * (len(PARTS) + 2))
+    print("| mode | events/s | " + " | ".join(f"{part} (µs)" for part in PARTS)
+          + " | loop, all (µs) | the sidecar's other threads (µs) | capture process (µs) |")
+    print("|---|---:|" + "---:|" * (len(PARTS) + 3))
     for mode, figures in runs.items():
         def median(key: str) -> float:
             values = sorted(run[key] for run in figures)
             return values[len(values) // 2]
         print(f"| {mode} | {median('events/s'):,.0f} | " + " | ".join(f"{median(part):.2f}" for part in PARTS)
-              + f" | {median('loop'):.2f} | {median('capture process'):.2f} |")
+              + f" | {median('loop'):.2f} | {median('threads'):.2f} | {median('capture process'):.2f} |")
 
 
 if __name__ == "__main__":
