@@ -67,15 +67,15 @@ _TERMINAL_MARKERS = {"chat": (b"[DONE]", b'"error"'), "completions": (b"[DONE]",
 #: The same where the reply ends at its last meaningful event (`reply_expectations`): the event
 #: that completes it carries a finish reason, the usage or Messages' ``message_delta``. A false
 #: match (``"usage":null`` on every chunk of some servers) only holds back more.
-_WHOLE_MARKERS = {"chat": (b"[DONE]", b'"error"', b'"usage"', b'"finish_reason":"', b'"finish_reason": "'),
-                  "completions": (b"[DONE]", b'"error"', b'"usage"', b'"finish_reason":"', b'"finish_reason": "'),
+_CHOICES_WHOLE_MARKERS = (b"[DONE]", b'"error"', b'"usage"', b'"finish_reason":"', b'"finish_reason": "')
+_WHOLE_MARKERS = {"chat": _CHOICES_WHOLE_MARKERS, "completions": _CHOICES_WHOLE_MARKERS,
                   "messages": (b"message_delta", b"message_stop", b"error")}
 
 
 def reply_expectations(dialect: str, body: bytes, parsed: Any = None) -> dict[str, Any] | None:
-    """What a streamed request of ``dialect`` says about where its reply ends (for `StreamTap`'s
-    ``expect``), or None when the reply ends at its terminal as ever (docs/wire.md, "Durable
-    before the agent's end").
+    """A streamed request of ``dialect`` as far as where its reply ends depends on it (for
+    `StreamTap`'s ``expect``, read by `Reassembler.expect`), or None when it cannot say: the reply
+    then ends at its terminal as ever (docs/wire.md, "Durable before the agent's end").
 
     A reply is complete at its last meaningful event: Messages' ``message_delta`` with the stop
     reason; chat's and completions' last finish reason and the usage chunk, only where the
@@ -95,10 +95,7 @@ def reply_expectations(dialect: str, body: bytes, parsed: Any = None) -> dict[st
         if b'"n"' not in body:
             return {"stream_options": {"include_usage": True}}
         parsed = parse_json_object(body)
-    if type(parsed) is not dict:
-        return None
-    options = parsed.get("stream_options")
-    return parsed if type(options) is dict and options.get("include_usage") is True else None
+    return parsed if type(parsed) is dict else None
 
 
 class StreamTap:
@@ -132,8 +129,9 @@ class StreamTap:
         self._terminal_markers = _TERMINAL_MARKERS[dialect]
         if expect is not None and dialect in _WHOLE_MARKERS:
             self._reassembler.expect(expect)
-            self._reassembler.ends_when_whole = True
-            self._terminal_markers = _WHOLE_MARKERS[dialect]
+            if dialect == "messages" or self._reassembler.wants_usage:  # Else a usage chunk may follow.
+                self._reassembler.ends_when_whole = True
+                self._terminal_markers = _WHOLE_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
         self._cutter = cutter
         self._output: list[bytes] = []

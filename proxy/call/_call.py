@@ -293,10 +293,8 @@ class Call:
             await self._before_reply_bytes()  # Bytes reach the agent before the line.
             self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
             self.client.write(first)
-            self.client.flush_head()
-            await self._persist_now()
-        else:
-            await self._persist_now()
+        await self._persist_now()
+        if not first:
             self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
         self.client.write(cut)
         self.client.end()
@@ -386,13 +384,11 @@ class Call:
     def _client_gone_before_reply(self) -> None:
         exchange = self.exchange
         tap = exchange.tap if exchange is not None else None
-        if self.persisted and isinstance(tap, StreamTap) and tap.terminal and exchange.category_override is None:
-            # The reply was whole (its line already made at its last meaningful event: docs/wire.md);
-            # the client left before what follows it (`[DONE]`), having had all of it.
-            self.metrics.left_after_end.inc()
-            return
         if exchange is None or self.persisted:
-            self.metrics.client_disconnects.inc()
+            # A reply whose line was made at its last meaningful event (docs/wire.md): the client
+            # left before what follows it (`[DONE]`), having had all of it.
+            whole = isinstance(tap, StreamTap) and tap.terminal and exchange.category_override is None  # type: ignore[union-attr]
+            (self.metrics.left_after_end if whole else self.metrics.client_disconnects).inc()
             return
         if (isinstance(tap, StreamTap) and not self.ctx.cut_by_drain
                 and tap.seen_whole(exchange.parsed_request if exchange.parsed_request is not None

@@ -165,11 +165,11 @@ class BodyPump:
     def _flush_stream(self, data: bytes, tap: StreamTap) -> None:
         """`on_read` for a stream: one read's bytes, relayed first and parsed after (issue 34).
 
-        The whole events before the first that may be the stream's terminal (`StreamTap.quiet_prefix`)
-        go to the client before they are parsed -- or, in the token capture mode, as soon as they
-        are cut, the stream's first event on its own (TTFT) -- then the tap takes them in one pass. The rest
-        of the read is fed whole; when it completes the terminal event it is held, with what
-        follows it, until the line is durable (DESIGN §2).
+        Relayed as they came, the whole events before the first that may end the reply
+        (`StreamTap.quiet_prefix`) go to the client before they are parsed, then the tap takes the
+        read in one pass; in the token capture mode the tap gives each event to the client as soon
+        as it is cut (`_emit`). What ends the reply is held, with what follows it, until the line
+        is durable (DESIGN §2).
         """
         relay = self.relay
         sent = 0
