@@ -55,7 +55,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trace_call.py
 	$(BIN)/python benchmarks/bench_proxy.py
-	$(BIN)/python benchmarks/bench_events.py | tee benchmarks/results/events.md
+	$(BIN)/python benchmarks/bench_events.py > benchmarks/results/events.md && cat benchmarks/results/events.md
 	$(BIN)/python benchmarks/bench_floors.py
 	$(BIN)/python benchmarks/bench_reassembly.py
 	$(BIN)/python benchmarks/bench_cutter.py

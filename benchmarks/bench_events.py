@@ -17,6 +17,7 @@ read from /proc; each sample is given to the part its innermost frame of this pr
   records' encoder, the token mode's entry).
 
 µs per event = the part's share of the samples x the process's CPU seconds / events delivered.
+Then the same stream through `--workers 2` against one worker, interleaved (events/s each).
 Only the event loop's thread is counted by part: the sidecar's other threads (the token mode's
 writer threads: its intents and lines) and the capture process (which appends the lines with
 capture on) are printed apart, µs of CPU per event each.
@@ -126,6 +127,17 @@ def measure(py_spy: str, upstream: bench.Target, mode: str, seconds: int, workdi
     return figures
 
 
+def workers_events(upstream: bench.Target, mode: str, workers: int, seconds: int, workdir: str) -> float:
+    """Events/s of the logprob stream through a sidecar of ``workers`` processes (wrk, c=64)."""
+    capture_dir = tempfile.mkdtemp(prefix="mcc-events-")
+    target = bench.start_sidecar(mode, upstream, capture_dir, workers=workers, extra=MODES[mode])
+    try:
+        return bench.wrk_events(target.port, 64, seconds, workdir, bench.LOGPROB_BODY)
+    finally:
+        target.stop()
+        shutil.rmtree(capture_dir, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=8)
@@ -136,10 +148,15 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="mcc-events-work-")
     upstream = bench.start_upstream()
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    scaling: dict[tuple[str, int], list[float]] = {}
     try:
         for _ in range(args.rounds):
             for mode in MODES:
                 runs[mode].append(measure(py_spy, upstream, mode, args.seconds, workdir))
+            for mode in MODES:
+                for workers in (1, 2):
+                    scaling.setdefault((mode, workers), []).append(
+                        workers_events(upstream, mode, workers, args.seconds, workdir))
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -154,6 +171,12 @@ def main() -> None:
             return values[len(values) // 2]
         print(f"| {mode} | {median('events/s'):,.0f} | " + " | ".join(f"{median(part):.2f}" for part in PARTS)
               + f" | {median('loop'):.2f} | {median('threads'):.2f} | {median('capture process'):.2f} |")
+    print(f"\n# --workers 2 against one worker on the same stream (wrk c=64, {args.rounds} interleaved rounds, medians)\n")
+    print("| mode | 1 worker, events/s | 2 workers, events/s | 2 / 1 |")
+    print("|---|---:|---:|---:|")
+    for mode in MODES:
+        one, two = (sorted(scaling[(mode, n)])[len(scaling[(mode, n)]) // 2] for n in (1, 2))
+        print(f"| {mode} | {one:,.0f} | {two:,.0f} | {two / one:.2f} |")
 
 
 if __name__ == "__main__":
