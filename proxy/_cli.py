@@ -53,7 +53,7 @@ def main() -> None:
 #: `mcc serve --help` and docs/configuration.md show the options in these groups, in this order
 #: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
 SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "config")),
+    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "admin_token", "config")),
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix")),
@@ -134,6 +134,7 @@ class _ServeCommand(click.Command):
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
 @click.option("--affinity-header", metavar="NAME", help="Send each captured call upstream with this header set to its rollout id (unless the agent sent it), for a router that places sessions by a header: x-session-id (vllm-router), x-smg-routing-key (SGLang), X-Dynamo-Session-ID (Dynamo). [MCC_AFFINITY_HEADER]")
+@click.option("--admin-token", metavar="TOKEN", help="Require Authorization: Bearer TOKEN on admin requests that change state (POST /-/rollouts/<id>/end, POST /-/weight-version); model calls never need it (unset by default). [MCC_ADMIN_TOKEN]")
 @click.option("--capture-store", metavar="URL", help="Write-once storage past one node: segments:///path, s3://bucket/prefix, gs://..., az://...; the capture dir is then the local spool (off by default). [MCC_CAPTURE_STORE]")
 @click.option("--segment-max-bytes", type=int, help="Seal (and upload) a writer segment at this size (default 64 MiB). [MCC_SEGMENT_MAX_BYTES]")
 @click.option("--segment-max-age", type=float, help="Seal (and upload) a writer segment this many seconds after it opened (default 60). [MCC_SEGMENT_MAX_AGE]")
@@ -155,6 +156,9 @@ def serve(**options: Any) -> None:
     settings = _settings_or_exit(options, warnings.append)
     configure_logging(settings.log_level, settings.log_format,
                       (settings.worker_index, settings.worker_count or 1) if settings.worker_index is not None else None)
+    if settings.admin_token is None and settings.host not in ("127.0.0.1", "::1", "localhost"):
+        warnings.append(f"listening on {settings.host} without --admin-token (MCC_ADMIN_TOKEN): whatever reaches the "
+                        "port may end rollouts (POST /-/rollouts/<id>/end) and declare weight versions")
     for message in warnings:  # Said once (by the supervisor, not every worker), in the chosen format.
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)

@@ -58,6 +58,16 @@ from ._models import (
 )
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
+from ._rollout_ends import (
+    END_SUFFIX,
+    RolloutEnd,
+    RolloutEndConflict,
+    end_request,
+    end_rollout,
+    is_ended,
+    read_rollout_end,
+    write_rollout_end,
+)
 from ._rollouts import (
     base_url_for_run,
     split_attempt,
@@ -106,6 +116,15 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
+    # Ended rollouts (docs/reading.md, "Ending a rollout").
+    "END_SUFFIX",
+    "RolloutEnd",
+    "RolloutEndConflict",
+    "end_request",
+    "end_rollout",
+    "is_ended",
+    "read_rollout_end",
+    "write_rollout_end",
     "MANIFESTS",
     "ObjectStore",
     "SEGMENT_OBJECTS",

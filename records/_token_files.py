@@ -139,6 +139,17 @@ class TokenFiles:
             self._write_state(rollout_id, state, durable=True)
             _append_durably(self.path(rollout_id, ".tokens.incomplete"), f"{model_call_id}\n".encode())
 
+    def freeze(self, rollout_id: str) -> None:
+        """Durably freeze the rollout (Gym's ``frozen`` state): it takes no new call and no new
+        entry; one written late is kept apart as evidence (an ended rollout: `records.end_rollout`)."""
+        with self._locked(rollout_id):
+            _, state = self._state(rollout_id)
+            self._index_tail(rollout_id, state)
+            if state.get("frozen") or state.get("retired"):
+                return
+            state.update(frozen=True, version=state.get("version", 0) + 1)
+            self._write_state(rollout_id, state, durable=True)
+
     def delete(self, rollout_id: str) -> None:
         """Before a rollout id is dispatched again: its entries, intents, marks, state and late
         entries go (Gym's ``TokenCaptureStore.delete``); the lock file stays, so a writer that

@@ -134,6 +134,10 @@ class Settings(BaseModel):
     #: A segment is sealed (and uploaded) at this size, or this many seconds after its first line.
     segment_max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     segment_max_age: float = Field(60.0, gt=0)
+    #: When set, every admin request that changes state (``POST /-/rollouts/<id>/end``,
+    #: ``POST /-/weight-version``) needs ``Authorization: Bearer <token>``, else 401; model calls
+    #: never do. Without one, whatever reaches the port may end rollouts.
+    admin_token: str | None = None
 
     @field_validator("capture_store")
     @classmethod

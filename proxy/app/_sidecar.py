@@ -40,6 +40,7 @@ from ..training import (
     declared_version,
 )
 from ..websocket import serve_websocket
+from ._ended_rollouts import EndedRollouts, authorized, end_target
 from ._filesystems import layout_caveat, mount_options
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
@@ -48,7 +49,10 @@ log = logging.getLogger("mcc")
 
 #: A readiness probe must answer quickly even when the upstream is down.
 _ADMIN_METHODS = ("GET", "HEAD")
-_REASONS = {200: b"OK", 400: b"Bad Request", 405: b"Method Not Allowed"}
+_UNAUTHORIZED = orjson.dumps({"error": "this admin request changes state: it needs Authorization: Bearer <the "
+                                       "sidecar's --admin-token>"})
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 405: b"Method Not Allowed", 409: b"Conflict",
+            501: b"Not Implemented", 503: b"Service Unavailable"}
 
 
 class Sidecar:
@@ -87,6 +91,8 @@ class Sidecar:
         #: The weight version the trainer declared (``/-/weight-version``), shared by --workers.
         self.weight_versions = DeclaredWeightVersions(settings.metrics_dir if settings.worker_index is not None else None)
         self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
+        #: The rollouts' ends (``/-/rollouts/<id>/end``), with capture on a capture directory.
+        self.ended_rollouts: Optional[EndedRollouts] = None
 
     @property
     def cut_by_drain(self) -> bool:
@@ -179,6 +185,8 @@ class Sidecar:
                                    process=not settings.capture_tokens, segments=segments)
             if self.uploader is not None:
                 self.uploader.start()  # What a restart found sealed in the spool goes first.
+            else:
+                self.ended_rollouts = EndedRollouts(settings.capture_dir, settings.token_dir)
             self.metrics.capture_dir = settings.capture_dir
         self.calls = CallContext(
             upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,
@@ -187,6 +195,7 @@ class Sidecar:
             correlation_headers=(settings.session_id_header, settings.assistant_message_id_header),
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
             drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for,
+            refusal=self.ended_rollouts.refusal if self.ended_rollouts is not None else lambda route: None,
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
 
     def handle(self, request: ServerRequest, client: Http1Connection) -> Awaitable[None]:
@@ -199,13 +208,18 @@ class Sidecar:
         return forward(self.calls, request, client)
 
     async def _admin(self, request: ServerRequest, client: Http1Connection) -> None:
-        if request.target.startswith(b"/-/weight-version") and request.target.partition(b"?")[0] == b"/-/weight-version":
+        path = request.target.partition(b"?")[0]
+        rollout_id = end_target(path)
+        if rollout_id is not None:
+            status, body = await self._end_rollout(request, rollout_id)
+            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
+            return
+        if path == b"/-/weight-version":
             status, body = self._weight_version(request)
             client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
                          b"" if request.method == "HEAD" else body)
             return
         if request.method in _ADMIN_METHODS:
-            path = request.target.partition(b"?")[0]
             admin = {b"/-/healthy": self._healthy, b"/-/health": self._healthy, b"/-/ready": self._ready,
                      b"/-/metrics": self._metrics}.get(path)  # /-/health: what people type for /-/healthy.
             if admin is not None:
@@ -274,11 +288,33 @@ class Sidecar:
             return 200, orjson.dumps(self.weight_versions.state())
         if request.method != "POST":
             return 405, orjson.dumps({"error": "GET reads the declared weight version; POST {\"version\": \"<label>\"} sets it"})
+        if not authorized(self.settings.admin_token, request.fields.get(b"authorization")):
+            return 401, _UNAUTHORIZED
         version, problem = declared_version(request.body)
         if version is None:
             return 400, orjson.dumps({"error": problem})
         self.weight_versions.declare(version)
         return 200, orjson.dumps(self.weight_versions.state())
+
+    async def _end_rollout(self, request: ServerRequest, rollout_id: str) -> tuple[int, bytes]:
+        """``POST /-/rollouts/<rollout_id>/end``, body optional: ``{"outcome": {...}, "group":
+        "<key>", "group_size": G}``; 200 ``{"rollout_id", "ended_at", "calls"}`` once the end is
+        durable (docs/wire.md, "Ending a rollout")."""
+        if request.method != "POST":
+            return 405, orjson.dumps({"error": "POST ends the rollout, with an optional body: "
+                                               '{"outcome": {...}, "group": "<key>", "group_size": G}'})
+        if not authorized(self.settings.admin_token, request.fields.get(b"authorization")):
+            return 401, _UNAUTHORIZED
+        if not rollout_id:
+            return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
+                                               "starting with a letter or digit"})
+        if self.ended_rollouts is None:
+            if self.settings.capture_store is not None:
+                return 501, orjson.dumps({"error": "ending a rollout with --capture-store is not supported yet: end it "
+                                                   "on a sidecar whose capture dir is the shared directory"})
+            return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no rollout "
+                                               "to end"})
+        return await self.ended_rollouts.end(rollout_id, request.body)
 
     async def _healthy(self) -> tuple[int, bytes, bytes]:
         """Liveness: the process is up and serving."""

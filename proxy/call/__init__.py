@@ -9,7 +9,7 @@ from ._call import Call, forward, origin_form
 from ._context import NO_HOOKS, CallContext, CallHooks, CallView
 from ._exchange import MODEL_REF_TYPE, CallExchange, Failure, new_call_id
 from ._line import build_line, submit_line
-from ._local_replies import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
+from ._local_replies import ROLLOUT_ENDED, UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable, status_class
 from ._pump import AS_CAME, TAP_OUTPUT, BodyPump, Relay
 from ._retries import RetryMemory
@@ -29,6 +29,7 @@ __all__ = [
     "MODEL_REF_TYPE",
     "NO_HOOKS",
     "OBSERVED_PATHS",
+    "ROLLOUT_ENDED",
     "Relay",
     "RetryMemory",
     "Route",

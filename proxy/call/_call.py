@@ -123,6 +123,10 @@ class Call:
             await self._refuse_too_large()
             return
         self._open_exchange(self.request.body)
+        refusal = self._refusal()
+        if refusal is not None:  # Answered locally, recorded.
+            await self._answer_locally(refusal[0], "request", None, retryable=False, message=refusal[1])
+            return
         body = await self._request_body()
         upstream = await self._upstream_head(body)
         if upstream is None:
@@ -154,6 +158,16 @@ class Call:
             exchange.retries = ctx.retries
             exchange.retry_of = ctx.retries.note(exchange.rollout_id, body, exchange.model_call_id)
         self.hooks = ctx.hooks_for(self.route)
+
+    def _refusal(self) -> Optional[tuple[LocalReply, str]]:
+        """The context's refusal of a captured call before it goes upstream (its local reply and
+        message); no feature then takes part in it (no intent, no token entry)."""
+        if self.exchange is None:
+            return None
+        refusal = self.ctx.refusal(self.route)
+        if refusal is not None:
+            self.hooks = NO_HOOKS
+        return refusal
 
     async def _request_body(self) -> bytes:
         body = self.request.body

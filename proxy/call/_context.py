@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from capture.journal import Built
 
     from ._exchange import CallExchange
+    from ._local_replies import LocalReply
 
 
 class CallView(Protocol):
@@ -130,6 +131,10 @@ class CallContext:
     drain_timeout: float
     #: The hooks of a captured call, chosen when it starts (`CallHooks`); the app sets it.
     hooks_for: Callable[[Route], tuple[CallHooks, ...]] = field(default=lambda route: NO_HOOKS)
+    #: Before anything else, for a captured call: a local reply and its message when it must not
+    #: go upstream (its rollout has ended: `proxy.app._ended_rollouts`), else None. One call per
+    #: captured call, not a hook: a hook takes part in every phase of the call.
+    refusal: Callable[[Route], "Optional[tuple[LocalReply, str]]"] = field(default=lambda route: None)
     #: The URL this sidecar listens on (for the words of a base_url hint).
     url: str = ""
     #: Set when the drain timeout cut calls still in flight: their lines say so.

@@ -32,6 +32,8 @@ INVALID_ROLLOUT_ID = LocalReply(400, "invalid_rollout_id", "invalid_request_erro
 BODY_TOO_LARGE = LocalReply(413, "body_too_large", "invalid_request_error", "request_too_large", "client_error")
 UPSTREAM_UNREACHABLE = LocalReply(502, "upstream_unreachable", "upstream_error", "api_error", "connection")
 UPSTREAM_TIMEOUT = LocalReply(504, "upstream_timeout", "timeout", "timeout_error", "timeout")
+#: A call for a rollout that has ended (docs/wire.md, "Ending a rollout"): Gym's freeze.
+ROLLOUT_ENDED = LocalReply(409, "rollout_ended", "invalid_request_error", "invalid_request_error", "client_error")
 
 
 def error_body(reply: LocalReply, error_dialect: str, message: str) -> dict[str, object]:

@@ -1,0 +1,103 @@
+"""Ended rollouts on the sidecar: ``POST /-/rollouts/<rollout_id>/end`` and the refusal of later
+calls (docs/wire.md, "Ending a rollout").
+
+The end itself is `records.write_rollout_end` (a file of its own beside the rollout's, created
+exclusively and durably). An end is Gym's freeze: a call that arrives for an ended rollout is
+answered 409 in its dialect's error shape and recorded as such (`EndedRollouts.refusal`, the
+calls' context's ``refusal``). Any
+sidecar sharing the capture directory may have ended it, so each captured call looks for the
+rollout's end (one ``stat``); an end seen once is remembered (an end is never undone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Optional
+from urllib.parse import unquote
+
+import orjson
+
+from records import (
+    RolloutEndConflict,
+    end_request,
+    is_ended,
+    is_valid_rollout_id,
+    write_rollout_end,
+)
+
+from ..call import ROLLOUT_ENDED, LocalReply, Route
+
+_PREFIX, _SUFFIX = b"/-/rollouts/", b"/end"
+#: Ends remembered by one sidecar (a set of ids; older ones are looked up again: one stat).
+_REMEMBERED = 100_000
+
+
+class EndedRollouts:
+    """The ends of one capture directory, as this sidecar knows them."""
+
+    def __init__(self, capture_dir: str, token_dir: Optional[str] = None) -> None:
+        self.capture_dir = capture_dir
+        self.token_dir = token_dir
+        self._ended: set[str] = set()
+
+    def ended(self, rollout_id: str) -> bool:
+        if rollout_id in self._ended:
+            return True
+        if is_ended(self.capture_dir, rollout_id):
+            self._remember(rollout_id)
+            return True
+        return False
+
+    def _remember(self, rollout_id: str) -> None:
+        if len(self._ended) >= _REMEMBERED:
+            self._ended.clear()
+        self._ended.add(rollout_id)
+
+    async def end(self, rollout_id: str, body: bytes) -> tuple[int, bytes]:
+        """Answer an end's request: 200 once the end is durable, 400 for a bad body, 409 for an
+        end that differs from the one there."""
+        try:
+            outcome, group, group_size = end_request(body)
+        except ValueError as exc:
+            return 400, orjson.dumps({"error": str(exc)})
+        loop = asyncio.get_running_loop()
+        try:
+            end, _ = await loop.run_in_executor(None, write_rollout_end, self.capture_dir, rollout_id, outcome, group,
+                                                group_size, self.token_dir)
+        except RolloutEndConflict as conflict:
+            self._remember(rollout_id)
+            return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id,
+                                      "ended_at": conflict.existing.ended_at})
+        except OSError as exc:
+            return 503, orjson.dumps({"error": f"the end could not be written: {exc.strerror or exc}"})
+        self._remember(rollout_id)
+        return 200, orjson.dumps({"rollout_id": end.rollout_id, "ended_at": end.ended_at, "calls": end.calls})
+
+    def refusal(self, route: Route) -> Optional[tuple[LocalReply, str]]:
+        """A captured call's refusal when its rollout has ended (`CallContext.refusal`)."""
+        rollout_id = route.rollout_id
+        if rollout_id and self.ended(rollout_id):
+            return ROLLOUT_ENDED, (f"rollout {rollout_id} has ended (POST /-/rollouts/{rollout_id}/end): it takes no "
+                                   "more calls; start a new rollout id")
+        return None
+
+
+def end_target(path: bytes) -> Optional[str]:
+    """The rollout id of an end's path (``/-/rollouts/<id>/end``, percent-decoded), "" when the
+    path is an end's with an invalid id, None when it is not an end's path."""
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    rollout_id = unquote(path[len(_PREFIX):-len(_SUFFIX)].decode("latin-1"))
+    return rollout_id if is_valid_rollout_id(rollout_id) else ""
+
+
+def authorized(token: Optional[str], authorization: Optional[bytes]) -> bool:
+    """Whether a state-changing admin request may go ahead: no token set, or ``Bearer <token>``
+    (compared in constant time)."""
+    if token is None:
+        return True
+    if authorization is None:
+        return False
+    scheme, _, given = authorization.decode("latin-1").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())

@@ -1,0 +1,204 @@
+"""Ended rollouts: the durable fact that a rollout is finished, with its outcome (docs/wire.md,
+"Ending a rollout").
+
+An end is a file of its own beside the rollout's: ``<rollout_id>.end.json``, one JSON object
+(`RolloutEnd`), created once and never rewritten. ``<rollout_id>.capture.jsonl`` does not change
+shape, so NeMo Gym's readers read an ended rollout as before. The end is created exclusively
+(written whole to a temporary file, fsynced, then linked to its name, which fails when the name
+exists: two sidecars ending one rollout at once cannot both win) and the directory fsynced, so it
+is durable when `write_rollout_end` returns. Ending again with the same outcome, group and size is
+the first end again; anything else is `RolloutEndConflict`, and nothing changes.
+
+An end is also Gym's freeze: where the rollout has training-token files, their state is frozen
+first (`TokenFiles.freeze`), so no entry is taken after the end; the sidecar answers a later call
+for the rollout with 409.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from ._appender import fsync_directory
+from ._file_contract import capture_path
+from ._object_store import is_store_url
+from ._paths import directory_of
+from ._rollout_ids import validate_rollout_id
+from ._store import capture_store
+
+END_SUFFIX = ".end.json"
+
+
+class RolloutEnd(BaseModel):
+    """A rollout's end: when, with what outcome, in which group, and how many calls it had."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    rollout_id: str
+    #: UTC Unix seconds the end was written.
+    ended_at: float
+    #: Any JSON object the runner gave (reward, metrics), or None.
+    outcome: Optional[dict[str, Any]] = None
+    #: The group key given at the end, or None.
+    group: Optional[str] = None
+    #: The group's size declared at the end, or None.
+    group_size: Optional[int] = None
+    #: Whole capture lines the rollout had when it ended.
+    calls: int = 0
+
+
+class RolloutEndConflict(ValueError):
+    """The rollout was ended before with another outcome, group or size: nothing changed."""
+
+    def __init__(self, existing: RolloutEnd) -> None:
+        super().__init__(f"rollout {existing.rollout_id} was ended at {existing.ended_at} with another outcome, "
+                         "group or group size; an end is never changed")
+        self.existing = existing
+
+
+def end_path(capture_dir: str, rollout_id: str) -> str:
+    """``<capture_dir>/<rollout_id>.end.json`` for a validated rollout id."""
+    return os.path.join(capture_dir, validate_rollout_id(rollout_id) + END_SUFFIX)
+
+
+def end_request(body: bytes) -> tuple[Optional[dict[str, Any]], Optional[str], Optional[int]]:
+    """The outcome, group and group size of an end's JSON body (empty: none of them); ValueError
+    saying what is wrong otherwise."""
+    if not body.strip():
+        return None, None, None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    if type(parsed) is not dict:
+        raise ValueError('the body must be a JSON object: {"outcome": {...}, "group": "<key>", "group_size": G}')
+    unknown = sorted(set(parsed) - {"outcome", "group", "group_size"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}: an end takes outcome, group and group_size")
+    return checked_end(parsed.get("outcome"), parsed.get("group"), parsed.get("group_size"))
+
+
+def checked_end(outcome: Any, group: Any, group_size: Any) -> tuple[Optional[dict[str, Any]], Optional[str], Optional[int]]:
+    """The three values of an end, checked (ValueError saying which is wrong)."""
+    if outcome is not None and type(outcome) is not dict:
+        raise ValueError(f"outcome must be a JSON object (reward, metrics, ...) or null, not {type(outcome).__name__}")
+    if outcome is not None:
+        try:  # What the file will hold: JSON, finite numbers.
+            orjson.dumps(outcome)
+        except TypeError as exc:
+            raise ValueError(f"outcome must be JSON: {exc}") from None
+        _check_finite(outcome)
+    if group is not None and (type(group) is not str or not group):
+        raise ValueError("group must be a non-empty string or null")
+    if group_size is not None and (type(group_size) is not int or group_size < 1):
+        raise ValueError("group_size must be a positive integer or null")
+    return outcome, group, group_size
+
+
+def _check_finite(value: Any) -> None:
+    if type(value) is float and not math.isfinite(value):
+        raise ValueError("outcome holds a number that is not finite (JSON has no NaN or infinity)")
+    if type(value) is dict:
+        for item in value.values():
+            _check_finite(item)
+    elif type(value) is list:
+        for item in value:
+            _check_finite(item)
+
+
+def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
+                      group: Optional[str] = None, group_size: Optional[int] = None,
+                      token_dir: Optional[str] = None) -> tuple[RolloutEnd, bool]:
+    """End ``rollout_id`` in ``capture_dir``, durably: the end, and whether this call wrote it
+    (False: the same end was there). `RolloutEndConflict` when another end is there.
+    ``token_dir``: where the training-token files are, when not beside the lines."""
+    outcome, group, group_size = checked_end(outcome, group, group_size)
+    path = end_path(capture_dir, rollout_id)
+    existing = read_end_file(path)
+    if existing is None:
+        _freeze_token_files(token_dir or capture_dir, rollout_id)
+        end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time(), outcome=outcome, group=group,
+                         group_size=group_size, calls=_whole_lines(capture_path(capture_dir, rollout_id)))
+        if _create_exclusively(path, orjson.dumps(end.model_dump()) + b"\n"):
+            return end, True
+        existing = read_end_file(path)  # Another writer's end won the race: it is the end.
+        assert existing is not None
+    if (existing.outcome, existing.group, existing.group_size) != (outcome, group, group_size):
+        raise RolloutEndConflict(existing)
+    return existing, False
+
+
+def read_end_file(path: str) -> Optional[RolloutEnd]:
+    """The end at ``path``, or None when there is none."""
+    try:
+        with open(path, "rb") as handle:
+            return RolloutEnd.model_validate(orjson.loads(handle.read()))
+    except FileNotFoundError:
+        return None
+
+
+def is_ended(capture_dir: str, rollout_id: str) -> bool:
+    """Whether the rollout has an end (one ``stat``)."""
+    return os.path.exists(end_path(capture_dir, rollout_id))
+
+
+def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
+                group: Optional[str] = None, group_size: Optional[int] = None) -> RolloutEnd:
+    """End a rollout of a capture directory (a path or a `CaptureStore`), durably, with its
+    outcome: what ``POST /-/rollouts/<rollout_id>/end`` does on a sidecar. The same end again
+    returns the first; another raises `RolloutEndConflict`."""
+    if isinstance(captures, str) and is_store_url(captures):
+        raise ValueError(f"end_rollout takes a capture directory; ending a rollout in a capture store "
+                         f"({captures}) is not supported yet: end it through a sidecar's capture directory")
+    directory = directory_of(capture_store(captures, "end_rollout"), "end_rollout")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"end_rollout: no capture directory at {directory}")
+    return write_rollout_end(directory, rollout_id, outcome, group, group_size)[0]
+
+
+def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
+    """The rollout's end (`RolloutEnd`), or None while it has none."""
+    directory = directory_of(capture_store(captures, "read_rollout_end"), "read_rollout_end")
+    return read_end_file(end_path(directory, rollout_id))
+
+
+def _create_exclusively(path: str, data: bytes) -> bool:
+    """Write ``data`` as the new file ``path``, durably: False when ``path`` exists (left as it is).
+    Written whole under a temporary name, then linked: a reader never sees half of it."""
+    directory = os.path.dirname(path) or "."
+    temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+    fsync_directory(directory)
+    return True
+
+
+def _whole_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _freeze_token_files(token_dir: str, rollout_id: str) -> None:
+    from ._token_files import TokenFiles  # Only a rollout with training-token files needs them.
+
+    files = TokenFiles(token_dir)
+    if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
+        files.freeze(rollout_id)
