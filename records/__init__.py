@@ -58,6 +58,7 @@ from ._models import (
 )
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
+from ._consumer import Consumer, ExclusiveCreateBroken, FinishedRollout, Lease, LeaseLost
 from ._rollout_ends import (
     END_SUFFIX,
     RolloutEnd,
@@ -116,8 +117,13 @@ from ._token_records import (
 from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_token, extract_token_stats
 
 __all__ = [
-    # Ended rollouts (docs/reading.md, "Ending a rollout").
+    # Ended rollouts and their consumers (docs/wire.md, "Ending a rollout"; docs/reading.md).
+    "Consumer",
     "END_SUFFIX",
+    "ExclusiveCreateBroken",
+    "FinishedRollout",
+    "Lease",
+    "LeaseLost",
     "RolloutEnd",
     "RolloutEndConflict",
     "end_request",

@@ -124,7 +124,7 @@ def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[
         _freeze_token_files(token_dir or capture_dir, rollout_id)
         end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time(), outcome=outcome, group=group,
                          group_size=group_size, calls=_whole_lines(capture_path(capture_dir, rollout_id)))
-        if _create_exclusively(path, orjson.dumps(end.model_dump()) + b"\n"):
+        if create_exclusively(path, orjson.dumps(end.model_dump()) + b"\n"):
             return end, True
         existing = read_end_file(path)  # Another writer's end won the race: it is the end.
         assert existing is not None
@@ -167,9 +167,10 @@ def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
     return read_end_file(end_path(directory, rollout_id))
 
 
-def _create_exclusively(path: str, data: bytes) -> bool:
+def create_exclusively(path: str, data: bytes) -> bool:
     """Write ``data`` as the new file ``path``, durably: False when ``path`` exists (left as it is).
-    Written whole under a temporary name, then linked: a reader never sees half of it."""
+    Written whole under a temporary name, then linked: a reader never sees half of it, and of two
+    writers of one name exactly one succeeds (an end; a consumer's claims and acks)."""
     directory = os.path.dirname(path) or "."
     temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

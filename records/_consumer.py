@@ -1,0 +1,332 @@
+"""A durable consumer of ended rollouts: leases with epochs, acknowledgements tied to the trainer's
+checkpoint (docs/reading.md, "Consuming rollouts during the run").
+
+The state lives in the capture directory, beside the rollouts, so nothing else has to run:
+
+    consumers/<name>/items/<rollout_id>/<slot>.json   one item's log: claim, extend, release, ack
+    consumers/<name>/log/<seq>.json                   the name's log: commit, rewind
+
+Every record is created exclusively (`_create_exclusively`: written whole, then linked to its
+name, which fails when the name exists) and never changed. An item's log is a sequence of slots
+1, 2, 3, ...: whoever acts on an item (a taker claiming it, its holder extending, releasing or
+acknowledging) writes the next slot, after checking the item's state as of the slot before. Two
+processes acting at once race for one slot: one wins, the other reads again and checks again. So
+a claim's **epoch** is its slot: a lease that ran out is claimed again at a later slot (the next
+epoch), and its old holder's ack, extend or release, which would need a slot after it, is refused
+(`LeaseLost`), never applied.
+
+An ack carries the trainer's step and the position of the name's log when it was made. A
+``commit(T)`` (the trainer's checkpoint at step T is durable) makes every ack at a step <= T made
+before it final; a ``rewind(T)`` (a trainer restarted from its checkpoint at T) undoes every ack
+at a later step made before it and not yet final: those rollouts are handed out again. An ack
+with no step is final at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import orjson
+
+from ._collect import read_model_call_records
+from ._models import ModelCallRecord
+from ._paths import directory_of
+from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
+from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
+from ._store import capture_store
+from ._trajectories import TrajectoryBuild, trajectories
+
+#: How often `Consumer.take` looks again while it waits for an ended rollout.
+_POLL_SECONDS = 0.1
+
+
+class LeaseLost(RuntimeError):
+    """The item's lease ran out and it was handed out again under a later epoch (or it was already
+    acknowledged): what its older holder says of it is refused, never applied."""
+
+
+class ExclusiveCreateBroken(RuntimeError):
+    """The capture directory does not keep a second create of one name from succeeding: a
+    consumer's claims would not be exclusive there."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """An item's lease: its epoch (the slot of its claim) and when it runs out (Unix seconds)."""
+
+    epoch: int
+    expires_at: float
+
+
+@dataclass
+class FinishedRollout:
+    """An ended rollout handed to a consumer: its end, its calls and trajectories, its lease."""
+
+    rollout_id: str
+    ended_at: float
+    outcome: Optional[dict[str, Any]]
+    group: Optional[str]
+    calls: list[ModelCallRecord]
+    #: Exactly what `records.trajectories` builds for it.
+    trajectories: TrajectoryBuild
+    #: A line of the rollout could not be written (its ``.capture.incomplete`` marker): mask it.
+    incomplete: bool
+    lease: Lease
+
+
+@dataclass
+class _Item:
+    """An item's log as read so far (slots are never changed: only new ones are read)."""
+
+    slots: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Consumer:
+    """Ended rollouts of ``captures`` (a capture directory or a `CaptureStore`) handed to the
+    consumer ``name``: every ended rollout exactly once as of the trainer's last commit. Several
+    processes with one name share the work; different names each get every rollout."""
+
+    def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0) -> None:
+        if isinstance(captures, str) and "://" in captures:
+            raise ValueError(f"Consumer takes a capture directory; consuming a capture store ({captures}) is not "
+                             "supported yet")
+        self.directory = directory_of(capture_store(captures, "Consumer"), "Consumer")
+        if not os.path.isdir(self.directory):
+            raise FileNotFoundError(f"Consumer: no capture directory at {self.directory}")
+        if not is_valid_rollout_id(name):
+            raise ValueError(f"a consumer name is 1-200 characters of [A-Za-z0-9._-] starting with a letter or "
+                             f"digit, not {name!r}")
+        if not lease_seconds > 0:
+            raise ValueError("lease_seconds must be positive")
+        self.name = name
+        self.lease_seconds = float(lease_seconds)
+        self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self._root = os.path.join(self.directory, "consumers", name)
+        os.makedirs(os.path.join(self._root, "items"), exist_ok=True)
+        os.makedirs(os.path.join(self._root, "log"), exist_ok=True)
+        _check_exclusive_create(self._root)
+        self._items: dict[str, _Item] = {}
+        #: Items acknowledged for good: never looked at again.
+        self._final: set[str] = set()
+        self._log: list[dict[str, Any]] = []
+        self._ends: dict[str, RolloutEnd] = {}
+
+    # -- taking --------------------------------------------------------------------------------
+
+    def take(self, max_rollouts: int = 1, *, wait: float = 0.0) -> list[FinishedRollout]:
+        """Up to ``max_rollouts`` ended rollouts no process of this name holds or has acknowledged
+        for good, oldest end first, each leased to this consumer for ``lease_seconds``; waits up to
+        ``wait`` seconds for at least one."""
+        if max_rollouts < 1:
+            raise ValueError("max_rollouts must be at least 1")
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            taken = self._take(max_rollouts)
+            if taken or time.monotonic() >= deadline:
+                return taken
+            time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    def _take(self, max_rollouts: int) -> list[FinishedRollout]:
+        self._read_log()
+        taken: list[FinishedRollout] = []
+        for end in self._ended():
+            if len(taken) >= max_rollouts:
+                break
+            if end.rollout_id in self._final:
+                continue
+            lease = self._claim(end.rollout_id)
+            if lease is not None:
+                taken.append(self._finished(end, lease))
+        return taken
+
+    def _claim(self, rollout_id: str) -> Optional[Lease]:
+        while True:
+            slots = self._slots(rollout_id)
+            status = self._state(slots)[0]
+            if status == "acked_final":
+                self._final.add(rollout_id)
+            if status != "waiting":
+                return None
+            expires_at = time.time() + self.lease_seconds
+            if self._append(rollout_id, len(slots) + 1, {"kind": "claim", "holder": self.holder, "expires_at": expires_at}):
+                return Lease(len(slots) + 1, expires_at)
+
+    def _finished(self, end: RolloutEnd, lease: Lease) -> FinishedRollout:
+        store = capture_store(self.directory, "Consumer")
+        return FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome, group=end.group,
+                               calls=read_model_call_records(store, end.rollout_id),
+                               trajectories=trajectories(self.directory, end.rollout_id),
+                               incomplete=store.is_incomplete(end.rollout_id), lease=lease)
+
+    # -- what the holder says ---------------------------------------------------------------------
+
+    def ack(self, items: Iterable[FinishedRollout], *, step: Optional[int] = None, dropped: bool = False) -> None:
+        """The items are used (or, ``dropped``, deliberately not trained on): durable before this
+        returns; final at once with ``step=None``, else once `commit` covers ``step``."""
+        if step is not None and (type(step) is not int or step < 0):
+            raise ValueError("step must be a non-negative integer or None")
+        self._read_log()
+        for item in items:
+            self._act(item, {"kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log)})
+
+    def extend(self, items: Iterable[FinishedRollout]) -> None:
+        """Renew the items' leases for ``lease_seconds`` from now."""
+        for item in items:
+            expires_at = time.time() + self.lease_seconds
+            self._act(item, {"kind": "extend", "expires_at": expires_at})
+            item.lease = Lease(item.lease.epoch, expires_at)
+
+    def release(self, items: Iterable[FinishedRollout]) -> None:
+        """Hand the items back now: another process of this name may take them."""
+        for item in items:
+            self._act(item, {"kind": "release"})
+
+    def _act(self, item: FinishedRollout, record: dict[str, Any]) -> None:
+        record = {**record, "epoch": item.lease.epoch}
+        while True:
+            slots = self._slots(item.rollout_id)
+            status, epoch, _ = self._state(slots)
+            # A lease that ran out still holds while nobody took the item again (a later epoch).
+            if epoch != item.lease.epoch or status.startswith("acked"):
+                raise LeaseLost(f"rollout {item.rollout_id}: its lease of epoch {item.lease.epoch} is no longer held "
+                                f"({'it was acknowledged' if status.startswith('acked') else 'it was handed out again under epoch ' + str(epoch)})")
+            if self._append(item.rollout_id, len(slots) + 1, record):
+                return
+
+    # -- the trainer's checkpoints ------------------------------------------------------------------
+
+    def commit(self, step: int) -> None:
+        """The trainer's checkpoint at ``step`` is durable: every ack at a step <= ``step`` is final."""
+        self._log_record({"kind": "commit", "step": _step(step)})
+
+    def rewind(self, step: int) -> None:
+        """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
+        commit made final is undone, and those rollouts are handed out again."""
+        self._log_record({"kind": "rewind", "step": _step(step)})
+
+    def _log_record(self, record: dict[str, Any]) -> None:
+        while True:
+            self._read_log()
+            if create_exclusively(os.path.join(self._root, "log", f"{len(self._log) + 1:010d}.json"),
+                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
+                self._read_log()
+                return
+
+    # -- counts ------------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Ended rollouts by where they stand for this name: ``final`` (acknowledged for good),
+        ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``, and ``dropped``
+        (acknowledged as dropped, final or pending)."""
+        self._read_log()
+        counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
+        for end in self._ended():
+            status, _, ack = self._state(self._slots(end.rollout_id))
+            counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
+            if ack is not None and ack.get("dropped"):
+                counts["dropped"] += 1
+        return counts
+
+    # -- the state -----------------------------------------------------------------------------------
+
+    def _ended(self) -> list[RolloutEnd]:
+        """Every ended rollout of the directory, oldest end first (ends never change: each read once)."""
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in self._ends:
+                    end = read_end_file(entry.path)
+                    if end is not None:
+                        self._ends[end.rollout_id] = end
+        return sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
+
+    def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The item's log: the slots read before, and any written since."""
+        item = self._items.setdefault(rollout_id, _Item())
+        directory = os.path.join(self._root, "items", validate_rollout_id(rollout_id))
+        while True:
+            path = os.path.join(directory, f"{len(item.slots) + 1:010d}.json")
+            try:
+                with open(path, "rb") as handle:
+                    item.slots.append(orjson.loads(handle.read()))
+            except FileNotFoundError:
+                return item.slots
+
+    def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
+        directory = os.path.join(self._root, "items", rollout_id)
+        os.makedirs(directory, exist_ok=True)
+        return create_exclusively(os.path.join(directory, f"{slot:010d}.json"),
+                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
+
+    def _read_log(self) -> None:
+        directory = os.path.join(self._root, "log")
+        while True:
+            try:
+                with open(os.path.join(directory, f"{len(self._log) + 1:010d}.json"), "rb") as handle:
+                    self._log.append(orjson.loads(handle.read()))
+            except FileNotFoundError:
+                return
+
+    def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
+        """(``waiting`` / ``leased`` / ``acked_pending`` / ``acked_final``, the current epoch, the
+        standing ack) of an item's log, as of the name's log read so far."""
+        epoch: Optional[int] = None
+        expires_at = 0.0
+        ack: Optional[dict[str, Any]] = None
+        for slot, record in enumerate(slots, start=1):
+            kind = record.get("kind")
+            if kind == "claim":
+                epoch, expires_at, ack = slot, record["expires_at"], None
+            elif record.get("epoch") != epoch:
+                continue  # Written by a holder that lost the race for its slot's predecessor: never so.
+            elif kind == "extend":
+                expires_at = record["expires_at"]
+            elif kind == "release":
+                expires_at = 0.0
+            elif kind == "ack":
+                ack, expires_at = record, 0.0
+        if ack is not None:
+            standing = self._ack_standing(ack)
+            if standing != "undone":
+                return f"acked_{standing}", epoch, ack
+        if epoch is not None and expires_at > time.time():
+            return "leased", epoch, None
+        return "waiting", epoch, None
+
+    def _ack_standing(self, ack: dict[str, Any]) -> str:
+        """``final``, ``pending`` or ``undone``: what the commits and rewinds after the ack made of it."""
+        step = ack.get("step")
+        if step is None:
+            return "final"
+        for record in self._log[ack.get("after_log", 0):]:
+            if record["kind"] == "commit" and record["step"] >= step:
+                return "final"
+            if record["kind"] == "rewind" and record["step"] < step:
+                return "undone"
+        return "pending"
+
+
+def _step(step: Any) -> int:
+    if type(step) is not int or step < 0:
+        raise ValueError("step must be a non-negative integer")
+    return step
+
+
+def _check_exclusive_create(root: str) -> None:
+    """Create one probe twice: the second must fail, or claims would not be exclusive here."""
+    probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
+    try:
+        if not create_exclusively(probe, b"{}") or create_exclusively(probe, b"{}"):
+            raise ExclusiveCreateBroken(f"{root}: creating one file twice did not fail the second time, so a "
+                                        "consumer's claims would not be exclusive there; use a filesystem with "
+                                        "working hard links (a local disk, NFS v4)")
+    finally:
+        try:
+            os.unlink(probe)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,166 @@
+"""The durable consumer of ended rollouts (issue 62, item 3, on a capture directory): leases with
+epochs, acknowledgements tied to the trainer's checkpoint, names independent; real processes
+SIGKILLed at random points lose nothing and train nothing twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from records import Consumer, LeaseLost, end_rollout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ended(directory: str, count: int, prefix: str = "r") -> list[str]:
+    ids = [f"{prefix}{n:03d}" for n in range(count)]
+    for n, rollout_id in enumerate(ids):
+        end_rollout(directory, rollout_id, outcome={"reward": n / count})
+    return ids
+
+
+def test_take_hands_out_oldest_end_first_each_to_one_holder_and_names_are_independent(tmp_path):
+    directory = str(tmp_path)
+    ids = _ended(directory, 5)
+    one, two = Consumer(directory, "trainer"), Consumer(directory, "trainer")
+    first = one.take(2)
+    assert [item.rollout_id for item in first] == ids[:2], "oldest end first"
+    assert [item.outcome for item in first] == [{"reward": 0.0}, {"reward": 0.2}]
+    assert [item.rollout_id for item in two.take(10)] == ids[2:], "one holder at a time"
+    assert one.take(10) == [] and one.take(1, wait=0.3) == []
+    assert [item.rollout_id for item in Consumer(directory, "eval-logger").take(10)] == ids, "another name gets all"
+    assert all(item.lease.epoch == 1 and item.trajectories.rollout_id == item.rollout_id for item in first)
+
+
+def test_a_stalled_holders_lease_runs_out_and_its_late_ack_is_refused(tmp_path):
+    directory = str(tmp_path)
+    (rollout_id,) = _ended(directory, 1)
+    stalled, other = Consumer(directory, "trainer", lease_seconds=0.2), Consumer(directory, "trainer")
+    (held,) = stalled.take()
+    assert other.take() == [], "leased"
+    time.sleep(0.3)
+    (again,) = other.take()
+    assert again.rollout_id == rollout_id and again.lease.epoch > held.lease.epoch, "the next epoch"
+    other.ack([again], step=None)
+    for late in (lambda: stalled.ack([held], step=None), lambda: stalled.extend([held]), lambda: stalled.release([held])):
+        with pytest.raises(LeaseLost):
+            late()
+    assert other.counts() == {"final": 1, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
+
+
+def test_a_lease_that_ran_out_holds_while_nobody_took_it_again_and_extend_and_release_work(tmp_path):
+    directory = str(tmp_path)
+    _ended(directory, 2)
+    consumer = Consumer(directory, "trainer", lease_seconds=0.2)
+    slow, released = consumer.take(2)
+    consumer.extend([slow])
+    consumer.release([released])
+    assert [item.rollout_id for item in Consumer(directory, "trainer").take(5)] == [released.rollout_id]
+    time.sleep(0.3)
+    consumer.ack([slow], step=None)  # Ran out, but no later epoch: still its holder's.
+
+
+def test_acks_follow_the_trainers_checkpoint(tmp_path):
+    """ack(step) is pending until commit(>= step); rewind(T) hands out again what was acked after T
+    and not committed; a committed ack survives a later rewind; step=None is final at once;
+    dropped rollouts are acknowledged and counted apart."""
+    directory = str(tmp_path)
+    ids = _ended(directory, 6)
+    trainer = Consumer(directory, "trainer")
+    items = {item.rollout_id: item for item in trainer.take(6)}
+    trainer.ack([items[ids[0]]], step=1)
+    trainer.ack([items[ids[1]]], step=2)
+    trainer.ack([items[ids[2]]], step=3, dropped=True)
+    trainer.ack([items[ids[3]]], step=None)
+    assert trainer.counts() == {"final": 1, "pending": 3, "leased": 2, "waiting": 0, "dropped": 1}
+    trainer.commit(2)
+    assert trainer.counts()["final"] == 3 and trainer.counts()["pending"] == 1
+    trainer.rewind(2)  # Restarted from the checkpoint at step 2: step 3's ack is undone.
+    restarted = Consumer(directory, "trainer")
+    assert [item.rollout_id for item in restarted.take(6)] == [ids[2]]
+    assert restarted.counts() == {"final": 3, "pending": 0, "leased": 3, "waiting": 0, "dropped": 0}
+    with pytest.raises(ValueError):
+        trainer.ack([items[ids[4]]], step=-1)
+
+
+# -- real processes, SIGKILLed ---------------------------------------------------------------------
+
+_TRAINER = r'''
+import json, os, random, sys
+sys.path.insert(0, sys.argv[1])
+from records import Consumer, LeaseLost
+directory, name, checkpoint, seed = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+rng = random.Random(seed)
+
+def save(state):
+    # The trainer's checkpoint: its step and what it trained on up to it, made durable first.
+    tmp = checkpoint + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(state, handle); handle.flush(); os.fsync(handle.fileno())
+    os.replace(tmp, checkpoint)
+
+state = json.load(open(checkpoint)) if os.path.exists(checkpoint) else {"step": 0, "trained": []}
+consumer = Consumer(directory, name, lease_seconds=1.0)
+consumer.rewind(state["step"])  # Restarted from the last checkpoint.
+step, since = state["step"], []
+while True:
+    items = consumer.take(rng.randint(1, 4), wait=0.3)
+    if items:
+        step += 1
+        try:
+            consumer.ack(items, step=step)
+            since += [[step, item.rollout_id] for item in items]  # Trained on at this step.
+        except LeaseLost:
+            pass  # Stalled past its lease: another holder has them.
+    if since and (not items or step % 3 == 0 or rng.random() < 0.2):
+        state = {"step": step, "trained": state["trained"] + since}
+        save(state)
+        consumer.commit(step)
+        since = []
+    if not items and not since:
+        counts = consumer.counts()
+        if counts["waiting"] == 0 and counts["leased"] == 0 and counts["pending"] == 0:
+            break
+print("done", flush=True)
+'''
+
+
+def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_committed_step(tmp_path):
+    """A checkpointing trainer SIGKILLed at random points (between take, ack, checkpoint and commit),
+    restarted each time with `rewind` to its last checkpoint: afterwards every ended rollout is in
+    exactly one step of its checkpoint (none lost, none trained twice), the name's acks are all
+    final, and another name still gets every rollout."""
+    directory = str(tmp_path / "captures")
+    os.makedirs(directory)
+    ids = _ended(directory, 60)
+    checkpoint = str(tmp_path / "checkpoint.json")
+    rng = random.Random(55)
+    kills = 0
+    for attempt in range(40):
+        process = subprocess.Popen([sys.executable, "-c", _TRAINER, ROOT, directory, "trainer", checkpoint, str(attempt)],
+                                   stdout=subprocess.PIPE, text=True)
+        if kills < 6:
+            time.sleep(rng.uniform(0.3, 1.2))
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                kills += 1
+                continue
+        out, _ = process.communicate(timeout=120)
+        if "done" in out:
+            break
+    else:
+        pytest.fail("the trainer never finished")
+    assert kills >= 3, "the test must kill the trainer a few times"
+    trained = [rollout_id for _, rollout_id in json.load(open(checkpoint))["trained"]]
+    assert sorted(trained) == ids, "every ended rollout exactly once as of the checkpoint: none lost, none twice"
+    assert Consumer(directory, "trainer").counts() == {"final": 60, "pending": 0, "leased": 0, "waiting": 0,
+                                                       "dropped": 0}
+    assert len(Consumer(directory, "another").take(100)) == 60
