@@ -58,7 +58,7 @@ from ._models import (
 )
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
-from ._consumer import Consumer, ExclusiveCreateBroken, FinishedRollout, Lease, LeaseLost
+from ._consumer import Consumer, ExclusiveCreateBroken, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
 from ._rollout_ends import (
     END_SUFFIX,
     RolloutEnd,
@@ -124,6 +124,8 @@ __all__ = [
     "FinishedRollout",
     "Lease",
     "LeaseLost",
+    "consumer_names",
+    "consumer_view",
     "RolloutEnd",
     "RolloutEndConflict",
     "end_request",

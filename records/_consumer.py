@@ -86,35 +86,138 @@ class _Item:
     slots: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Consumer:
+class _ConsumerView:
+    """What a consumer name's state says, read from the capture directory (nothing written)."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self._root = os.path.join(directory, "consumers", name)
+        self._items: dict[str, _Item] = {}
+        self._log: list[dict[str, Any]] = []
+        self._ends: dict[str, RolloutEnd] = {}
+        #: Items acknowledged for good: never looked at again.
+        self._final: set[str] = set()
+
+    # -- counts ------------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Ended rollouts by where they stand for this name: ``final`` (acknowledged for good),
+        ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``, and ``dropped``
+        (acknowledged as dropped, final or pending)."""
+        self._read_log()
+        counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
+        for end in self._ended():
+            status, _, ack = self._state(self._slots(end.rollout_id))
+            counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
+            if ack is not None and ack.get("dropped"):
+                counts["dropped"] += 1
+        return counts
+
+    def oldest_waiting(self) -> Optional[RolloutEnd]:
+        """The end of the oldest ended rollout nobody of this name holds or has acknowledged."""
+        self._read_log()
+        return next((end for end in self._ended() if self._state(self._slots(end.rollout_id))[0] == "waiting"), None)
+
+    # -- the state -----------------------------------------------------------------------------------
+
+    def _ended(self) -> list[RolloutEnd]:
+        """Every ended rollout of the directory, oldest end first (ends never change: each read once)."""
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in self._ends:
+                    end = read_end_file(entry.path)
+                    if end is not None:
+                        self._ends[end.rollout_id] = end
+        return sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
+
+    def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The item's log: the slots read before, and any written since."""
+        item = self._items.setdefault(rollout_id, _Item())
+        directory = os.path.join(self._root, "items", validate_rollout_id(rollout_id))
+        while True:
+            path = os.path.join(directory, f"{len(item.slots) + 1:010d}.json")
+            try:
+                with open(path, "rb") as handle:
+                    item.slots.append(orjson.loads(handle.read()))
+            except FileNotFoundError:
+                return item.slots
+
+    def _read_log(self) -> None:
+        directory = os.path.join(self._root, "log")
+        while True:
+            try:
+                with open(os.path.join(directory, f"{len(self._log) + 1:010d}.json"), "rb") as handle:
+                    self._log.append(orjson.loads(handle.read()))
+            except FileNotFoundError:
+                return
+
+    def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
+        """(``waiting`` / ``leased`` / ``acked_pending`` / ``acked_final``, the current epoch, the
+        standing ack) of an item's log, as of the name's log read so far."""
+        epoch: Optional[int] = None
+        expires_at = 0.0
+        ack: Optional[dict[str, Any]] = None
+        for slot, record in enumerate(slots, start=1):
+            kind = record.get("kind")
+            if kind == "claim":
+                epoch, expires_at, ack = slot, record["expires_at"], None
+            elif record.get("epoch") != epoch:
+                continue  # Written by a holder that lost the race for its slot's predecessor: never so.
+            elif kind == "extend":
+                expires_at = record["expires_at"]
+            elif kind == "release":
+                expires_at = 0.0
+            elif kind == "ack":
+                ack, expires_at = record, 0.0
+        if ack is not None:
+            standing = self._ack_standing(ack)
+            if standing != "undone":
+                return f"acked_{standing}", epoch, ack
+        if epoch is not None and expires_at > time.time():
+            return "leased", epoch, None
+        return "waiting", epoch, None
+
+    def _ack_standing(self, ack: dict[str, Any]) -> str:
+        """``final``, ``pending`` or ``undone``: what the commits and rewinds after the ack made of it."""
+        step = ack.get("step")
+        if step is None:
+            return "final"
+        for record in self._log[ack.get("after_log", 0):]:
+            if record["kind"] == "commit" and record["step"] >= step:
+                return "final"
+            if record["kind"] == "rewind" and record["step"] < step:
+                return "undone"
+        return "pending"
+
+
+class Consumer(_ConsumerView):
     """Ended rollouts of ``captures`` (a capture directory or a `CaptureStore`) handed to the
     consumer ``name``: every ended rollout exactly once as of the trainer's last commit. Several
     processes with one name share the work; different names each get every rollout."""
 
-    def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0) -> None:
+    def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False) -> None:
         if isinstance(captures, str) and "://" in captures:
             raise ValueError(f"Consumer takes a capture directory; consuming a capture store ({captures}) is not "
                              "supported yet")
-        self.directory = directory_of(capture_store(captures, "Consumer"), "Consumer")
-        if not os.path.isdir(self.directory):
-            raise FileNotFoundError(f"Consumer: no capture directory at {self.directory}")
+        directory = directory_of(capture_store(captures, "Consumer"), "Consumer")
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"Consumer: no capture directory at {directory}")
         if not is_valid_rollout_id(name):
             raise ValueError(f"a consumer name is 1-200 characters of [A-Za-z0-9._-] starting with a letter or "
                              f"digit, not {name!r}")
         if not lease_seconds > 0:
             raise ValueError("lease_seconds must be positive")
-        self.name = name
+        super().__init__(directory, name)
         self.lease_seconds = float(lease_seconds)
+        #: Mark Gym's ``retired`` state for a rollout's training-token files once its ack is final
+        #: (committed, or with no step), never before.
+        self.retires = retires
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self._root = os.path.join(self.directory, "consumers", name)
         os.makedirs(os.path.join(self._root, "items"), exist_ok=True)
         os.makedirs(os.path.join(self._root, "log"), exist_ok=True)
         _check_exclusive_create(self._root)
-        self._items: dict[str, _Item] = {}
-        #: Items acknowledged for good: never looked at again.
-        self._final: set[str] = set()
-        self._log: list[dict[str, Any]] = []
-        self._ends: dict[str, RolloutEnd] = {}
 
     # -- taking --------------------------------------------------------------------------------
 
@@ -173,6 +276,8 @@ class Consumer:
         self._read_log()
         for item in items:
             self._act(item, {"kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log)})
+            if step is None:
+                self._retire(item.rollout_id)
 
     def extend(self, items: Iterable[FinishedRollout]) -> None:
         """Renew the items' leases for ``lease_seconds`` from now."""
@@ -198,16 +303,35 @@ class Consumer:
             if self._append(item.rollout_id, len(slots) + 1, record):
                 return
 
+    def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
+        directory = os.path.join(self._root, "items", rollout_id)
+        os.makedirs(directory, exist_ok=True)
+        return create_exclusively(os.path.join(directory, f"{slot:010d}.json"),
+                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
+
     # -- the trainer's checkpoints ------------------------------------------------------------------
 
     def commit(self, step: int) -> None:
         """The trainer's checkpoint at ``step`` is durable: every ack at a step <= ``step`` is final."""
         self._log_record({"kind": "commit", "step": _step(step)})
+        if self.retires:
+            for end in self._ended():
+                if end.rollout_id not in self._final and self._state(self._slots(end.rollout_id))[0] == "acked_final":
+                    self._retire(end.rollout_id)
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
         commit made final is undone, and those rollouts are handed out again."""
         self._log_record({"kind": "rewind", "step": _step(step)})
+
+    def _retire(self, rollout_id: str) -> None:
+        self._final.add(rollout_id)
+        if self.retires:
+            from ._token_files import TokenFiles
+
+            files = TokenFiles(self.directory)
+            if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
+                files.retire(rollout_id)
 
     def _log_record(self, record: dict[str, Any]) -> None:
         while True:
@@ -217,98 +341,18 @@ class Consumer:
                 self._read_log()
                 return
 
-    # -- counts ------------------------------------------------------------------------------------
+def consumer_names(captures: object) -> list[str]:
+    """The consumer names with state in a capture directory (a path or a `CaptureStore`)."""
+    directory = directory_of(capture_store(captures, "consumer_names"), "consumer_names")
+    try:
+        return sorted(name for name in os.listdir(os.path.join(directory, "consumers")) if is_valid_rollout_id(name))
+    except FileNotFoundError:
+        return []
 
-    def counts(self) -> dict[str, int]:
-        """Ended rollouts by where they stand for this name: ``final`` (acknowledged for good),
-        ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``, and ``dropped``
-        (acknowledged as dropped, final or pending)."""
-        self._read_log()
-        counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
-        for end in self._ended():
-            status, _, ack = self._state(self._slots(end.rollout_id))
-            counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
-            if ack is not None and ack.get("dropped"):
-                counts["dropped"] += 1
-        return counts
 
-    # -- the state -----------------------------------------------------------------------------------
-
-    def _ended(self) -> list[RolloutEnd]:
-        """Every ended rollout of the directory, oldest end first (ends never change: each read once)."""
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in self._ends:
-                    end = read_end_file(entry.path)
-                    if end is not None:
-                        self._ends[end.rollout_id] = end
-        return sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
-
-    def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
-        """The item's log: the slots read before, and any written since."""
-        item = self._items.setdefault(rollout_id, _Item())
-        directory = os.path.join(self._root, "items", validate_rollout_id(rollout_id))
-        while True:
-            path = os.path.join(directory, f"{len(item.slots) + 1:010d}.json")
-            try:
-                with open(path, "rb") as handle:
-                    item.slots.append(orjson.loads(handle.read()))
-            except FileNotFoundError:
-                return item.slots
-
-    def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
-        directory = os.path.join(self._root, "items", rollout_id)
-        os.makedirs(directory, exist_ok=True)
-        return create_exclusively(os.path.join(directory, f"{slot:010d}.json"),
-                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
-
-    def _read_log(self) -> None:
-        directory = os.path.join(self._root, "log")
-        while True:
-            try:
-                with open(os.path.join(directory, f"{len(self._log) + 1:010d}.json"), "rb") as handle:
-                    self._log.append(orjson.loads(handle.read()))
-            except FileNotFoundError:
-                return
-
-    def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
-        """(``waiting`` / ``leased`` / ``acked_pending`` / ``acked_final``, the current epoch, the
-        standing ack) of an item's log, as of the name's log read so far."""
-        epoch: Optional[int] = None
-        expires_at = 0.0
-        ack: Optional[dict[str, Any]] = None
-        for slot, record in enumerate(slots, start=1):
-            kind = record.get("kind")
-            if kind == "claim":
-                epoch, expires_at, ack = slot, record["expires_at"], None
-            elif record.get("epoch") != epoch:
-                continue  # Written by a holder that lost the race for its slot's predecessor: never so.
-            elif kind == "extend":
-                expires_at = record["expires_at"]
-            elif kind == "release":
-                expires_at = 0.0
-            elif kind == "ack":
-                ack, expires_at = record, 0.0
-        if ack is not None:
-            standing = self._ack_standing(ack)
-            if standing != "undone":
-                return f"acked_{standing}", epoch, ack
-        if epoch is not None and expires_at > time.time():
-            return "leased", epoch, None
-        return "waiting", epoch, None
-
-    def _ack_standing(self, ack: dict[str, Any]) -> str:
-        """``final``, ``pending`` or ``undone``: what the commits and rewinds after the ack made of it."""
-        step = ack.get("step")
-        if step is None:
-            return "final"
-        for record in self._log[ack.get("after_log", 0):]:
-            if record["kind"] == "commit" and record["step"] >= step:
-                return "final"
-            if record["kind"] == "rewind" and record["step"] < step:
-                return "undone"
-        return "pending"
+def consumer_view(captures: object, name: str) -> _ConsumerView:
+    """A consumer name's state, to look at (`counts`, `oldest_waiting`): nothing is written."""
+    return _ConsumerView(directory_of(capture_store(captures, "consumer_view"), "consumer_view"), name)
 
 
 def _step(step: Any) -> int:

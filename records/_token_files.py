@@ -142,12 +142,20 @@ class TokenFiles:
     def freeze(self, rollout_id: str) -> None:
         """Durably freeze the rollout (Gym's ``frozen`` state): it takes no new call and no new
         entry; one written late is kept apart as evidence (an ended rollout: `records.end_rollout`)."""
+        self._mark(rollout_id, "frozen")
+
+    def retire(self, rollout_id: str) -> None:
+        """Durably mark the rollout ``retired`` (Gym's state): its consumer accepted it for good
+        (`records.Consumer` with ``retires=True``); Gym's collectors may then remove it."""
+        self._mark(rollout_id, "retired")
+
+    def _mark(self, rollout_id: str, flag: str) -> None:
         with self._locked(rollout_id):
             _, state = self._state(rollout_id)
             self._index_tail(rollout_id, state)
-            if state.get("frozen") or state.get("retired"):
+            if state.get(flag) or state.get("retired"):
                 return
-            state.update(frozen=True, version=state.get("version", 0) + 1)
+            state.update({flag: True, "version": state.get("version", 0) + 1})
             self._write_state(rollout_id, state, durable=True)
 
     def delete(self, rollout_id: str) -> None:

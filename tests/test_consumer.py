@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import orjson
 import pytest
 
 from records import Consumer, LeaseLost, end_rollout
@@ -93,11 +94,16 @@ def test_acks_follow_the_trainers_checkpoint(tmp_path):
 # -- real processes, SIGKILLed ---------------------------------------------------------------------
 
 _TRAINER = r'''
-import json, os, random, sys
+import json, os, random, signal, sys
 sys.path.insert(0, sys.argv[1])
 from records import Consumer, LeaseLost
-directory, name, checkpoint, seed = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+directory, name, checkpoint, seed, dies = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "dies"
 rng = random.Random(seed)
+
+def maybe_die():
+    # SIGKILLed at a random point between take, ack, checkpoint and commit.
+    if dies and rng.random() < 0.08:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 def save(state):
     # The trainer's checkpoint: its step and what it trained on up to it, made durable first.
@@ -112,6 +118,7 @@ consumer.rewind(state["step"])  # Restarted from the last checkpoint.
 step, since = state["step"], []
 while True:
     items = consumer.take(rng.randint(1, 4), wait=0.3)
+    maybe_die()
     if items:
         step += 1
         try:
@@ -119,11 +126,14 @@ while True:
             since += [[step, item.rollout_id] for item in items]  # Trained on at this step.
         except LeaseLost:
             pass  # Stalled past its lease: another holder has them.
+        maybe_die()
     if since and (not items or step % 3 == 0 or rng.random() < 0.2):
         state = {"step": step, "trained": state["trained"] + since}
         save(state)
+        maybe_die()
         consumer.commit(step)
         since = []
+        maybe_die()
     if not items and not since:
         counts = consumer.counts()
         if counts["waiting"] == 0 and counts["leased"] == 0 and counts["pending"] == 0:
@@ -141,26 +151,69 @@ def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_c
     os.makedirs(directory)
     ids = _ended(directory, 60)
     checkpoint = str(tmp_path / "checkpoint.json")
-    rng = random.Random(55)
     kills = 0
-    for attempt in range(40):
-        process = subprocess.Popen([sys.executable, "-c", _TRAINER, ROOT, directory, "trainer", checkpoint, str(attempt)],
-                                   stdout=subprocess.PIPE, text=True)
-        if kills < 6:
-            time.sleep(rng.uniform(0.3, 1.2))
-            if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
-                process.wait()
-                kills += 1
-                continue
-        out, _ = process.communicate(timeout=120)
-        if "done" in out:
-            break
+    for attempt in range(60):
+        dies = "dies" if kills < 8 else "lives"
+        done = subprocess.run([sys.executable, "-c", _TRAINER, ROOT, directory, "trainer", checkpoint, str(attempt), dies],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode == -signal.SIGKILL:
+            kills += 1
+            continue
+        assert done.returncode == 0 and "done" in done.stdout, done.stderr
+        break  # Finished: every ended rollout is acknowledged for good.
     else:
         pytest.fail("the trainer never finished")
-    assert kills >= 3, "the test must kill the trainer a few times"
+    assert kills >= 4, "the trainer was killed at random points several times"
     trained = [rollout_id for _, rollout_id in json.load(open(checkpoint))["trained"]]
     assert sorted(trained) == ids, "every ended rollout exactly once as of the checkpoint: none lost, none twice"
     assert Consumer(directory, "trainer").counts() == {"final": 60, "pending": 0, "leased": 0, "waiting": 0,
                                                        "dropped": 0}
     assert len(Consumer(directory, "another").take(100)) == 60
+
+
+async def test_a_consumer_that_retires_marks_gyms_state_only_once_its_ack_is_final(http, upstream, start, capture_dir):
+    from records import TokenFiles
+    from tests.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    await converse(http, sidecar, "tok-a", ["hi", "more"])
+    await converse(http, sidecar, "tok-b", ["hi"])
+    for rollout_id in ("tok-a", "tok-b"):
+        end_rollout(capture_dir, rollout_id, outcome={"reward": 1})
+    trainer = Consumer(capture_dir, "trainer", retires=True)
+    first, second = trainer.take(2)
+    assert first.trajectories.chains and not first.trajectories.masked and len(first.calls) == 2
+    files = TokenFiles(capture_dir)
+    trainer.ack([first], step=1)
+    assert not files.state("tok-a")["retired"], "pending until the checkpoint"
+    trainer.commit(1)
+    assert files.state("tok-a")["retired"] and files.state("tok-a")["frozen"]
+    trainer.ack([second])  # No step: final at once.
+    assert files.state("tok-b")["retired"]
+
+
+def test_mcc_consumers_and_feed(tmp_path):
+    from click.testing import CliRunner
+
+    from proxy import main
+
+    directory = str(tmp_path)
+    ids = _ended(directory, 3)
+    trainer = Consumer(directory, "trainer")
+    trainer.ack(trainer.take(1), step=4)
+    fed = CliRunner().invoke(main, ["feed", directory, "--consumer", "eval", "--max", "2", "--ack"], prog_name="mcc")
+    assert fed.exit_code == 0, fed.output
+    lines = [orjson.loads(line) for line in fed.output.splitlines()]
+    assert [line["rollout_id"] for line in lines] == ids[:2] and lines[0]["outcome"] == {"reward": 0.0}
+    listed = CliRunner().invoke(main, ["consumers", directory, "--json"], prog_name="mcc")
+    assert listed.exit_code == 0, listed.output
+    by_name = {row["consumer"]: row for row in map(orjson.loads, listed.output.splitlines())}
+    assert (by_name["eval"]["final"], by_name["eval"]["waiting"]) == (2, 1)
+    assert (by_name["trainer"]["pending"], by_name["trainer"]["waiting"]) == (1, 2)
+    assert by_name["trainer"]["oldest_waiting_age_s"] >= 0
+    table = CliRunner().invoke(main, ["consumers", directory], prog_name="mcc")
+    assert table.output.splitlines()[0].split()[:2] == ["consumer", "acked"]
+    bad = CliRunner().invoke(main, ["feed", directory, "--consumer", "no spaces"], prog_name="mcc")
+    assert bad.exit_code == 2 and bad.output.startswith("mcc: ") and "consumer name" in bad.output
