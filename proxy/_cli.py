@@ -156,9 +156,6 @@ def serve(**options: Any) -> None:
     settings = _settings_or_exit(options, warnings.append)
     configure_logging(settings.log_level, settings.log_format,
                       (settings.worker_index, settings.worker_count or 1) if settings.worker_index is not None else None)
-    if settings.admin_token is None and settings.host not in ("127.0.0.1", "::1", "localhost"):
-        warnings.append(f"listening on {settings.host} without --admin-token (MCC_ADMIN_TOKEN): whatever reaches the "
-                        "port may end rollouts (POST /-/rollouts/<id>/end) and declare weight versions")
     for message in warnings:  # Said once (by the supervisor, not every worker), in the chosen format.
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)

@@ -164,3 +164,16 @@ def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
     with pytest.raises(FileNotFoundError):
         end_rollout(str(tmp_path / "missing"), "r2")
     assert read_rollout_end(directory, "r2") is None
+
+
+@pytest.mark.parametrize("host, token, warned", [("0.0.0.0", None, True), ("0.0.0.0", "t0ken", False),
+                                                 ("127.0.0.1", None, False)])
+def test_a_sidecar_beyond_loopback_without_an_admin_token_says_so_once(tmp_path, host, token, warned):
+    from tests.processes import SidecarProcess
+
+    env = {"MCC_ADMIN_TOKEN": token} if token else None
+    sidecar = SidecarProcess.start("--stand-in", "--host", host, "--port", "0", "--capture-dir", str(tmp_path / "c"), env=env)
+    assert sidecar.terminate() == 0
+    said = [line for line in sidecar.stderr_lines if "without --admin-token" in line]
+    assert len(said) == (1 if warned else 0), sidecar.stderr_lines
+    assert token is None or not any(token in line for line in sidecar.stderr_lines), "the token is never logged"

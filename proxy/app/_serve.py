@@ -97,6 +97,10 @@ async def serve_forever(settings: Settings, log_format: str = "text",
     if settings.worker_index is not None:  # The log line's prefix names the worker.
         startup = f"pid {os.getpid()}: {startup}"
     log.info("%s", startup)
+    if settings.admin_token is None and settings.host not in ("127.0.0.1", "::1", "localhost") \
+            and settings.worker_index in (None, 0):  # Once, once it listens (by the first worker).
+        log.warning("listening on %s without --admin-token (MCC_ADMIN_TOKEN): whatever reaches the port may end "
+                    "rollouts (POST /-/rollouts/<id>/end) and declare weight versions", settings.host)
     freeze_startup_objects()
     print(ready_line(sidecar.url, log_format), flush=True)
     await stop.wait()
