@@ -58,9 +58,10 @@ from ._models import (
 )
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
-from ._consumer import Consumer, ExclusiveCreateBroken, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
+from ._consumer import Consumer, ExclusiveCreateBroken, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
 from ._rollout_ends import (
     END_SUFFIX,
+    GroupSizeConflict,
     RolloutEnd,
     RolloutEndConflict,
     end_request,
@@ -121,7 +122,9 @@ __all__ = [
     "Consumer",
     "END_SUFFIX",
     "ExclusiveCreateBroken",
+    "FinishedGroup",
     "FinishedRollout",
+    "GroupSizeConflict",
     "Lease",
     "LeaseLost",
     "consumer_names",

@@ -24,6 +24,7 @@ with no step is final at once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -36,13 +37,15 @@ import orjson
 from ._collect import read_model_call_records
 from ._models import ModelCallRecord
 from ._paths import directory_of
-from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
+from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, group_of, gym_member, read_end_file
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
 from ._store import capture_store
 from ._trajectories import TrajectoryBuild, trajectories
 
 #: How often `Consumer.take` looks again while it waits for an ended rollout.
 _POLL_SECONDS = 0.1
+#: A group's item (its log's directory): this and a digest of its key (a key is any text).
+_GROUP_ITEM = "group-"
 
 
 class LeaseLost(RuntimeError):
@@ -77,6 +80,34 @@ class FinishedRollout:
     #: A line of the rollout could not be written (its ``.capture.incomplete`` marker): mask it.
     incomplete: bool
     lease: Lease
+    #: What the lease is of: the rollout, or the group it was handed out in.
+    item: str = ""
+
+
+@dataclass
+class FinishedGroup:
+    """A group handed out whole (its declared size of members ended), or ``partial`` after the
+    straggler bound, naming the members it misses (Gym ids: ``<task>-<i>``); leased and
+    acknowledged as one."""
+
+    group: str
+    rollouts: list[FinishedRollout]
+    partial: bool
+    missing: list[str]
+    lease: Lease
+    item: str = ""
+
+
+@dataclass
+class _Unit:
+    """What one take hands out as one item: a rollout, or a group's members."""
+
+    item: str
+    members: list[RolloutEnd]
+    ready_at: float
+    group: Optional[str] = None
+    partial: bool = False
+    missing: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -107,17 +138,36 @@ class _ConsumerView:
         (acknowledged as dropped, final or pending)."""
         self._read_log()
         counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
-        for end in self._ended():
-            status, _, ack = self._state(self._slots(end.rollout_id))
+        grouped, ended = self._grouped(), self._ended()
+        superseded = _superseded(end.rollout_id for end in ended)
+        for end in ended:
+            if end.rollout_id not in grouped and end.rollout_id in superseded:
+                continue  # An earlier attempt of a group member: its latest attempt stands for it.
+            status, _, ack = self._state(self._slots(grouped.get(end.rollout_id, end.rollout_id)))
             counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
             if ack is not None and ack.get("dropped"):
                 counts["dropped"] += 1
         return counts
 
+    def _grouped(self) -> dict[str, str]:
+        """Each rollout handed out in a group: its group's item (the members its claims name)."""
+        grouped: dict[str, str] = {}
+        try:
+            names = [name for name in os.listdir(os.path.join(self._root, "items")) if name.startswith(_GROUP_ITEM)]
+        except FileNotFoundError:
+            return grouped
+        for item in names:
+            for record in self._slots(item):
+                for member in record.get("members", ()):
+                    grouped[member] = item
+        return grouped
+
     def oldest_waiting(self) -> Optional[RolloutEnd]:
         """The end of the oldest ended rollout nobody of this name holds or has acknowledged."""
         self._read_log()
-        return next((end for end in self._ended() if self._state(self._slots(end.rollout_id))[0] == "waiting"), None)
+        grouped = self._grouped()
+        return next((end for end in self._ended()
+                     if self._state(self._slots(grouped.get(end.rollout_id, end.rollout_id)))[0] == "waiting"), None)
 
     # -- the state -----------------------------------------------------------------------------------
 
@@ -135,7 +185,8 @@ class _ConsumerView:
     def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
         """The item's log: the slots read before, and any written since."""
         item = self._items.setdefault(rollout_id, _Item())
-        directory = os.path.join(self._root, "items", validate_rollout_id(rollout_id))
+        directory = os.path.join(self._root, "items", rollout_id if rollout_id.startswith(_GROUP_ITEM)
+                                 else validate_rollout_id(rollout_id))
         while True:
             path = os.path.join(directory, f"{len(item.slots) + 1:010d}.json")
             try:
@@ -197,7 +248,8 @@ class Consumer(_ConsumerView):
     consumer ``name``: every ended rollout exactly once as of the trainer's last commit. Several
     processes with one name share the work; different names each get every rollout."""
 
-    def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False) -> None:
+    def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False,
+                 straggler_seconds: float = 600.0) -> None:
         if isinstance(captures, str) and "://" in captures:
             raise ValueError(f"Consumer takes a capture directory; consuming a capture store ({captures}) is not "
                              "supported yet")
@@ -214,6 +266,8 @@ class Consumer(_ConsumerView):
         #: Mark Gym's ``retired`` state for a rollout's training-token files once its ack is final
         #: (committed, or with no step), never before.
         self.retires = retires
+        #: A group still short this long after its first member ended is handed out ``partial``.
+        self.straggler_seconds = float(straggler_seconds)
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         os.makedirs(os.path.join(self._root, "items"), exist_ok=True)
         os.makedirs(os.path.join(self._root, "log"), exist_ok=True)
@@ -221,86 +275,136 @@ class Consumer(_ConsumerView):
 
     # -- taking --------------------------------------------------------------------------------
 
-    def take(self, max_rollouts: int = 1, *, wait: float = 0.0) -> list[FinishedRollout]:
-        """Up to ``max_rollouts`` ended rollouts no process of this name holds or has acknowledged
-        for good, oldest end first, each leased to this consumer for ``lease_seconds``; waits up to
-        ``wait`` seconds for at least one."""
+    def take(self, max_rollouts: int = 1, *, wait: float = 0.0, group_size: Optional[int] = None
+             ) -> list[Any]:
+        """Up to ``max_rollouts`` items no process of this name holds or has acknowledged for good,
+        oldest end first, each leased to this consumer for ``lease_seconds``; waits up to ``wait``
+        seconds for at least one. An item is a `FinishedRollout`, or a `FinishedGroup` for
+        rollouts in a group whose size is known (declared at their end, else ``group_size``; the
+        key: the group given at the end, else the task of Gym's ``<task>-<rollout>[-a<n>]`` ids,
+        the latest attempt of each): only whole groups are handed out, or, after
+        ``straggler_seconds``, a short one marked ``partial``. A name takes with one ``group_size``."""
         if max_rollouts < 1:
             raise ValueError("max_rollouts must be at least 1")
+        if group_size is not None and (type(group_size) is not int or group_size < 1):
+            raise ValueError("group_size must be a positive integer or None")
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            taken = self._take(max_rollouts)
+            taken = self._take(max_rollouts, group_size)
             if taken or time.monotonic() >= deadline:
                 return taken
             time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
-    def _take(self, max_rollouts: int) -> list[FinishedRollout]:
+    def _take(self, max_rollouts: int, group_size: Optional[int]) -> list[Any]:
         self._read_log()
-        taken: list[FinishedRollout] = []
-        for end in self._ended():
+        taken: list[Any] = []
+        for unit in self._units(group_size):
             if len(taken) >= max_rollouts:
                 break
-            if end.rollout_id in self._final:
+            if unit.item in self._final:
                 continue
-            lease = self._claim(end.rollout_id)
-            if lease is not None:
-                taken.append(self._finished(end, lease))
+            lease = self._claim(unit.item, [end.rollout_id for end in unit.members] if unit.group is not None else None)
+            if lease is None:
+                continue
+            rollouts = [self._finished(end, lease, unit.item) for end in unit.members]
+            taken.append(rollouts[0] if unit.group is None else
+                         FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
         return taken
 
-    def _claim(self, rollout_id: str) -> Optional[Lease]:
+    def _units(self, group_size: Optional[int]) -> list[_Unit]:
+        """The ended rollouts as what is handed out, oldest first: each rollout alone, or its group
+        once whole (or past the straggler bound); a group not yet ready is left for later."""
+        units: list[_Unit] = []
+        groups: dict[str, list[RolloutEnd]] = {}
+        sizes: dict[str, int] = {}
+        for end in self._ended():
+            key = group_of(end.rollout_id, end.group)
+            size = end.group_size or group_size
+            if key is None or size is None:
+                units.append(_Unit(end.rollout_id, [end], end.ended_at))
+                continue
+            groups.setdefault(key, []).append(end)
+            sizes[key] = end.group_size or sizes.get(key) or size
+        now = time.time()
+        for key, ends in groups.items():
+            latest: dict[Any, RolloutEnd] = {}  # The latest attempt of each member.
+            for end in ends:
+                member = gym_member(end.rollout_id)
+                slot = member[:2] if member is not None and end.group is None else end.rollout_id
+                kept = latest.get(slot)
+                if kept is None or (member is not None and member[2] > (gym_member(kept.rollout_id) or ("", 0, -1))[2]):
+                    latest[slot] = end
+            members = sorted(latest.values(), key=lambda end: (end.ended_at, end.rollout_id))
+            size, item = sizes[key], _GROUP_ITEM + hashlib.sha256(key.encode()).hexdigest()[:32]
+            if len(members) >= size:
+                units.append(_Unit(item, members, members[-1].ended_at, key))
+            elif now - members[0].ended_at >= self.straggler_seconds:
+                present = {gym_member(end.rollout_id)[1] for end in members if gym_member(end.rollout_id)}  # type: ignore[index]
+                missing = ([f"{key}-{index}" for index in range(size) if index not in present]
+                           if all(gym_member(end.rollout_id) for end in members) and members[0].group is None else [])
+                units.append(_Unit(item, members, members[0].ended_at + self.straggler_seconds, key, True, missing))
+        return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
+
+    def _claim(self, item: str, members: Optional[list[str]] = None) -> Optional[Lease]:
         while True:
-            slots = self._slots(rollout_id)
+            slots = self._slots(item)
             status = self._state(slots)[0]
             if status == "acked_final":
-                self._final.add(rollout_id)
+                self._final.add(item)
             if status != "waiting":
                 return None
             expires_at = time.time() + self.lease_seconds
-            if self._append(rollout_id, len(slots) + 1, {"kind": "claim", "holder": self.holder, "expires_at": expires_at}):
+            record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": expires_at}
+            if members is not None:
+                record["members"] = members
+            if self._append(item, len(slots) + 1, record):
                 return Lease(len(slots) + 1, expires_at)
 
-    def _finished(self, end: RolloutEnd, lease: Lease) -> FinishedRollout:
+    def _finished(self, end: RolloutEnd, lease: Lease, item: str) -> FinishedRollout:
         store = capture_store(self.directory, "Consumer")
         return FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome, group=end.group,
                                calls=read_model_call_records(store, end.rollout_id),
                                trajectories=trajectories(self.directory, end.rollout_id),
-                               incomplete=store.is_incomplete(end.rollout_id), lease=lease)
+                               incomplete=store.is_incomplete(end.rollout_id), lease=lease, item=item)
 
     # -- what the holder says ---------------------------------------------------------------------
 
-    def ack(self, items: Iterable[FinishedRollout], *, step: Optional[int] = None, dropped: bool = False) -> None:
-        """The items are used (or, ``dropped``, deliberately not trained on): durable before this
-        returns; final at once with ``step=None``, else once `commit` covers ``step``."""
+    def ack(self, items: Iterable[Any], *, step: Optional[int] = None, dropped: bool = False) -> None:
+        """The items (rollouts or groups) are used (or, ``dropped``, deliberately not trained on):
+        durable before this returns; final at once with ``step=None``, else once `commit` covers
+        ``step``."""
         if step is not None and (type(step) is not int or step < 0):
             raise ValueError("step must be a non-negative integer or None")
         self._read_log()
         for item in items:
             self._act(item, {"kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log)})
             if step is None:
-                self._retire(item.rollout_id)
+                self._retire(item.item)
 
-    def extend(self, items: Iterable[FinishedRollout]) -> None:
+    def extend(self, items: Iterable[Any]) -> None:
         """Renew the items' leases for ``lease_seconds`` from now."""
         for item in items:
             expires_at = time.time() + self.lease_seconds
             self._act(item, {"kind": "extend", "expires_at": expires_at})
             item.lease = Lease(item.lease.epoch, expires_at)
 
-    def release(self, items: Iterable[FinishedRollout]) -> None:
+    def release(self, items: Iterable[Any]) -> None:
         """Hand the items back now: another process of this name may take them."""
         for item in items:
             self._act(item, {"kind": "release"})
 
-    def _act(self, item: FinishedRollout, record: dict[str, Any]) -> None:
+    def _act(self, item: Any, record: dict[str, Any]) -> None:
+        """Write ``record`` as the next slot of the item's log, if its lease is still this one's."""
         record = {**record, "epoch": item.lease.epoch}
+        what = f"group {item.group}" if isinstance(item, FinishedGroup) else f"rollout {item.rollout_id}"
         while True:
-            slots = self._slots(item.rollout_id)
+            slots = self._slots(item.item)
             status, epoch, _ = self._state(slots)
             # A lease that ran out still holds while nobody took the item again (a later epoch).
             if epoch != item.lease.epoch or status.startswith("acked"):
-                raise LeaseLost(f"rollout {item.rollout_id}: its lease of epoch {item.lease.epoch} is no longer held "
+                raise LeaseLost(f"{what}: its lease of epoch {item.lease.epoch} is no longer held "
                                 f"({'it was acknowledged' if status.startswith('acked') else 'it was handed out again under epoch ' + str(epoch)})")
-            if self._append(item.rollout_id, len(slots) + 1, record):
+            if self._append(item.item, len(slots) + 1, record):
                 return
 
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
@@ -315,21 +419,26 @@ class Consumer(_ConsumerView):
         """The trainer's checkpoint at ``step`` is durable: every ack at a step <= ``step`` is final."""
         self._log_record({"kind": "commit", "step": _step(step)})
         if self.retires:
-            for end in self._ended():
-                if end.rollout_id not in self._final and self._state(self._slots(end.rollout_id))[0] == "acked_final":
-                    self._retire(end.rollout_id)
+            grouped = self._grouped()
+            for item in {grouped.get(end.rollout_id, end.rollout_id) for end in self._ended()} - self._final:
+                if self._state(self._slots(item))[0] == "acked_final":
+                    self._retire(item)
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
         commit made final is undone, and those rollouts are handed out again."""
         self._log_record({"kind": "rewind", "step": _step(step)})
 
-    def _retire(self, rollout_id: str) -> None:
-        self._final.add(rollout_id)
-        if self.retires:
-            from ._token_files import TokenFiles
+    def _retire(self, item: str) -> None:
+        """The item's ack is final: its rollouts' token files are retired (``retires``)."""
+        self._final.add(item)
+        if not self.retires:
+            return
+        from ._token_files import TokenFiles
 
-            files = TokenFiles(self.directory)
+        files = TokenFiles(self.directory)
+        members = [member for member, group in self._grouped().items() if group == item] or [item]
+        for rollout_id in members:
             if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
                 files.retire(rollout_id)
 
@@ -353,6 +462,18 @@ def consumer_names(captures: object) -> list[str]:
 def consumer_view(captures: object, name: str) -> _ConsumerView:
     """A consumer name's state, to look at (`counts`, `oldest_waiting`): nothing is written."""
     return _ConsumerView(directory_of(capture_store(captures, "consumer_view"), "consumer_view"), name)
+
+
+def _superseded(rollout_ids: Iterable[str]) -> set[str]:
+    """The Gym attempts ``<task>-<i>[-a<n>]`` of these ids with a later attempt among them."""
+    latest: dict[tuple[str, int], tuple[int, str]] = {}
+    attempts = []
+    for rollout_id in rollout_ids:
+        member = gym_member(rollout_id)
+        if member is not None:
+            attempts.append((member, rollout_id))
+            latest[member[:2]] = max(latest.get(member[:2], (-1, "")), (member[2], rollout_id))
+    return {rollout_id for member, rollout_id in attempts if latest[member[:2]][1] != rollout_id}
 
 
 def _step(step: Any) -> int:

@@ -16,8 +16,10 @@ for the rollout with 409.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -50,6 +52,29 @@ class RolloutEnd(BaseModel):
     group_size: Optional[int] = None
     #: Whole capture lines the rollout had when it ended.
     calls: int = 0
+
+
+#: Gym's rollout ids: ``<task>-<rollout>[-a<attempt>]``.
+_GYM_ID = re.compile(r"^(.+)-(\d+)(?:-a(\d+))?$")
+
+
+def group_of(rollout_id: str, group: Optional[str]) -> Optional[str]:
+    """A rollout's group key: the ``group`` given at its end, else the task of Gym's
+    ``<task>-<rollout>[-a<n>]`` id, else None."""
+    if group is not None:
+        return group
+    match = _GYM_ID.match(rollout_id)
+    return match.group(1) if match else None
+
+
+def gym_member(rollout_id: str) -> Optional[tuple[str, int, int]]:
+    """(task, rollout index, attempt) of a Gym rollout id, else None."""
+    match = _GYM_ID.match(rollout_id)
+    return (match.group(1), int(match.group(2)), int(match.group(3) or 0)) if match else None
+
+
+class GroupSizeConflict(ValueError):
+    """Another end declared another size for the same group: nothing changed."""
 
 
 class RolloutEndConflict(ValueError):
@@ -121,6 +146,8 @@ def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[
     path = end_path(capture_dir, rollout_id)
     existing = read_end_file(path)
     if existing is None:
+        if group_size is not None:
+            _declare_group_size(capture_dir, group_of(rollout_id, group), group_size)
         _freeze_token_files(token_dir or capture_dir, rollout_id)
         end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time(), outcome=outcome, group=group,
                          group_size=group_size, calls=_whole_lines(capture_path(capture_dir, rollout_id)))
@@ -187,6 +214,23 @@ def create_exclusively(path: str, data: bytes) -> bool:
         os.unlink(temporary)
     fsync_directory(directory)
     return True
+
+
+def _declare_group_size(capture_dir: str, group: Optional[str], size: int) -> None:
+    """The first end that declares its group's size fixes it (``groups/<digest>.json``, created
+    exclusively); another size is `GroupSizeConflict`."""
+    if group is None:
+        return
+    directory = os.path.join(capture_dir, "groups")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, hashlib.sha256(group.encode()).hexdigest()[:32] + ".json")
+    if create_exclusively(path, orjson.dumps({"group": group, "group_size": size})):
+        return
+    with open(path, "rb") as handle:
+        declared = orjson.loads(handle.read())
+    if declared.get("group_size") != size:
+        raise GroupSizeConflict(f"group {group!r} was declared of size {declared.get('group_size')} by an earlier end, "
+                                f"not {size}")
 
 
 def _whole_lines(path: str) -> int:

@@ -217,3 +217,56 @@ def test_mcc_consumers_and_feed(tmp_path):
     assert table.output.splitlines()[0].split()[:2] == ["consumer", "acked"]
     bad = CliRunner().invoke(main, ["feed", directory, "--consumer", "no spaces"], prog_name="mcc")
     assert bad.exit_code == 2 and bad.output.startswith("mcc: ") and "consumer name" in bad.output
+
+
+def test_groups_are_handed_out_sealed_as_one_item(tmp_path):
+    """Declared sizes and Gym ids: a group is one item once its size of members ended (the latest
+    attempt of each), leased and acknowledged together; a group still short is held back."""
+    from records import FinishedGroup, FinishedRollout
+
+    directory = str(tmp_path)
+    end_rollout(directory, "alone", outcome={"reward": 1})
+    for member in ("a", "b", "c"):
+        end_rollout(directory, f"g1-{member}", outcome={"reward": 0.5}, group="g1", group_size=3)
+    end_rollout(directory, "g2-a", group="g2", group_size=3)
+    for rollout_id in ("17-0", "17-1", "17-1-a1", "18-0"):
+        end_rollout(directory, rollout_id)
+    trainer = Consumer(directory, "trainer")
+    items = trainer.take(10, group_size=2)
+    assert [type(item) for item in items] == [FinishedRollout, FinishedGroup, FinishedGroup]
+    alone, g1, task17 = items
+    assert alone.rollout_id == "alone"
+    assert g1.group == "g1" and [r.rollout_id for r in g1.rollouts] == ["g1-a", "g1-b", "g1-c"] and not g1.partial
+    assert task17.group == "17" and sorted(r.rollout_id for r in task17.rollouts) == ["17-0", "17-1-a1"], "latest attempt"
+    assert all(r.lease == g1.lease for r in g1.rollouts)
+    assert Consumer(directory, "trainer").take(10, group_size=2) == [], "g2 and task 18 are short; the rest are leased"
+    trainer.ack([g1, task17], step=None)
+    trainer.ack([alone])
+    assert trainer.counts() == {"final": 6, "pending": 0, "leased": 0, "waiting": 2, "dropped": 0}, "17-1 is superseded"
+
+
+def test_a_short_group_is_handed_out_partial_after_the_straggler_bound_naming_who_is_missing(tmp_path):
+    directory = str(tmp_path)
+    end_rollout(directory, "18-0")
+    end_rollout(directory, "18-2")
+    trainer = Consumer(directory, "trainer", straggler_seconds=0.3)
+    assert trainer.take(5, group_size=4) == []
+    (group,) = trainer.take(5, group_size=4, wait=2.0)
+    assert group.partial and group.missing == ["18-1", "18-3"] and len(group.rollouts) == 2
+
+
+def test_a_groups_lease_runs_out_as_one_and_two_ends_of_one_group_agree_on_its_size(tmp_path):
+    from records import GroupSizeConflict
+
+    directory = str(tmp_path)
+    end_rollout(directory, "g-0", group="g", group_size=2)
+    with pytest.raises(GroupSizeConflict):
+        end_rollout(directory, "g-1", group="g", group_size=3)
+    end_rollout(directory, "g-1", group="g", group_size=2)
+    stalled = Consumer(directory, "trainer", lease_seconds=0.2)
+    (held,) = stalled.take()
+    time.sleep(0.3)
+    (again,) = Consumer(directory, "trainer").take()
+    assert again.lease.epoch > held.lease.epoch and [r.rollout_id for r in again.rollouts] == ["g-0", "g-1"]
+    with pytest.raises(LeaseLost):
+        stalled.ack([held])

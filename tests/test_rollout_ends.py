@@ -177,3 +177,12 @@ def test_a_sidecar_beyond_loopback_without_an_admin_token_says_so_once(tmp_path,
     said = [line for line in sidecar.stderr_lines if "without --admin-token" in line]
     assert len(said) == (1 if warned else 0), sidecar.stderr_lines
     assert token is None or not any(token in line for line in sidecar.stderr_lines), "the token is never logged"
+
+
+async def test_two_ends_declaring_different_sizes_for_one_group_the_second_is_409(http, sidecar, capture_dir):
+    first = await fetch(http, "POST", _end_url(sidecar.url, "7-0"), orjson.dumps({"group_size": 4}))
+    assert first.status == 200
+    second = await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 2}))
+    assert second.status == 409 and "size 4" in orjson.loads(second.body)["error"]
+    assert read_rollout_end(capture_dir, "7-1") is None, "nothing changed"
+    assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4}))).status == 200

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 import orjson
 
 from records import (
+    GroupSizeConflict,
     RolloutEndConflict,
     end_request,
     is_ended,
@@ -69,6 +70,8 @@ class EndedRollouts:
             self._remember(rollout_id)
             return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id,
                                       "ended_at": conflict.existing.ended_at})
+        except GroupSizeConflict as conflict:
+            return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id})
         except OSError as exc:
             return 503, orjson.dumps({"error": f"the end could not be written: {exc.strerror or exc}"})
         self._remember(rollout_id)
