@@ -36,7 +36,15 @@ from ._token_entries import (
     token_digest,
     token_entry,
 )
-from ._weight_versions import engine_weight_versions, resolved_spans, token_versions
+from ._weight_versions import (
+    DECLARED_VERSIONS_FILE,
+    declared_versions,
+    engine_weight_versions,
+    note_declared_version,
+    resolved_spans,
+    token_versions,
+    version_rank,
+)
 from ._trace_context import call_span_id, rollout_trace_id, traceparent
 from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
@@ -129,6 +137,10 @@ __all__ = [
     "LeaseLost",
     "consumer_names",
     "consumer_view",
+    "DECLARED_VERSIONS_FILE",
+    "declared_versions",
+    "note_declared_version",
+    "version_rank",
     "RolloutEnd",
     "RolloutEndConflict",
     "end_request",

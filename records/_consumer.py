@@ -40,7 +40,9 @@ from ._paths import directory_of
 from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, group_of, gym_member, read_end_file
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
 from ._store import capture_store
+from ._token_records import read_token_records
 from ._trajectories import TrajectoryBuild, trajectories
+from ._weight_versions import declared_versions, version_rank
 
 #: How often `Consumer.take` looks again while it waits for an ended rollout.
 _POLL_SECONDS = 0.1
@@ -82,6 +84,13 @@ class FinishedRollout:
     lease: Lease
     #: What the lease is of: the rollout, or the group it was handed out in.
     item: str = ""
+    #: Which weights generated its tokens: ``start`` (the oldest version that generated any),
+    #: ``min``, ``max``, and ``tokens`` per version; None when its calls name no version.
+    weight_versions: Optional[dict[str, Any]] = None
+    #: Weight updates between ``start`` and `take`'s ``current_version`` (None when either has no
+    #: place in the order: `records.version_rank`), and whether that is beyond ``max_staleness``.
+    staleness: Optional[int] = None
+    stale: bool = False
 
 
 @dataclass
@@ -119,6 +128,10 @@ class _Item:
 
 class _ConsumerView:
     """What a consumer name's state says, read from the capture directory (nothing written)."""
+
+    #: `take`'s current version and bound, and the declared order it read (`_place_in_versions`).
+    _currency: tuple[Optional[str], Optional[int]] = (None, None)
+    _declared: Optional[list[str]] = None
 
     def __init__(self, directory: str, name: str) -> None:
         self.directory = directory
@@ -275,28 +288,36 @@ class Consumer(_ConsumerView):
 
     # -- taking --------------------------------------------------------------------------------
 
-    def take(self, max_rollouts: int = 1, *, wait: float = 0.0, group_size: Optional[int] = None
-             ) -> list[Any]:
+    def take(self, max_rollouts: int = 1, *, wait: float = 0.0, group_size: Optional[int] = None,
+             max_staleness: Optional[int] = None, current_version: Optional[str] = None) -> list[Any]:
         """Up to ``max_rollouts`` items no process of this name holds or has acknowledged for good,
         oldest end first, each leased to this consumer for ``lease_seconds``; waits up to ``wait``
         seconds for at least one. An item is a `FinishedRollout`, or a `FinishedGroup` for
         rollouts in a group whose size is known (declared at their end, else ``group_size``; the
         key: the group given at the end, else the task of Gym's ``<task>-<rollout>[-a<n>]`` ids,
         the latest attempt of each): only whole groups are handed out, or, after
-        ``straggler_seconds``, a short one marked ``partial``. A name takes with one ``group_size``."""
+        ``straggler_seconds``, a short one marked ``partial``. A name takes with one ``group_size``.
+
+        Each rollout says which weights generated it and, given ``current_version``, its
+        staleness (weight updates since its ``start`` version, in the engine's integer order or
+        the order the trainer declared them): beyond ``max_staleness`` it is marked ``stale``,
+        never withheld; the trainer acknowledges what it drops (``ack(..., dropped=True)``)."""
         if max_rollouts < 1:
             raise ValueError("max_rollouts must be at least 1")
         if group_size is not None and (type(group_size) is not int or group_size < 1):
             raise ValueError("group_size must be a positive integer or None")
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            taken = self._take(max_rollouts, group_size)
+            taken = self._take(max_rollouts, group_size, (current_version, max_staleness))
             if taken or time.monotonic() >= deadline:
                 return taken
             time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
-    def _take(self, max_rollouts: int, group_size: Optional[int]) -> list[Any]:
+    def _take(self, max_rollouts: int, group_size: Optional[int], currency: tuple[Optional[str], Optional[int]]
+              ) -> list[Any]:
         self._read_log()
+        self._currency = currency
+        self._declared: Optional[list[str]] = None  # Read once per take, when a version needs a place.
         taken: list[Any] = []
         for unit in self._units(group_size):
             if len(taken) >= max_rollouts:
@@ -362,10 +383,32 @@ class Consumer(_ConsumerView):
 
     def _finished(self, end: RolloutEnd, lease: Lease, item: str) -> FinishedRollout:
         store = capture_store(self.directory, "Consumer")
-        return FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome, group=end.group,
-                               calls=read_model_call_records(store, end.rollout_id),
-                               trajectories=trajectories(self.directory, end.rollout_id),
-                               incomplete=store.is_incomplete(end.rollout_id), lease=lease, item=item)
+        finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,
+                                   group=end.group, calls=read_model_call_records(store, end.rollout_id),
+                                   trajectories=trajectories(self.directory, end.rollout_id),
+                                   incomplete=store.is_incomplete(end.rollout_id), lease=lease, item=item)
+        self._place_in_versions(finished, store)
+        return finished
+
+    def _place_in_versions(self, finished: FinishedRollout, store: Any) -> None:
+        """Its ``weight_versions`` from its token records, and its staleness at this take."""
+        tokens: dict[str, int] = {}
+        for record in read_token_records(store, finished.rollout_id):
+            for version in record.token_weight_versions or ():
+                if version is not None:
+                    tokens[version] = tokens.get(version, 0) + 1
+        if not tokens:
+            return
+        current, max_staleness = self._currency
+        if self._declared is None:
+            self._declared = declared_versions(self.directory)
+        rank = version_rank([*tokens, *([current] if current is not None else [])], self._declared)
+        placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
+        finished.weight_versions = {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
+                                    "max": placed[-1] if placed else None, "tokens": tokens}
+        if current is not None and placed and current in rank:
+            finished.staleness = max(0, rank[current] - rank[placed[0]])
+            finished.stale = max_staleness is not None and finished.staleness > max_staleness
 
     # -- what the holder says ---------------------------------------------------------------------
 

@@ -20,9 +20,52 @@ may be null: to the end of the generation), ``weight_version_source``, and
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any, Iterable, Optional
+
+import orjson
 
 ENGINE, DECLARED = "engine", "declared"
+#: The declared versions in the order the trainer declared them (``POST /-/weight-version``), one
+#: JSON line each, in the capture directory: the order a consumer counts staleness in.
+DECLARED_VERSIONS_FILE = "weight-versions.jsonl"
+
+
+def note_declared_version(capture_dir: str, version: str, declared_at: float) -> None:
+    """Append a declared version to the capture directory's order of them, durably."""
+    from ._appender import append_capture_line  # The same durable append as a capture line.
+
+    append_capture_line(os.path.join(capture_dir, DECLARED_VERSIONS_FILE),
+                        orjson.dumps({"version": version, "declared_at": declared_at}) + b"\n")
+
+
+def declared_versions(capture_dir: str) -> list[str]:
+    """The versions declared in the capture directory, each once, in the order first declared."""
+    try:
+        with open(os.path.join(capture_dir, DECLARED_VERSIONS_FILE), "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    order: dict[str, None] = {}
+    for line in data.split(b"\n"):
+        try:
+            version = orjson.loads(line).get("version") if line.strip() else None
+        except (orjson.JSONDecodeError, AttributeError):
+            continue  # A torn last line: never acknowledged.
+        if type(version) is str:
+            order.setdefault(version, None)
+    return list(order)
+
+
+def version_rank(versions: Iterable[str], declared: list[str]) -> dict[str, int]:
+    """Each version's place in the documented order: the engine's integer versions by value when
+    every one is an integer, else the order the trainer declared them; a version in neither has
+    no place."""
+    versions = list(versions)
+    if versions and all(version.lstrip("-").isdigit() for version in versions):
+        return {version: int(version) for version in versions}
+    places = {version: place for place, version in enumerate(declared)}
+    return {version: places[version] for version in versions if version in places}
 
 
 def engine_weight_versions(response: Any) -> Optional[list[Optional[list[dict[str, Any]]]]]:

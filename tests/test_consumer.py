@@ -270,3 +270,35 @@ def test_a_groups_lease_runs_out_as_one_and_two_ends_of_one_group_agree_on_its_s
     assert again.lease.epoch > held.lease.epoch and [r.rollout_id for r in again.rollouts] == ["g-0", "g-1"]
     with pytest.raises(LeaseLost):
         stalled.ack([held])
+
+
+async def test_staleness_after_three_declared_versions_per_member(http, upstream, start, capture_dir):
+    """Rollouts sampled under v1, v2 and v3 (declared by the trainer, in that order); taken with
+    current_version v3 and max_staleness 1: staleness 2, 1 and 0, the first marked stale, none
+    withheld; a group's members each marked; the trainer acknowledges what it drops."""
+    from tests.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+    from tests.wire import fetch
+
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    for version, rollouts in (("v1", ["5-0"]), ("v2", ["5-1", "solo-b"]), ("v3", ["solo-c"])):
+        declared = await fetch(http, "POST", sidecar.url + "/-/weight-version", orjson.dumps({"version": version}))
+        assert declared.status == 200
+        for rollout_id in rollouts:
+            await converse(http, sidecar, rollout_id, ["hi"])
+    for rollout_id in ("5-0", "5-1", "solo-b", "solo-c"):
+        end_rollout(capture_dir, rollout_id, outcome={"reward": 1})
+    trainer = Consumer(capture_dir, "trainer")
+    items = trainer.take(10, group_size=2, current_version="v3", max_staleness=1)
+    by_id = {}
+    for item in items:
+        for rollout in getattr(item, "rollouts", [item]):
+            by_id[rollout.rollout_id] = rollout
+    assert {rollout_id: (r.staleness, r.stale) for rollout_id, r in by_id.items()} == {
+        "5-0": (2, True), "5-1": (1, False), "solo-b": (1, False), "solo-c": (0, False)}
+    assert by_id["5-0"].weight_versions["start"] == "v1" and by_id["5-0"].weight_versions["tokens"]["v1"] > 0
+    group = next(item for item in items if hasattr(item, "rollouts"))
+    trainer.ack([group], dropped=True)  # Too stale: dropped, and said so.
+    trainer.ack([item for item in items if item is not group])
+    assert trainer.counts()["dropped"] == 2 and trainer.counts()["final"] == 4

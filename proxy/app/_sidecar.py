@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Optional
 import orjson
 
 from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
-from records import filesystem_type
+from records import filesystem_type, note_declared_version
 
 from ..call import (
     CONTENT_TYPE,
@@ -215,7 +215,7 @@ class Sidecar:
             client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
             return
         if path == b"/-/weight-version":
-            status, body = self._weight_version(request)
+            status, body = await self._weight_version(request)
             client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
                          b"" if request.method == "HEAD" else body)
             return
@@ -280,7 +280,7 @@ class Sidecar:
 
     # -- admin endpoints --------------------------------------------------------------------
 
-    def _weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
+    async def _weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
         """``GET`` the declared weight version; ``POST {"version": "<label>"}`` declares the one the
         trainer has just loaded (issue 32, `_weight_versions`). Reachable by whatever reaches the
         port, as every admin path: deploy/ says who that is."""
@@ -294,6 +294,13 @@ class Sidecar:
         if version is None:
             return 400, orjson.dumps({"error": problem})
         self.weight_versions.declare(version)
+        if self.ended_rollouts is not None:  # The order a consumer counts staleness in (docs/reading.md).
+            state = self.weight_versions.state()
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, note_declared_version, self.settings.capture_dir, version, state["declared_at"])
+            except OSError as exc:
+                log.warning("cannot note the declared weight version in %s: %s", self.settings.capture_dir, exc)
         return 200, orjson.dumps(self.weight_versions.state())
 
     async def _end_rollout(self, request: ServerRequest, rollout_id: str) -> tuple[int, bytes]:
