@@ -30,11 +30,14 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import orjson
 
+from ._appender import fsync_directory
 from ._collect import read_model_call_records
+from ._group_sync import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
+from ._file_contract import incomplete_marker_path
 from ._models import ModelCallRecord
 from ._paths import directory_of
 from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, group_of, gym_member, read_end_file
@@ -48,11 +51,18 @@ from ._weight_versions import declared_versions, version_rank
 _POLL_SECONDS = 0.1
 #: A group's item (its log's directory): this and a digest of its key (a key is any text).
 _GROUP_ITEM = "group-"
+#: A lazily read value not read yet.
+_UNREAD = object()
 
 
 class LeaseLost(RuntimeError):
     """The item's lease ran out and it was handed out again under a later epoch (or it was already
-    acknowledged): what its older holder says of it is refused, never applied."""
+    acknowledged): what its older holder says of it is refused, never applied. ``lost``: the items
+    refused (of an `ack`, `extend` or `release` of several, every other one was applied)."""
+
+    def __init__(self, message: str, lost: Optional[list[Any]] = None) -> None:
+        super().__init__(message)
+        self.lost: list[Any] = lost or []
 
 
 class ExclusiveCreateBroken(RuntimeError):
@@ -70,13 +80,14 @@ class Lease:
 
 @dataclass
 class FinishedRollout:
-    """An ended rollout handed to a consumer: its end, its calls and trajectories, its lease."""
+    """An ended rollout handed to a consumer: its end, its trajectories, its lease; its calls and
+    weight versions are read when first asked for (a trainer that takes trajectories only pays
+    for those: `benchmarks/bench_handoff.py`)."""
 
     rollout_id: str
     ended_at: float
     outcome: Optional[dict[str, Any]]
     group: Optional[str]
-    calls: list[ModelCallRecord]
     #: Exactly what `records.trajectories` builds for it.
     trajectories: TrajectoryBuild
     #: A line of the rollout could not be written (its ``.capture.incomplete`` marker): mask it.
@@ -84,13 +95,30 @@ class FinishedRollout:
     lease: Lease
     #: What the lease is of: the rollout, or the group it was handed out in.
     item: str = ""
-    #: Which weights generated its tokens: ``start`` (the oldest version that generated any),
-    #: ``min``, ``max``, and ``tokens`` per version; None when its calls name no version.
-    weight_versions: Optional[dict[str, Any]] = None
-    #: Weight updates between ``start`` and `take`'s ``current_version`` (None when either has no
-    #: place in the order: `records.version_rank`), and whether that is beyond ``max_staleness``.
+    #: Weight updates between ``weight_versions["start"]`` and `take`'s ``current_version`` (None
+    #: when either has no place in the order: `records.version_rank`), and whether that is beyond
+    #: ``max_staleness``.
     staleness: Optional[int] = None
     stale: bool = False
+    directory: str = field(default="", repr=False)
+    _calls: Optional[list[ModelCallRecord]] = field(default=None, repr=False)
+    _weight_versions: Any = field(default=_UNREAD, repr=False)
+
+    @property
+    def calls(self) -> list[ModelCallRecord]:
+        """Its calls (`records.read_model_call_records`), in append order."""
+        if self._calls is None:
+            self._calls = read_model_call_records(self.directory, self.rollout_id)
+        return self._calls
+
+    @property
+    def weight_versions(self) -> Optional[dict[str, Any]]:
+        """Which weights generated its tokens: ``start`` (the oldest version that generated any,
+        in `records.version_rank`'s order), ``min``, ``max``, and ``tokens`` per version; None
+        when its calls name no version."""
+        if self._weight_versions is _UNREAD:
+            self._weight_versions = _weight_versions_of(self.directory, self.rollout_id)
+        return self._weight_versions  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -129,9 +157,8 @@ class _Item:
 class _ConsumerView:
     """What a consumer name's state says, read from the capture directory (nothing written)."""
 
-    #: `take`'s current version and bound, and the declared order it read (`_place_in_versions`).
+    #: `take`'s current version and its bound (`_finished`).
     _currency: tuple[Optional[str], Optional[int]] = (None, None)
-    _declared: Optional[list[str]] = None
 
     def __init__(self, directory: str, name: str) -> None:
         self.directory = directory
@@ -285,6 +312,9 @@ class Consumer(_ConsumerView):
         os.makedirs(os.path.join(self._root, "items"), exist_ok=True)
         os.makedirs(os.path.join(self._root, "log"), exist_ok=True)
         _check_exclusive_create(self._root)
+        #: Paths written by the operation under way, made durable together (`_barrier`).
+        self._unsynced: list[str] = []
+        self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(self._root)) else None
 
     # -- taking --------------------------------------------------------------------------------
 
@@ -317,7 +347,6 @@ class Consumer(_ConsumerView):
               ) -> list[Any]:
         self._read_log()
         self._currency = currency
-        self._declared: Optional[list[str]] = None  # Read once per take, when a version needs a place.
         taken: list[Any] = []
         for unit in self._units(group_size):
             if len(taken) >= max_rollouts:
@@ -330,6 +359,7 @@ class Consumer(_ConsumerView):
             rollouts = [self._finished(end, lease, unit.item) for end in unit.members]
             taken.append(rollouts[0] if unit.group is None else
                          FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
+        self._barrier()  # The claims are durable before the items are handed out.
         return taken
 
     def _units(self, group_size: Optional[int]) -> list[_Unit]:
@@ -382,59 +412,62 @@ class Consumer(_ConsumerView):
                 return Lease(len(slots) + 1, expires_at)
 
     def _finished(self, end: RolloutEnd, lease: Lease, item: str) -> FinishedRollout:
-        store = capture_store(self.directory, "Consumer")
         finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,
-                                   group=end.group, calls=read_model_call_records(store, end.rollout_id),
-                                   trajectories=trajectories(self.directory, end.rollout_id),
-                                   incomplete=store.is_incomplete(end.rollout_id), lease=lease, item=item)
-        self._place_in_versions(finished, store)
-        return finished
-
-    def _place_in_versions(self, finished: FinishedRollout, store: Any) -> None:
-        """Its ``weight_versions`` from its token records, and its staleness at this take."""
-        tokens: dict[str, int] = {}
-        for record in read_token_records(store, finished.rollout_id):
-            for version in record.token_weight_versions or ():
-                if version is not None:
-                    tokens[version] = tokens.get(version, 0) + 1
-        if not tokens:
-            return
+                                   group=end.group, trajectories=trajectories(self.directory, end.rollout_id),
+                                   incomplete=os.path.exists(incomplete_marker_path(self.directory, end.rollout_id)),
+                                   lease=lease, item=item, directory=self.directory)
         current, max_staleness = self._currency
-        if self._declared is None:
-            self._declared = declared_versions(self.directory)
-        rank = version_rank([*tokens, *([current] if current is not None else [])], self._declared)
-        placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
-        finished.weight_versions = {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
-                                    "max": placed[-1] if placed else None, "tokens": tokens}
-        if current is not None and placed and current in rank:
-            finished.staleness = max(0, rank[current] - rank[placed[0]])
-            finished.stale = max_staleness is not None and finished.staleness > max_staleness
+        versions = finished.weight_versions if current is not None else None
+        if versions is not None and versions["start"] is not None:
+            rank = version_rank([*versions["tokens"], current], declared_versions(self.directory))
+            if current in rank and versions["start"] in rank:
+                finished.staleness = max(0, rank[current] - rank[versions["start"]])
+                finished.stale = max_staleness is not None and finished.staleness > max_staleness
+        return finished
 
     # -- what the holder says ---------------------------------------------------------------------
 
     def ack(self, items: Iterable[Any], *, step: Optional[int] = None, dropped: bool = False) -> None:
         """The items (rollouts or groups) are used (or, ``dropped``, deliberately not trained on):
         durable before this returns; final at once with ``step=None``, else once `commit` covers
-        ``step``."""
+        ``step``. An item whose lease was lost is refused: `LeaseLost` names them (``lost``), after
+        every other item was acknowledged."""
         if step is not None and (type(step) is not int or step < 0):
             raise ValueError("step must be a non-negative integer or None")
         self._read_log()
-        for item in items:
-            self._act(item, {"kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log)})
-            if step is None:
+        acked = self._each(items, lambda item: {"kind": "ack", "step": step, "dropped": bool(dropped),
+                                                "after_log": len(self._log)})
+        if step is None:
+            for item in acked:
                 self._retire(item.item)
 
     def extend(self, items: Iterable[Any]) -> None:
-        """Renew the items' leases for ``lease_seconds`` from now."""
-        for item in items:
-            expires_at = time.time() + self.lease_seconds
-            self._act(item, {"kind": "extend", "expires_at": expires_at})
-            item.lease = Lease(item.lease.epoch, expires_at)
+        """Renew the items' leases for ``lease_seconds`` from now (`LeaseLost` as `ack`)."""
+        renewed_until = time.time() + self.lease_seconds
+        for item in self._each(items, lambda item: {"kind": "extend", "expires_at": renewed_until}):
+            item.lease = Lease(item.lease.epoch, renewed_until)
 
     def release(self, items: Iterable[Any]) -> None:
-        """Hand the items back now: another process of this name may take them."""
-        for item in items:
-            self._act(item, {"kind": "release"})
+        """Hand the items back now: another process of this name may take them (`LeaseLost` as `ack`)."""
+        self._each(items, lambda item: {"kind": "release"})
+
+    def _each(self, items: Iterable[Any], record: Callable[[Any], dict[str, Any]]) -> list[Any]:
+        """``record(item)`` written for each item whose lease holds, all durable at once; the
+        items done, or `LeaseLost` naming those refused once the others are durable."""
+        done, lost, said = [], [], []
+        try:
+            for item in items:
+                try:
+                    self._act(item, record(item))
+                    done.append(item)
+                except LeaseLost as refused:
+                    lost.append(item)
+                    said.append(str(refused))
+        finally:
+            self._barrier()
+        if lost:
+            raise LeaseLost("; ".join(said), lost)
+        return done
 
     def _act(self, item: Any, record: dict[str, Any]) -> None:
         """Write ``record`` as the next slot of the item's log, if its lease is still this one's."""
@@ -451,10 +484,42 @@ class Consumer(_ConsumerView):
                 return
 
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
+        """The item's next slot, created exclusively; durable at the operation's `_barrier`."""
         directory = os.path.join(self._root, "items", rollout_id)
-        os.makedirs(directory, exist_ok=True)
-        return create_exclusively(os.path.join(directory, f"{slot:010d}.json"),
-                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            self._unsynced.append(os.path.dirname(directory))  # Its name in items/.
+        path = os.path.join(directory, f"{slot:010d}.json")
+        if not create_exclusively(path, orjson.dumps({**record, "at": time.time(), "holder": self.holder}),
+                                  durable=False):
+            return False
+        self._unsynced.append(path)
+        return True
+
+    def _barrier(self) -> None:
+        """What this operation wrote is durable before it returns: one ``syncfs`` where the
+        filesystem honours it (`records.syncfs_flushes`), else each file and directory fsynced."""
+        written, self._unsynced = self._unsynced, []
+        if not written:
+            return
+        if self._syncfs is not None:
+            fd = os.open(self._root, os.O_RDONLY)
+            try:
+                failure = call_syncfs(self._syncfs, fd)
+            finally:
+                os.close(fd)
+            if failure is None:
+                return
+        for path in written:
+            if os.path.isdir(path):
+                fsync_directory(path)
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(os.path.dirname(path))
 
     # -- the trainer's checkpoints ------------------------------------------------------------------
 
@@ -505,6 +570,20 @@ def consumer_names(captures: object) -> list[str]:
 def consumer_view(captures: object, name: str) -> _ConsumerView:
     """A consumer name's state, to look at (`counts`, `oldest_waiting`): nothing is written."""
     return _ConsumerView(directory_of(capture_store(captures, "consumer_view"), "consumer_view"), name)
+
+
+def _weight_versions_of(directory: str, rollout_id: str) -> Optional[dict[str, Any]]:
+    tokens: dict[str, int] = {}
+    for record in read_token_records(directory, rollout_id):
+        for version in record.token_weight_versions or ():
+            if version is not None:
+                tokens[version] = tokens.get(version, 0) + 1
+    if not tokens:
+        return None
+    rank = version_rank(tokens, declared_versions(directory))
+    placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
+    return {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
+            "max": placed[-1] if placed else None, "tokens": tokens}
 
 
 def _superseded(rollout_ids: Iterable[str]) -> set[str]:

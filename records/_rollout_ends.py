@@ -194,16 +194,18 @@ def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
     return read_end_file(end_path(directory, rollout_id))
 
 
-def create_exclusively(path: str, data: bytes) -> bool:
+def create_exclusively(path: str, data: bytes, durable: bool = True) -> bool:
     """Write ``data`` as the new file ``path``, durably: False when ``path`` exists (left as it is).
     Written whole under a temporary name, then linked: a reader never sees half of it, and of two
-    writers of one name exactly one succeeds (an end; a consumer's claims and acks)."""
+    writers of one name exactly one succeeds (an end; a consumer's claims and acks). With
+    ``durable=False`` the caller makes it durable (one barrier for a batch: `records.Consumer`)."""
     directory = os.path.dirname(path) or "."
     temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     try:
@@ -212,7 +214,8 @@ def create_exclusively(path: str, data: bytes) -> bool:
         return False
     finally:
         os.unlink(temporary)
-    fsync_directory(directory)
+    if durable:
+        fsync_directory(directory)
     return True
 
 

@@ -123,9 +123,10 @@ while True:
         step += 1
         try:
             consumer.ack(items, step=step)
-            since += [[step, item.rollout_id] for item in items]  # Trained on at this step.
-        except LeaseLost:
-            pass  # Stalled past its lease: another holder has them.
+            lost = []
+        except LeaseLost as refused:
+            lost = refused.lost  # Stalled past their lease: another holder has them.
+        since += [[step, item.rollout_id] for item in items if item not in lost]  # Trained on at this step.
         maybe_die()
     if since and (not items or step % 3 == 0 or rng.random() < 0.2):
         state = {"step": step, "trained": state["trained"] + since}
@@ -302,3 +303,19 @@ async def test_staleness_after_three_declared_versions_per_member(http, upstream
     trainer.ack([group], dropped=True)  # Too stale: dropped, and said so.
     trainer.ack([item for item in items if item is not group])
     assert trainer.counts()["dropped"] == 2 and trainer.counts()["final"] == 4
+
+
+def test_an_ack_of_several_applies_every_held_lease_and_names_the_lost_ones(tmp_path):
+    directory = str(tmp_path)
+    _ended(directory, 2)
+    holder = Consumer(directory, "trainer", lease_seconds=0.3)
+    kept, lost = holder.take(2)
+    holder.extend([kept])
+    time.sleep(0.35)
+    holder.extend([kept])
+    (retaken,) = Consumer(directory, "trainer").take(5)
+    assert retaken.rollout_id == lost.rollout_id
+    with pytest.raises(LeaseLost) as refused:
+        holder.ack([kept, lost], step=None)
+    assert refused.value.lost == [lost]
+    assert holder.counts()["final"] == 1 and holder.counts()["leased"] == 1
