@@ -3,7 +3,7 @@ checkpoint (docs/reading.md, "Consuming rollouts during the run").
 
 The state lives in the capture directory, beside the rollouts, so nothing else has to run:
 
-    consumers/<name>/items/<rollout_id>/<slot>.json   one item's log: claim, extend, release, ack
+    consumers/<name>/items/<item>.<slot>.json   one item's log: claim, extend, release, ack
     consumers/<name>/log/<seq>.json                   the name's log: commit, rewind
 
 Every record is created exclusively (`_create_exclusively`: written whole, then linked to its
@@ -193,10 +193,11 @@ class _ConsumerView:
         """Each rollout handed out in a group: its group's item (the members its claims name)."""
         grouped: dict[str, str] = {}
         try:
-            names = [name for name in os.listdir(os.path.join(self._root, "items")) if name.startswith(_GROUP_ITEM)]
+            names = {name.split(".", 1)[0] for name in os.listdir(os.path.join(self._root, "items"))
+                     if name.startswith(_GROUP_ITEM) and name.endswith(".json")}
         except FileNotFoundError:
             return grouped
-        for item in names:
+        for item in sorted(names):
             for record in self._slots(item):
                 for member in record.get("members", ()):
                     grouped[member] = item
@@ -225,10 +226,10 @@ class _ConsumerView:
     def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
         """The item's log: the slots read before, and any written since."""
         item = self._items.setdefault(rollout_id, _Item())
-        directory = os.path.join(self._root, "items", rollout_id if rollout_id.startswith(_GROUP_ITEM)
-                                 else validate_rollout_id(rollout_id))
+        base = os.path.join(self._root, "items", rollout_id if rollout_id.startswith(_GROUP_ITEM)
+                            else validate_rollout_id(rollout_id))
         while True:
-            path = os.path.join(directory, f"{len(item.slots) + 1:010d}.json")
+            path = f"{base}.{len(item.slots) + 1:010d}.json"
             try:
                 with open(path, "rb") as handle:
                     item.slots.append(orjson.loads(handle.read()))
@@ -485,11 +486,7 @@ class Consumer(_ConsumerView):
 
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
         """The item's next slot, created exclusively; durable at the operation's `_barrier`."""
-        directory = os.path.join(self._root, "items", rollout_id)
-        if not os.path.isdir(directory):
-            os.makedirs(directory, exist_ok=True)
-            self._unsynced.append(os.path.dirname(directory))  # Its name in items/.
-        path = os.path.join(directory, f"{slot:010d}.json")
+        path = os.path.join(self._root, "items", f"{rollout_id}.{slot:010d}.json")
         if not create_exclusively(path, orjson.dumps({**record, "at": time.time(), "holder": self.holder}),
                                   durable=False):
             return False
