@@ -6,8 +6,9 @@ The state lives in the capture directory, beside the rollouts, so nothing else h
     consumers/<name>/items/<item>.<slot>.json   one item's log: claim, extend, release, ack
     consumers/<name>/log/<seq>.json                   the name's log: commit, rewind
 
-Every record is created exclusively (`_create_exclusively`: written whole, then linked to its
-name, which fails when the name exists) and never changed. An item's log is a sequence of slots
+Every record is created exclusively (``O_EXCL``: the create fails when the name exists; a reader
+that finds a record empty waits for its writer, and one left empty by a writer that died between
+its create and its write stands for nothing) and never changed. An item's log is a sequence of slots
 1, 2, 3, ...: whoever acts on an item (a taker claiming it, its holder extending, releasing or
 acknowledging) writes the next slot, after checking the item's state as of the slot before. Two
 processes acting at once race for one slot: one wins, the other reads again and checks again. So
@@ -51,6 +52,9 @@ from ._weight_versions import declared_versions, version_rank
 _POLL_SECONDS = 0.1
 #: A group's item (its log's directory): this and a digest of its key (a key is any text).
 _GROUP_ITEM = "group-"
+#: A slot found empty or half-written is being written for this long at most; older, its writer
+#: died between its create and its write, and it stands for nothing (a void record).
+_WRITING_SECONDS = 5.0
 #: A lazily read value not read yet.
 _UNREAD = object()
 
@@ -232,9 +236,23 @@ class _ConsumerView:
             path = f"{base}.{len(item.slots) + 1:010d}.json"
             try:
                 with open(path, "rb") as handle:
-                    item.slots.append(orjson.loads(handle.read()))
+                    data = handle.read()
+                    age = time.time() - os.fstat(handle.fileno()).st_mtime
             except FileNotFoundError:
                 return item.slots
+            try:
+                item.slots.append(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                if age < _WRITING_SECONDS:
+                    return item.slots  # Its writer is writing it: the log ends before it for now.
+                item.slots.append({"kind": "void"})  # Its writer died between create and write.
+
+    def _slot_taken(self, rollout_id: str) -> None:
+        """Another writer won the race for the item's next slot: wait until it has written it."""
+        deadline = time.monotonic() + _WRITING_SECONDS + 1
+        count = len(self._items[rollout_id].slots) if rollout_id in self._items else 0
+        while len(self._slots(rollout_id)) == count and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def _read_log(self) -> None:
         directory = os.path.join(self._root, "log")
@@ -487,9 +505,15 @@ class Consumer(_ConsumerView):
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
         """The item's next slot, created exclusively; durable at the operation's `_barrier`."""
         path = os.path.join(self._root, "items", f"{rollout_id}.{slot:010d}.json")
-        if not create_exclusively(path, orjson.dumps({**record, "at": time.time(), "holder": self.holder}),
-                                  durable=False):
+        try:  # One create (O_EXCL) and one write: a reader that finds it empty waits (`_slots`).
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except FileExistsError:
+            self._slot_taken(rollout_id)
             return False
+        try:
+            os.write(fd, orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
+        finally:
+            os.close(fd)
         self._unsynced.append(path)
         return True
 
