@@ -248,8 +248,9 @@ class _ConsumerView:
                 item.slots.append({"kind": "void"})  # Its writer died between create and write.
 
     def _slot_taken(self, rollout_id: str) -> None:
-        """Another writer won the race for the item's next slot: wait until it has written it."""
-        deadline = time.monotonic() + _WRITING_SECONDS + 1
+        """Another writer won the race for the item's next slot: give it a moment to write it (a
+        live writer writes at once after its create)."""
+        deadline = time.monotonic() + 0.05
         count = len(self._items[rollout_id].slots) if rollout_id in self._items else 0
         while len(self._slots(rollout_id)) == count and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -427,8 +428,11 @@ class Consumer(_ConsumerView):
             record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": expires_at}
             if members is not None:
                 record["members"] = members
-            if self._append(item, len(slots) + 1, record):
-                return Lease(len(slots) + 1, expires_at)
+            claimed_at = len(slots) + 1
+            if self._append(item, claimed_at, record):
+                return Lease(claimed_at, expires_at)
+            if len(self._slots(item)) < claimed_at:
+                return None  # Its slot is still being written (or was left empty): not this time.
 
     def _finished(self, end: RolloutEnd, lease: Lease, item: str) -> FinishedRollout:
         finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,

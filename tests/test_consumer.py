@@ -319,3 +319,18 @@ def test_an_ack_of_several_applies_every_held_lease_and_names_the_lost_ones(tmp_
         holder.ack([kept, lost], step=None)
     assert refused.value.lost == [lost]
     assert holder.counts()["final"] == 1 and holder.counts()["leased"] == 1
+
+
+def test_a_record_left_empty_by_a_writer_that_died_stands_for_nothing(tmp_path):
+    """A writer killed between its create and its write leaves an empty slot: while young, readers
+    wait for it; once old, the item is taken at the next slot."""
+    directory = str(tmp_path)
+    (rollout_id,) = _ended(directory, 1)
+    consumer = Consumer(directory, "trainer")
+    empty = os.path.join(directory, "consumers", "trainer", "items", f"{rollout_id}.{1:010d}.json")
+    open(empty, "wb").close()
+    assert Consumer(directory, "trainer").take() == [], "being written"
+    old = time.time() - 60
+    os.utime(empty, (old, old))
+    (item,) = consumer.take()
+    assert item.rollout_id == rollout_id and item.lease.epoch == 2
