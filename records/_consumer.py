@@ -51,7 +51,7 @@ from ._weight_versions import declared_versions, version_rank
 #: How often `Consumer.take` looks again while it waits for an ended rollout.
 _POLL_SECONDS = 0.1
 #: A group's item (its log's directory): this and a digest of its key (a key is any text).
-_GROUP_ITEM = "group-"
+_GROUP_ITEM = "~group-"  # "~" is in no rollout id: a group's item never meets a rollout's.
 #: A slot found empty or half-written is being written for this long at most; older, its writer
 #: died between its create and its write, and it stands for nothing (a void record).
 _WRITING_SECONDS = 5.0
@@ -160,9 +160,6 @@ class _Item:
 
 class _ConsumerView:
     """What a consumer name's state says, read from the capture directory (nothing written)."""
-
-    #: `take`'s current version and its bound (`_finished`).
-    _currency: tuple[Optional[str], Optional[int]] = (None, None)
 
     def __init__(self, directory: str, name: str) -> None:
         self.directory = directory
@@ -307,6 +304,9 @@ class Consumer(_ConsumerView):
     """Ended rollouts of ``captures`` (a capture directory or a `CaptureStore`) handed to the
     consumer ``name``: every ended rollout exactly once as of the trainer's last commit. Several
     processes with one name share the work; different names each get every rollout."""
+
+    #: `take`'s current version and its bound (`_finished`).
+    _currency: tuple[Optional[str], Optional[int]] = (None, None)
 
     def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False,
                  straggler_seconds: float = 600.0) -> None:
@@ -462,7 +462,7 @@ class Consumer(_ConsumerView):
                                                 "after_log": len(self._log)})
         if step is None:
             for item in acked:
-                self._retire(item.item)
+                self._retire(item.item, [rollout.rollout_id for rollout in getattr(item, "rollouts", [item])])
 
     def extend(self, items: Iterable[Any]) -> None:
         """Renew the items' leases for ``lease_seconds`` from now (`LeaseLost` as `ack`)."""
@@ -552,17 +552,20 @@ class Consumer(_ConsumerView):
         """The trainer's checkpoint at ``step`` is durable: every ack at a step <= ``step`` is final."""
         self._log_record({"kind": "commit", "step": _step(step)})
         if self.retires:
+            members: dict[str, list[str]] = {}
             grouped = self._grouped()
-            for item in {grouped.get(end.rollout_id, end.rollout_id) for end in self._ended()} - self._final:
+            for end in self._ended():
+                members.setdefault(grouped.get(end.rollout_id, end.rollout_id), []).append(end.rollout_id)
+            for item in members.keys() - self._final:
                 if self._state(self._slots(item))[0] == "acked_final":
-                    self._retire(item)
+                    self._retire(item, members[item])
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
         commit made final is undone, and those rollouts are handed out again."""
         self._log_record({"kind": "rewind", "step": _step(step)})
 
-    def _retire(self, item: str) -> None:
+    def _retire(self, item: str, members: list[str]) -> None:
         """The item's ack is final: its rollouts' token files are retired (``retires``)."""
         self._final.add(item)
         if not self.retires:
@@ -570,7 +573,6 @@ class Consumer(_ConsumerView):
         from ._token_files import TokenFiles
 
         files = TokenFiles(self.directory)
-        members = [member for member, group in self._grouped().items() if group == item] or [item]
         for rollout_id in members:
             if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
                 files.retire(rollout_id)
