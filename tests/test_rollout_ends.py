@@ -186,3 +186,27 @@ async def test_two_ends_declaring_different_sizes_for_one_group_the_second_is_40
     assert second.status == 409 and "size 4" in orjson.loads(second.body)["error"]
     assert read_rollout_end(capture_dir, "7-1") is None, "nothing changed"
     assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4}))).status == 200
+
+
+async def test_an_end_waits_for_its_rollouts_call_under_way_and_refuses_new_ones_meanwhile(http, upstream, start,
+                                                                                          capture_dir):
+    """A stream still under way when its rollout is ended: the end's answer comes once that call's
+    line is written (counted in ``calls``), and a call arriving meanwhile is refused."""
+    import asyncio
+
+    from tests.scripted_upstream import sse_script, split_every
+    from tests.transcripts import CHAT_REQUEST, CHAT_STREAM
+
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, split_every(CHAT_STREAM, 64), pause=0.1)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    streaming = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "busy", CHAT), CHAT_REQUEST))
+    await asyncio.sleep(0.3)  # The stream is under way.
+    ending = asyncio.ensure_future(fetch(http, "POST", _end_url(sidecar.url, "busy"), orjson.dumps({"outcome": OUTCOME})))
+    await asyncio.sleep(0.1)
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    meanwhile = await fetch(http, "POST", rollout_url(sidecar.url, "busy", CHAT), CHAT_JSON_REQUEST)
+    assert meanwhile.status == 409, "a rollout being ended takes no new call"
+    assert not streaming.done() and not ending.done(), "the end waits for the call under way"
+    stream_reply, end_reply = await streaming, await ending
+    assert stream_reply.status == 200 and stream_reply.body == CHAT_STREAM
+    assert end_reply.status == 200 and orjson.loads(end_reply.body)["calls"] == 2, "the stream's line and the refusal's"

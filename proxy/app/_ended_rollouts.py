@@ -30,6 +30,8 @@ from records import (
 from ..call import ROLLOUT_ENDED, LocalReply, Route
 
 _PREFIX, _SUFFIX = b"/-/rollouts/", b"/end"
+#: An end waits this long at most for its rollout's calls under way on this sidecar to finish.
+WAIT_FOR_CALLS_S = 30.0
 #: Ends remembered by one sidecar (a set of ids; older ones are looked up again: one stat).
 _REMEMBERED = 100_000
 
@@ -41,9 +43,13 @@ class EndedRollouts:
         self.capture_dir = capture_dir
         self.token_dir = token_dir
         self._ended: set[str] = set()
+        #: Rollouts being ended here: their new calls are refused while the calls under way finish.
+        self._ending: set[str] = set()
+        #: Captured calls under way by rollout (the calls' context's: `CallContext.rollouts_in_flight`).
+        self.in_flight: dict[str, int] = {}
 
     def ended(self, rollout_id: str) -> bool:
-        if rollout_id in self._ended:
+        if rollout_id in self._ended or rollout_id in self._ending:
             return True
         if is_ended(self.capture_dir, rollout_id):
             self._remember(rollout_id)
@@ -62,7 +68,20 @@ class EndedRollouts:
             outcome, group, group_size = end_request(body)
         except ValueError as exc:
             return 400, orjson.dumps({"error": str(exc)})
+        self._ending.add(rollout_id)
+        try:
+            return await self._end_when_quiet(rollout_id, outcome, group, group_size)
+        finally:
+            self._ending.discard(rollout_id)
+
+    async def _end_when_quiet(self, rollout_id: str, outcome: Optional[dict[str, object]], group: Optional[str],
+                              group_size: Optional[int]) -> tuple[int, bytes]:
+        """The end written once the rollout's calls under way here have written their lines (for at
+        most `WAIT_FOR_CALLS_S`): a consumer never gets a rollout short of a call made before its end."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_FOR_CALLS_S
+        while self.in_flight.get(rollout_id) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         try:
             end, _ = await loop.run_in_executor(None, write_rollout_end, self.capture_dir, rollout_id, outcome, group,
                                                 group_size, self.token_dir)

@@ -91,6 +91,8 @@ async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connect
         await call.run()
     finally:
         metrics.requests_in_flight -= 1
+        if call is not None and call.exchange is not None:
+            _call_ended(ctx.rollouts_in_flight, call.exchange.rollout_id)
         captured = "true" if call is not None and call.exchange is not None else "false"
         dialect = (route.dialect if route is not None else None) or "none"
         status = call.status if call is not None else (BAD_REQUEST_TARGET.status if route is None else INVALID_ROLLOUT_ID.status)
@@ -152,6 +154,8 @@ class Call:
             correlation_headers=ctx.correlation_headers,
             raw_stream=ctx.raw_stream,
         )
+        in_flight = ctx.rollouts_in_flight
+        in_flight[exchange.rollout_id] = in_flight.get(exchange.rollout_id, 0) + 1
         if exchange.request_encoding is not None and not decodable(exchange.request_encoding):
             self._undecodable(exchange.request_encoding, "request")
         if body:
@@ -482,6 +486,14 @@ class Call:
 
 def _ignore(_: bool) -> None:
     pass
+
+
+def _call_ended(in_flight: dict[str, int], rollout_id: str) -> None:
+    left = in_flight.get(rollout_id, 1) - 1
+    if left > 0:
+        in_flight[rollout_id] = left
+    else:
+        in_flight.pop(rollout_id, None)
 
 
 def _say_uncaptured(ctx: CallContext, route: Route) -> None:

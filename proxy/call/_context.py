@@ -139,6 +139,8 @@ class CallContext:
     url: str = ""
     #: Set when the drain timeout cut calls still in flight: their lines say so.
     cut_by_drain: bool = False
+    #: Captured calls under way, by rollout id (an end waits for its rollout's: docs/wire.md).
+    rollouts_in_flight: dict[str, int] = field(default_factory=dict)
     #: A header sent upstream with each captured call, set to its rollout id (``--affinity-header``).
     affinity_header: Optional[bytes] = None
     #: The base_url mistakes already explained in the log (`base_url_mistake`).
