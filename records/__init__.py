@@ -41,10 +41,12 @@ from ._weight_versions import (
     declared_versions,
     engine_weight_versions,
     note_declared_version,
+    note_declared_version_in_store,
     resolved_spans,
     token_versions,
     version_rank,
 )
+from ._writer_watermarks import SEEN_SECONDS, WRITER_OBJECTS, read_watermarks, rollout_readiness, writer_object_name
 from ._trace_context import call_span_id, rollout_trace_id, traceparent
 from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
@@ -66,17 +68,22 @@ from ._models import (
 )
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
 from ._rollout_ids import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
-from ._consumer import Consumer, ExclusiveCreateBroken, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
+from ._consumer_rooms import ExclusiveCreateBroken
+from ._consumer import Consumer, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
 from ._rollout_ends import (
+    END_OBJECTS,
     END_SUFFIX,
     GroupSizeConflict,
     RolloutEnd,
     RolloutEndConflict,
     end_request,
     end_rollout,
+    ended_in_spool,
+    mark_ended_in_spool,
     is_ended,
     read_rollout_end,
     write_rollout_end,
+    write_store_end,
 )
 from ._rollouts import (
     base_url_for_run,
@@ -128,6 +135,9 @@ from ._tokens import _cache_signal, _prompt_size, _token_count, _usage_detail_to
 __all__ = [
     # Ended rollouts and their consumers (docs/wire.md, "Ending a rollout"; docs/reading.md).
     "Consumer",
+    "END_OBJECTS",
+    "SEEN_SECONDS",
+    "WRITER_OBJECTS",
     "END_SUFFIX",
     "ExclusiveCreateBroken",
     "FinishedGroup",
@@ -140,14 +150,21 @@ __all__ = [
     "DECLARED_VERSIONS_FILE",
     "declared_versions",
     "note_declared_version",
+    "note_declared_version_in_store",
     "version_rank",
     "RolloutEnd",
     "RolloutEndConflict",
     "end_request",
     "end_rollout",
+    "ended_in_spool",
+    "mark_ended_in_spool",
     "is_ended",
     "read_rollout_end",
     "write_rollout_end",
+    "write_store_end",
+    "writer_object_name",
+    "read_watermarks",
+    "rollout_readiness",
     "MANIFESTS",
     "ObjectStore",
     "SEGMENT_OBJECTS",

@@ -1,14 +1,16 @@
 """A durable consumer of ended rollouts: leases with epochs, acknowledgements tied to the trainer's
 checkpoint (docs/reading.md, "Consuming rollouts during the run").
 
-The state lives in the capture directory, beside the rollouts, so nothing else has to run:
+The state lives in the captures, beside the rollouts (a capture directory's files, or a capture
+store's objects: `records._consumer_rooms`), so nothing else has to run:
 
     consumers/<name>/items/<item>.<slot>.json   one item's log: claim, extend, release, ack
-    consumers/<name>/log/<seq>.json                   the name's log: commit, rewind
+    consumers/<name>/log/<seq>.json             the name's log: commit, rewind
 
-Every record is created exclusively (``O_EXCL``: the create fails when the name exists; a reader
-that finds a record empty waits for its writer, and one left empty by a writer that died between
-its create and its write stands for nothing) and never changed. An item's log is a sequence of slots
+Every record is created exclusively (``O_EXCL`` in a directory: the create fails when the name
+exists; a reader that finds a record empty waits for its writer, and one left empty by a writer
+that died between its create and its write stands for nothing; a conditional put in a store) and
+never changed. An item's log is a sequence of slots
 1, 2, 3, ...: whoever acts on an item (a taker claiming it, its holder extending, releasing or
 acknowledging) writes the next slot, after checking the item's state as of the slot before. Two
 processes acting at once race for one slot: one wins, the other reads again and checks again. So
@@ -31,22 +33,24 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 import orjson
 
-from ._appender import fsync_directory
 from ._collect import read_model_call_records
-from ._group_sync import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
+from ._consumer_rooms import DirectoryRoom, StoreRoom
 from ._file_contract import incomplete_marker_path
 from ._models import ModelCallRecord
+from ._object_store import is_store_url
 from ._paths import directory_of
-from ._rollout_ends import END_SUFFIX, RolloutEnd, create_exclusively, group_of, gym_member, read_end_file
+from ._rollout_ends import RolloutEnd, group_of, gym_member
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
 from ._store import capture_store
 from ._token_records import read_token_records
 from ._trajectories import TrajectoryBuild, trajectories
-from ._weight_versions import declared_versions, version_rank
+from ._weight_versions import version_rank
+
+Room = Union[DirectoryRoom, StoreRoom]
 
 #: How often `Consumer.take` looks again while it waits for an ended rollout.
 _POLL_SECONDS = 0.1
@@ -69,11 +73,6 @@ class LeaseLost(RuntimeError):
         self.lost: list[Any] = lost or []
 
 
-class ExclusiveCreateBroken(RuntimeError):
-    """The capture directory does not keep a second create of one name from succeeding: a
-    consumer's claims would not be exclusive there."""
-
-
 @dataclass(frozen=True)
 class Lease:
     """An item's lease: its epoch (the slot of its claim) and when it runs out (Unix seconds)."""
@@ -94,7 +93,9 @@ class FinishedRollout:
     group: Optional[str]
     #: Exactly what `records.trajectories` builds for it.
     trajectories: TrajectoryBuild
-    #: A line of the rollout could not be written (its ``.capture.incomplete`` marker): mask it.
+    #: A line of the rollout could not be written (its ``.capture.incomplete`` marker), or, from a
+    #: capture store, a sidecar that may hold some of its calls went silent past the writer bound
+    #: (``Consumer(writer_bound_seconds=...)``): mask it.
     incomplete: bool
     lease: Lease
     #: What the lease is of: the rollout, or the group it was handed out in.
@@ -107,6 +108,7 @@ class FinishedRollout:
     directory: str = field(default="", repr=False)
     _calls: Optional[list[ModelCallRecord]] = field(default=None, repr=False)
     _weight_versions: Any = field(default=_UNREAD, repr=False)
+    _declared: Any = field(default=None, repr=False)
 
     @property
     def calls(self) -> list[ModelCallRecord]:
@@ -121,7 +123,8 @@ class FinishedRollout:
         in `records.version_rank`'s order), ``min``, ``max``, and ``tokens`` per version; None
         when its calls name no version."""
         if self._weight_versions is _UNREAD:
-            self._weight_versions = _weight_versions_of(self.directory, self.rollout_id)
+            self._weight_versions = _weight_versions_of(self.directory, self.rollout_id,
+                                                        self._declared() if self._declared is not None else [])
         return self._weight_versions  # type: ignore[no-any-return]
 
 
@@ -159,12 +162,12 @@ class _Item:
 
 
 class _ConsumerView:
-    """What a consumer name's state says, read from the capture directory (nothing written)."""
+    """What a consumer name's state says, read from the captures (nothing written)."""
 
-    def __init__(self, directory: str, name: str) -> None:
-        self.directory = directory
+    def __init__(self, room: Room, name: str) -> None:
+        self.room = room
         self.name = name
-        self._root = os.path.join(directory, "consumers", name)
+        self._root = f"consumers/{name}"
         self._items: dict[str, _Item] = {}
         self._log: list[dict[str, Any]] = []
         self._ends: dict[str, RolloutEnd] = {}
@@ -193,11 +196,8 @@ class _ConsumerView:
     def _grouped(self) -> dict[str, str]:
         """Each rollout handed out in a group: its group's item (the members its claims name)."""
         grouped: dict[str, str] = {}
-        try:
-            names = {name.split(".", 1)[0] for name in os.listdir(os.path.join(self._root, "items"))
-                     if name.startswith(_GROUP_ITEM) and name.endswith(".json")}
-        except FileNotFoundError:
-            return grouped
+        names = {name.split(".", 1)[0] for name in self.room.names(f"{self._root}/items")
+                 if name.startswith(_GROUP_ITEM) and name.endswith(".json")}
         for item in sorted(names):
             for record in self._slots(item):
                 for member in record.get("members", ()):
@@ -214,29 +214,20 @@ class _ConsumerView:
     # -- the state -----------------------------------------------------------------------------------
 
     def _ended(self) -> list[RolloutEnd]:
-        """Every ended rollout of the directory, oldest end first (ends never change: each read once)."""
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in self._ends:
-                    end = read_end_file(entry.path)
-                    if end is not None:
-                        self._ends[end.rollout_id] = end
+        """Every ended rollout of the captures, oldest end first (ends never change: each read once)."""
+        self.room.read_ends(self._ends)
         return sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
 
     def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
         """The item's log: the slots read before, and any written since."""
         item = self._items.setdefault(rollout_id, _Item())
-        base = os.path.join(self._root, "items", rollout_id if rollout_id.startswith(_GROUP_ITEM)
-                            else validate_rollout_id(rollout_id))
+        base = f"{self._root}/items/" + (rollout_id if rollout_id.startswith(_GROUP_ITEM)
+                                         else validate_rollout_id(rollout_id))
         while True:
-            path = f"{base}.{len(item.slots) + 1:010d}.json"
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-                    age = time.time() - os.fstat(handle.fileno()).st_mtime
-            except FileNotFoundError:
+            found = self.room.read(f"{base}.{len(item.slots) + 1:010d}.json")
+            if found is None:
                 return item.slots
+            data, age = found
             try:
                 item.slots.append(orjson.loads(data))
             except orjson.JSONDecodeError:
@@ -253,13 +244,16 @@ class _ConsumerView:
             time.sleep(0.001)
 
     def _read_log(self) -> None:
-        directory = os.path.join(self._root, "log")
         while True:
-            try:
-                with open(os.path.join(directory, f"{len(self._log) + 1:010d}.json"), "rb") as handle:
-                    self._log.append(orjson.loads(handle.read()))
-            except FileNotFoundError:
+            found = self.room.read(f"{self._root}/log/{len(self._log) + 1:010d}.json")
+            if found is None:
                 return
+            try:
+                self._log.append(orjson.loads(found[0]))
+            except orjson.JSONDecodeError:
+                if found[1] < _WRITING_SECONDS:
+                    return  # Its writer is writing it.
+                self._log.append({"kind": "void"})
 
     def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
         """(``waiting`` / ``leased`` / ``acked_pending`` / ``acked_final``, the current epoch, the
@@ -293,6 +287,8 @@ class _ConsumerView:
         if step is None:
             return "final"
         for record in self._log[ack.get("after_log", 0):]:
+            if record["kind"] == "void":
+                continue
             if record["kind"] == "commit" and record["step"] >= step:
                 return "final"
             if record["kind"] == "rewind" and record["step"] < step:
@@ -301,40 +297,43 @@ class _ConsumerView:
 
 
 class Consumer(_ConsumerView):
-    """Ended rollouts of ``captures`` (a capture directory or a `CaptureStore`) handed to the
-    consumer ``name``: every ended rollout exactly once as of the trainer's last commit. Several
-    processes with one name share the work; different names each get every rollout."""
+    """Ended rollouts of ``captures`` (a capture directory, a `CaptureStore`, or a capture store's
+    URL) handed to the consumer ``name``: every ended rollout exactly once as of the trainer's last
+    commit. Several processes with one name share the work; different names each get every rollout.
+
+    From a capture store, a rollout is handed out once every sidecar's watermark says it holds
+    nothing more of it; a sidecar that went silent holding some of it (or that had not seen its
+    end) holds it back for ``writer_bound_seconds``, after which it is handed out ``incomplete``."""
 
     #: `take`'s current version and its bound (`_finished`).
     _currency: tuple[Optional[str], Optional[int]] = (None, None)
 
     def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False,
-                 straggler_seconds: float = 600.0) -> None:
-        if isinstance(captures, str) and "://" in captures:
-            raise ValueError(f"Consumer takes a capture directory; consuming a capture store ({captures}) is not "
-                             "supported yet")
-        directory = directory_of(capture_store(captures, "Consumer"), "Consumer")
-        if not os.path.isdir(directory):
-            raise FileNotFoundError(f"Consumer: no capture directory at {directory}")
+                 straggler_seconds: float = 600.0, writer_bound_seconds: float = 60.0) -> None:
+        room = _room(captures, "Consumer")
+        if isinstance(room, DirectoryRoom) and not os.path.isdir(room.directory):
+            raise FileNotFoundError(f"Consumer: no capture directory at {room.directory}")
+        if retires and isinstance(room, StoreRoom):
+            raise ValueError("retires=True marks the training-token files of a capture directory; a capture store's "
+                             "live in the sidecars' spools, which retire nothing: consume without retires")
         if not is_valid_rollout_id(name):
             raise ValueError(f"a consumer name is 1-200 characters of [A-Za-z0-9._-] starting with a letter or "
                              f"digit, not {name!r}")
         if not lease_seconds > 0:
             raise ValueError("lease_seconds must be positive")
-        super().__init__(directory, name)
+        super().__init__(room, name)
         self.lease_seconds = float(lease_seconds)
         #: Mark Gym's ``retired`` state for a rollout's training-token files once its ack is final
         #: (committed, or with no step), never before.
         self.retires = retires
         #: A group still short this long after its first member ended is handed out ``partial``.
         self.straggler_seconds = float(straggler_seconds)
+        #: From a store: how long a silent sidecar that may hold a rollout's calls holds it back.
+        self.writer_bound_seconds = float(writer_bound_seconds)
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        os.makedirs(os.path.join(self._root, "items"), exist_ok=True)
-        os.makedirs(os.path.join(self._root, "log"), exist_ok=True)
-        _check_exclusive_create(self._root)
-        #: Paths written by the operation under way, made durable together (`_barrier`).
-        self._unsynced: list[str] = []
-        self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(self._root)) else None
+        room.prepare(self._root)  # Refuses storage where exclusive create does not hold.
+        #: Ended rollouts a store's watermarks say may be short for good (`_units`).
+        self._incomplete: set[str] = set()
 
     # -- taking --------------------------------------------------------------------------------
 
@@ -367,19 +366,24 @@ class Consumer(_ConsumerView):
               ) -> list[Any]:
         self._read_log()
         self._currency = currency
-        taken: list[Any] = []
+        claimed: list[tuple[_Unit, Lease]] = []
         for unit in self._units(group_size):
-            if len(taken) >= max_rollouts:
+            if len(claimed) >= max_rollouts:
                 break
             if unit.item in self._final:
                 continue
             lease = self._claim(unit.item, [end.rollout_id for end in unit.members] if unit.group is not None else None)
-            if lease is None:
-                continue
-            rollouts = [self._finished(end, lease, unit.item) for end in unit.members]
+            if lease is not None:
+                claimed.append((unit, lease))
+        self.room.barrier()  # The claims are durable before the items are handed out.
+        if not claimed:
+            return []
+        directory = self.room.view([end.rollout_id for unit, _ in claimed for end in unit.members])
+        taken: list[Any] = []
+        for unit, lease in claimed:
+            rollouts = [self._finished(end, lease, unit.item, directory) for end in unit.members]
             taken.append(rollouts[0] if unit.group is None else
                          FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
-        self._barrier()  # The claims are durable before the items are handed out.
         return taken
 
     def _units(self, group_size: Optional[int]) -> list[_Unit]:
@@ -388,7 +392,14 @@ class Consumer(_ConsumerView):
         units: list[_Unit] = []
         groups: dict[str, list[RolloutEnd]] = {}
         sizes: dict[str, int] = {}
+        self.room.look()
         for end in self._ended():
+            if end.rollout_id not in self._final:  # Whole yet? (From a store: every writer's watermark.)
+                readiness = self.room.readiness(end, self.writer_bound_seconds)
+                if readiness == "wait":
+                    continue  # Not ended for this consumer yet: some sidecar still ships its calls.
+                if readiness == "incomplete":
+                    self._incomplete.add(end.rollout_id)
             key = group_of(end.rollout_id, end.group)
             size = end.group_size or group_size
             if key is None or size is None:
@@ -434,15 +445,17 @@ class Consumer(_ConsumerView):
             if len(self._slots(item)) < claimed_at:
                 return None  # Its slot is still being written (or was left empty): not this time.
 
-    def _finished(self, end: RolloutEnd, lease: Lease, item: str) -> FinishedRollout:
+    def _finished(self, end: RolloutEnd, lease: Lease, item: str, directory: str) -> FinishedRollout:
+        incomplete = (end.rollout_id in self._incomplete
+                      or os.path.exists(incomplete_marker_path(directory, end.rollout_id)))
         finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,
-                                   group=end.group, trajectories=trajectories(self.directory, end.rollout_id),
-                                   incomplete=os.path.exists(incomplete_marker_path(self.directory, end.rollout_id)),
-                                   lease=lease, item=item, directory=self.directory)
+                                   group=end.group, trajectories=trajectories(directory, end.rollout_id),
+                                   incomplete=incomplete, lease=lease, item=item, directory=directory,
+                                   _declared=self.room.declared_versions)
         current, max_staleness = self._currency
         versions = finished.weight_versions if current is not None else None
         if versions is not None and versions["start"] is not None:
-            rank = version_rank([*versions["tokens"], current], declared_versions(self.directory))
+            rank = version_rank([*versions["tokens"], current], self.room.declared_versions())
             if current in rank and versions["start"] in rank:
                 finished.staleness = max(0, rank[current] - rank[versions["start"]])
                 finished.stale = max_staleness is not None and finished.staleness > max_staleness
@@ -487,7 +500,7 @@ class Consumer(_ConsumerView):
                     lost.append(item)
                     said.append(str(refused))
         finally:
-            self._barrier()
+            self.room.barrier()
         if lost:
             raise LeaseLost("; ".join(said), lost)
         return done
@@ -507,44 +520,12 @@ class Consumer(_ConsumerView):
                 return
 
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
-        """The item's next slot, created exclusively; durable at the operation's `_barrier`."""
-        path = os.path.join(self._root, "items", f"{rollout_id}.{slot:010d}.json")
-        try:  # One create (O_EXCL) and one write: a reader that finds it empty waits (`_slots`).
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except FileExistsError:
-            self._slot_taken(rollout_id)
-            return False
-        try:
-            os.write(fd, orjson.dumps({**record, "at": time.time(), "holder": self.holder}))
-        finally:
-            os.close(fd)
-        self._unsynced.append(path)
-        return True
-
-    def _barrier(self) -> None:
-        """What this operation wrote is durable before it returns: one ``syncfs`` where the
-        filesystem honours it (`records.syncfs_flushes`), else each file and directory fsynced."""
-        written, self._unsynced = self._unsynced, []
-        if not written:
-            return
-        if self._syncfs is not None:
-            fd = os.open(self._root, os.O_RDONLY)
-            try:
-                failure = call_syncfs(self._syncfs, fd)
-            finally:
-                os.close(fd)
-            if failure is None:
-                return
-        for path in written:
-            if os.path.isdir(path):
-                fsync_directory(path)
-                continue
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_directory(os.path.dirname(path))
+        """The item's next slot, created exclusively; durable at the operation's barrier."""
+        if self.room.create(f"{self._root}/items/{rollout_id}.{slot:010d}.json",
+                            orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
+            return True
+        self._slot_taken(rollout_id)
+        return False
 
     # -- the trainer's checkpoints ------------------------------------------------------------------
 
@@ -572,7 +553,8 @@ class Consumer(_ConsumerView):
             return
         from ._token_files import TokenFiles
 
-        files = TokenFiles(self.directory)
+        assert isinstance(self.room, DirectoryRoom)  # Refused for a store at the start.
+        files = TokenFiles(self.room.directory)
         for rollout_id in members:
             if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
                 files.retire(rollout_id)
@@ -580,26 +562,36 @@ class Consumer(_ConsumerView):
     def _log_record(self, record: dict[str, Any]) -> None:
         while True:
             self._read_log()
-            if create_exclusively(os.path.join(self._root, "log", f"{len(self._log) + 1:010d}.json"),
-                                  orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
+            if self.room.create(f"{self._root}/log/{len(self._log) + 1:010d}.json",
+                                orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
+                self.room.barrier()
                 self._read_log()
                 return
+            time.sleep(0.001)  # Another holder's record is there (or being written): read it, try the next.
 
 def consumer_names(captures: object) -> list[str]:
-    """The consumer names with state in a capture directory (a path or a `CaptureStore`)."""
-    directory = directory_of(capture_store(captures, "consumer_names"), "consumer_names")
-    try:
-        return sorted(name for name in os.listdir(os.path.join(directory, "consumers")) if is_valid_rollout_id(name))
-    except FileNotFoundError:
-        return []
+    """The consumer names with state in the captures (a directory, a `CaptureStore`, a store URL)."""
+    room = _room(captures, "consumer_names")
+    if isinstance(room, StoreRoom):
+        found = {name.split("/")[1] for name in room.store.names("consumers") if name.count("/") >= 2}
+    else:
+        found = set(room.names("consumers"))
+    return sorted(name for name in found if is_valid_rollout_id(name))
 
 
 def consumer_view(captures: object, name: str) -> _ConsumerView:
     """A consumer name's state, to look at (`counts`, `oldest_waiting`): nothing is written."""
-    return _ConsumerView(directory_of(capture_store(captures, "consumer_view"), "consumer_view"), name)
+    return _ConsumerView(_room(captures, "consumer_view"), name)
 
 
-def _weight_versions_of(directory: str, rollout_id: str) -> Optional[dict[str, Any]]:
+def _room(captures: object, taker: str) -> Room:
+    """Where the captures are: a store URL (its objects), else a directory."""
+    if isinstance(captures, str) and is_store_url(captures):
+        return StoreRoom(captures)
+    return DirectoryRoom(directory_of(capture_store(captures, taker), taker))
+
+
+def _weight_versions_of(directory: str, rollout_id: str, declared: list[str]) -> Optional[dict[str, Any]]:
     tokens: dict[str, int] = {}
     for record in read_token_records(directory, rollout_id):
         for version in record.token_weight_versions or ():
@@ -607,7 +599,7 @@ def _weight_versions_of(directory: str, rollout_id: str) -> Optional[dict[str, A
                 tokens[version] = tokens.get(version, 0) + 1
     if not tokens:
         return None
-    rank = version_rank(tokens, declared_versions(directory))
+    rank = version_rank(tokens, declared)
     placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
     return {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
             "max": placed[-1] if placed else None, "tokens": tokens}
@@ -629,18 +621,3 @@ def _step(step: Any) -> int:
     if type(step) is not int or step < 0:
         raise ValueError("step must be a non-negative integer")
     return step
-
-
-def _check_exclusive_create(root: str) -> None:
-    """Create one probe twice: the second must fail, or claims would not be exclusive here."""
-    probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
-    try:
-        if not create_exclusively(probe, b"{}") or create_exclusively(probe, b"{}"):
-            raise ExclusiveCreateBroken(f"{root}: creating one file twice did not fail the second time, so a "
-                                        "consumer's claims would not be exclusive there; use a filesystem with "
-                                        "working hard links (a local disk, NFS v4)")
-    finally:
-        try:
-            os.unlink(probe)
-        except FileNotFoundError:
-            pass

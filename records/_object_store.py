@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from ._appender import fsync_directory
 
@@ -74,6 +74,41 @@ class ObjectStore:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
         fsync_directory(directory)
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write ``data`` as the new object ``name``, whole and durable: False when ``name`` exists
+        (left as it is). Of two writers of one name exactly one succeeds: a conditional put that
+        fails when the object exists (``If-None-Match: *`` on S3, fsspec's ``mode="create"``), a
+        hard link on a path. The live hand-off's ends, claims and acks (docs/reading.md)."""
+        if self._fs is not None:
+            try:
+                self._fs.pipe_file(self._path(name), data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)  # Fails when the name exists: the first writer's object stands.
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temporary)
+        fsync_directory(directory)
+        return True
+
+    def get_if_present(self, name: str) -> Optional[bytes]:
+        """The object's bytes, or None when there is none."""
+        try:
+            return self.get(name)
+        except FileNotFoundError:
+            return None
 
     def get(self, name: str) -> bytes:
         if self._fs is not None:

@@ -28,12 +28,19 @@ from pydantic import BaseModel, ConfigDict
 
 from ._appender import fsync_directory
 from ._file_contract import capture_path
-from ._object_store import is_store_url
+from ._object_store import ObjectStore, is_store_url
 from ._paths import directory_of
 from ._rollout_ids import validate_rollout_id
 from ._store import capture_store
 
 END_SUFFIX = ".end.json"
+#: In a capture store: ``ends/<rollout_id>.json``, an object of its own, written at once (not at the
+#: next segment seal), created with a conditional put; and ``groups/<digest>.json``, a group's size.
+END_OBJECTS, GROUP_OBJECTS = "ends", "groups"
+
+
+def end_object_name(rollout_id: str) -> str:
+    return f"{END_OBJECTS}/{validate_rollout_id(rollout_id)}.json"
 
 
 class RolloutEnd(BaseModel):
@@ -50,8 +57,9 @@ class RolloutEnd(BaseModel):
     group: Optional[str] = None
     #: The group's size declared at the end, or None.
     group_size: Optional[int] = None
-    #: Whole capture lines the rollout had when it ended.
-    calls: int = 0
+    #: Whole capture lines the rollout had when it ended; None on a capture store, where lines
+    #: reach the store on their own (a consumer waits for all of them: docs/reading.md).
+    calls: Optional[int] = 0
 
 
 #: Gym's rollout ids: ``<task>-<rollout>[-a<attempt>]``.
@@ -160,6 +168,57 @@ def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[
     return existing, False
 
 
+def write_store_end(store: ObjectStore, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
+                    group: Optional[str] = None, group_size: Optional[int] = None,
+                    ended_at: Optional[float] = None) -> tuple[RolloutEnd, bool]:
+    """`write_rollout_end` for a capture store: the end object created with a conditional put (of
+    two sidecars ending one rollout at once, exactly one wins), durable when this returns."""
+    outcome, group, group_size = checked_end(outcome, group, group_size)
+    name = end_object_name(rollout_id)
+    existing = read_end_object(store, rollout_id)
+    if existing is None:
+        key = group_of(rollout_id, group)
+        if group_size is not None and key is not None:
+            declared = {"group": key, "group_size": group_size}
+            digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+            if not store.create(f"{GROUP_OBJECTS}/{digest}.json", orjson.dumps(declared)):
+                _check_declared_size(key, orjson.loads(store.get(f"{GROUP_OBJECTS}/{digest}.json")), group_size)
+        end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time() if ended_at is None else ended_at,
+                         outcome=outcome, group=group, group_size=group_size, calls=None)
+        if store.create(name, orjson.dumps(end.model_dump()) + b"\n"):
+            return end, True
+        existing = read_end_object(store, rollout_id)
+        assert existing is not None
+    if (existing.outcome, existing.group, existing.group_size) != (outcome, group, group_size):
+        raise RolloutEndConflict(existing)
+    return existing, False
+
+
+def read_end_object(store: ObjectStore, rollout_id: str) -> Optional[RolloutEnd]:
+    """The end of ``rollout_id`` in a capture store, or None."""
+    data = store.get_if_present(end_object_name(rollout_id))
+    return None if data is None else RolloutEnd.model_validate(orjson.loads(data))
+
+
+#: In a sidecar's spool (a capture store's writer): ``ended/<rollout_id>``, one empty file per end
+#: the sidecar knows of (its own, and those its uploader saw in the store), so its calls are refused.
+SPOOL_ENDED = "ended"
+
+
+def mark_ended_in_spool(spool_dir: str, rollout_id: str) -> None:
+    """A capture store's writer learnt of an end: the rollout's training-token files in its spool
+    are frozen (Gym's freeze: no entry after the end), then its later calls are refused here."""
+    _freeze_token_files(spool_dir, rollout_id)
+    directory = os.path.join(spool_dir, SPOOL_ENDED)
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, validate_rollout_id(rollout_id)), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+
+
+def ended_in_spool(spool_dir: str, rollout_id: str) -> bool:
+    return os.path.exists(os.path.join(spool_dir, SPOOL_ENDED, rollout_id))
+
+
 def read_end_file(path: str) -> Optional[RolloutEnd]:
     """The end at ``path``, or None when there is none."""
     try:
@@ -178,10 +237,10 @@ def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, A
                 group: Optional[str] = None, group_size: Optional[int] = None) -> RolloutEnd:
     """End a rollout of a capture directory (a path or a `CaptureStore`), durably, with its
     outcome: what ``POST /-/rollouts/<rollout_id>/end`` does on a sidecar. The same end again
-    returns the first; another raises `RolloutEndConflict`."""
+    returns the first; another raises `RolloutEndConflict`. On a capture store URL the end is an
+    object of its own (``ends/<rollout_id>.json``), and its ``calls`` is None."""
     if isinstance(captures, str) and is_store_url(captures):
-        raise ValueError(f"end_rollout takes a capture directory; ending a rollout in a capture store "
-                         f"({captures}) is not supported yet: end it through a sidecar's capture directory")
+        return write_store_end(ObjectStore(captures), rollout_id, outcome, group, group_size)[0]
     directory = directory_of(capture_store(captures, "end_rollout"), "end_rollout")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"end_rollout: no capture directory at {directory}")
@@ -190,6 +249,8 @@ def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, A
 
 def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
     """The rollout's end (`RolloutEnd`), or None while it has none."""
+    if isinstance(captures, str) and is_store_url(captures):
+        return read_end_object(ObjectStore(captures), rollout_id)
     directory = directory_of(capture_store(captures, "read_rollout_end"), "read_rollout_end")
     return read_end_file(end_path(directory, rollout_id))
 
@@ -230,7 +291,10 @@ def _declare_group_size(capture_dir: str, group: Optional[str], size: int) -> No
     if create_exclusively(path, orjson.dumps({"group": group, "group_size": size})):
         return
     with open(path, "rb") as handle:
-        declared = orjson.loads(handle.read())
+        _check_declared_size(group, orjson.loads(handle.read()), size)
+
+
+def _check_declared_size(group: str, declared: dict[str, Any], size: int) -> None:
     if declared.get("group_size") != size:
         raise GroupSizeConflict(f"group {group!r} was declared of size {declared.get('group_size')} by an earlier end, "
                                 f"not {size}")

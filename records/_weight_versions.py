@@ -21,6 +21,7 @@ may be null: to the end of the generation), ``weight_version_source``, and
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Iterable, Optional
 
 import orjson
@@ -37,6 +38,33 @@ def note_declared_version(capture_dir: str, version: str, declared_at: float) ->
 
     append_capture_line(os.path.join(capture_dir, DECLARED_VERSIONS_FILE),
                         orjson.dumps({"version": version, "declared_at": declared_at}) + b"\n")
+
+
+#: In a capture store: ``weight-versions/<declared_at in ns>-<random>.json``, an object per declaration.
+DECLARED_VERSION_OBJECTS = "weight-versions"
+
+
+def note_declared_version_in_store(store: Any, version: str, declared_at: float) -> None:
+    """`note_declared_version` for a capture store (an `ObjectStore`): an object of its own."""
+    name = f"{DECLARED_VERSION_OBJECTS}/{int(declared_at * 1e9):020d}-{uuid.uuid4().hex[:8]}.json"
+    store.put(name, orjson.dumps({"version": version, "declared_at": declared_at}))
+
+
+def declared_versions_in_store(store: Any, known: Optional[dict[str, str]] = None) -> list[str]:
+    """The versions declared in a capture store, each once, in the order first declared; ``known``
+    (object name -> version) keeps what was read before (declarations never change)."""
+    known = {} if known is None else known
+    for name in store.names(DECLARED_VERSION_OBJECTS):
+        if name not in known:
+            try:
+                known[name] = orjson.loads(store.get(name)).get("version")
+            except (FileNotFoundError, orjson.JSONDecodeError, AttributeError):
+                continue
+    order: dict[str, None] = {}
+    for name in sorted(known):
+        if type(known[name]) is str:
+            order.setdefault(known[name], None)
+    return list(order)
 
 
 def declared_versions(capture_dir: str) -> list[str]:

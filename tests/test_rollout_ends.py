@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from records import (
+    GroupSizeConflict,
     RolloutEndConflict,
     TokenFiles,
     end_rollout,
@@ -159,8 +160,16 @@ def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
         end_rollout(directory, "r2", outcome=[1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not finite"):
         end_rollout(directory, "r2", outcome={"reward": float("nan")})
-    with pytest.raises(ValueError, match="not supported yet"):
-        end_rollout("s3://bucket/prefix", "r2")
+    # The same on a capture store (segments:// here; S3 in tests/test_handoff_store.py): an object of its own.
+    store = f"segments://{tmp_path / 'store'}"
+    on_store = end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2)
+    assert on_store.calls is None and read_rollout_end(store, "r1") == on_store
+    assert end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2) == on_store
+    with pytest.raises(RolloutEndConflict):
+        end_rollout(store, "r1", outcome={"reward": 2.0}, group="g", group_size=2)
+    with pytest.raises(GroupSizeConflict):
+        end_rollout(store, "r3", group="g", group_size=3)
+    assert read_rollout_end(store, "r3") is None
     with pytest.raises(FileNotFoundError):
         end_rollout(str(tmp_path / "missing"), "r2")
     assert read_rollout_end(directory, "r2") is None

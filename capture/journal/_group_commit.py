@@ -42,8 +42,9 @@ Outcome = Union[float, BaseException]
 #: Other files a line's builder wrote that must be durable with it (the token capture mode's
 #: entries, issue 34), and whom to tell if the barrier fails for them.
 AlsoDurable = tuple[list[str], Callable[[BaseException], None]]
-#: How often the writer thread closes capture files left idle (`OpenFiles.close_idle`).
-_SWEEP_SECONDS = 1.0
+#: How often the writer thread closes capture files left idle (`OpenFiles.close_idle`), and seals a
+#: segment the uploader asked for (an ended rollout a consumer waits for: within a second, docs/reading.md).
+_SWEEP_SECONDS = 0.25
 _IDLE = object()
 #: ``auto``: fsync for a one-file batch, syncfs for several; ``fsync``: always file by file.
 SYNC_MODES = ("auto", "fsync")

@@ -39,6 +39,9 @@ from records import CAPTURE_SUFFIX, fsync_directory
 from ._open_files import OpenFile
 
 OPEN_SUFFIX = ".open"
+#: ``<spool>/segments/<writer_id>/.seal``: the uploader asks the writer to seal its open segment
+#: now (it holds lines of an ended rollout a consumer waits for: `capture.journal._watermark`).
+SEAL_REQUEST = ".seal"
 SEALED_SUFFIX = ".sealed"
 SEGMENTS = "segments"
 
@@ -119,6 +122,7 @@ class SegmentFiles:
         self.writer_id = new_writer_id()
         self.directory = os.path.join(policy.spool_dir, SEGMENTS, self.writer_id)
         os.makedirs(self.directory, exist_ok=True)
+        self._seal_request = os.path.join(self.directory, SEAL_REQUEST)
         # Alive from here on, for as long as this process lives (`writer_alive`).
         self._alive = os.open(os.path.join(self.directory, ALIVE_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(self._alive, fcntl.LOCK_EX)
@@ -172,9 +176,17 @@ class SegmentFiles:
             self._finish_sealing(segment)
 
     def close_idle(self, now: Optional[float] = None) -> int:
-        """Seal the open segment once it is ``max_age`` old (called on the writer's sweep)."""
+        """Seal the open segment once it is ``max_age`` old, or when the uploader asked for it (an
+        ended rollout's lines are in it: `SEAL_REQUEST`); called on the writer's sweep."""
         current = self._current
-        if current is not None and (time.monotonic() if now is None else now) - current.opened >= self.policy.max_age:
+        requested = os.path.exists(self._seal_request)
+        if requested:
+            try:
+                os.unlink(self._seal_request)
+            except FileNotFoundError:
+                pass
+        if current is not None and (requested or (time.monotonic() if now is None else now) - current.opened
+                                    >= self.policy.max_age):
             self._seal_current()
             return 1
         return 0
@@ -316,6 +328,6 @@ def _write_all(fd: int, payload: bytes, segment: _Segment) -> None:
         view = view[written:]
 
 
-__all__ = ["ALIVE_FILE", "OPEN_SUFFIX", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
+__all__ = ["ALIVE_FILE", "OPEN_SUFFIX", "SEAL_REQUEST", "ROLLOUTS_SUFFIX", "SEALED_SUFFIX", "SEGMENTS", "SegmentFiles", "SegmentPolicy", "new_writer_id",
            "read_rollouts_index",
            "seal_leftovers", "sealed_segments", "writer_alive"]

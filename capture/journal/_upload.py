@@ -32,6 +32,7 @@ from records import (INCOMPLETE_SUFFIX, TOKEN_FILE_SUFFIXES, ObjectStore, incomp
                      segment_order, token_bundle_name, token_manifest_name)
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
+from ._watermark import Watermark
 
 log = logging.getLogger("mcc.capture")
 #: Pauses after a refused upload, growing to the last.
@@ -71,7 +72,8 @@ def spool_lag(spool_dir: str) -> UploadLag:
 class Uploader:
     """Uploads the spool's sealed segments to ``store_url`` on a thread of its own."""
 
-    def __init__(self, spool_dir: str, store_url: str, interval: float = 0.5, token_idle: float = 60.0) -> None:
+    def __init__(self, spool_dir: str, store_url: str, interval: float = 0.5, token_idle: float = 60.0,
+                 hand_off: bool = True) -> None:
         self.spool_dir = spool_dir
         #: A rollout's training-token files go once unchanged this long (and at the drain).
         self._token_idle = token_idle
@@ -87,6 +89,8 @@ class Uploader:
         self.problem: Optional[str] = None
         self._said_at = 0.0
         self._markers_sent: set[str] = set()
+        #: The live hand-off's watermark of this spool (`hand_off_round`); None: uploads only.
+        self.watermark: Optional[Watermark] = Watermark(spool_dir, self.store, self.spool_id) if hand_off else None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mcc-uploader", daemon=True)
@@ -113,15 +117,41 @@ class Uploader:
             log.warning("cannot upload the training-token files to %s at exit: %s: %s; they stay in the spool %s",
                         self.store.url, type(exc).__name__, exc, self.spool_dir)
         left = sealed_segments(self.spool_dir)
+        if self.watermark is not None:
+            try:  # Drained whole: it holds nothing any more (a consumer waits for it no longer).
+                self.watermark.follow_ends()
+                self.watermark.holding = self.watermark.ended(
+                    self.watermark.in_open_segments() | self.watermark.in_sealed_segments(left)
+                    | set(self._tokens_changed()))
+                self.watermark.publish(stopped=not left and not self.watermark.in_open_segments()
+                                       and not self._tokens_changed())
+            except Exception as exc:
+                log.warning("cannot put this spool's watermark in %s at exit: %s: %s", self.store.url,
+                            type(exc).__name__, exc)
         if left:
             log.warning("%d sealed segment(s) not uploaded to %s at exit: they stay in the spool %s and go first "
                         "when a sidecar starts on it again", len(left), self.store.url, self.spool_dir)
         return not left
 
-    def upload_all(self) -> int:
+    def hand_off_round(self) -> int:
+        """One round with the live hand-off's watermark (`capture.journal._watermark`): the store's
+        ends followed, the ended rollouts this spool holds sealed and shipped at once, then what
+        is sealed uploaded as ever, then the watermark object put. How many segments went."""
+        watermark = self.watermark
+        assert watermark is not None
+        watermark.follow_ends()
+        if watermark.ended(watermark.in_open_segments()):
+            watermark.seal_open_segments()
+        sent = self.upload_all(ship_now=watermark.ended(set(self._tokens_changed())))
+        watermark.holding = watermark.ended(watermark.in_open_segments() | watermark.in_sealed_segments(
+            sealed_segments(self.spool_dir)) | set(self._tokens_changed()))
+        watermark.publish()
+        return sent
+
+    def upload_all(self, ship_now: Optional[set[str]] = None) -> int:
         """Upload every sealed segment now (on the calling thread), and the spool's new
-        ``.capture.incomplete`` markers (a line lost: the store's readers must know it too); how
-        many segments went."""
+        ``.capture.incomplete`` markers (a line lost: the store's readers must know it too), and
+        the token files due (those of ``ship_now`` at once); how many segments went."""
         sent = 0
         for path in sealed_segments(self.spool_dir):
             self.upload(path)
@@ -130,20 +160,29 @@ class Uploader:
             if name.endswith(INCOMPLETE_SUFFIX) and name not in self._markers_sent:
                 self.store.put(incomplete_name(name[: -len(INCOMPLETE_SUFFIX)]), b"")
                 self._markers_sent.add(name)
-        self.ship_tokens()
+        self.ship_tokens(now_for=ship_now)
         return sent
 
-    def ship_tokens(self, everything: bool = False) -> int:
+    def _tokens_changed(self) -> dict[str, tuple[Any, ...]]:
+        """The rollouts whose token files changed since they were shipped, with their fingerprints
+        and the time of their newest change (last)."""
+        changed = {}
+        for rollout_id, files in _token_files(self.spool_dir).items():
+            fingerprint = tuple(sorted((suffix, s.st_size, s.st_mtime_ns, s.st_ino) for suffix, s in files.items()))
+            if fingerprint != self._tokens_shipped.get(rollout_id):
+                changed[rollout_id] = (*fingerprint, max(s.st_mtime for s in files.values()))
+        return changed
+
+    def ship_tokens(self, everything: bool = False, now_for: Optional[set[str]] = None) -> int:
         """The training-token files (DESIGN §12) of the rollouts whose files changed and have been
         still for ``token_idle`` seconds (``everything``: all that changed, the drain's), as one
         bundle: each rollout's files whole, read under its shared lock (a consistent snapshot), the
         bundle named by its content, then its manifest. Readers take each rollout's latest. How
         many rollouts went."""
         now, changed = time.time(), {}
-        for rollout_id, files in _token_files(self.spool_dir).items():
-            fingerprint = tuple(sorted((suffix, s.st_size, s.st_mtime_ns, s.st_ino) for suffix, s in files.items()))
-            newest = max(s.st_mtime for s in files.values())
-            if fingerprint != self._tokens_shipped.get(rollout_id) and (everything or now - newest >= self._token_idle):
+        for rollout_id, stamped in self._tokens_changed().items():
+            fingerprint, newest = stamped[:-1], stamped[-1]
+            if everything or now - newest >= self._token_idle or (now_for is not None and rollout_id in now_for):
                 changed[rollout_id] = fingerprint
         if not changed:
             return 0
@@ -213,7 +252,7 @@ class Uploader:
         failures = 0
         while not self._stop.is_set():
             try:
-                self.upload_all()
+                self.hand_off_round() if self.watermark is not None else self.upload_all()
                 failures, self.problem = 0, None
             except Exception as exc:  # The store's refusal is the store's: the spool keeps the lines.
                 self.failures += 1

@@ -20,11 +20,16 @@ import orjson
 
 from records import (
     GroupSizeConflict,
+    ObjectStore,
+    RolloutEnd,
     RolloutEndConflict,
     end_request,
+    ended_in_spool,
     is_ended,
     is_valid_rollout_id,
+    mark_ended_in_spool,
     write_rollout_end,
+    write_store_end,
 )
 
 from ..call import ROLLOUT_ENDED, LocalReply, Route
@@ -37,11 +42,14 @@ _REMEMBERED = 100_000
 
 
 class EndedRollouts:
-    """The ends of one capture directory, as this sidecar knows them."""
+    """The ends of one capture directory, as this sidecar knows them; with a capture store
+    (``store``), ``capture_dir`` is the sidecar's spool and the ends are the store's objects
+    (``ends/<rollout_id>.json``), which its uploader copies into the spool as it sees them."""
 
-    def __init__(self, capture_dir: str, token_dir: Optional[str] = None) -> None:
+    def __init__(self, capture_dir: str, token_dir: Optional[str] = None, store: Optional[ObjectStore] = None) -> None:
         self.capture_dir = capture_dir
         self.token_dir = token_dir
+        self.store = store
         self._ended: set[str] = set()
         #: Rollouts being ended here: their new calls are refused while the calls under way finish.
         self._ending: set[str] = set()
@@ -51,7 +59,7 @@ class EndedRollouts:
     def ended(self, rollout_id: str) -> bool:
         if rollout_id in self._ended or rollout_id in self._ending:
             return True
-        if is_ended(self.capture_dir, rollout_id):
+        if (ended_in_spool if self.store is not None else is_ended)(self.capture_dir, rollout_id):
             self._remember(rollout_id)
             return True
         return False
@@ -83,8 +91,7 @@ class EndedRollouts:
         while self.in_flight.get(rollout_id) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         try:
-            end, _ = await loop.run_in_executor(None, write_rollout_end, self.capture_dir, rollout_id, outcome, group,
-                                                group_size, self.token_dir)
+            end = await loop.run_in_executor(None, self._write_end, rollout_id, outcome, group, group_size)
         except RolloutEndConflict as conflict:
             self._remember(rollout_id)
             return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id,
@@ -93,8 +100,19 @@ class EndedRollouts:
             return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id})
         except OSError as exc:
             return 503, orjson.dumps({"error": f"the end could not be written: {exc.strerror or exc}"})
+        except Exception as exc:  # A capture store's refusal (down, no credentials): nothing was ended.
+            return 503, orjson.dumps({"error": f"the end could not be written to the capture store: "
+                                               f"{type(exc).__name__}: {exc}"[:500]})
         self._remember(rollout_id)
         return 200, orjson.dumps({"rollout_id": end.rollout_id, "ended_at": end.ended_at, "calls": end.calls})
+
+    def _write_end(self, rollout_id: str, outcome: Optional[dict[str, object]], group: Optional[str],
+                   group_size: Optional[int]) -> RolloutEnd:
+        if self.store is None:
+            return write_rollout_end(self.capture_dir, rollout_id, outcome, group, group_size, self.token_dir)[0]
+        # Frozen and refused here first (no entry, no call after the end), then the end itself.
+        mark_ended_in_spool(self.capture_dir, rollout_id)
+        return write_store_end(self.store, rollout_id, outcome, group, group_size)[0]
 
     def refusal(self, route: Route) -> Optional[tuple[LocalReply, str]]:
         """A captured call's refusal when its rollout has ended (`CallContext.refusal`)."""

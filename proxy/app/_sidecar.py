@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Optional
 import orjson
 
 from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
-from records import filesystem_type, note_declared_version
+from records import ObjectStore, filesystem_type, note_declared_version, note_declared_version_in_store
 
 from ..call import (
     CONTENT_TYPE,
@@ -185,8 +185,9 @@ class Sidecar:
                                    process=not settings.capture_tokens, segments=segments)
             if self.uploader is not None:
                 self.uploader.start()  # What a restart found sealed in the spool goes first.
-            else:
-                self.ended_rollouts = EndedRollouts(settings.capture_dir, settings.token_dir)
+            # With a store, ends are its objects; the uploader copies those it sees into the spool.
+            self.ended_rollouts = EndedRollouts(settings.capture_dir, settings.token_dir,
+                                                ObjectStore(settings.capture_store) if settings.capture_store else None)
             self.metrics.capture_dir = settings.capture_dir
         self.calls = CallContext(
             upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,
@@ -299,10 +300,13 @@ class Sidecar:
         if self.ended_rollouts is not None:  # The order a consumer counts staleness in (docs/reading.md).
             state = self.weight_versions.state()
             try:
+                store = self.ended_rollouts.store
                 await asyncio.get_running_loop().run_in_executor(
-                    None, note_declared_version, self.settings.capture_dir, version, state["declared_at"])
-            except OSError as exc:
-                log.warning("cannot note the declared weight version in %s: %s", self.settings.capture_dir, exc)
+                    None, *((note_declared_version_in_store, store) if store is not None
+                            else (note_declared_version, self.settings.capture_dir)), version, state["declared_at"])
+            except Exception as exc:  # A store's refusal too: the declaration itself stands.
+                log.warning("cannot note the declared weight version in %s: %s",
+                            self.settings.capture_store or self.settings.capture_dir, exc)
         return 200, orjson.dumps(self.weight_versions.state())
 
     async def _end_rollout(self, request: ServerRequest, rollout_id: str) -> tuple[int, bytes]:
@@ -318,9 +322,6 @@ class Sidecar:
             return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
                                                "starting with a letter or digit"})
         if self.ended_rollouts is None:
-            if self.settings.capture_store is not None:
-                return 501, orjson.dumps({"error": "ending a rollout with --capture-store is not supported yet: end it "
-                                                   "on a sidecar whose capture dir is the shared directory"})
             return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no rollout "
                                                "to end"})
         return await self.ended_rollouts.end(rollout_id, request.body)

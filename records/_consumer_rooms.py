@@ -1,0 +1,199 @@
+"""Where a consumer's state and the ends it reads live: a capture directory, or a capture store
+(docs/reading.md, "Consuming rollouts during the run").
+
+`records.Consumer` keeps one logic over both; a room gives it the few operations that differ:
+read a record, create one exclusively, list names, make what was written durable, read the ends,
+say whether an ended rollout is whole yet, and give a directory to read a rollout's calls from.
+
+- **Directory**: records are files; a create is ``O_EXCL`` (one create and one write: a record
+  found empty is being written, or was left empty by a writer that died); durable at the
+  operation's barrier (one ``syncfs``, else each file and directory fsynced). Ends are
+  ``<rollout_id>.end.json`` beside the rollouts; a rollout is whole when it ends (every line is
+  durable before its terminal is released).
+- **Store**: records are objects; a create is a conditional put (``If-None-Match: *`` on S3, a
+  hard link on ``segments://``), durable when it returns. Ends are ``ends/<rollout_id>.json``; a
+  rollout is whole when every writer's watermark says so (`records.rollout_readiness`); its calls
+  are read from the store's view, rebuilt for the rollouts handed out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Optional
+
+import orjson
+
+from ._appender import fsync_directory
+from ._group_sync import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
+from ._object_store import ObjectStore
+from ._rollout_ends import END_OBJECTS, END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
+from ._weight_versions import declared_versions, declared_versions_in_store
+from ._writer_watermarks import read_watermarks, rollout_readiness
+
+
+class ExclusiveCreateBroken(RuntimeError):
+    """The captures' storage does not keep a second create of one name from succeeding: a
+    consumer's claims would not be exclusive there."""
+
+
+class DirectoryRoom:
+    """A capture directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.where = directory
+        self._unsynced: list[str] = []
+        self._syncfs: Any = None
+
+    def prepare(self, prefix: str) -> None:
+        """Ready to write under ``prefix`` (``consumers/<name>``), with exclusive create checked."""
+        root = os.path.join(self.directory, prefix)
+        for part in ("items", "log"):
+            os.makedirs(os.path.join(root, part), exist_ok=True)
+        probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
+        try:
+            if not create_exclusively(probe, b"{}") or create_exclusively(probe, b"{}"):
+                raise ExclusiveCreateBroken(
+                    f"{root}: creating one file twice did not fail the second time, so a consumer's claims would not "
+                    "be exclusive there; use a filesystem with working hard links (a local disk, NFS v4)")
+        finally:
+            try:
+                os.unlink(probe)
+            except FileNotFoundError:
+                pass
+        self._syncfs = load_syncfs() if syncfs_flushes(filesystem_type(root)) else None
+
+    def read(self, name: str) -> Optional[tuple[bytes, float]]:
+        """A record's bytes and age in seconds, or None when there is none."""
+        try:
+            with open(os.path.join(self.directory, name), "rb") as handle:
+                return handle.read(), time.time() - os.fstat(handle.fileno()).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def create(self, name: str, data: bytes) -> bool:
+        """``data`` as the new record ``name``: False when it exists. One ``O_EXCL`` create and one
+        write (a reader that finds it empty waits); durable at `barrier`."""
+        path = os.path.join(self.directory, name)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        self._unsynced.append(path)
+        return True
+
+    def names(self, prefix: str) -> list[str]:
+        """The names of the records directly under ``prefix``."""
+        try:
+            return os.listdir(os.path.join(self.directory, prefix))
+        except FileNotFoundError:
+            return []
+
+    def barrier(self) -> None:
+        """What was created since the last barrier is durable: one ``syncfs`` where the filesystem
+        honours it (`records.syncfs_flushes`), else each file and directory fsynced."""
+        written, self._unsynced = self._unsynced, []
+        if not written:
+            return
+        if self._syncfs is not None:
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                failure = call_syncfs(self._syncfs, fd)
+            finally:
+                os.close(fd)
+            if failure is None:
+                return
+        for path in written:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(os.path.dirname(path))
+
+    def read_ends(self, known: dict[str, RolloutEnd]) -> None:
+        """Add the ends not in ``known`` (ends never change: each read once)."""
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in known:
+                    end = read_end_file(entry.path)
+                    if end is not None:
+                        known[end.rollout_id] = end
+
+    def look(self) -> None:
+        """Before a take's readiness checks (a store reads its writers' watermarks once here)."""
+
+    def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
+        return "ready"  # Every line is durable before its terminal, so before the end.
+
+    def view(self, rollout_ids: list[str]) -> str:
+        return self.directory
+
+    def declared_versions(self) -> list[str]:
+        return declared_versions(self.directory)
+
+
+class StoreRoom:
+    """A capture store."""
+
+    def __init__(self, url: str) -> None:
+        self.store = ObjectStore(url)
+        self.where = self.store.url
+        self._watermarks: list[dict[str, Any]] = []
+        self._versions: dict[str, str] = {}
+
+    def prepare(self, prefix: str) -> None:
+        """Exclusive create checked where the consumer writes: a probe created twice must fail the
+        second time (some S3-compatible servers take ``If-None-Match`` and ignore it)."""
+        probe = f"{prefix}/probes/{uuid.uuid4().hex}.json"
+        if not self.store.create(probe, b"{}") or self.store.create(probe, b"{}"):
+            raise ExclusiveCreateBroken(
+                f"{self.where}: creating one object twice with a conditional put (If-None-Match: *) did not fail the "
+                "second time, so a consumer's claims would not be exclusive there; use a store that honours "
+                "conditional writes (AWS S3, MinIO, GCS, Azure) or a shared directory")
+
+    def read(self, name: str) -> Optional[tuple[bytes, float]]:
+        data = self.store.get_if_present(name)
+        return None if data is None else (data, 0.0)  # A put is whole: never found half-written.
+
+    def create(self, name: str, data: bytes) -> bool:
+        return self.store.create(name, data)
+
+    def names(self, prefix: str) -> list[str]:
+        return [name.rpartition("/")[2] for name in self.store.names(prefix)]
+
+    def barrier(self) -> None:
+        """Nothing: a put is durable when it returns."""
+
+    def read_ends(self, known: dict[str, RolloutEnd]) -> None:
+        for name in self.store.names(END_OBJECTS):
+            rollout_id = name.rpartition("/")[2][: -len(".json")]
+            if rollout_id and rollout_id not in known:
+                data = self.store.get_if_present(name)
+                if data:
+                    end = RolloutEnd.model_validate(orjson.loads(data))
+                    known[end.rollout_id] = end
+
+    def look(self) -> None:
+        self._watermarks = read_watermarks(self.store)
+
+    def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
+        return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)
+
+    def view(self, rollout_ids: list[str]) -> str:
+        from ._store_view import store_view  # Only a store's readers fetch its segments.
+
+        return store_view(self.store.url, rollout_ids=rollout_ids)
+
+    def declared_versions(self) -> list[str]:
+        return declared_versions_in_store(self.store, self._versions)
+
+
+__all__ = ["DirectoryRoom", "ExclusiveCreateBroken", "StoreRoom"]
