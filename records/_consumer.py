@@ -59,6 +59,10 @@ _GROUP_ITEM = "~group-"  # "~" is in no rollout id: a group's item never meets a
 #: A slot found empty or half-written is being written for this long at most; older, its writer
 #: died between its create and its write, and it stands for nothing (a void record).
 _WRITING_SECONDS = 5.0
+#: A commit writes a summary of the final items once this many more are known final.
+_SUMMARY_EVERY = 32
+#: A consumer starts from the union of this many newest summaries.
+_SUMMARIES_READ = 3
 #: A lazily read value not read yet.
 _UNREAD = object()
 
@@ -171,8 +175,8 @@ class _ConsumerView:
         self._items: dict[str, _Item] = {}
         self._log: list[dict[str, Any]] = []
         self._ends: dict[str, RolloutEnd] = {}
-        #: Items acknowledged for good: never looked at again.
-        self._final: set[str] = set()
+        #: Items acknowledged for good (and whether as dropped): never looked at again.
+        self._final: dict[str, bool] = {}
 
     # -- counts ------------------------------------------------------------------------------------
 
@@ -187,7 +191,12 @@ class _ConsumerView:
         for end in ended:
             if end.rollout_id not in grouped and end.rollout_id in superseded:
                 continue  # An earlier attempt of a group member: its latest attempt stands for it.
-            status, _, ack = self._state(self._slots(grouped.get(end.rollout_id, end.rollout_id)))
+            item = grouped.get(end.rollout_id, end.rollout_id)
+            if item in self._final:  # Final for good (read in a summary): nothing to read.
+                counts["final"] += 1
+                counts["dropped"] += self._final[item]
+                continue
+            status, _, ack = self._state(self._current(item))
             counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
             if ack is not None and ack.get("dropped"):
                 counts["dropped"] += 1
@@ -209,7 +218,7 @@ class _ConsumerView:
         self._read_log()
         grouped = self._grouped()
         return next((end for end in self._ended()
-                     if self._state(self._slots(grouped.get(end.rollout_id, end.rollout_id)))[0] == "waiting"), None)
+                     if self._state(self._current(grouped.get(end.rollout_id, end.rollout_id)))[0] == "waiting"), None)
 
     # -- the state -----------------------------------------------------------------------------------
 
@@ -234,6 +243,17 @@ class _ConsumerView:
                 if age < _WRITING_SECONDS:
                     return item.slots  # Its writer is writing it: the log ends before it for now.
                 item.slots.append({"kind": "void"})  # Its writer died between create and write.
+
+    def _known(self, item: str) -> list[dict[str, Any]]:
+        """The item's log as read so far (no read)."""
+        known = self._items.get(item)
+        return known.slots if known is not None else []
+
+    def _current(self, item: str) -> list[dict[str, Any]]:
+        """The item's log, read again unless what was read says it is acknowledged (then only the
+        name's log can change its standing)."""
+        slots = self._known(item)
+        return slots if slots and self._state(slots)[0].startswith("acked") else self._slots(item)
 
     def _slot_taken(self, rollout_id: str) -> None:
         """Another writer won the race for the item's next slot: give it a moment to write it (a
@@ -332,6 +352,8 @@ class Consumer(_ConsumerView):
         self.writer_bound_seconds = float(writer_bound_seconds)
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         room.prepare(self._root)  # Refuses storage where exclusive create does not hold.
+        self._summarised = 0
+        self._read_summaries()
         #: Ended rollouts a store's watermarks say may be short for good (`_units`).
         self._incomplete: set[str] = set()
 
@@ -428,11 +450,19 @@ class Consumer(_ConsumerView):
         return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
 
     def _claim(self, item: str, members: Optional[list[str]] = None) -> Optional[Lease]:
+        """Claim the item if it is waiting: its next slot created at once from what was read of it
+        before (optimistic: a slot written since makes the create fail, and the log is read again),
+        so a take costs one create per item handed out, not a read of every item's log."""
+        slots, fresh = self._known(item), False
         while True:
-            slots = self._slots(item)
             status = self._state(slots)[0]
             if status == "acked_final":
-                self._final.add(item)
+                self._final[item] = bool(self._state(slots)[2].get("dropped"))  # type: ignore[union-attr]
+            if status.startswith("acked"):
+                return None  # Only a rewind (the name's log, read already) undoes an ack.
+            if status == "leased" and not fresh:  # Its holder may have acknowledged or released it since.
+                slots, fresh = self._slots(item), True
+                continue
             if status != "waiting":
                 return None
             expires_at = time.time() + self.lease_seconds
@@ -442,7 +472,8 @@ class Consumer(_ConsumerView):
             claimed_at = len(slots) + 1
             if self._append(item, claimed_at, record):
                 return Lease(claimed_at, expires_at)
-            if len(self._slots(item)) < claimed_at:
+            slots, fresh = self._slots(item), True
+            if len(slots) < claimed_at:
                 return None  # Its slot is still being written (or was left empty): not this time.
 
     def _finished(self, end: RolloutEnd, lease: Lease, item: str, directory: str) -> FinishedRollout:
@@ -475,6 +506,7 @@ class Consumer(_ConsumerView):
                                                 "after_log": len(self._log)})
         if step is None:
             for item in acked:
+                self._final[item.item] = bool(dropped)
                 self._retire(item.item, [rollout.rollout_id for rollout in getattr(item, "rollouts", [item])])
 
     def extend(self, items: Iterable[Any]) -> None:
@@ -509,20 +541,27 @@ class Consumer(_ConsumerView):
         """Write ``record`` as the next slot of the item's log, if its lease is still this one's."""
         record = {**record, "epoch": item.lease.epoch}
         what = f"group {item.group}" if isinstance(item, FinishedGroup) else f"rollout {item.rollout_id}"
+        slots, fresh = self._known(item.item), False
         while True:
-            slots = self._slots(item.item)
             status, epoch, _ = self._state(slots)
             # A lease that ran out still holds while nobody took the item again (a later epoch).
             if epoch != item.lease.epoch or status.startswith("acked"):
+                if not fresh:  # Said by what was read before: read again first.
+                    slots, fresh = self._slots(item.item), True
+                    continue
                 raise LeaseLost(f"{what}: its lease of epoch {item.lease.epoch} is no longer held "
                                 f"({'it was acknowledged' if status.startswith('acked') else 'it was handed out again under epoch ' + str(epoch)})")
             if self._append(item.item, len(slots) + 1, record):
                 return
+            slots, fresh = self._slots(item.item), True
 
     def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
         """The item's next slot, created exclusively; durable at the operation's barrier."""
-        if self.room.create(f"{self._root}/items/{rollout_id}.{slot:010d}.json",
-                            orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
+        written = {**record, "at": time.time(), "holder": self.holder}
+        if self.room.create(f"{self._root}/items/{rollout_id}.{slot:010d}.json", orjson.dumps(written)):
+            known = self._items.setdefault(rollout_id, _Item())
+            if len(known.slots) == slot - 1:
+                known.slots.append(orjson.loads(orjson.dumps(written)))  # As a reader will read it.
             return True
         self._slot_taken(rollout_id)
         return False
@@ -537,9 +576,43 @@ class Consumer(_ConsumerView):
             grouped = self._grouped()
             for end in self._ended():
                 members.setdefault(grouped.get(end.rollout_id, end.rollout_id), []).append(end.rollout_id)
-            for item in members.keys() - self._final:
-                if self._state(self._slots(item))[0] == "acked_final":
+            for item in members.keys() - self._final.keys():
+                if self._state(self._current(item))[0] == "acked_final":
                     self._retire(item, members[item])
+        self._summarise()
+
+    def _summarise(self) -> None:
+        """After a commit: every item this process knows final (its own reads, and the summaries it
+        started from) in a new summary, ``consumers/<name>/final/<seq>.json``, so a consumer that
+        starts reads one listing and a few objects, not every item's log. Written after the commit
+        and never in place; a summary only says what is final, which nothing undoes, so any of
+        them is true whenever it is read."""
+        for item, known in self._items.items():
+            if item not in self._final:
+                status, _, ack = self._state(known.slots)
+                if status == "acked_final":
+                    self._final[item] = bool(ack and ack.get("dropped"))
+        if len(self._final) < self._summarised + _SUMMARY_EVERY:
+            return
+        taken = [int(name.split(".")[0]) for name in self.room.names(f"{self._root}/final") if name[:1].isdigit()]
+        if self.room.create(f"{self._root}/final/{max(taken, default=0) + 1:010d}.json",
+                            orjson.dumps({"final": self._final})):
+            self.room.barrier()
+            self._summarised = len(self._final)
+
+    def _read_summaries(self) -> None:
+        """The newest summaries' final items (a few: each process adds what it knows to the one it
+        started from)."""
+        names = sorted(name for name in self.room.names(f"{self._root}/final") if name[:1].isdigit())
+        for name in names[-_SUMMARIES_READ:]:
+            found = self.room.read(f"{self._root}/final/{name}")
+            try:
+                final = orjson.loads(found[0])["final"] if found else {}
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # Being written, or left empty by a writer that died: the others say enough.
+            if isinstance(final, dict):
+                self._final.update({item: bool(dropped) for item, dropped in final.items()})
+        self._summarised = len(self._final)
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
@@ -548,7 +621,7 @@ class Consumer(_ConsumerView):
 
     def _retire(self, item: str, members: list[str]) -> None:
         """The item's ack is final: its rollouts' token files are retired (``retires``)."""
-        self._final.add(item)
+        self._final.setdefault(item, False)  # (An ack of no step set it, with its dropped flag.)
         if not self.retires:
             return
         from ._token_files import TokenFiles

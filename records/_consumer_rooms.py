@@ -50,7 +50,7 @@ class DirectoryRoom:
     def prepare(self, prefix: str) -> None:
         """Ready to write under ``prefix`` (``consumers/<name>``), with exclusive create checked."""
         root = os.path.join(self.directory, prefix)
-        for part in ("items", "log"):
+        for part in ("items", "log", "final"):
             os.makedirs(os.path.join(root, part), exist_ok=True)
         probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
         try:
