@@ -175,17 +175,18 @@ class _ConsumerView:
         self._items: dict[str, _Item] = {}
         self._log: list[dict[str, Any]] = []
         self._ends: dict[str, RolloutEnd] = {}
-        #: Items acknowledged for good (and whether as dropped): never looked at again.
-        self._final: dict[str, bool] = {}
+        #: Items acknowledged for good, with their ack's flags (`_flags`): never looked at again.
+        self._final: dict[str, int] = {}
 
     # -- counts ------------------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
         """Ended rollouts by where they stand for this name: ``final`` (acknowledged for good),
-        ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``, and ``dropped``
-        (acknowledged as dropped, final or pending)."""
+        ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``; and of those
+        acknowledged (final or pending): ``dropped``, ``stale`` (handed out stale) and ``partial``
+        (handed out in a partial group)."""
         self._read_log()
-        counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
+        counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
         grouped, ended = self._grouped(), self._ended()
         superseded = _superseded(end.rollout_id for end in ended)
         for end in ended:
@@ -194,12 +195,13 @@ class _ConsumerView:
             item = grouped.get(end.rollout_id, end.rollout_id)
             if item in self._final:  # Final for good (read in a summary): nothing to read.
                 counts["final"] += 1
-                counts["dropped"] += self._final[item]
-                continue
-            status, _, ack = self._state(self._current(item))
-            counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
-            if ack is not None and ack.get("dropped"):
-                counts["dropped"] += 1
+                flags = self._final[item]
+            else:
+                status, _, ack = self._state(self._current(item))
+                counts[{"acked_final": "final", "acked_pending": "pending"}.get(status, status)] += 1
+                flags = _flags(ack)
+            for bit, key in _FLAG_NAMES:
+                counts[key] += bool(flags & bit)
         return counts
 
     def _grouped(self) -> dict[str, str]:
@@ -457,7 +459,7 @@ class Consumer(_ConsumerView):
         while True:
             status = self._state(slots)[0]
             if status == "acked_final":
-                self._final[item] = bool(self._state(slots)[2].get("dropped"))  # type: ignore[union-attr]
+                self._final[item] = _flags(self._state(slots)[2])
             if status.startswith("acked"):
                 return None  # Only a rewind (the name's log, read already) undoes an ack.
             if status == "leased" and not fresh:  # Its holder may have acknowledged or released it since.
@@ -502,11 +504,13 @@ class Consumer(_ConsumerView):
         if step is not None and (type(step) is not int or step < 0):
             raise ValueError("step must be a non-negative integer or None")
         self._read_log()
-        acked = self._each(items, lambda item: {"kind": "ack", "step": step, "dropped": bool(dropped),
-                                                "after_log": len(self._log)})
+        acked = self._each(items, lambda item: {
+            "kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log),
+            "stale": any(rollout.stale for rollout in getattr(item, "rollouts", [item])),
+            "partial": bool(getattr(item, "partial", False))})
         if step is None:
             for item in acked:
-                self._final[item.item] = bool(dropped)
+                self._final[item.item] = _flags(self._state(self._known(item.item))[2])
                 self._retire(item.item, [rollout.rollout_id for rollout in getattr(item, "rollouts", [item])])
 
     def extend(self, items: Iterable[Any]) -> None:
@@ -591,7 +595,7 @@ class Consumer(_ConsumerView):
             if item not in self._final:
                 status, _, ack = self._state(known.slots)
                 if status == "acked_final":
-                    self._final[item] = bool(ack and ack.get("dropped"))
+                    self._final[item] = _flags(ack)
         if len(self._final) < self._summarised + _SUMMARY_EVERY:
             return
         taken = [int(name.split(".")[0]) for name in self.room.names(f"{self._root}/final") if name[:1].isdigit()]
@@ -611,7 +615,7 @@ class Consumer(_ConsumerView):
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # Being written, or left empty by a writer that died: the others say enough.
             if isinstance(final, dict):
-                self._final.update({item: bool(dropped) for item, dropped in final.items()})
+                self._final.update({item: flags for item, flags in final.items() if type(flags) is int})
         self._summarised = len(self._final)
 
     def rewind(self, step: int) -> None:
@@ -621,7 +625,7 @@ class Consumer(_ConsumerView):
 
     def _retire(self, item: str, members: list[str]) -> None:
         """The item's ack is final: its rollouts' token files are retired (``retires``)."""
-        self._final.setdefault(item, False)  # (An ack of no step set it, with its dropped flag.)
+        self._final.setdefault(item, 0)  # (An ack of no step set it, with its flags.)
         if not self.retires:
             return
         from ._token_files import TokenFiles
@@ -676,6 +680,14 @@ def _weight_versions_of(directory: str, rollout_id: str, declared: list[str]) ->
     placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
     return {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
             "max": placed[-1] if placed else None, "tokens": tokens}
+
+
+#: An ack's flags as kept for a final item (in summaries): dropped, handed out stale, in a partial group.
+_FLAG_NAMES = ((1, "dropped"), (2, "stale"), (4, "partial"))
+
+
+def _flags(ack: Optional[dict[str, Any]]) -> int:
+    return sum(bit for bit, key in _FLAG_NAMES if ack and ack.get(key))
 
 
 def _superseded(rollout_ids: Iterable[str]) -> set[str]:

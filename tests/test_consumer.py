@@ -53,7 +53,7 @@ def test_a_stalled_holders_lease_runs_out_and_its_late_ack_is_refused(tmp_path):
     for late in (lambda: stalled.ack([held], step=None), lambda: stalled.extend([held]), lambda: stalled.release([held])):
         with pytest.raises(LeaseLost):
             late()
-    assert other.counts() == {"final": 1, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0}
+    assert other.counts() == {"final": 1, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
 
 
 def test_a_lease_that_ran_out_holds_while_nobody_took_it_again_and_extend_and_release_work(tmp_path):
@@ -80,13 +80,13 @@ def test_acks_follow_the_trainers_checkpoint(tmp_path):
     trainer.ack([items[ids[1]]], step=2)
     trainer.ack([items[ids[2]]], step=3, dropped=True)
     trainer.ack([items[ids[3]]], step=None)
-    assert trainer.counts() == {"final": 1, "pending": 3, "leased": 2, "waiting": 0, "dropped": 1}
+    assert trainer.counts() == {"final": 1, "pending": 3, "leased": 2, "waiting": 0, "dropped": 1, "stale": 0, "partial": 0}
     trainer.commit(2)
     assert trainer.counts()["final"] == 3 and trainer.counts()["pending"] == 1
     trainer.rewind(2)  # Restarted from the checkpoint at step 2: step 3's ack is undone.
     restarted = Consumer(directory, "trainer")
     assert [item.rollout_id for item in restarted.take(6)] == [ids[2]]
-    assert restarted.counts() == {"final": 3, "pending": 0, "leased": 3, "waiting": 0, "dropped": 0}
+    assert restarted.counts() == {"final": 3, "pending": 0, "leased": 3, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
     with pytest.raises(ValueError):
         trainer.ack([items[ids[4]]], step=-1)
 
@@ -168,7 +168,7 @@ def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_c
     trained = [rollout_id for _, rollout_id in json.load(open(checkpoint))["trained"]]
     assert sorted(trained) == ids, "every ended rollout exactly once as of the checkpoint: none lost, none twice"
     assert Consumer(directory, "trainer").counts() == {"final": 60, "pending": 0, "leased": 0, "waiting": 0,
-                                                       "dropped": 0}
+                                                       "dropped": 0, "stale": 0, "partial": 0}
     assert len(Consumer(directory, "another").take(100)) == 60
 
 
@@ -243,7 +243,7 @@ def test_groups_are_handed_out_sealed_as_one_item(tmp_path):
     assert Consumer(directory, "trainer").take(10, group_size=2) == [], "g2 and task 18 are short; the rest are leased"
     trainer.ack([g1, task17], step=None)
     trainer.ack([alone])
-    assert trainer.counts() == {"final": 6, "pending": 0, "leased": 0, "waiting": 2, "dropped": 0}, "17-1 is superseded"
+    assert trainer.counts() == {"final": 6, "pending": 0, "leased": 0, "waiting": 2, "dropped": 0, "stale": 0, "partial": 0}, "17-1 is superseded"
 
 
 def test_a_short_group_is_handed_out_partial_after_the_straggler_bound_naming_who_is_missing(tmp_path):
@@ -254,6 +254,8 @@ def test_a_short_group_is_handed_out_partial_after_the_straggler_bound_naming_wh
     assert trainer.take(5, group_size=4) == []
     (group,) = trainer.take(5, group_size=4, wait=2.0)
     assert group.partial and group.missing == ["18-1", "18-3"] and len(group.rollouts) == 2
+    trainer.ack([group])
+    assert (trainer.counts()["partial"], trainer.counts()["final"]) == (2, 2), "each member counted partial"
 
 
 def test_a_groups_lease_runs_out_as_one_and_two_ends_of_one_group_agree_on_its_size(tmp_path):
@@ -303,6 +305,7 @@ async def test_staleness_after_three_declared_versions_per_member(http, upstream
     trainer.ack([group], dropped=True)  # Too stale: dropped, and said so.
     trainer.ack([item for item in items if item is not group])
     assert trainer.counts()["dropped"] == 2 and trainer.counts()["final"] == 4
+    assert trainer.counts()["stale"] == 2, "the group with a stale member: both members handed out stale"
 
 
 def test_an_ack_of_several_applies_every_held_lease_and_names_the_lost_ones(tmp_path):

@@ -183,7 +183,8 @@ async def _rollout(http: aiohttp.ClientSession, sidecars: list, index: int, rng:
 
 
 @pytest.mark.parametrize("layout", ["s3", "segments", "directory"])
-async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollout_once(layout, tmp_path, request):
+async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollout_once(layout, tmp_path, request,
+                                                                                      monkeypatch):
     if layout == "s3":
         request.getfixturevalue("s3_server")
         captures = "s3://captures/handoff"
@@ -191,8 +192,8 @@ async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollou
         captures = f"segments://{tmp_path / 'store'}"
     else:
         captures = str(tmp_path / "captures")
-    os.environ.setdefault("MCC_STORE_CACHE", str(tmp_path / "cache"))
-    env = {**os.environ, "MCC_STORE_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    env = dict(os.environ)
 
     def start(index: int) -> SidecarProcess:
         where = (["--capture-dir", captures] if layout == "directory" else
@@ -324,14 +325,14 @@ def test_a_store_that_ignores_conditional_puts_is_refused_at_start(s3_server, mo
         Consumer("s3://captures/probe", "trainer")
 
 
-async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_is_incomplete(tmp_path):
+async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_is_incomplete(tmp_path, monkeypatch):
     """A sidecar SIGKILLed with a rollout's call in its spool (its segment not sealed, the end not
     seen): the rollout is held back while the bound runs, then handed out ``incomplete`` without
     that call; a rollout it held nothing of and that ended after it went silent past the bound is
     not held. A sidecar that comes back within the bound ships the call: complete."""
     captures = f"segments://{tmp_path / 'store'}"
     env = {"MCC_STORE_CACHE": str(tmp_path / "cache")}
-    os.environ["MCC_STORE_CACHE"] = env["MCC_STORE_CACHE"]
+    monkeypatch.setenv("MCC_STORE_CACHE", env["MCC_STORE_CACHE"])
     one, two = (SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{i}"), "--capture-store",
                                      captures, env=env) for i in range(2))
     try:
@@ -371,3 +372,28 @@ async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_i
     finally:
         one.terminate()
         two.terminate()
+
+
+def test_mcc_feed_and_consumers_on_a_store_url(tmp_path, monkeypatch):
+    """`mcc feed STORE --group-size 2 --ack` prints each whole group as one JSON line; `mcc
+    consumers STORE` counts them acknowledged, with the stale and partial columns."""
+    from click.testing import CliRunner
+
+    from proxy import main
+    from records import end_rollout
+
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    store = f"segments://{tmp_path / 'store'}"
+    for index in range(4):
+        end_rollout(store, f"task{index // 2}-{index % 2}", outcome={"reward": index})
+    fed = CliRunner().invoke(main, ["feed", store, "--consumer", "eval", "--group-size", "2", "--ack"], prog_name="mcc")
+    assert fed.exit_code == 0, fed.output
+    groups = [orjson.loads(line) for line in fed.output.splitlines()]
+    assert [(group["group"], [rollout["rollout_id"] for rollout in group["rollouts"]], group["partial"])
+            for group in groups] == [("task0", ["task0-0", "task0-1"], False), ("task1", ["task1-0", "task1-1"], False)]
+    listed = CliRunner().invoke(main, ["consumers", store, "--json"], prog_name="mcc")
+    assert listed.exit_code == 0, listed.output
+    (row,) = map(orjson.loads, listed.output.splitlines())
+    assert (row["consumer"], row["final"], row["waiting"], row["stale"], row["partial"]) == ("eval", 4, 0, 0, 0)
+    table = CliRunner().invoke(main, ["consumers", store], prog_name="mcc")
+    assert table.output.splitlines()[0].split()[-4:] == ["stale", "partial", "oldest", "waiting"]

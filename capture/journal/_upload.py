@@ -89,8 +89,8 @@ class Uploader:
         self.problem: Optional[str] = None
         self._said_at = 0.0
         self._markers_sent: set[str] = set()
-        #: The live hand-off's watermark of this spool (`hand_off_round`); None: uploads only.
-        self.watermark: Optional[Watermark] = Watermark(spool_dir, self.store, self.spool_id) if hand_off else None
+        self._hand_off = hand_off
+        self._watermark: Optional[Watermark] = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mcc-uploader", daemon=True)
@@ -132,6 +132,14 @@ class Uploader:
             log.warning("%d sealed segment(s) not uploaded to %s at exit: they stay in the spool %s and go first "
                         "when a sidecar starts on it again", len(left), self.store.url, self.spool_dir)
         return not left
+
+    @property
+    def watermark(self) -> Optional[Watermark]:
+        """The live hand-off's watermark of this spool (`hand_off_round`); None: uploads only.
+        Made on first use: the spool (and its id) may not exist before the first segment."""
+        if self._watermark is None and self._hand_off and os.path.isdir(self.spool_dir):
+            self._watermark = Watermark(self.spool_dir, self.store, self.spool_id)
+        return self._watermark
 
     def hand_off_round(self) -> int:
         """One round with the live hand-off's watermark (`capture.journal._watermark`): the store's

@@ -283,7 +283,9 @@ _INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir", "worker_index", "wo
 #: Flags whose names are not ``--`` + the setting's name.
 _FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
 #: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.
-_OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS"}
+#: The project's other variables: not settings, never warned about (``MCC_STORE_CACHE``: where the
+#: readers of a capture store keep its view, records._store_view).
+_OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS", "MCC_STORE_CACHE"}
 
 
 def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -> dict[str, Any]:

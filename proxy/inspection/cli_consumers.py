@@ -10,25 +10,26 @@ from typing import Optional
 import click
 import orjson
 
-from records import Consumer, consumer_names, consumer_view, is_store_url
+from records import Consumer, FinishedGroup, FinishedRollout, consumer_names, consumer_view, is_store_url
 
 from .cli import OneSentence, _print_table
 
 
 def _directory(directory: str) -> str:
     if is_store_url(directory):
-        raise OneSentence(f"{directory}: consumers of a capture store are not supported yet; give the capture directory")
+        return directory
     if not os.path.isdir(directory):
         raise click.BadParameter(f"{directory!r} is not a directory", param_hint="DIR")
     return directory
 
 
 @click.command("consumers")
-@click.argument("directory", metavar="DIR")
+@click.argument("directory", metavar="CAPTURES")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per consumer name.")
 def consumers_command(directory: str, as_json: bool) -> None:
-    """Per consumer name: ended rollouts acknowledged (final, and pending a commit), leased,
-    waiting, dropped, and the age of the oldest waiting end."""
+    """Per consumer name of CAPTURES (a capture directory or a store URL): ended rollouts
+    acknowledged (final, and pending a commit), leased, waiting, dropped, stale, partial, and
+    the age of the oldest waiting end."""
     directory = _directory(directory)
     names = consumer_names(directory)
     if not names:
@@ -42,14 +43,22 @@ def consumers_command(directory: str, as_json: bool) -> None:
         age = round(time.time() - oldest.ended_at, 1) if oldest is not None else None
         if as_json:
             click.echo(orjson.dumps({"consumer": name, **counts, "oldest_waiting_age_s": age}).decode())
-        rows.append([name, *(str(counts[key]) for key in ("final", "pending", "leased", "waiting", "dropped")),
+        rows.append([name, *(str(counts[key]) for key in ("final", "pending", "leased", "waiting", "dropped", "stale",
+                                                          "partial")),
                      "-" if age is None else f"{age:g}s"])
     if not as_json:
-        _print_table(["consumer", "acked", "pending commit", "leased", "waiting", "dropped", "oldest waiting"], rows)
+        _print_table(["consumer", "acked", "pending commit", "leased", "waiting", "dropped", "stale", "partial",
+                      "oldest waiting"], rows)
+
+
+def _rollout_fields(item: FinishedRollout) -> dict[str, object]:
+    return {"rollout_id": item.rollout_id, "ended_at": item.ended_at, "outcome": item.outcome, "group": item.group,
+            "calls": len(item.calls), "incomplete": item.incomplete, "masked": item.trajectories.masked,
+            "stale": item.stale}
 
 
 @click.command("feed")
-@click.argument("directory", metavar="DIR")
+@click.argument("directory", metavar="CAPTURES")
 @click.option("--consumer", "name", required=True, help="The consumer name to take for.")
 @click.option("--max", "max_rollouts", type=int, default=None, help="Stop after this many rollouts (default: all "
               "that are waiting).")
@@ -57,10 +66,13 @@ def consumers_command(directory: str, as_json: bool) -> None:
 @click.option("--ack", is_flag=True, help="Acknowledge each rollout once printed (final at once); without it they "
               "stay leased until --lease-seconds runs out.")
 @click.option("--lease-seconds", type=float, default=300.0, show_default=True, help="How long the rollouts are leased.")
+@click.option("--group-size", type=click.IntRange(min=1), default=None,
+              help="Hand out groups of this size whole, one JSON line each (the size an end declared wins).")
 def feed_command(directory: str, name: str, max_rollouts: Optional[int], wait: float, ack: bool,
-                 lease_seconds: float) -> None:
-    """Take ended rollouts for a consumer name and print them as JSON lines (rollout_id, ended_at,
-    outcome, group, calls, incomplete, masked, epoch), for shell pipelines."""
+                 lease_seconds: float, group_size: Optional[int]) -> None:
+    """Take ended rollouts of CAPTURES (a capture directory or a store URL) for a consumer name and
+    print them as JSON lines (rollout_id, ended_at, outcome, group, calls, incomplete, masked,
+    stale, epoch; a group: group, partial, missing, epoch and its rollouts), for shell pipelines."""
     directory = _directory(directory)
     try:
         consumer = Consumer(directory, name, lease_seconds=lease_seconds)
@@ -68,14 +80,17 @@ def feed_command(directory: str, name: str, max_rollouts: Optional[int], wait: f
         raise OneSentence(str(exc)) from None
     printed = 0
     while max_rollouts is None or printed < max_rollouts:
-        batch = consumer.take(min(64, (max_rollouts or 64) - printed), wait=wait if printed == 0 else 0.0)
+        batch = consumer.take(min(64, (max_rollouts or 64) - printed), wait=wait if printed == 0 else 0.0,
+                              group_size=group_size)
         if not batch:
             break
         for item in batch:
-            click.echo(orjson.dumps({
-                "rollout_id": item.rollout_id, "ended_at": item.ended_at, "outcome": item.outcome, "group": item.group,
-                "calls": len(item.calls), "incomplete": item.incomplete, "masked": item.trajectories.masked,
-                "epoch": item.lease.epoch}).decode())
+            if isinstance(item, FinishedGroup):
+                click.echo(orjson.dumps({"group": item.group, "partial": item.partial, "missing": item.missing,
+                                         "epoch": item.lease.epoch,
+                                         "rollouts": [_rollout_fields(rollout) for rollout in item.rollouts]}).decode())
+            else:
+                click.echo(orjson.dumps({**_rollout_fields(item), "epoch": item.lease.epoch}).decode())
         if ack:
             consumer.ack(batch)
         printed += len(batch)
