@@ -3,12 +3,13 @@
     python benchmarks/bench_handoff.py [--rollouts 300] [--rounds 3] [--layouts directory,segments,s3]
 
 In each layout -- a capture directory, a capture store on a path (``segments://``), and one on a
-real S3 server on loopback (moto's, as the tests use) -- rollouts of two chat turns each are made
+real S3 server on loopback (moto's, as the tests use) -- RL-shaped rollouts (a 1,500-word task, then 4
+chat turns) are made
 through a real sidecar in the token capture mode (its stand-in model), then:
 
 1. ``POST /-/rollouts/<id>/end`` for each: the time to a durable answer (p50, p99).
 2. Interleaved rounds: the same rollouts read with `records.trajectories` one by one, against
-   taken and acknowledged by a `records.Consumer` (a fresh name each round: take 32, ack) --
+   taken and acknowledged by a `records.Consumer` (a fresh name each round: take a training step's batch of 64, ack) --
    rollouts/s of each and the ratio (the hand-off's own cost; a FinishedRollout also carries its
    calls and weight versions).
 3. End to takeable: a consumer process waits in ``take(8, wait=...)`` while the main process ends
@@ -51,7 +52,7 @@ seen = 0
 while seen < expected:
     for item in consumer.take(8, wait=10.0):
         print(item.rollout_id, time.time(), flush=True)
-        seen += 1
+        seen += item.rollout_id.startswith("late")  # The earlier ends are not this figure's.
         consumer.ack([item])
 '''
 
@@ -62,14 +63,21 @@ def post(url: str, body: bytes = b"") -> bytes:
         return reply.read()
 
 
-def converse(base: str, rollout_id: str) -> None:
-    messages = [{"role": "user", "content": "hi"}]
-    for follow_up in ("more", None):
+#: An RL rollout's shape: a task statement of this many words, then this many turns (each reply
+#: sent back, then a follow-up). The hand-off's cost is per rollout; reading grows with its tokens.
+TASK_WORDS, TURNS = 1500, 4
+#: What a trainer takes at once: a training step's batch (GRPO's 64 prompts x 8 samples is 512).
+BATCH = 64
+
+
+def converse(base: str, rollout_id: str, turns: int = TURNS, task_words: int = TASK_WORDS) -> None:
+    task = " ".join(f"word{n % 97}" for n in range(task_words))
+    messages = [{"role": "user", "content": f"{task} (rollout {rollout_id})"}]
+    for turn in range(turns):
         reply = orjson.loads(post(f"{base}/ng-rollout/{rollout_id}/v1/chat/completions",
                                   orjson.dumps({"model": "m", "messages": messages})))
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
+        messages.append({"role": "user", "content": f"go on ({turn})"})
 
 
 def pct(values: list[float], p: float) -> float:
@@ -121,7 +129,7 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
         ids = [f"h{n:05d}" for n in range(args.rollouts)]
         later = [f"late{n:04d}" for n in range(100)]
         for rollout_id in ids + later:
-            converse(base, rollout_id)
+            converse(base, rollout_id, args.turns, args.task_words)
         for rollout_id in ids:
             started = time.perf_counter()
             post(f"{base}/-/rollouts/{rollout_id}/end", orjson.dumps({"outcome": {"reward": 1.0}}))
@@ -137,7 +145,7 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
             figures["read"].append(len(ids) / (time.perf_counter() - started))
             consumer = Consumer(captures, f"bench-{round_number}")
             started, taken = time.perf_counter(), 0
-            while batch := consumer.take(32):
+            while batch := consumer.take(BATCH):
                 consumer.ack(batch)
                 taken += len(batch)
             figures["take"].append(taken / (time.perf_counter() - started))
@@ -170,6 +178,8 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="directory,segments,s3")
+    parser.add_argument("--turns", type=int, default=TURNS)
+    parser.add_argument("--task-words", type=int, default=TASK_WORDS)
     args = parser.parse_args()
     results = {}
     for layout in args.layouts.split(","):
@@ -179,11 +189,12 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     ms = lambda seconds: f"{seconds * 1000:.1f}"  # noqa: E731
-    lines = [f"# The live hand-off ({args.rollouts} rollouts of 2 chat turns, token mode; {args.rounds} interleaved "
-             "rounds; S3: moto on loopback)", "",
+    lines = [f"# The live hand-off ({args.rollouts} rollouts of {args.turns} chat turns after a "
+             f"{args.task_words}-word task, token mode; {args.rounds} interleaved rounds; S3: moto on loopback)", "",
              "| layout | end's durable answer p50 / p99 (ms) | end to take by a waiting consumer p50 / p99 (ms) | "
-             "records.trajectories one by one (rollouts/s) | Consumer take 32 + ack (rollouts/s) | hand-off cost |",
+             "records.trajectories one by one (rollouts/s) | Consumer take {BATCH} + ack (rollouts/s) | hand-off cost |",
              "|---|---:|---:|---:|---:|---:|"]
+    lines[2] = lines[2].format(BATCH=BATCH)
     for layout, figures in results.items():
         read, take = statistics.median(figures["read"]), statistics.median(figures["take"])
         lines.append(f"| {layout} | {ms(pct(figures['end'], 50))} / {ms(pct(figures['end'], 99))} "

@@ -33,6 +33,10 @@ from ._weight_versions import declared_versions, declared_versions_in_store
 from ._writer_watermarks import read_watermarks, rollout_readiness
 
 
+#: A directory's mtime may lag a create by up to a clock tick: within this of its mtime, list anyway.
+_MTIME_GRANULARITY_NS = 50_000_000
+
+
 class ExclusiveCreateBroken(RuntimeError):
     """The captures' storage does not keep a second create of one name from succeeding: a
     consumer's claims would not be exclusive there."""
@@ -46,6 +50,8 @@ class DirectoryRoom:
         self.where = directory
         self._unsynced: list[str] = []
         self._syncfs: Any = None
+        #: The directory's mtime when its ends were last listed (`read_ends`).
+        self._listed_at = -1
 
     def prepare(self, prefix: str) -> None:
         """Ready to write under ``prefix`` (``consumers/<name>``), with exclusive create checked."""
@@ -118,7 +124,16 @@ class DirectoryRoom:
             fsync_directory(os.path.dirname(path))
 
     def read_ends(self, known: dict[str, RolloutEnd]) -> None:
-        """Add the ends not in ``known`` (ends never change: each read once)."""
+        """Add the ends not in ``known`` (ends never change: each read once). The directory is
+        listed again only when its entries changed (its mtime): a take while nothing new ended
+        costs one ``stat``."""
+        try:
+            changed = os.stat(self.directory).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if changed == self._listed_at and time.time_ns() - changed > _MTIME_GRANULARITY_NS:
+            return
+        self._listed_at = changed
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 name = entry.name
@@ -148,6 +163,7 @@ class StoreRoom:
         self.where = self.store.url
         self._watermarks: list[dict[str, Any]] = []
         self._versions: dict[str, str] = {}
+        self._created = False
 
     def prepare(self, prefix: str) -> None:
         """Exclusive create checked where the consumer writes: a probe created twice must fail the
@@ -164,13 +180,18 @@ class StoreRoom:
         return None if data is None else (data, 0.0)  # A put is whole: never found half-written.
 
     def create(self, name: str, data: bytes) -> bool:
-        return self.store.create(name, data)
+        self._created = True
+        return self.store.create(name, data, durable=False)
 
     def names(self, prefix: str) -> list[str]:
         return [name.rpartition("/")[2] for name in self.store.names(prefix)]
 
     def barrier(self) -> None:
-        """Nothing: a put is durable when it returns."""
+        """What was created since the last barrier is durable: nothing to do for an object store
+        (a put is durable when it returns); one ``syncfs`` for a ``segments://`` path."""
+        if self._created:
+            self._created = False
+            self.store.sync()
 
     def read_ends(self, known: dict[str, RolloutEnd]) -> None:
         for name in self.store.names(END_OBJECTS):

@@ -75,11 +75,12 @@ class ObjectStore:
         os.replace(temporary, path)
         fsync_directory(directory)
 
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, durable: bool = True) -> bool:
         """Write ``data`` as the new object ``name``, whole and durable: False when ``name`` exists
         (left as it is). Of two writers of one name exactly one succeeds: a conditional put that
         fails when the object exists (``If-None-Match: *`` on S3, fsspec's ``mode="create"``), a
-        hard link on a path. The live hand-off's ends, claims and acks (docs/reading.md)."""
+        hard link on a path. The live hand-off's ends, claims and acks (docs/reading.md).
+        ``durable=False`` on a path: made durable by the caller's `sync` (one barrier for a batch)."""
         if self._fs is not None:
             try:
                 self._fs.pipe_file(self._path(name), data, mode="create")
@@ -92,16 +93,35 @@ class ObjectStore:
         temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
         with open(temporary, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         try:
             os.link(temporary, path)  # Fails when the name exists: the first writer's object stands.
         except FileExistsError:
             return False
         finally:
             os.unlink(temporary)
-        fsync_directory(directory)
+        if durable:
+            fsync_directory(directory)
         return True
+
+    def sync(self) -> None:
+        """Every object created with ``durable=False`` is durable: one ``syncfs`` of the path's
+        filesystem (else a ``sync``); nothing for an object store, whose put is durable when it returns."""
+        if self._fs is not None:
+            return
+        from ._group_sync import call_syncfs, load_syncfs
+
+        syncfs = load_syncfs()
+        if syncfs is not None:
+            fd = os.open(self._root, os.O_RDONLY)
+            try:
+                if call_syncfs(syncfs, fd) is None:
+                    return
+            finally:
+                os.close(fd)
+        os.sync()
 
     def get_if_present(self, name: str) -> Optional[bytes]:
         """The object's bytes, or None when there is none."""

@@ -108,7 +108,8 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     # of a rollout may link its entries: rebuilt too).
     _rebuild_tokens(store, cache, target, [name for name in token_names if name not in applied or wanted is not None],
                     token_names, wanted, touched)
-    if wanted is None:
+    if wanted is None:  # What it rebuilt is durable before it is said applied.
+        _barrier(target)
         _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
     return str(target)
 
@@ -157,21 +158,20 @@ def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[s
                                         for flag in ("frozen", "incomplete", "retired")}})
             else:
                 data = b"".join(part if part.endswith(b"\n") or not part else part + b"\n" for part in present)
-            _write_atomically(target / f"{rollout_id}{suffix}", data)
+            _write_atomically(target / f"{rollout_id}{suffix}", data, durable=False)
 
 
 def _token_snapshot(store: ObjectStore, cache: Path, manifest: dict[str, Any], rollout_id: str) -> dict[str, bytes]:
     sha = manifest["sha256"]
     local = cache / "tokens" / f"{sha}.json"
-    if local.exists():
-        data = local.read_bytes()
-    else:
+    data = None
+    if str(local) not in _PARSED and not local.exists():
         data = store.get(manifest["bundle"])
         if hashlib.sha256(data).hexdigest() != sha:
             raise SegmentDamaged(f"{manifest['bundle']} in {store.url} is not the bundle its manifest names")
         local.parent.mkdir(parents=True, exist_ok=True)
         _write_atomically(local, data)
-    files = orjson.loads(data)["rollouts"].get(rollout_id) or {}
+    files = _parsed(local, data)["rollouts"].get(rollout_id) or {}
     return {suffix: base64.b64decode(text) for suffix, text in files.items()}
 
 
@@ -203,14 +203,32 @@ def store_rollout_sizes(url: str) -> dict[str, int]:
     return dict(sorted(sizes.items()))
 
 
+#: Manifests and token bundles parsed in this process, by their cache path (they never change): a
+#: consumer rebuilds the view for each take's rollouts, and parsing them again each time was most
+#: of a take from a store (benchmarks/bench_handoff.py).
+_PARSED: dict[str, Any] = {}
+_PARSED_MAX = 4096
+
+
+def _parsed(local: Path, data: Optional[bytes] = None) -> Any:
+    key = str(local)
+    found = _PARSED.get(key)
+    if found is None:
+        found = orjson.loads(local.read_bytes() if data is None else data)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = found
+    return found
+
+
 def _manifest(store: ObjectStore, cache: Path, name: str) -> dict[str, Any]:
     local = cache / name
-    if local.exists():
-        return orjson.loads(local.read_bytes())
+    if str(local) in _PARSED or local.exists():
+        return _parsed(local)  # type: ignore[no-any-return]
     data = store.get(name)
     local.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(local, data)
-    return orjson.loads(data)
+    return _parsed(local, data)  # type: ignore[no-any-return]
 
 
 def _segment(store: ObjectStore, cache: Path, manifest: dict[str, Any]) -> bytes:
@@ -262,7 +280,7 @@ def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict
         streams = [per_rollout[rollout_id] for _, per_rollout in sorted(by_writer.items()) if rollout_id in per_rollout]
         merged = merge_order([values for _, values in streams])
         _write_atomically(target / f"{rollout_id}{CAPTURE_SUFFIX}",
-                          b"".join(streams[stream][0][position] + b"\n" for stream, position in merged))
+                          b"".join(streams[stream][0][position] + b"\n" for stream, position in merged), durable=False)
 
 
 def whole_segment_lines(data: bytes) -> Iterator[tuple[str, bytes, dict[str, Any]]]:
@@ -418,13 +436,38 @@ def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
     return [read for _, read, _ in reads]
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def _write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
+    """Whole under a temporary name, then renamed: no reader sees part of it. ``durable=False``: a
+    view's rollout file, made durable by the one barrier before the applied list (`_barrier`)."""
+    if not durable:
+        try:  # A view's file rebuilt as it was (a consumer rebuilds its takes'): left alone, no rename.
+            if path.stat().st_size == len(data) and path.read_bytes() == data:
+                return
+        except FileNotFoundError:
+            pass
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     with open(temporary, "wb") as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def _barrier(directory: Path) -> None:
+    """Every view file written before this is durable: one ``syncfs`` of the view's filesystem (a
+    rebuild writes hundreds of files; an fsync each cost 1 ms apiece, issue 62), else a ``sync``."""
+    from ._group_sync import call_syncfs, load_syncfs
+
+    syncfs = load_syncfs()
+    if syncfs is not None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            if call_syncfs(syncfs, fd) is None:
+                return
+        finally:
+            os.close(fd)
+    os.sync()
 
 
 __all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "SegmentRead", "merge_order",
