@@ -266,6 +266,17 @@ class _ConsumerView:
             time.sleep(0.001)
 
     def _read_log(self) -> None:
+        if not self._log:  # A consumer that starts: the name's log listed and read at once (a store: concurrently).
+            names = sorted(name for name in self.room.names(f"{self._root}/log") if name[:1].isdigit())
+            expected = [f"{number:010d}.json" for number in range(1, len(names) + 1)]
+            if names == expected:
+                found = self.room.read_many(f"{self._root}/log", names)
+                for name in expected:
+                    try:
+                        self._log.append(orjson.loads(found[name]))
+                    except (KeyError, orjson.JSONDecodeError):
+                        del self._log[:]  # One being written: read one by one below.
+                        break
         while True:
             found = self.room.read(f"{self._root}/log/{len(self._log) + 1:010d}.json")
             if found is None:

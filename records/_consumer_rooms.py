@@ -142,6 +142,14 @@ class DirectoryRoom:
                     if end is not None:
                         known[end.rollout_id] = end
 
+    def read_many(self, prefix: str, names: list[str]) -> dict[str, bytes]:
+        found = {}
+        for name in names:
+            record = self.read(f"{prefix}/{name}")
+            if record is not None:
+                found[name] = record[0]
+        return found
+
     def look(self) -> None:
         """Before a take's readiness checks (a store reads its writers' watermarks once here)."""
 
@@ -194,13 +202,16 @@ class StoreRoom:
             self.store.sync()
 
     def read_ends(self, known: dict[str, RolloutEnd]) -> None:
-        for name in self.store.names(END_OBJECTS):
-            rollout_id = name.rpartition("/")[2][: -len(".json")]
-            if rollout_id and rollout_id not in known:
-                data = self.store.get_if_present(name)
-                if data:
-                    end = RolloutEnd.model_validate(orjson.loads(data))
-                    known[end.rollout_id] = end
+        fresh = [name for name in self.store.names(END_OBJECTS)
+                 if name.rpartition("/")[2][: -len(".json")] not in known]
+        for data in self.store.get_many(fresh).values():
+            end = RolloutEnd.model_validate(orjson.loads(data))
+            known[end.rollout_id] = end
+
+    def read_many(self, prefix: str, names: list[str]) -> dict[str, bytes]:
+        """The records of ``names`` under ``prefix`` that exist, fetched together."""
+        found = self.store.get_many([f"{prefix}/{name}" for name in names])
+        return {name.rpartition("/")[2]: data for name, data in found.items()}
 
     def look(self) -> None:
         self._watermarks = read_watermarks(self.store)

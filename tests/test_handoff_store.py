@@ -27,10 +27,38 @@ import pytest
 
 from records import Consumer, ExclusiveCreateBroken, trajectories
 from tests.processes import SidecarProcess
-from tests.test_capture_store import s3_server  # noqa: F401  (the fixture: moto's S3 server on loopback)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLLOUTS = 200
+
+@pytest.fixture
+def s3_server(monkeypatch, tmp_path):
+    """moto's S3 server on loopback, in a process of its own (six processes talk to it at once; in
+    the test's own process it would share the interpreter's lock with the agents it drives)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="captures")
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    yield endpoint
+    server.terminate()
+    server.wait(timeout=30)
+
 
 _TRAINER = r'''
 import fcntl, json, os, random, signal, sys
@@ -315,7 +343,7 @@ class _StrippingProxy:
         upstream.close()
 
 
-def test_a_store_that_ignores_conditional_puts_is_refused_at_start(s3_server, monkeypatch):  # noqa: F811
+def test_a_store_that_ignores_conditional_puts_is_refused_at_start(s3_server, monkeypatch):
     """Behind a proxy that strips ``If-None-Match``, a second create of one object succeeds: the
     consumer refuses to run there, in one sentence; straight to the server it runs."""
     Consumer("s3://captures/probe", "trainer")
