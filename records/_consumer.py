@@ -38,14 +38,14 @@ from typing import Any, Callable, Iterable, Optional, Union
 import orjson
 
 from ._collect import read_model_call_records
-from ._consumer_rooms import DirectoryRoom, StoreRoom
+from ._consumer_rooms import DirectoryRoom, StoreRoom, record_of
 from ._file_contract import incomplete_marker_path
 from ._models import ModelCallRecord
 from ._object_store import is_store_url
 from ._paths import directory_of
 from ._rollout_ends import RolloutEnd, group_of, gym_member
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
-from ._store import capture_store
+from ._store import capture_store, gc_paused
 from ._token_records import read_token_records
 from ._trajectories import TrajectoryBuild, trajectories
 from ._weight_versions import version_rank
@@ -174,6 +174,7 @@ class _ConsumerView:
         self._root = f"consumers/{name}"
         self._items: dict[str, _Item] = {}
         self._log: list[dict[str, Any]] = []
+        self._log_listed = False
         self._ends: dict[str, RolloutEnd] = {}
         #: Items acknowledged for good, with their ack's flags (`_flags`): never looked at again.
         self._final: dict[str, int] = {}
@@ -235,12 +236,13 @@ class _ConsumerView:
         base = f"{self._root}/items/" + (rollout_id if rollout_id.startswith(_GROUP_ITEM)
                                          else validate_rollout_id(rollout_id))
         while True:
-            found = self.room.read(f"{base}.{len(item.slots) + 1:010d}.json")
+            name = f"{base}.{len(item.slots) + 1:010d}.json"
+            found = self.room.read(name)
             if found is None:
                 return item.slots
             data, age = found
             try:
-                item.slots.append(orjson.loads(data))
+                item.slots.append(record_of(name, orjson.loads(data)) or {"kind": "void"})
             except orjson.JSONDecodeError:
                 if age < _WRITING_SECONDS:
                     return item.slots  # Its writer is writing it: the log ends before it for now.
@@ -266,7 +268,8 @@ class _ConsumerView:
             time.sleep(0.001)
 
     def _read_log(self) -> None:
-        if not self._log:  # A consumer that starts: the name's log listed and read at once (a store: concurrently).
+        if not self._log_listed:  # A consumer that starts: the name's log listed and read at once (a store: concurrently).
+            self._log_listed = True
             names = sorted(name for name in self.room.names(f"{self._root}/log") if name[:1].isdigit())
             expected = [f"{number:010d}.json" for number in range(1, len(names) + 1)]
             if names == expected:
@@ -401,24 +404,26 @@ class Consumer(_ConsumerView):
               ) -> list[Any]:
         self._read_log()
         self._currency = currency
-        claimed: list[tuple[_Unit, Lease]] = []
-        for unit in self._units(group_size):
-            if len(claimed) >= max_rollouts:
+        units = [unit for unit in self._units(group_size) if unit.item not in self._final]
+        leases = self._claim_batch(units[:max_rollouts])  # What was read says they wait: claimed at once.
+        for unit in units:
+            if len(leases) >= max_rollouts:
                 break
-            if unit.item in self._final:
-                continue
-            lease = self._claim(unit.item, [end.rollout_id for end in unit.members] if unit.group is not None else None)
-            if lease is not None:
-                claimed.append((unit, lease))
+            if unit.item not in leases:  # Another process wrote its log since (or it is leased): read again.
+                lease = self._claim(unit.item, self._members(unit))
+                if lease is not None:
+                    leases[unit.item] = lease
+        claimed = [(unit, leases[unit.item]) for unit in units if unit.item in leases][:max_rollouts]
         self.room.barrier()  # The claims are durable before the items are handed out.
         if not claimed:
             return []
         directory = self.room.view([end.rollout_id for unit, _ in claimed for end in unit.members])
         taken: list[Any] = []
-        for unit, lease in claimed:
-            rollouts = [self._finished(end, lease, unit.item, directory) for end in unit.members]
-            taken.append(rollouts[0] if unit.group is None else
-                         FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
+        with gc_paused():  # A batch's trajectories stay alive together: no collector pass rescans them.
+            for unit, lease in claimed:
+                rollouts = [self._finished(end, lease, unit.item, directory) for end in unit.members]
+                taken.append(rollouts[0] if unit.group is None else
+                             FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
         return taken
 
     def _units(self, group_size: Optional[int]) -> list[_Unit]:
@@ -462,6 +467,27 @@ class Consumer(_ConsumerView):
                 units.append(_Unit(item, members, members[0].ended_at + self.straggler_seconds, key, True, missing))
         return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
 
+    @staticmethod
+    def _members(unit: _Unit) -> Optional[list[str]]:
+        return [end.rollout_id for end in unit.members] if unit.group is not None else None
+
+    def _claim_record(self, members: Optional[list[str]]) -> dict[str, Any]:
+        record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": time.time() + self.lease_seconds}
+        if members is not None:
+            record["members"] = members
+        return record
+
+    def _claim_batch(self, units: list[_Unit]) -> dict[str, Lease]:
+        """The units whose logs as read say they wait, each claimed at its next slot, all at once
+        (`_append_many`); the leases of those claimed."""
+        wanted = {}
+        for unit in units:
+            slots = self._known(unit.item)
+            if self._state(slots)[0] == "waiting":
+                wanted[unit.item] = (len(slots) + 1, self._claim_record(self._members(unit)))
+        created = self._append_many(wanted)
+        return {item: Lease(wanted[item][0], wanted[item][1]["expires_at"]) for item in created}
+
     def _claim(self, item: str, members: Optional[list[str]] = None) -> Optional[Lease]:
         """Claim the item if it is waiting: its next slot created at once from what was read of it
         before (optimistic: a slot written since makes the create fail, and the log is read again),
@@ -478,13 +504,10 @@ class Consumer(_ConsumerView):
                 continue
             if status != "waiting":
                 return None
-            expires_at = time.time() + self.lease_seconds
-            record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": expires_at}
-            if members is not None:
-                record["members"] = members
+            record = self._claim_record(members)
             claimed_at = len(slots) + 1
             if self._append(item, claimed_at, record):
-                return Lease(claimed_at, expires_at)
+                return Lease(claimed_at, record["expires_at"])
             slots, fresh = self._slots(item), True
             if len(slots) < claimed_at:
                 return None  # Its slot is still being written (or was left empty): not this time.
@@ -539,7 +562,20 @@ class Consumer(_ConsumerView):
         items done, or `LeaseLost` naming those refused once the others are durable."""
         done, lost, said = [], [], []
         try:
+            items = list(items)
+            # Those whose lease holds as read: written at once (`_append_many`); the rest one by one.
+            wanted, by_item = {}, {}
             for item in items:
+                slots = self._known(item.item)
+                status, epoch, _ = self._state(slots)
+                if epoch == item.lease.epoch and not status.startswith("acked") and item.item not in wanted:
+                    wanted[item.item] = (len(slots) + 1, {**record(item), "epoch": item.lease.epoch})
+                    by_item[item.item] = item
+            written = self._append_many(wanted)
+            done += [by_item[key] for key in written]
+            for item in items:
+                if item.item in written and by_item.get(item.item) is item:
+                    continue
                 try:
                     self._act(item, record(item))
                     done.append(item)
@@ -570,7 +606,24 @@ class Consumer(_ConsumerView):
                 return
             slots, fresh = self._slots(item.item), True
 
-    def _append(self, rollout_id: str, slot: int, record: dict[str, Any]) -> bool:
+    def _append_many(self, wanted: dict[str, tuple[int, dict[str, Any]]]) -> set[str]:
+        """Each item's record (item -> (slot, record)) at its slot, created exclusively, all at once
+        (`room.create_many`); the items written. Durable at the operation's barrier."""
+        if len(wanted) < 2:
+            return {item for item, (slot, record) in wanted.items() if self._append(item, slot, record, wait=False)}
+        now = time.time()
+        names = {f"{self._root}/items/{item}.{slot:010d}.json": item for item, (slot, _) in wanted.items()}
+        records = {name: {**wanted[item][1], "at": now, "holder": self.holder} for name, item in names.items()}
+        written = set()
+        for name in self.room.create_many(records):
+            item = names[name]
+            known = self._items.setdefault(item, _Item())
+            if len(known.slots) == wanted[item][0] - 1:
+                known.slots.append(orjson.loads(orjson.dumps(records[name])))  # As a reader will read it.
+            written.add(item)
+        return written
+
+    def _append(self, rollout_id: str, slot: int, record: dict[str, Any], wait: bool = True) -> bool:
         """The item's next slot, created exclusively; durable at the operation's barrier."""
         written = {**record, "at": time.time(), "holder": self.holder}
         if self.room.create(f"{self._root}/items/{rollout_id}.{slot:010d}.json", orjson.dumps(written)):
@@ -578,7 +631,8 @@ class Consumer(_ConsumerView):
             if len(known.slots) == slot - 1:
                 known.slots.append(orjson.loads(orjson.dumps(written)))  # As a reader will read it.
             return True
-        self._slot_taken(rollout_id)
+        if wait:
+            self._slot_taken(rollout_id)
         return False
 
     # -- the trainer's checkpoints ------------------------------------------------------------------
