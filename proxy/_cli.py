@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
@@ -11,7 +12,7 @@ import click
 
 from records import RecordsError
 
-from .app import ConfigError, Settings, configure_logging, load_settings
+from .app import CAPTURE_UMASKS, ConfigError, Settings, configure_logging, load_settings
 
 
 class _Mcc(click.Group):
@@ -54,7 +55,8 @@ def main() -> None:
 #: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
 SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "admin_token", "config")),
-    ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync")),
+    ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
+                 "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
@@ -123,6 +125,8 @@ class _ServeCommand(click.Command):
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
 @click.option("--capture-sync", type=click.Choice(["auto", "fsync"], case_sensitive=False),
               help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")
+@click.option("--capture-permissions", type=click.Choice(["private", "group"], case_sensitive=False),
+              help="Who may read what the sidecar writes: private (files 0600, directories 0700; default: lines hold whole prompts and replies) or group (0640 / 0750, e.g. a collector in the pod's fsGroup). [MCC_CAPTURE_PERMISSIONS]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
 @click.option("--token-dir", metavar="DIR", help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
@@ -154,6 +158,9 @@ def serve(**options: Any) -> None:
     """
     warnings: list[str] = []
     settings = _settings_or_exit(options, warnings.append)
+    # Before anything is created: every file and directory the sidecar and its children make is
+    # at most 0600 / 0700 (or 0640 / 0750), whatever mode the code asks for (docs/operations.md).
+    os.umask(CAPTURE_UMASKS[settings.capture_permissions])
     configure_logging(settings.log_level, settings.log_format,
                       (settings.worker_index, settings.worker_count or 1) if settings.worker_index is not None else None)
     for message in warnings:  # Said once (by the supervisor, not every worker), in the chosen format.

@@ -23,7 +23,7 @@ from ._collect import (
     merge_model_call_capture_into_record,
     read_model_call_records,
 )
-from ._errors import InvalidRolloutId, MalformedCaptureLine, RecordsError
+from ._errors import InvalidRolloutId, MalformedCaptureLine, NothingUploadedYet, RecordsError, StoreNotFound
 from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, mount_of, syncfs_flushes
 from ._fingerprints import FINGERPRINT_VERSION, assistant_fingerprint, canonical_arguments, conversation_digest
 from ._lineage import LineageVerdict, RolloutLineage
@@ -136,6 +136,8 @@ __all__ = [
     # Ended rollouts and their consumers (docs/wire.md, "Ending a rollout"; docs/reading.md).
     "Consumer",
     "END_OBJECTS",
+    "NothingUploadedYet",
+    "StoreNotFound",
     "SEEN_SECONDS",
     "WRITER_OBJECTS",
     "END_SUFFIX",

@@ -1,8 +1,10 @@
-"""python -m records DIR [ROLLOUT_ID ...]: one JSON summary line per rollout in a capture dir.
+"""python -m records [--allow-empty] CAPTURES [ROLLOUT_ID ...]: one JSON summary line per rollout.
 
-For collector jobs and quick checks; needs only this package (pydantic, orjson). Exits 1 with
-one sentence when DIR does not exist, and says so on stderr when it holds no capture files, so
-a job with a wrong mount fails instead of succeeding silently.
+CAPTURES is a capture dir or a capture store's URL. For collector jobs and quick checks; needs
+only this package (pydantic, orjson). Exits 1 with one sentence when the directory does not
+exist, 2 when a store URL points nowhere (no manifest, no writer ever seen) or nothing is
+uploaded there yet (``--allow-empty`` reads either as an empty run), and says so on stderr when
+it holds no capture files, so a job with a wrong mount or URL fails instead of succeeding silently.
 """
 
 from __future__ import annotations
@@ -13,17 +15,28 @@ import sys
 import orjson
 
 from ._collect import read_model_call_records
+from ._errors import StoreNotFound
 from ._record import aggregate_model_call_records
 from ._store import CaptureStore
 
-USAGE = "usage: python -m records DIR [ROLLOUT_ID ...]"
+USAGE = "usage: python -m records [--allow-empty] CAPTURES [ROLLOUT_ID ...]"
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + __doc__.split("\n\n", 1)[1].strip(), file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
-    store = CaptureStore(argv[0])
+    allow_empty = argv[0] == "--allow-empty"
+    if allow_empty:
+        argv = argv[1:]
+        if not argv:
+            print(USAGE, file=sys.stderr)
+            return 2
+    try:
+        store = CaptureStore(argv[0], allow_empty=allow_empty)
+    except StoreNotFound as exc:  # A store URL that points nowhere: an error, as a missing directory is.
+        print(f"records: {exc}", file=sys.stderr)
+        return 2
     try:
         rollout_ids = argv[1:] or store.rollout_ids()
     except FileNotFoundError as exc:

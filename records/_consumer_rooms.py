@@ -256,7 +256,7 @@ class StoreRoom:
     def view(self, rollout_ids: list[str]) -> str:
         from ._store_view import store_view  # Only a store's readers fetch its segments.
 
-        return store_view(self.store.url, rollout_ids=rollout_ids)
+        return store_view(self.store.url, rollout_ids=rollout_ids, allow_empty=True)  # Ends may come first.
 
     def declared_versions(self) -> list[str]:
         return declared_versions_in_store(self.store, self._versions)

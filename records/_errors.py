@@ -3,6 +3,8 @@
     RecordsError            base of everything this package raises
      +-- InvalidRolloutId   a rollout id that breaks the file contract's rule (DESIGN §3)
      +-- MalformedCaptureLine  a line the strict reader could not parse
+     +-- StoreNotFound      a store URL with no manifest and no writer ever seen there
+     +-- NothingUploadedYet a store its sidecars write to, with nothing uploaded yet
 """
 
 from __future__ import annotations
@@ -38,3 +40,14 @@ class MalformedCaptureLine(RecordsError, orjson.JSONDecodeError):
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (type(self), (self.path, self.line_number, self.reason, self.doc))
+
+
+class StoreNotFound(RecordsError, FileNotFoundError):
+    """A capture store URL where no manifest is and no sidecar ever wrote: a typo in the URL, the
+    wrong bucket or prefix (a reader that read it as an empty run would hide that). Read with
+    ``allow_empty=True`` (``--allow-empty``) where a store may not exist yet."""
+
+
+class NothingUploadedYet(StoreNotFound):
+    """A capture store its sidecars write to (their watermark objects are there) where no segment
+    is uploaded yet: one is once sealed (``--segment-max-age``, 60 s by default)."""

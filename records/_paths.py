@@ -13,13 +13,13 @@ from ._object_store import is_store_url
 Captures = Union[str, "os.PathLike[str]"]
 
 
-def directory_of(where: object, taker: str) -> str:
+def directory_of(where: object, taker: str, allow_empty: bool = False) -> str:
     """The directory ``where`` names (a ``str``, an ``os.PathLike`` such as `pathlib.Path`, or a
     `CaptureStore`); anything else is refused in one sentence naming what ``taker`` takes."""
     if isinstance(where, str):
         if is_store_url(where):
             from ._store_view import store_view  # Only a store's readers fetch its segments.
-            return store_view(where)
+            return store_view(where, allow_empty=allow_empty)
         return where
     if isinstance(where, os.PathLike):
         path = os.fspath(where)

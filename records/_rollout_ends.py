@@ -211,7 +211,7 @@ def mark_ended_in_spool(spool_dir: str, rollout_id: str) -> None:
     _freeze_token_files(spool_dir, rollout_id)
     directory = os.path.join(spool_dir, SPOOL_ENDED)
     os.makedirs(directory, exist_ok=True)
-    fd = os.open(os.path.join(directory, validate_rollout_id(rollout_id)), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(os.path.join(directory, validate_rollout_id(rollout_id)), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     os.close(fd)
 
 
@@ -262,7 +262,7 @@ def create_exclusively(path: str, data: bytes, durable: bool = True) -> bool:
     ``durable=False`` the caller makes it durable (one barrier for a batch: `records.Consumer`)."""
     directory = os.path.dirname(path) or "."
     temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # The umask decides.
     try:
         os.write(fd, data)
         if durable:

@@ -23,6 +23,7 @@ import orjson
 from ._appender import append_capture_line, create_incomplete_marker
 from ._errors import MalformedCaptureLine
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
+from ._object_store import is_store_url
 from ._paths import directory_of
 from ._rollout_ids import is_valid_rollout_id
 
@@ -62,8 +63,17 @@ class CaptureStore:
     should find nothing, not leave an empty directory behind.
     """
 
-    def __init__(self, capture_dir: str | os.PathLike[str]) -> None:
-        self.capture_dir = directory_of(capture_dir, "CaptureStore")
+    def __init__(self, capture_dir: str | os.PathLike[str], *, allow_empty: bool = False) -> None:
+        """``capture_dir``: a directory, or a capture store's URL (read as its view of Gym's files;
+        a URL where nothing is raises `StoreNotFound`, unless ``allow_empty``)."""
+        #: The store URL this was opened with (messages name it, not the view's cache path), or None.
+        self.url = capture_dir if isinstance(capture_dir, str) and is_store_url(capture_dir) else None
+        self.capture_dir = directory_of(capture_dir, "CaptureStore", allow_empty)
+
+    @property
+    def where(self) -> str:
+        """What to call this store in a message: its URL, else its directory."""
+        return self.url or self.capture_dir
 
     def __fspath__(self) -> str:
         """A store is a path-like of its directory: every reader takes either (`directory_of`)."""

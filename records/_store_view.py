@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import orjson
 
+from ._errors import NothingUploadedYet, StoreNotFound
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ._object_store import ObjectStore
 from ._token_join import join_entries
@@ -77,9 +78,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("MCC_STORE_CACHE") or Path.home() / ".cache" / "model-call-capture" / "stores")
 
 
-def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[Iterable[str]] = None) -> str:
+def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[Iterable[str]] = None,
+               allow_empty: bool = False) -> str:
     """Gym's per-rollout files of the store at ``url`` in ``directory`` (default: the store's view in
-    the cache), for ``rollout_ids`` (default: every rollout); returns the directory."""
+    the cache), for ``rollout_ids`` (default: every rollout); returns the directory. A store with
+    nothing in it raises `StoreNotFound` (no writer ever seen: the URL points nowhere) or
+    `NothingUploadedYet` (its sidecars have not sealed a segment yet), unless ``allow_empty``."""
     store = ObjectStore(url)
     cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
     target = Path(directory) if directory is not None else cache / "view"
@@ -87,6 +91,8 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     wanted = set(rollout_ids) if rollout_ids is not None else None
     names = store.names(MANIFESTS)
     token_names = store.names(TOKEN_MANIFESTS)
+    if not names and not token_names and not allow_empty:
+        _say_empty(store)
     for marker in store.names(INCOMPLETE_OBJECTS):  # Lost lines, as the per-rollout layout marks them.
         rollout_id = marker.rpartition("/")[2]
         if wanted is None or rollout_id in wanted:
@@ -112,6 +118,19 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
         _barrier(target)
         _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
     return str(target)
+
+
+def _say_empty(store: ObjectStore) -> None:
+    """A store with no manifest: whether sidecars write to it (nothing sealed yet) or none ever did."""
+    from ._writer_watermarks import WRITER_OBJECTS
+
+    writers = store.names(WRITER_OBJECTS)
+    if writers:
+        raise NothingUploadedYet(f"nothing uploaded to {store.url} yet: {len(writers)} sidecar(s) write to it, and a "
+                                 "segment is uploaded once sealed (--segment-max-age, 60 s by default); "
+                                 "--allow-empty reads it as empty meanwhile")
+    raise StoreNotFound(f"{store.url}: no capture store there (no manifest, and no sidecar ever wrote to it): check the "
+                        "URL, bucket and prefix; --allow-empty reads it as empty (a collector that starts first)")
 
 
 def _rebuild_tokens(store: ObjectStore, cache: Path, target: Path, fresh: list[str], every: list[str],

@@ -213,7 +213,7 @@ async def _chat(http: aiohttp.ClientSession, url: str, rollout: str, content: st
 
 
 def _contents(url: str, rollouts: list[str]) -> dict[str, list[str]]:
-    store = CaptureStore(url)
+    store = CaptureStore(url, allow_empty=True)  # Read along as the store fills: empty at first.
     found = {}
     for rollout in rollouts:
         if os.path.exists(store.path_for(rollout)):

@@ -18,10 +18,11 @@ from ._serve import (
     start_sidecar,
     stop_on_sigint_or_sigterm,
 )
-from ._settings import ConfigError, Settings, load_settings
+from ._settings import CAPTURE_UMASKS, ConfigError, Settings, load_settings
 from ._sidecar import Sidecar
 
 __all__ = [
+    "CAPTURE_UMASKS",
     "CannotServe",
     "ConfigError",
     "JsonFormatter",

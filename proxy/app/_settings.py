@@ -54,7 +54,10 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "log_format": (("text", "json"), "text or json"),
     "capture_sync": (("auto", "fsync"), "auto or fsync"),
     "capture_raw_stream": (RAW_STREAM_MODES, "always or on-failure"),
+    "capture_permissions": (("private", "group"), "private or group"),
 }
+#: The process umask of each ``capture_permissions``: files at most 0600 / 0640, directories 0700 / 0750.
+CAPTURE_UMASKS = {"private": 0o077, "group": 0o027}
 
 
 class Settings(BaseModel):
@@ -138,6 +141,11 @@ class Settings(BaseModel):
     #: ``POST /-/weight-version``) needs ``Authorization: Bearer <token>``, else 401; model calls
     #: never do. Without one, whatever reaches the port may end rollouts.
     admin_token: str | None = None
+    #: Who may read what the sidecar writes (capture files, spools, token files, directories):
+    #: ``private`` (files 0600, directories 0700: the sidecar's user only; lines hold whole prompts
+    #: and replies) or ``group`` (0640 / 0750: also the directories' group, e.g. a collector that
+    #: runs with the pod's fsGroup under another user).
+    capture_permissions: str = "private"
 
     @field_validator("capture_store")
     @classmethod
@@ -196,7 +204,7 @@ class Settings(BaseModel):
                              "would send every call to /v1/v1/...)")
         return value.rstrip("/")
 
-    @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream")
+    @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream", "capture_permissions")
     @classmethod
     def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
         choices, said = _CHOICES[info.field_name]  # type: ignore[index]
@@ -348,7 +356,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, SegmentDamaged, StoreUnavailable, TokenRecord,
+from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, SegmentDamaged, StoreNotFound, StoreUnavailable, TokenRecord,
                      TokenRecordFollower, compact_store, is_store_url, is_valid_rollout_id, iter_token_records,
                      trajectories)
 
@@ -62,10 +62,12 @@ def _rollout_id(store: CaptureStore, rollout_id: str) -> str:
                       f"digit): mcc ls {directory} --rollout 'GLOB' lists the rollouts")
 
 
-def _store(directory: str) -> CaptureStore:
+def _store(directory: str, allow_empty: bool = False) -> CaptureStore:
     if is_store_url(directory):  # A capture store (DESIGN §14): read as Gym's per-rollout files.
         try:
-            return CaptureStore(directory)
+            return CaptureStore(directory, allow_empty=allow_empty)
+        except StoreNotFound as exc:  # A URL that points nowhere is an error, as a missing directory is.
+            raise OneSentence(str(exc)) from None
         except (StoreUnavailable, OSError, SegmentDamaged) as exc:
             raise click.ClickException(f"cannot read the store {directory}: {exc}") from None
     if not os.path.isdir(directory):
@@ -78,7 +80,7 @@ def _rollouts_or_say_empty(store: CaptureStore, pattern: Optional[str]) -> list[
     rollout_ids = select_rollouts(store, pattern)
     if not rollout_ids:
         what = f"no rollout matches {pattern!r} in" if pattern and store.rollout_ids() else "no capture files in"
-        click.echo(f"mcc: {what} {store.capture_dir}", err=True)
+        click.echo(f"mcc: {what} {store.where}", err=True)
     return rollout_ids
 
 
@@ -142,12 +144,15 @@ def _print_table(headers: list[str], rows: list[list[str]]) -> None:
               help="calls, tokens, errors and latency (the slowest call) put the biggest first.")
 @click.option("--reverse", is_flag=True, help="Reverse the order.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per rollout.")
-def ls_command(directory: str, pattern: Optional[str], category: Optional[str], sort_key: str, reverse: bool, as_json: bool) -> None:
+@click.option("--allow-empty", is_flag=True, help="Read a store URL where nothing is yet (no writer seen, nothing "
+              "uploaded) as an empty run instead of failing (a collector that may start first).")
+def ls_command(directory: str, pattern: Optional[str], category: Optional[str], sort_key: str, reverse: bool, as_json: bool,
+               allow_empty: bool) -> None:
     """One row per rollout: calls, tokens in / out / cached, errors, first and last call, incomplete.
 
     A token count no call reported is shown as - (null with --json), never as 0.
     """
-    store = _store(directory)
+    store = _store(directory, allow_empty)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     rows = []
     with progress(len(rollout_ids), "reading") as bar:
@@ -403,9 +408,11 @@ def _call_cells(row: CallRow) -> list[str]:
 @click.argument("directory", metavar="DIR")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-def stats_command(directory: str, pattern: Optional[str], as_json: bool) -> None:
+@click.option("--allow-empty", is_flag=True, help="Read a store URL where nothing is yet (no writer seen, nothing "
+              "uploaded) as an empty run instead of failing (a collector that may start first).")
+def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_empty: bool) -> None:
     """Totals across rollouts: tokens, latency and TTFT percentiles, errors, finish reasons, cache, tools."""
-    store = _store(directory)
+    store = _store(directory, allow_empty)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     started = time.perf_counter()
     with progress(len(rollout_ids) if not as_json else 0, "scanning") as bar:  # Quiet unless stderr is a terminal.

@@ -1,0 +1,120 @@
+"""Readers that fail loudly (docs/reading.md, "The mcc commands"): a capture store URL that points
+nowhere is an error naming the URL, for the CLI, `python -m records` and the library, unless the
+caller allows an empty store; a store whose sidecars have not uploaded yet says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from proxy import main
+from records import CaptureStore, NothingUploadedYet, ObjectStore, StoreNotFound, read_model_call_records
+
+
+def _python_m_records(*args: str, cache: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "records", *args], capture_output=True, text=True,
+                          env={"MCC_STORE_CACHE": cache, "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("command", [["ls"], ["stats"], ["stats", "--json"]])
+def test_mcc_on_a_store_url_that_points_nowhere_exits_2_naming_the_url(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path / 'no-such-store'}"
+    refused = CliRunner().invoke(main, [*command, url], prog_name="mcc")
+    assert refused.exit_code == 2
+    assert refused.output.startswith(f"mcc: {url}: no capture store there") and "cache" not in refused.output
+    allowed = CliRunner().invoke(main, [*command, url, "--allow-empty"], prog_name="mcc")
+    assert allowed.exit_code == 0, allowed.output
+    if command == ["stats", "--json"]:
+        assert orjson.loads(allowed.stdout)["rollouts"] == 0
+
+
+def test_python_m_records_and_the_library_on_a_store_url_that_points_nowhere(tmp_path):
+    url = f"segments://{tmp_path / 'no-such-store'}"
+    cache = str(tmp_path / "cache")
+    refused = _python_m_records(url, cache=cache)
+    assert refused.returncode == 2 and refused.stderr.startswith(f"records: {url}: no capture store there")
+    assert refused.stdout == ""
+    allowed = _python_m_records("--allow-empty", url, cache=cache)
+    assert allowed.returncode == 0 and allowed.stdout == "" and "no capture files in " + url in allowed.stderr
+    with pytest.raises(StoreNotFound, match="no capture store there"):
+        CaptureStore(url)
+    with pytest.raises(FileNotFoundError):  # The package's error is a FileNotFoundError too.
+        read_model_call_records(url, "r1")
+    assert CaptureStore(url, allow_empty=True).rollout_ids() == []
+
+
+def test_a_store_whose_sidecars_have_not_uploaded_yet_says_so_with_the_seal_interval(tmp_path, monkeypatch):
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path / 'store'}"
+    ObjectStore(url).put("writers/spool-1.json", orjson.dumps({"watermark": 1.0, "holding": [], "seen": []}))
+    with pytest.raises(NothingUploadedYet, match="nothing uploaded to .* yet: 1 sidecar.*--segment-max-age"):
+        CaptureStore(url)
+    said = CliRunner().invoke(main, ["ls", url], prog_name="mcc")
+    assert said.exit_code == 2 and f"nothing uploaded to {url} yet" in said.output
+    assert CliRunner().invoke(main, ["ls", url, "--allow-empty"], prog_name="mcc").exit_code == 0
+
+
+async def _call_and_end(url: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/ng-rollout/r1/v1/chat/completions",
+                             json={"model": "m", "messages": [{"role": "user", "content": "a secret prompt"}]}) as reply:
+            assert reply.status == 200
+        async with http.post(f"{url}/-/rollouts/r1/end", json={"outcome": {"reward": 1}}) as reply:
+            assert reply.status == 200
+
+
+def _modes(root) -> dict[str, int]:
+    import os
+    import stat
+
+    found = {}
+    for directory, names, files in os.walk(root):
+        found[os.path.relpath(directory, root)] = stat.S_IMODE(os.stat(directory).st_mode)
+        for name in files:
+            path = os.path.join(directory, name)
+            found[os.path.relpath(path, root)] = stat.S_IMODE(os.stat(path).st_mode)
+    return found
+
+
+@pytest.mark.parametrize("permissions, file_mode, directory_mode", [(None, 0o600, 0o700), ("group", 0o640, 0o750)])
+@pytest.mark.parametrize("layout", ["directory", "store"])
+async def test_every_file_and_directory_the_sidecar_creates_is_private_by_default(tmp_path, layout, permissions, file_mode,
+                                                                                directory_mode):
+    """Lines hold whole prompts and replies: files 0600 and directories 0700 under any umask (the
+    capture dir, token files, the end, the spool, segments, the store's objects), or 0640 / 0750
+    with ``--capture-permissions group``."""
+    import os
+    import stat
+
+    from tests.processes import SidecarProcess
+
+    where = (["--capture-dir", str(tmp_path / "captures")] if layout == "directory" else
+             ["--capture-dir", str(tmp_path / "spool"), "--capture-store", f"segments://{tmp_path / 'store'}",
+              "--segment-max-age", "0.2"])
+    extra = ["--capture-permissions", permissions] if permissions else []
+    saved = os.umask(0o002)  # A permissive umask, as a shell's often is: the sidecar's own wins.
+    try:
+        sidecar = SidecarProcess.start("--stand-in", "--capture-tokens", *where, *extra)
+    finally:
+        os.umask(saved)
+    try:
+        await _call_and_end(sidecar.url)
+        import asyncio
+
+        await asyncio.sleep(1.0)  # The segment sealed and uploaded, the watermark put.
+    finally:
+        assert sidecar.terminate() == 0
+    modes = _modes(tmp_path)
+    assert len(modes) > 6, modes
+    for path, mode in modes.items():
+        if path == ".":
+            continue  # The test's own directory.
+        is_directory = stat.S_ISDIR(os.stat(tmp_path / path).st_mode)
+        assert mode == (directory_mode if is_directory else file_mode), f"{path}: {oct(mode)}"
