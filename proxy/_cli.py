@@ -54,7 +54,7 @@ def main() -> None:
 #: `mcc serve --help` and docs/configuration.md show the options in these groups, in this order
 #: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
 SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "admin_token", "config")),
+    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "forward", "admin_token", "config")),
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
                  "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
@@ -125,6 +125,8 @@ class _ServeCommand(click.Command):
 @click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
 @click.option("--capture-sync", type=click.Choice(["auto", "fsync"], case_sensitive=False),
               help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")
+@click.option("--forward", type=click.Choice(["all", "model-api"], case_sensitive=False),
+              help="What the port forwards: all (every path; default) or model-api (the model API, vLLM's token endpoints and health; anything else 404, said in the log). [MCC_FORWARD]")
 @click.option("--capture-permissions", type=click.Choice(["private", "group"], case_sensitive=False),
               help="Who may read what the sidecar writes: private (files 0600, directories 0700; default: lines hold whole prompts and replies) or group (0640 / 0750, e.g. a collector in the pod's fsGroup). [MCC_CAPTURE_PERMISSIONS]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),

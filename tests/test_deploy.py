@@ -39,7 +39,7 @@ def _yaml(path: str) -> dict:
 def _manifests() -> dict[str, dict]:
     """Every manifest, by its path under deploy/kubernetes."""
     found = {}
-    for folder in ("", "examples"):
+    for folder in ("",):
         for name in sorted(os.listdir(os.path.join(KUBERNETES, folder))):
             if name.endswith(".yaml") and name != "kustomization.yaml":
                 found[os.path.join(folder, name)] = _yaml(os.path.join(KUBERNETES, folder, name))
@@ -58,10 +58,13 @@ def _collector_pod() -> dict:
 def test_kustomization_lists_every_manifest_and_the_collector_never_runs_on_its_own():
     """The collector is in the kustomization (its image rewritten with the sidecar's) as a
     suspended CronJob: a Job would run before any rollout exists, and its immutable template would
-    make every later apply fail. Only the example NetworkPolicy is left out (its selectors are
-    the user's)."""
+    make every later apply fail. The NetworkPolicy ships in it too; the sidecar forwards the model
+    API only."""
     resources = _yaml(os.path.join(KUBERNETES, "kustomization.yaml"))["resources"]
-    assert sorted(resources) == sorted(name for name in _manifests() if not name.startswith("examples/"))
+    assert sorted(resources) == sorted(_manifests()) and "networkpolicy.yaml" in resources
+    sidecar = next(container for container in _manifests()["deployment.yaml"]["spec"]["template"]["spec"]["containers"]
+                   if any(env["name"] == "MCC_CAPTURE_DIR" for env in container.get("env", ())))
+    assert {"name": "MCC_FORWARD", "value": "model-api"} in sidecar["env"]
     assert all(manifest["kind"] != "Job" for name, manifest in _manifests().items() if name in resources)
     collector = _manifests()["collector.yaml"]
     assert collector["kind"] == "CronJob" and collector["spec"]["suspend"] is True
@@ -318,7 +321,7 @@ def test_deploy_files_keep_what_their_comments_promise():
     manifests = _manifests()
     assert manifests["deployment.yaml"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert _collector_pod()["automountServiceAccountToken"] is False
-    policy = manifests["examples/networkpolicy.yaml"]
+    policy = manifests["networkpolicy.yaml"]
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
     runs = [args for name, args in _dockerfile() if name == "RUN" and "pip " in args]
     assert all("--constraint" in args or "--no-index" in args for args in runs) and any("==" in args for args in runs)

@@ -118,3 +118,41 @@ async def test_every_file_and_directory_the_sidecar_creates_is_private_by_defaul
             continue  # The test's own directory.
         is_directory = stat.S_ISDIR(os.stat(tmp_path / path).st_mode)
         assert mode == (directory_mode if is_directory else file_mode), f"{path}: {oct(mode)}"
+
+
+async def test_forward_model_api_refuses_other_paths_and_passes_every_path_the_sdks_and_token_mode_use(tmp_path):
+    """``--forward model-api``: vLLM's admin and development routes are answered 404 here (with a
+    log line naming the setting) and never reach the model; every path the SDKs, the token mode
+    and health checks use is forwarded, prefixed or not (a local reply carries x-mcc-local-response)."""
+    import aiohttp
+    from openai import AsyncOpenAI
+
+    from tests.processes import SidecarProcess
+
+    sidecar = SidecarProcess.start("--stand-in", "--forward", "model-api", "--capture-dir", str(tmp_path / "c"),
+                                   "--capture-tokens")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for method, path in [("POST", "/reset_prefix_cache"), ("POST", "/collective_rpc"), ("POST", "/sleep"),
+                                 ("POST", "/v1/load_lora_adapter"), ("GET", "/metrics"), ("GET", "/docs"),
+                                 ("POST", "/ng-rollout/r1/reset_prefix_cache"), ("GET", "/v1/chat/completions/../x")]:
+                async with http.request(method, sidecar.url + path) as reply:
+                    assert reply.status == 404 and reply.headers.get("x-mcc-local-response") == "not_forwarded", path
+                    assert "--forward model-api" in (await reply.json())["error"]["message"]
+            for prefix in ("", "/ng-rollout/r1", "/ng-rollout/r1/training-token-capture"):
+                for method, path in [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                                     ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_1"),
+                                     ("POST", "/v1/responses/resp_1/cancel"), ("GET", "/v1/responses/resp_1/input_items"),
+                                     ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+                                     ("GET", "/v1/models"), ("GET", "/v1/models/m"), ("POST", "/v1/embeddings"),
+                                     ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/inference/v1/generate"),
+                                     ("GET", "/health"), ("GET", "/v1/models?limit=5")]:
+                    async with http.request(method, sidecar.url + prefix + path, json={"model": "m", "prompt": "x"}) as reply:
+                        assert reply.headers.get("x-mcc-local-response") != "not_forwarded", (prefix, path)
+        client = AsyncOpenAI(base_url=f"{sidecar.url}/ng-rollout/sdk/v1", api_key="x")
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content
+    finally:
+        assert sidecar.terminate() == 0
+    said = "".join(sidecar.stderr_lines)
+    assert "/reset_prefix_cache answered 404, not forwarded: --forward model-api (MCC_FORWARD)" in said

@@ -55,6 +55,7 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "capture_sync": (("auto", "fsync"), "auto or fsync"),
     "capture_raw_stream": (RAW_STREAM_MODES, "always or on-failure"),
     "capture_permissions": (("private", "group"), "private or group"),
+    "forward": (("all", "model-api"), "all or model-api"),
 }
 #: The process umask of each ``capture_permissions``: files at most 0600 / 0640, directories 0700 / 0750.
 CAPTURE_UMASKS = {"private": 0o077, "group": 0o027}
@@ -146,6 +147,9 @@ class Settings(BaseModel):
     #: and replies) or ``group`` (0640 / 0750: also the directories' group, e.g. a collector that
     #: runs with the pod's fsGroup under another user).
     capture_permissions: str = "private"
+    #: What the port forwards: ``all`` (every path, as a reverse proxy) or ``model-api`` (the
+    #: model API paths, vLLM's token endpoints and health; anything else 404 with a log line).
+    forward: str = "all"
 
     @field_validator("capture_store")
     @classmethod
@@ -204,7 +208,8 @@ class Settings(BaseModel):
                              "would send every call to /v1/v1/...)")
         return value.rstrip("/")
 
-    @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream", "capture_permissions")
+    @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream", "capture_permissions",
+                     "forward")
     @classmethod
     def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
         choices, said = _CHOICES[info.field_name]  # type: ignore[index]
@@ -356,7 +361,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

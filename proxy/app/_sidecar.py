@@ -197,6 +197,7 @@ class Sidecar:
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
             drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for,
             refusal=self.ended_rollouts.refusal if self.ended_rollouts is not None else lambda route: None,
+            forward=settings.forward,
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
         if self.ended_rollouts is not None:  # An end waits for its rollout's calls under way here.
             self.ended_rollouts.in_flight = self.calls.rollouts_in_flight

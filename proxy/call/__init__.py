@@ -9,13 +9,17 @@ from ._call import Call, forward, origin_form
 from ._context import NO_HOOKS, CallContext, CallHooks, CallView
 from ._exchange import MODEL_REF_TYPE, CallExchange, Failure, new_call_id
 from ._line import build_line, submit_line
-from ._local_replies import ROLLOUT_ENDED, UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
+from ._forwarded_paths import FORWARD_MODES, forwards
+from ._local_replies import NOT_FORWARDED, ROLLOUT_ENDED, UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable, status_class
 from ._pump import AS_CAME, TAP_OUTPUT, BodyPump, Relay
 from ._retries import RetryMemory
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 
 __all__ = [
+    "FORWARD_MODES",
+    "NOT_FORWARDED",
+    "forwards",
     "AS_CAME",
     "BodyPump",
     "CONTENT_TYPE",

@@ -37,6 +37,7 @@ from ._exchange import CallExchange, Failure
 from ._line import submit_line
 from ._local_replies import (
     BAD_REQUEST_TARGET,
+    NOT_FORWARDED,
     BODY_TOO_LARGE,
     INVALID_ROLLOUT_ID,
     UPSTREAM_TIMEOUT,
@@ -47,6 +48,7 @@ from ._local_replies import (
 )
 from ._pump import BodyPump
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
+from ._forwarded_paths import forwards
 from ._trace_context import with_trace_context
 
 log = logging.getLogger("mcc.proxy")
@@ -79,6 +81,9 @@ async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connect
             message = (f"invalid rollout id {route.invalid_rollout_id!r} in the /ng-rollout/ prefix: expected "
                        "1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
             send_local_reply(client, INVALID_ROLLOUT_ID, route.error_dialect, message)
+            return
+        if ctx.forward != "all" and not forwards(ctx.forward, route):
+            _refuse_unforwarded(ctx, client, route, request.method)
             return
         if route.rollout_id is None and ctx.journal is not None and request.method == "POST":
             _say_uncaptured(ctx, route)
@@ -494,6 +499,18 @@ def _call_ended(in_flight: dict[str, int], rollout_id: str) -> None:
         in_flight[rollout_id] = left
     else:
         in_flight.pop(rollout_id, None)
+
+
+def _refuse_unforwarded(ctx: CallContext, client: Http1Connection, route: Route, method: str) -> None:
+    """A path outside the model API under ``--forward model-api``: 404 here, said in the log (once
+    per path), never upstream."""
+    path = route.upstream_target.partition("?")[0]
+    if len(ctx.hinted) < 10_000 and f"unforwarded {path}" not in ctx.hinted:
+        ctx.hinted.add(f"unforwarded {path}")
+        log.warning("%s %s answered 404, not forwarded: --forward model-api (MCC_FORWARD) forwards the model API "
+                    "only; --forward all forwards every path", method, path[:200], extra={"path": path[:200]})
+    send_local_reply(client, NOT_FORWARDED, route.error_dialect,
+                     f"{path[:200]} is not forwarded by this sidecar (--forward model-api): it serves the model API only")
 
 
 def _say_uncaptured(ctx: CallContext, route: Route) -> None:

@@ -135,6 +135,8 @@ class CallContext:
     #: go upstream (its rollout has ended: `proxy.app._ended_rollouts`), else None. One call per
     #: captured call, not a hook: a hook takes part in every phase of the call.
     refusal: Callable[[Route], "Optional[tuple[LocalReply, str]]"] = field(default=lambda route: None)
+    #: ``--forward``: ``all``, or ``model-api`` (other paths answered 404 here: `forwards`).
+    forward: str = "all"
     #: The URL this sidecar listens on (for the words of a base_url hint).
     url: str = ""
     #: Set when the drain timeout cut calls still in flight: their lines say so.
