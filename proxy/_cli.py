@@ -200,7 +200,10 @@ def demo(capture_dir: str) -> None:
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to bind (0 picks a free one, printed).")
 @click.option("--delay", type=float, default=0.0, show_default=True,
               help="Seconds before each reply, as a generation would take (to see calls in flight).")
-def stand_in(host: str, port: int, delay: float) -> None:
+@click.option("--force-include-usage", is_flag=True,
+              help="End every chat and completions stream with its usage chunk, asked for or not (vLLM's "
+                   "--enable-force-include-usage).")
+def stand_in(host: str, port: int, delay: float, force_include_usage: bool) -> None:
     """Run the built-in stand-in model server alone, until SIGINT or SIGTERM.
 
     Deterministic replies in every dialect (Responses, Chat Completions, Completions, Anthropic
@@ -210,7 +213,7 @@ def stand_in(host: str, port: int, delay: float) -> None:
     from .standin import serve_stand_in_forever
 
     try:
-        _run(serve_stand_in_forever(host, port, delay))
+        _run(serve_stand_in_forever(host, port, delay, force_include_usage))
     except OSError as exc:
         click.echo(f"mcc: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         sys.exit(2)

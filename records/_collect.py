@@ -6,7 +6,8 @@ import logging
 import os
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._record import EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record
+from ._record import (EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record,
+                      fill_counts_from_entries)
 from ._models import ModelCallRecord
 from ._rollouts import rollout_id_from_run
 from ._paths import Captures
@@ -33,9 +34,27 @@ def read_model_call_records(store: Captures, rollout_id: str, *, strict: bool = 
     if strict:
         with gc_paused():  # One pause around parsing and building: see `gc_paused`.
             lines = store.read(rollout_id)
-            return [build_model_call_record(line, index) for index, line in enumerate(lines)]
-    records, _ = _read_tolerantly(store, rollout_id)
+            records = [build_model_call_record(line, index) for index, line in enumerate(lines)]
+    else:
+        records, _ = _read_tolerantly(store, rollout_id)
+    _count_where_usage_is_missing(store, rollout_id, records)
     return records
+
+
+def _count_where_usage_is_missing(store: CaptureStore, rollout_id: str, records: list[ModelCallRecord]) -> None:
+    """A call without usage (a stream that did not ask for it) whose token mode entry is there:
+    its counts from the entry, marked ``counted`` (docs/records.md)."""
+    if all(record.tokens_in is not None and record.tokens_out is not None for record in records):
+        return
+    from ._token_files import TOKENS_SUFFIX, read_token_entries
+
+    if not os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
+        return
+    try:
+        entries = read_token_entries(store.capture_dir, rollout_id)
+    except (OSError, ValueError):
+        return  # The counts stay None: what the entries are is for the token readers to say.
+    fill_counts_from_entries(records, entries)
 
 
 def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCallRecord], int]:

@@ -101,6 +101,11 @@ class ModelCallRecord(BaseModel):
     status_code: Optional[int] = None
     #: Not in the seed's list: a 2xx stream that ended without its terminal event (DESIGN §3).
     stream_truncated: Optional[bool] = None
+    #: Not in Gym's record: where ``tokens_in`` / ``tokens_out`` come from: ``reported`` (the
+    #: reply's usage), ``counted`` (no usage -- a stream without ``include_usage`` -- so counted
+    #: from the token mode's arrays: the reply's token ids, the call's training-token entry), or
+    #: None (neither: the counts are None, never 0).
+    token_counts: Optional[str] = None
     tokens_in: Optional[int] = None
     tokens_out: Optional[int] = None
     tokens_reasoning: Optional[int] = None

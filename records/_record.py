@@ -45,6 +45,14 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         response = None
     facts = describe_response(response)
     tokens = extract_token_stats(response.get("usage") if response is not None else None)
+    counts = "reported" if tokens["tokens_in"] is not None or tokens["tokens_out"] is not None else None
+    if counts is None and response is not None:  # No usage: the token mode's arrays, when the line has them.
+        counted_in, counted_out = arrays_counts(response)
+        if counted_in is not None or counted_out is not None:
+            tokens = {**tokens, "tokens_in": counted_in, "tokens_out": counted_out,
+                      "tokens_total": counted_in + counted_out if counted_in is not None and counted_out is not None
+                      else None}
+            counts = "counted"
     model = response.get("model") if response is not None else None
     if type(model) is not str:
         model = request.get("model") if request is not None else None
@@ -84,6 +92,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "started_at": float(started) if type(started) in _NUMBERS else None,
         "status_code": _status_code(get("status_code")),
         "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
+        "token_counts": counts,
         "tokens_in": tokens["tokens_in"],
         "tokens_out": tokens["tokens_out"],
         "tokens_reasoning": tokens["tokens_reasoning"],
@@ -97,6 +106,37 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
 
 
 _RECORD_FIELDS = all_fields_set(ModelCallRecord)
+
+
+def arrays_counts(response: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
+    """Prompt and generated tokens counted from a reply's token arrays (vLLM's ``prompt_token_ids``
+    and each choice's ``token_ids``, as the token capture mode records them), None where absent."""
+    prompt = response.get("prompt_token_ids")
+    counted_in = len(prompt) if type(prompt) is list else None
+    choices = response.get("choices")
+    counted_out = None
+    if type(choices) is list and choices:
+        lengths = [len(ids) for choice in choices if type(choice) is dict and type(ids := choice.get("token_ids")) is list]
+        counted_out = sum(lengths) if len(lengths) == len(choices) else None
+    return counted_in, counted_out
+
+
+def fill_counts_from_entries(records: list[ModelCallRecord], entries: list[dict[str, Any]]) -> None:
+    """Where usage was missing, the counts a call's training-token entry gives (the prompt is its
+    ``cum_len`` less its generated ids): marked ``counted``."""
+    by_call = {entry.get("model_call_id"): entry for entry in entries}
+    for record in records:
+        if record.token_counts == "reported" or (record.tokens_in is not None and record.tokens_out is not None):
+            continue
+        entry = by_call.get(record.model_call_id)
+        generated = entry.get("generation_token_ids") if entry is not None else None
+        total = entry.get("cum_len") if entry is not None else None
+        if type(generated) is not list or type(total) is not int or total < len(generated):
+            continue
+        record.tokens_out = record.tokens_out if record.tokens_out is not None else len(generated)
+        record.tokens_in = record.tokens_in if record.tokens_in is not None else total - len(generated)
+        record.tokens_total = record.tokens_in + record.tokens_out
+        record.token_counts = "counted"
 #: JSON numbers for times and durations: not bools (``type(True) is bool``, not int).
 _NUMBERS = (int, float)
 _MODEL_REFS: dict[tuple[Any, Any], ModelServerRef] = {}

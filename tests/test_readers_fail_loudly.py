@@ -156,3 +156,45 @@ async def test_forward_model_api_refuses_other_paths_and_passes_every_path_the_s
         assert sidecar.terminate() == 0
     said = "".join(sidecar.stderr_lines)
     assert "/reset_prefix_cache answered 404, not forwarded: --forward model-api (MCC_FORWARD)" in said
+
+
+async def test_counts_where_usage_is_missing_come_from_the_token_modes_arrays_marked_counted(tmp_path):
+    """A streamed chat call without ``include_usage`` reports no usage: in the token mode its
+    record counts prompt and generated tokens from the arrays (``token_counts: counted``) and
+    `mcc show` says why; without the arrays the counts stay None (never 0) and it says so too. A
+    stand-in with ``--force-include-usage`` reports usage on every stream, as vLLM's flag does."""
+    import aiohttp
+
+    from proxy.standin import create_stand_in_app, start_app
+    from tests.processes import SidecarProcess
+
+    async def stream(url: str, rollout: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/ng-rollout/{rollout}/v1/chat/completions", json={
+                    "model": "m", "stream": True, "messages": [{"role": "user", "content": "count me"}]}) as reply:
+                assert reply.status == 200 and (await reply.read()).rstrip().endswith(b"[DONE]")
+
+    plain = await start_app(create_stand_in_app(), "127.0.0.1", 0)
+    forced = await start_app(create_stand_in_app(force_include_usage=True), "127.0.0.1", 0)
+    try:
+        for upstream, directory, tokens in ((plain, "tokens", True), (plain, "plain", False), (forced, "forced", False)):
+            sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path / directory),
+                                           *(["--capture-tokens"] if tokens else []))
+            try:
+                await stream(sidecar.url, "r1")
+            finally:
+                assert sidecar.terminate() == 0
+    finally:
+        await plain.close()
+        await forced.close()
+    (counted,) = read_model_call_records(str(tmp_path / "tokens"), "r1")
+    assert counted.token_counts == "counted" and counted.tokens_in > 0 and counted.tokens_out > 0
+    assert counted.tokens_total == counted.tokens_in + counted.tokens_out
+    (none,) = read_model_call_records(str(tmp_path / "plain"), "r1")
+    assert (none.token_counts, none.tokens_in, none.tokens_out) == (None, None, None)
+    (reported,) = read_model_call_records(str(tmp_path / "forced"), "r1")
+    assert reported.token_counts == "reported" and reported.tokens_out == counted.tokens_out
+    shown = CliRunner().invoke(main, ["show", str(tmp_path / "tokens"), "r1"], prog_name="mcc").output
+    assert "reported no usage" in shown and f"counted from the token mode's arrays instead: call 0 in {counted.tokens_in}" in shown
+    shown = CliRunner().invoke(main, ["show", str(tmp_path / "plain"), "r1"], prog_name="mcc").output
+    assert "no token arrays were captured" in shown

@@ -17,7 +17,7 @@ import orjson
 
 from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, SegmentDamaged, StoreNotFound, StoreUnavailable, TokenRecord,
                      TokenRecordFollower, compact_store, is_store_url, is_valid_rollout_id, iter_token_records,
-                     trajectories)
+                     read_model_call_records, trajectories)
 
 from .lineage_words import lineage_words
 from .tables import (
@@ -257,8 +257,28 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                   "tool calls", "error", "training arrays"],
                  [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
                   [str(r), _UNREADABLE] for r in rows])
-    for line in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows)]:
+    for line in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows), *_missing_count_lines(store, rollout_id, rows)]:
         click.echo(line)
+
+
+def _missing_count_lines(store: CaptureStore, rollout_id: str, rows: list[Any]) -> list[str]:
+    """Why an in / out count is "-": the reply reported no usage; and the counts the token mode's
+    arrays give instead, when it captured them (``token_counts: counted`` on the record)."""
+    missing = [row.call_index for row in rows if isinstance(row, CallRow) and (row.tokens_in is None or row.tokens_out is None)
+               and row.status_code == 200]
+    if not missing:
+        return []
+    counted = {record.call_index: record for record in read_model_call_records(store, rollout_id)
+               if record.token_counts == "counted"}
+    lines = [f"in/out -: call(s) {', '.join(map(str, missing[:20]))} reported no usage (a stream without "
+             "stream_options.include_usage; vLLM's --enable-force-include-usage, or the stand-in's "
+             "--force-include-usage, adds it to every stream)"]
+    if counted:
+        lines.append("  counted from the token mode's arrays instead: " + ", ".join(
+            f"call {index} in {counted[index].tokens_in} out {counted[index].tokens_out}" for index in missing if index in counted))
+    else:
+        lines.append("  and no token arrays were captured to count them from (--capture-tokens records them)")
+    return lines
 
 
 def agent_lines(rows: list[Any]) -> list[str]:

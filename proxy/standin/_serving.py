@@ -44,13 +44,14 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
     return AppServer(runner, f"http://{shown_host}:{bound}")
 
 
-async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0) -> AppServer:
-    return await start_app(create_stand_in_app(delay), host, port)
+async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0,
+                         force_include_usage: bool = False) -> AppServer:
+    return await start_app(create_stand_in_app(delay, force_include_usage=force_include_usage), host, port)
 
 
-async def serve_stand_in_forever(host: str, port: int, delay: float) -> None:
+async def serve_stand_in_forever(host: str, port: int, delay: float, force_include_usage: bool = False) -> None:
     """`mcc stand-in`: the stand-in model server alone until SIGINT or SIGTERM."""
-    server = await start_stand_in(host, port, delay)
+    server = await start_stand_in(host, port, delay, force_include_usage)
     print(f"stand-in model server listening on {server.url} (model {STAND_IN_MODEL!r}; OpenAI Responses, Chat, "
           f"Completions and Anthropic Messages under /v1)", flush=True)
     stop = stop_on_sigint_or_sigterm()

@@ -41,14 +41,17 @@ STAND_IN_CREATED = 1767225600
 STAND_IN_MAX_BODY = 256 * 1024 * 1024
 
 
-def create_stand_in_app(delay: float = 0.0, template: str = "chain") -> web.Application:
+def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_include_usage: bool = False) -> web.Application:
     """The stand-in's routes; ``delay`` seconds pass before each model reply (a generation's time,
     so calls are seen in flight: `mcc stand-in --delay`); ``template``: its chat template
-    (`TEMPLATES`), which a request may choose with the ``X-Stand-In-Template`` header."""
+    (`TEMPLATES`), which a request may choose with the ``X-Stand-In-Template`` header;
+    ``force_include_usage``: every stream ends with its usage chunk, asked for or not (vLLM's
+    ``--enable-force-include-usage``)."""
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app[TEMPLATE] = template
+    app[FORCE_INCLUDE_USAGE] = force_include_usage
     app[WEIGHT_VERSION] = ["default"]  # vLLM 0.33's engine label until an update (v1/engine/core.py).
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -59,6 +62,12 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain") -> web.Appl
     app.router.add_post("/update_weight_version", _update_weight_version)
     app.router.add_get("/weight_info", _weight_info)
     return app
+
+
+def _include_usage(request: web.Request, body: dict[str, Any]) -> bool:
+    """Whether a stream ends with its usage chunk: asked (``stream_options.include_usage``), or
+    forced for every stream (``--force-include-usage``, as vLLM's ``--enable-force-include-usage``)."""
+    return request.app[FORCE_INCLUDE_USAGE] or bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _delayed(delay: float) -> Any:
@@ -94,7 +103,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     version = request.app[WEIGHT_VERSION]
     reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens, version[0])
     if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = _include_usage(request, body)
         return await _stream(request, chat_events(reply, include_usage, tokens, lambda: version[0]))
     return _json_reply(request, reply)
 
@@ -119,7 +128,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, [ids for ids, _ in given], n, tokens,
                               [_completion_text(text, ids) for ids, text in given], max_tokens)
     if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = _include_usage(request, body)
         return await _stream(request, completions_events(reply, include_usage, tokens))
     return _json_reply(request, reply)
 
@@ -284,6 +293,7 @@ def _last_user_text(messages: list[Any]) -> str:
 
 TEMPLATE = web.AppKey("template", str)
 WEIGHT_VERSION = web.AppKey("weight_version", list)
+FORCE_INCLUDE_USAGE = web.AppKey("force_include_usage", bool)
 
 
 def _template(request: web.Request) -> str:
