@@ -77,6 +77,7 @@ bench: $(STAMP)
 # fails when it is out of date).
 docs: $(STAMP)
 	$(BIN)/python -m proxy._configuration_reference > docs/configuration.md
+	$(BIN)/python -m records._reference > docs/records.md
 
 clean:
 	rm -rf $(VENV) demo-captures .pytest_cache .hypothesis *.egg-info

@@ -3,7 +3,7 @@
 CAPTURES is a capture dir or a capture store's URL. For collector jobs and quick checks; needs
 only this package (pydantic, orjson). Exits 1 with one sentence when the directory does not
 exist, 2 when a store URL points nowhere (no manifest, no writer ever seen) or nothing is
-uploaded there yet (``--allow-empty`` reads either as an empty run), and says so on stderr when
+uploaded there yet (--allow-empty reads either as an empty run), and says so on stderr when
 it holds no capture files, so a job with a wrong mount or URL fails instead of succeeding silently.
 """
 

@@ -82,6 +82,20 @@ def test_the_configuration_reference_is_generated_from_the_settings():
     assert on_disk == configuration_reference(), "docs/configuration.md is out of date: run `make docs`"
 
 
+def test_the_records_page_is_generated_from_the_models_and_names_every_field():
+    """docs/records.md: every field of what a reader gets, with a meaning, generated from the models
+    (``python -m records._reference``)."""
+    with open(os.path.join(DOCS, "records.md"), encoding="utf-8") as handle:
+        on_disk = handle.read()
+    generated = subprocess.run([sys.executable, "-m", "records._reference"], capture_output=True, text=True,
+                               check=True, cwd=ROOT).stdout
+    assert on_disk == generated, "docs/records.md is out of date: run `make docs`"
+    rows = [line for line in on_disk.splitlines() if line.startswith("| `")]
+    assert len(rows) > 80 and not [row for row in rows if row.endswith("|  |")], "a field without its meaning"
+    for name in ("ModelCallRecord", "TokenRecord", "TrajectoryBuild", "RolloutEnd", "FinishedRollout", "FinishedGroup"):
+        assert f"## `{name}`" in on_disk
+
+
 def test_the_configuration_reference_names_every_setting_a_user_sets():
     from proxy import Settings
 

@@ -139,7 +139,7 @@ def test_records_cli_ends_quietly_in_a_pipe_and_its_help_is_plain(tmp_path):
     done = subprocess.run(f"{sys.executable} -m records {tmp_path / 'c'} | head -1", shell=True, capture_output=True, text=True)
     assert done.stdout.count("\n") == 1 and done.stderr == ""
     usage = subprocess.run([sys.executable, "-m", "records", "--help"], capture_output=True, text=True).stdout
-    assert usage.startswith("usage: python -m records DIR") and "`" not in usage
+    assert usage.startswith("usage: python -m records [--allow-empty] CAPTURES") and "`" not in usage
 
 
 def test_report_and_export_into_a_missing_directory_are_one_sentence(tmp_path):

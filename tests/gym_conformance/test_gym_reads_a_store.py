@@ -29,7 +29,8 @@ async def test_gyms_readers_on_a_compacted_store_agree_with_records_on_the_store
     for _ in range(2):
         await fetch(http, "POST", rollout_url(sidecar.url, "s-responses", "/v1/responses"), RESPONSES_REQUEST)
     for _ in range(200):  # Sealed at 0.1 s, then uploaded.
-        if all(len(read_model_call_records(url, rollout)) == count for rollout, count in sent.items()):
+        if all(len(read_model_call_records(CaptureStore(url, allow_empty=True), rollout)) == count
+               for rollout, count in sent.items()):
             break
         await asyncio.sleep(0.05)
     view = compact_store(url, str(tmp_path / "gym-view"))
