@@ -401,9 +401,14 @@ async def test_workers_say_the_spools_lag_once_not_once_per_worker(tmp_path):
                                    f"segments://{store}", "--segment-max-age", "0.1")
     try:
         async with aiohttp.ClientSession() as http:
-            for call in range(8):
-                async with aiohttp.ClientSession() as fresh:  # A connection each: both workers get calls.
+            for call in range(64):  # A connection each, until both workers took calls (the kernel picks).
+                async with aiohttp.ClientSession() as fresh:
                     assert await _chat(fresh, sidecar.url, f"r{call}", f"call-{call}", stream=False)
+                writers = spool / "segments"
+                written = [writer for writer in (writers.iterdir() if writers.exists() else ())
+                           if any(name.endswith((".open", ".sealed")) for name in os.listdir(writer))]
+                if call >= 7 and len(written) == 2:
+                    break
             sealed = -1
             for _ in range(20):  # Every segment sealed (by age, on the writers' sweep), the count steady.
                 await asyncio.sleep(0.5)
