@@ -198,3 +198,24 @@ async def test_counts_where_usage_is_missing_come_from_the_token_modes_arrays_ma
     assert "reported no usage" in shown and f"counted from the token mode's arrays instead: call 0 in {counted.tokens_in}" in shown
     shown = CliRunner().invoke(main, ["show", str(tmp_path / "plain"), "r1"], prog_name="mcc").output
     assert "no token arrays were captured" in shown
+
+
+async def test_every_metric_the_sidecar_serves_is_in_the_operations_page(tmp_path):
+    import os
+
+    import aiohttp
+
+    from tests.processes import SidecarProcess
+
+    sidecar = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "c"), "--capture-tokens")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(sidecar.url + "/-/metrics") as reply:
+                served = {line.split()[2] for line in (await reply.text()).splitlines()
+                          if line.startswith("# TYPE mcc_") and not line.split()[2].endswith("_created")}
+    finally:
+        assert sidecar.terminate() == 0
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "operations.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    assert len(served) > 25
+    assert sorted(name for name in served if name.removesuffix("_total") not in page) == []
