@@ -69,6 +69,20 @@ def load_syncfs() -> Optional[Callable[[int], int]]:
     return syncfs  # type: ignore[no-any-return]
 
 
+def sync_filesystem(path: str) -> None:
+    """Everything written to ``path``'s filesystem is durable: one ``syncfs`` of it where the
+    kernel has one, else a ``sync`` (a batch of files made durable at once, not an fsync each)."""
+    syncfs = load_syncfs()
+    if syncfs is not None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if call_syncfs(syncfs, fd) is None:
+                return
+        finally:
+            os.close(fd)
+    os.sync()
+
+
 def call_syncfs(syncfs: Callable[[int], int], fd: int) -> Optional[OSError]:
     if syncfs(fd) == 0:
         return None

@@ -65,15 +65,8 @@ class ObjectStore:
             self._fs.pipe_file(self._path(name), data)
             return
         path = self._path(name)
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        fsync_directory(directory)
+        os.replace(_written_aside(path, data, durable=True), path)
+        fsync_directory(os.path.dirname(path))
 
     def create(self, name: str, data: bytes, durable: bool = True) -> bool:
         """Write ``data`` as the new object ``name``, whole and durable: False when ``name`` exists
@@ -87,41 +80,15 @@ class ObjectStore:
             except FileExistsError:
                 return False
             return True
-        path = self._path(name)
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        try:
-            os.link(temporary, path)  # Fails when the name exists: the first writer's object stands.
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(temporary)
-        if durable:
-            fsync_directory(directory)
-        return True
+        return create_file_exclusively(self._path(name), data, durable)
 
     def sync(self) -> None:
         """Every object created with ``durable=False`` is durable: one ``syncfs`` of the path's
         filesystem (else a ``sync``); nothing for an object store, whose put is durable when it returns."""
-        if self._fs is not None:
-            return
-        from ._group_sync import call_syncfs, load_syncfs
+        if self._fs is None:
+            from ._group_sync import sync_filesystem
 
-        syncfs = load_syncfs()
-        if syncfs is not None:
-            fd = os.open(self._root, os.O_RDONLY)
-            try:
-                if call_syncfs(syncfs, fd) is None:
-                    return
-            finally:
-                os.close(fd)
-        os.sync()
+            sync_filesystem(self._root)
 
     def get_if_present(self, name: str) -> Optional[bytes]:
         """The object's bytes, or None when there is none."""
@@ -174,6 +141,37 @@ class ObjectStore:
         return sorted(names)
 
 
+def create_file_exclusively(path: str, data: bytes, durable: bool = True) -> bool:
+    """Write ``data`` as the new file ``path``: False when ``path`` exists (left as it is). Written
+    whole under a temporary name, then hard-linked (which fails when the name exists), so a reader
+    never sees half of it and of two writers of one name exactly one succeeds. ``durable=False``:
+    the caller makes it durable (one barrier for a batch)."""
+    temporary = _written_aside(path, data, durable)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+    if durable:
+        fsync_directory(os.path.dirname(path))
+    return True
+
+
+def _written_aside(path: str, data: bytes, durable: bool) -> str:
+    """``data`` in a temporary file beside ``path`` (``.<name>.<random>.part``: no reader lists
+    it), its directory made first; fsynced when ``durable``. The temporary file's path."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.part")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
+    return temporary
+
+
 def _options(scheme: str) -> dict[str, Any]:
     """The filesystem's options from the environment: an S3 endpoint (``AWS_ENDPOINT_URL``, which
     MinIO, Ceph and the tests' server need); the rest each library reads itself."""
@@ -182,4 +180,4 @@ def _options(scheme: str) -> dict[str, Any]:
     return {"use_listings_cache": False} if scheme == "s3" else {}
 
 
-__all__ = ["ObjectStore", "STORE_SCHEMES", "StoreUnavailable", "is_store_url"]
+__all__ = ["ObjectStore", "STORE_SCHEMES", "StoreUnavailable", "create_file_exclusively", "is_store_url"]

@@ -26,9 +26,8 @@ from typing import Any, Optional
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from ._appender import fsync_directory
 from ._file_contract import capture_path
-from ._object_store import ObjectStore, is_store_url
+from ._object_store import ObjectStore, create_file_exclusively, is_store_url
 from ._paths import directory_of
 from ._rollout_ids import validate_rollout_id
 from ._store import capture_store
@@ -257,27 +256,9 @@ def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
 
 def create_exclusively(path: str, data: bytes, durable: bool = True) -> bool:
     """Write ``data`` as the new file ``path``, durably: False when ``path`` exists (left as it is).
-    Written whole under a temporary name, then linked: a reader never sees half of it, and of two
-    writers of one name exactly one succeeds (an end; a consumer's claims and acks). With
-    ``durable=False`` the caller makes it durable (one barrier for a batch: `records.Consumer`)."""
-    directory = os.path.dirname(path) or "."
-    temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # The umask decides.
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(temporary)
-    if durable:
-        fsync_directory(directory)
-    return True
+    Of two writers of one name exactly one succeeds (an end; a group's size): see
+    `create_file_exclusively`. With ``durable=False`` the caller makes it durable."""
+    return create_file_exclusively(path, data, durable)
 
 
 def _declare_group_size(capture_dir: str, group: Optional[str], size: int) -> None:

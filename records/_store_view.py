@@ -474,19 +474,11 @@ def _write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
 
 
 def _barrier(directory: Path) -> None:
-    """Every view file written before this is durable: one ``syncfs`` of the view's filesystem (a
-    rebuild writes hundreds of files; an fsync each cost 1 ms apiece, issue 62), else a ``sync``."""
-    from ._group_sync import call_syncfs, load_syncfs
+    """Every view file written before this is durable: one barrier for the rebuild (it writes
+    hundreds of files; an fsync each cost 1 ms apiece)."""
+    from ._group_sync import sync_filesystem
 
-    syncfs = load_syncfs()
-    if syncfs is not None:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            if call_syncfs(syncfs, fd) is None:
-                return
-        finally:
-            os.close(fd)
-    os.sync()
+    sync_filesystem(str(directory))
 
 
 __all__ = ["INCOMPLETE_OBJECTS", "MANIFESTS", "SEGMENT_OBJECTS", "SegmentDamaged", "SegmentRead", "merge_order",

@@ -150,13 +150,17 @@ class Uploader:
         watermark.follow_ends()
         if watermark.ended(watermark.in_open_segments()):
             watermark.seal_open_segments()
-        sent = self.upload_all(ship_now=watermark.ended(set(self._tokens_changed())))
+        changed = self._tokens_changed()  # Once a round: the files listed and stat'ed once.
+        sent = self.upload_all(ship_now=watermark.ended(set(changed)), changed=changed)
+        unshipped = {rollout_id for rollout_id, stamped in changed.items()
+                     if self._tokens_shipped.get(rollout_id) != stamped[:-1]}
         watermark.holding = watermark.ended(watermark.in_open_segments() | watermark.in_sealed_segments(
-            sealed_segments(self.spool_dir)) | set(self._tokens_changed()))
+            sealed_segments(self.spool_dir)) | unshipped)
         watermark.publish()
         return sent
 
-    def upload_all(self, ship_now: Optional[set[str]] = None) -> int:
+    def upload_all(self, ship_now: Optional[set[str]] = None,
+                   changed: Optional[dict[str, tuple[Any, ...]]] = None) -> int:
         """Upload every sealed segment now (on the calling thread), and the spool's new
         ``.capture.incomplete`` markers (a line lost: the store's readers must know it too), and
         the token files due (those of ``ship_now`` at once); how many segments went."""
@@ -168,7 +172,7 @@ class Uploader:
             if name.endswith(INCOMPLETE_SUFFIX) and name not in self._markers_sent:
                 self.store.put(incomplete_name(name[: -len(INCOMPLETE_SUFFIX)]), b"")
                 self._markers_sent.add(name)
-        self.ship_tokens(now_for=ship_now)
+        self.ship_tokens(now_for=ship_now, changed=changed)
         return sent
 
     def _tokens_changed(self) -> dict[str, tuple[Any, ...]]:
@@ -181,28 +185,30 @@ class Uploader:
                 changed[rollout_id] = (*fingerprint, max(s.st_mtime for s in files.values()))
         return changed
 
-    def ship_tokens(self, everything: bool = False, now_for: Optional[set[str]] = None) -> int:
+    def ship_tokens(self, everything: bool = False, now_for: Optional[set[str]] = None,
+                    changed: Optional[dict[str, tuple[Any, ...]]] = None) -> int:
         """The training-token files (DESIGN §12) of the rollouts whose files changed and have been
         still for ``token_idle`` seconds (``everything``: all that changed, the drain's), as one
         bundle: each rollout's files whole, read under its shared lock (a consistent snapshot), the
-        bundle named by its content, then its manifest. Readers take each rollout's latest. How
-        many rollouts went."""
-        now, changed = time.time(), {}
-        for rollout_id, stamped in self._tokens_changed().items():
+        bundle named by its content, then its manifest. Readers take each rollout's latest; those
+        of ``now_for`` (ended rollouts a consumer waits for) go whatever their age; ``changed``:
+        the round's `_tokens_changed`, when it has it. How many rollouts went."""
+        now, due = time.time(), {}
+        for rollout_id, stamped in (self._tokens_changed() if changed is None else changed).items():
             fingerprint, newest = stamped[:-1], stamped[-1]
             if everything or now - newest >= self._token_idle or (now_for is not None and rollout_id in now_for):
-                changed[rollout_id] = fingerprint
-        if not changed:
+                due[rollout_id] = fingerprint
+        if not due:
             return 0
-        bundle = {rollout_id: _snapshot(self.spool_dir, rollout_id) for rollout_id in sorted(changed)}
+        bundle = {rollout_id: _snapshot(self.spool_dir, rollout_id) for rollout_id in sorted(due)}
         data = orjson.dumps({"spool": self.spool_id, "rollouts": bundle})
         sha = hashlib.sha256(data).hexdigest()
         name = token_bundle_name(self.spool_id, sha)
         self.store.put(name, data)
         self.store.put(token_manifest_name(self.spool_id, time.time_ns(), sha), orjson.dumps(
-            {"spool": self.spool_id, "bundle": name, "sha256": sha, "rollouts": sorted(changed)}))
-        self._tokens_shipped.update(changed)
-        return len(changed)
+            {"spool": self.spool_id, "bundle": name, "sha256": sha, "rollouts": sorted(due)}))
+        self._tokens_shipped.update(due)
+        return len(due)
 
     @property
     def spool_id(self) -> str:
