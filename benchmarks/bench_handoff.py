@@ -122,7 +122,7 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
     port = bench.free_port()
     sidecar = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--stand-in", "--port", str(port), *where,
                                 "--capture-tokens", "--log-level", "error"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    figures: dict[str, list[float]] = {"end": [], "read": [], "take": [], "latency": []}
+    figures: dict[str, list[float]] = {"end": [], "read": [], "read_held": [], "take": [], "latency": []}
     try:
         assert sidecar.stdout.readline().startswith("listening on")  # type: ignore[union-attr]
         base = f"http://127.0.0.1:{port}"
@@ -143,9 +143,15 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
             for rollout_id in ids:
                 trajectories(captures, rollout_id)
             figures["read"].append(len(ids) / (time.perf_counter() - started))
+            started = time.perf_counter()
+            for first in range(0, len(ids), BATCH):  # As a trainer without a consumer: a step's batch held.
+                batch_read = [trajectories(captures, rollout_id) for rollout_id in ids[first:first + BATCH]]
+            del batch_read
+            figures["read_held"].append(len(ids) / (time.perf_counter() - started))
             consumer = Consumer(captures, f"bench-{round_number}")
             started, taken = time.perf_counter(), 0
             while batch := consumer.take(BATCH):
+                assert all(item.trajectories.chains for item in batch)  # What a trainer reads.
                 consumer.ack(batch)
                 taken += len(batch)
             figures["take"].append(taken / (time.perf_counter() - started))
@@ -192,18 +198,24 @@ def main() -> None:
     lines = [f"# The live hand-off ({args.rollouts} rollouts of {args.turns} chat turns after a "
              f"{args.task_words}-word task, token mode; {args.rounds} interleaved rounds; S3: moto on loopback)", "",
              "| layout | end's durable answer p50 / p99 (ms) | end to take by a waiting consumer p50 / p99 (ms) | "
-             "records.trajectories one by one (rollouts/s) | Consumer take {BATCH} + ack (rollouts/s) | hand-off cost |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "records.trajectories one by one, each dropped (rollouts/s) | the same, a batch of {BATCH} held "
+             "(rollouts/s) | Consumer take {BATCH} + ack (rollouts/s) | cost vs dropped | cost vs held |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines[2] = lines[2].format(BATCH=BATCH)
+    spread = lambda values: f"{statistics.median(values):,.0f} ({min(values):,.0f} - {max(values):,.0f})"  # noqa: E731
     for layout, figures in results.items():
-        read, take = statistics.median(figures["read"]), statistics.median(figures["take"])
+        read, held = statistics.median(figures["read"]), statistics.median(figures["read_held"])
+        take = statistics.median(figures["take"])
         lines.append(f"| {layout} | {ms(pct(figures['end'], 50))} / {ms(pct(figures['end'], 99))} "
                      f"| {ms(pct(figures['latency'], 50))} / {ms(pct(figures['latency'], 99))} "
-                     f"| {read:,.0f} ({min(figures['read']):,.0f} - {max(figures['read']):,.0f}) "
-                     f"| {take:,.0f} ({min(figures['take']):,.0f} - {max(figures['take']):,.0f}) | {read / take:.2f}x |")
+                     f"| {spread(figures['read'])} | {spread(figures['read_held'])} | {spread(figures['take'])} "
+                     f"| {read / take:.2f}x | {held / take:.2f}x |")
     lines += ["", "The hand-off's own cost: the time to take and acknowledge a rollout over the time to read its "
               "trajectories with `records.trajectories` (the target: at most 1.25x; a FinishedRollout also carries "
-              "its calls and weight versions)."]
+              "its calls and weight versions, read when asked). A trainer holds a step's batch while it trains; "
+              "the collector's passes over a held batch cost the same whoever read it, so 'cost vs held' is "
+              "the hand-off's own (claims, acks, their barriers, the ends read), 'cost vs dropped' adds the "
+              "held batch's."]
     table = "\n".join(lines) + "\n"
     print(table)
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)

@@ -45,7 +45,7 @@ from ._object_store import is_store_url
 from ._paths import directory_of
 from ._rollout_ends import RolloutEnd, group_of, gym_member
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
-from ._store import capture_store, gc_paused
+from ._store import capture_store
 from ._token_records import read_token_records
 from ._trajectories import TrajectoryBuild, trajectories
 from ._weight_versions import version_rank
@@ -176,6 +176,9 @@ class _ConsumerView:
         self._log: list[dict[str, Any]] = []
         self._log_listed = False
         self._ends: dict[str, RolloutEnd] = {}
+        self._ended_sorted: list[RolloutEnd] = []
+        #: Each ended rollout's group key (`group_of`), kept with the sorted ends.
+        self._group_keys: dict[str, Optional[str]] = {}
         #: Items acknowledged for good, with their ack's flags (`_flags`): never looked at again.
         self._final: dict[str, int] = {}
 
@@ -226,9 +229,13 @@ class _ConsumerView:
     # -- the state -----------------------------------------------------------------------------------
 
     def _ended(self) -> list[RolloutEnd]:
-        """Every ended rollout of the captures, oldest end first (ends never change: each read once)."""
+        """Every ended rollout of the captures, oldest end first (ends never change: each read
+        once, and sorted again only when new ones were read)."""
         self.room.read_ends(self._ends)
-        return sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
+        if len(self._ended_sorted) != len(self._ends):
+            self._ended_sorted = sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
+            self._group_keys = {end.rollout_id: group_of(end.rollout_id, end.group) for end in self._ended_sorted}
+        return self._ended_sorted
 
     def _slots(self, rollout_id: str) -> list[dict[str, Any]]:
         """The item's log: the slots read before, and any written since."""
@@ -419,11 +426,10 @@ class Consumer(_ConsumerView):
             return []
         directory = self.room.view([end.rollout_id for unit, _ in claimed for end in unit.members])
         taken: list[Any] = []
-        with gc_paused():  # A batch's trajectories stay alive together: no collector pass rescans them.
-            for unit, lease in claimed:
-                rollouts = [self._finished(end, lease, unit.item, directory) for end in unit.members]
-                taken.append(rollouts[0] if unit.group is None else
-                             FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
+        for unit, lease in claimed:
+            rollouts = [self._finished(end, lease, unit.item, directory) for end in unit.members]
+            taken.append(rollouts[0] if unit.group is None else
+                         FinishedGroup(unit.group, rollouts, unit.partial, unit.missing, lease, unit.item))
         return taken
 
     def _units(self, group_size: Optional[int]) -> list[_Unit]:
@@ -433,16 +439,22 @@ class Consumer(_ConsumerView):
         groups: dict[str, list[RolloutEnd]] = {}
         sizes: dict[str, int] = {}
         self.room.look()
-        for end in self._ended():
-            if end.rollout_id not in self._final:  # Whole yet? (From a store: every writer's watermark.)
-                readiness = self.room.readiness(end, self.writer_bound_seconds)
+        ended, final, keys = self._ended(), self._final, self._group_keys
+        readiness_of = self.room.readiness
+        for end in ended:
+            key = keys[end.rollout_id]
+            size = end.group_size or group_size
+            alone = key is None or size is None
+            if end.rollout_id in final:
+                if alone:
+                    continue  # Acknowledged for good: never handed out again.
+            else:  # Whole yet? (From a store: every writer's watermark.)
+                readiness = readiness_of(end, self.writer_bound_seconds)
                 if readiness == "wait":
                     continue  # Not ended for this consumer yet: some sidecar still ships its calls.
                 if readiness == "incomplete":
                     self._incomplete.add(end.rollout_id)
-            key = group_of(end.rollout_id, end.group)
-            size = end.group_size or group_size
-            if key is None or size is None:
+            if alone:
                 units.append(_Unit(end.rollout_id, [end], end.ended_at))
                 continue
             groups.setdefault(key, []).append(end)

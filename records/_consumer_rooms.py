@@ -100,28 +100,9 @@ class DirectoryRoom:
         the name exists, as ``O_EXCL`` does); the names created. A reader of any of them finds
         its own record under ``records`` (`record_of`). Durable at `barrier`: a take or an ack of a
         training step's batch costs one write and a link per item, not a file each."""
-        if not records:
-            return set()
         paths = {os.path.join(self.directory, name): name for name in records}
-        directory = os.path.dirname(next(iter(paths)))
-        temporary = os.path.join(directory, f".batch-{uuid.uuid4().hex}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            os.write(fd, orjson.dumps({"records": {os.path.basename(path): records[name]
-                                                   for path, name in paths.items()}}))
-        finally:
-            os.close(fd)
-        created = set()
-        try:
-            for path, name in paths.items():
-                try:
-                    os.link(temporary, path)
-                except FileExistsError:
-                    continue
-                created.add(name)
-                self._unsynced.append(path)
-        finally:
-            os.unlink(temporary)
+        created = _create_linked(paths, records)
+        self._unsynced += [path for path, name in paths.items() if name in created]
         return created
 
     def names(self, prefix: str) -> list[str]:
@@ -222,8 +203,15 @@ class StoreRoom:
         return self.store.create(name, data, durable=False)
 
     def create_many(self, records: dict[str, dict[str, Any]]) -> set[str]:
-        """Each created on its own (an object store has no link): the names created."""
-        return {name for name, record in records.items() if self.create(name, orjson.dumps(record))}
+        """Each created exclusively: on a ``segments://`` path as in a directory (one file, a hard
+        link per name: `DirectoryRoom.create_many`), on an object store each by its own
+        conditional put (an object store has no link); the names created."""
+        paths = {self.store.local_path(name): name for name in records}
+        if None in paths or len(records) < 2:
+            return {name for name, record in records.items() if self.create(name, orjson.dumps(record))}
+        os.makedirs(os.path.dirname(next(iter(paths))), exist_ok=True)  # type: ignore[arg-type]
+        self._created = True
+        return _create_linked(paths, records)  # type: ignore[arg-type]
 
     def names(self, prefix: str) -> list[str]:
         return [name.rpartition("/")[2] for name in self.store.names(prefix)]
@@ -254,12 +242,42 @@ class StoreRoom:
         return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)
 
     def view(self, rollout_ids: list[str]) -> str:
+        """The store's view, brought up to date as every reader's is (`records.store_view`: only
+        the rollouts that manifests listed since the last look name are rebuilt). Listed after the
+        watermarks said these rollouts are whole, so it holds every line of theirs."""
         from ._store_view import store_view  # Only a store's readers fetch its segments.
 
-        return store_view(self.store.url, rollout_ids=rollout_ids, allow_empty=True)  # Ends may come first.
+        return store_view(self.store.url, allow_empty=True)  # Ends may come first.
 
     def declared_versions(self) -> list[str]:
         return declared_versions_in_store(self.store, self._versions)
+
+
+def _create_linked(paths: dict[str, str], records: dict[str, dict[str, Any]]) -> set[str]:
+    """Each of ``records`` (name -> record) as the file ``paths`` gives it (path -> name, all in one
+    directory), created exclusively: one file holding them all, written once, then hard-linked to
+    each path (a link fails when the path exists, as ``O_EXCL`` does); the names created. Durable
+    at the caller's barrier."""
+    if not paths:
+        return set()
+    directory = os.path.dirname(next(iter(paths)))
+    temporary = os.path.join(directory, f".batch-{uuid.uuid4().hex}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        os.write(fd, orjson.dumps({"records": {os.path.basename(path): records[name] for path, name in paths.items()}}))
+    finally:
+        os.close(fd)
+    created = set()
+    try:
+        for path, name in paths.items():
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                continue
+            created.add(name)
+    finally:
+        os.unlink(temporary)
+    return created
 
 
 def record_of(name: str, parsed: Any) -> Any:

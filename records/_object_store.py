@@ -56,6 +56,10 @@ class ObjectStore:
             raise StoreUnavailable(f"{scheme}:// cannot be opened: {exc} (pip install fsspec s3fs, gcsfs or adlfs)") from None
         self._root = rest.strip("/")
 
+    def local_path(self, name: str) -> Optional[str]:
+        """The file that holds ``name`` on a ``segments://`` path; None on an object store."""
+        return self._path(name) if self._fs is None else None
+
     def _path(self, name: str) -> str:
         return f"{self._root}/{name}" if self._fs is not None else os.path.join(self._root, *name.split("/"))
 
