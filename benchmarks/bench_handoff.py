@@ -12,8 +12,10 @@ through a real sidecar in the token capture mode (its stand-in model), then:
    taken and acknowledged by a `records.Consumer` (a fresh name each round: take a training step's batch of 64, ack) --
    rollouts/s of each and the ratio (the hand-off's own cost; a FinishedRollout also carries its
    calls and weight versions).
-3. End to takeable: a consumer process waits in ``take(8, wait=...)`` while the main process ends
-   further rollouts one every 20 ms; the time from each end's answer to its take (p50, p99).
+3. End to takeable: a consumer process waits in ``take(64, wait=...)`` while the main process ends
+   100 further rollouts one every ``--end-every`` seconds (0.1: ten a second, more than a run of
+   512-sample steps a few minutes apart ends); the time from each end's answer to its take (p50,
+   p99). A consumer that cannot keep up with the ends measures its own backlog, not the latency.
 
 Prints markdown tables and writes them to benchmarks/results/handoff.md. Nothing is asserted;
 moto answers each request in milliseconds of Python, so the S3 figures bound a real store's from
@@ -50,7 +52,7 @@ consumer, expected = Consumer(sys.argv[2], "latency"), int(sys.argv[3])
 print("ready", flush=True)
 seen = 0
 while seen < expected:
-    for item in consumer.take(8, wait=10.0):
+    for item in consumer.take(64, wait=10.0):
         print(item.rollout_id, time.time(), flush=True)
         seen += item.rollout_id.startswith("late")  # The earlier ends are not this figure's.
         consumer.ack([item])
@@ -165,7 +167,7 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
         for rollout_id in later:
             post(f"{base}/-/rollouts/{rollout_id}/end")
             answered[rollout_id] = time.time()
-            time.sleep(0.02)
+            time.sleep(args.end_every)
         for line in taker.communicate(timeout=300)[0].splitlines():
             rollout_id, at = line.split()
             if rollout_id in answered:
@@ -186,6 +188,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="directory,segments,s3")
     parser.add_argument("--turns", type=int, default=TURNS)
     parser.add_argument("--task-words", type=int, default=TASK_WORDS)
+    parser.add_argument("--end-every", type=float, default=0.1, help="seconds between the latency figure's ends")
     args = parser.parse_args()
     results = {}
     for layout in args.layouts.split(","):
