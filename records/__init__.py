@@ -48,7 +48,7 @@ from ._weight_versions import (
 )
 from ._writer_watermarks import SEEN_SECONDS, WRITER_OBJECTS, read_watermarks, rollout_readiness, writer_object_name
 from ._trace_context import call_span_id, rollout_trace_id, traceparent
-from ._trajectories import CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
+from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild, build_trajectories, trajectories
 from ._token_files import TOKENS_SUFFIX, RolloutClosed, TokenFiles, clear_token_captures, late_entries, read_token_entries
 from ._file_contract import (
     CAPTURE_SUFFIX,
@@ -217,6 +217,7 @@ __all__ = [
     "TokenFileArrays",
     "TokenRecordFollower",
     "names_token_entries",
+    "CallLink",
     "CallSpan",
     "Trajectory",
     "TrajectoryBuild",

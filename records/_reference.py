@@ -22,7 +22,7 @@ from ._consumer import FinishedGroup, FinishedRollout, Lease
 from ._models import ModelCallRecord
 from ._rollout_ends import RolloutEnd
 from ._token_records import TokenRecord
-from ._trajectories import CallSpan, Trajectory, TrajectoryBuild
+from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild
 
 #: What each table documents, in order, and where its values come from.
 SECTIONS: tuple[tuple[type, str], ...] = (
@@ -33,6 +33,7 @@ SECTIONS: tuple[tuple[type, str], ...] = (
     (TrajectoryBuild, "A rollout's chains of calls as token sequences (`records.trajectories`)."),
     (Trajectory, "One chain of a `TrajectoryBuild`."),
     (CallSpan, "Where one call's generated tokens stand in a `Trajectory`."),
+    (CallLink, "One call's verdict in its rollout's build (`TrajectoryBuild.links`): the one every reader gives."),
     (RolloutEnd, "A rollout's end (`records.read_rollout_end`; `POST /-/rollouts/<id>/end`)."),
     (FinishedRollout, "An ended rollout handed to a consumer (`records.Consumer.take`)."),
     (FinishedGroup, "A group handed out as one item (`Consumer.take(..., group_size=G)`)."),
@@ -121,6 +122,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "notes": "What the build left out, counted (Gym's metric names).",
         "main": "The main chain (the first), or None.",
     },
+    "CallLink": {"model_call_id": "The call (its token file entry's id)."},
     "Trajectory": {
         "chain_id": "The chain's id (its first call's).", "token_ids": "Prompt and generated ids, one sequence.",
         "loss_mask": "1 on generated tokens (trained on), 0 on prompt tokens.",

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict
 from ._lineage import LINE_ROOT, LineLineage
 from ._paths import directory_of
 from ._store import CaptureStore, capture_store, gc_paused
+from ._trajectories import _common_prefix, build_trajectories
 from ._weight_versions import resolved_spans, token_versions
 
 #: Where the generation arrays were found (see the module docstring); ``missing`` when nowhere.
@@ -110,6 +111,15 @@ class TokenRecord(BaseModel):
     #: The ``model_call_id`` of the aborted call (``finish_reason: "abort"``) this call resumes: its
     #: prompt is that call's prompt + partial generation.
     resumes: Optional[str] = None
+    #: The token capture mode's calls: the trajectory builder's verdict (`records.CallLink`'s
+    #: ``status``: ``root``, ``extends``, ``unlinked``, ``left_out``), which ``extends``,
+    #: ``drift_at`` and ``drift_from`` then say too; None for a call whose arrays are on its line
+    #: only (no token file: the lines' lineage places it).
+    link: Optional[str] = None
+    #: Why the builder does not take the call as a plain root or extension (`records.CallLink`'s
+    #: ``reason``: ``parent_digest_mismatch``, ``retry_not_kept``, ...): an ``unlinked`` call masks
+    #: its rollout (`records.trajectories`).
+    link_reason: Optional[str] = None
 
     @property
     def token_weight_versions(self) -> Optional[list[Optional[str]]]:
@@ -206,6 +216,11 @@ class TokenFileArrays:
 
         self._files, self._rollout_id = TokenFiles(token_dir), rollout_id
         self._entries: dict[str, tuple[dict[str, Any], Optional[list[int]], Optional[str]]] = {}
+        #: Every entry read, in file order (the builder's input), its build once made, and the
+        #: ``call_index`` of each entry's line (an entry's call id: ``(call_index, choice)``).
+        self._read: list[dict[str, Any]] = []
+        self._build: Any = None
+        self._call_of: dict[str, int] = {}
         self._sequences: dict[str, list[int]] = {}
         self._offset = 0
         self._problem: Optional[str] = None
@@ -223,7 +238,10 @@ class TokenFileArrays:
             return
         self._problem = None
         sequences = self._sequences
+        if entries:
+            self._build = None  # The builder's verdicts are over every entry: made again when asked.
         for _, entry in entries:
+            self._read.append(entry)
             call_id = entry["model_call_id"]
             try:
                 sequence = entry_sequence(entry, sequences.get(entry.get("parent_call_id") or ""))
@@ -242,14 +260,18 @@ class TokenFileArrays:
         return [self.fill(record, named) for record in records] if isinstance(named, list) and named else records
 
     def fill(self, record: TokenRecord, named: list[Any]) -> TokenRecord:
-        """``record`` with the arrays of the entry its line names for its choice."""
-        if not record.missing:
-            return record  # The line has them (the agent asked for them itself).
+        """``record`` with the arrays of the entry its line names for its choice, and the
+        builder's verdict on it (`link_of`)."""
         call_id = named[record.choice_index] if record.choice_index < len(named) else None
         found = self._entries.get(call_id) if isinstance(call_id, str) else None
         if found is None and isinstance(call_id, str) and self._problem is None:
             self._read_more()  # Written after the last read (the entries precede their line).
             found = self._entries.get(call_id)
+        if isinstance(call_id, str):
+            self._call_of.setdefault(call_id, record.call_index)
+            record = self.link_of(record, call_id)
+        if not record.missing:
+            return record  # The line has them (the agent asked for them itself).
         if found is None:
             return record.model_copy(update={"problem": self._problem or f"no entry {call_id} in the token file"})
         entry, prompt, problem = found
@@ -259,6 +281,25 @@ class TokenFileArrays:
             "prompt_token_ids": prompt, "generation_token_ids": entry["generation_token_ids"],
             "generation_log_probs": entry["generation_log_probs"], "source": "token_file", "missing": (),
             "problem": None})
+
+
+    def link_of(self, record: TokenRecord, call_id: str) -> TokenRecord:
+        """``record`` with the trajectory builder's verdict on the call ``call_id`` (the one
+        verdict: `records.build_trajectories`' `records.CallLink`): ``extends`` the call index of
+        the parent it is attached to, ``drift_at`` / ``drift_from`` where it departs from the
+        parent it claims."""
+        if self._build is None:
+            self._build = build_trajectories(self._rollout_id, self._read)
+        link = self._build.links.get(call_id)
+        if link is None:
+            return record
+        entry = self._entries.get(call_id, ({},))[0]
+        claimed = entry.get("parent_call_id") if isinstance(entry, dict) else None
+        return record.model_copy(update={
+            "link": link.status, "link_reason": link.reason,
+            "extends": self._call_of.get(link.parent_call_id or "") if link.status == "extends" else None,
+            "drift_at": link.drift_at,
+            "drift_from": self._call_of.get(claimed or "") if link.drift_at is not None else None})
 
 
 class DriftTracker:
@@ -281,9 +322,11 @@ class DriftTracker:
         return self._lineage.place(line, call_index)
 
     def place(self, record: TokenRecord, claimed: Any = None) -> TokenRecord:
+        """The record placed by the lines' lineage, unless it carries the builder's verdict
+        (``link``: a token capture mode call), which stands; its sequence is kept either way."""
         prompt = record.prompt_token_ids
         extends = drift_at = drift_from = None
-        if prompt and claimed != LINE_ROOT:
+        if prompt and claimed != LINE_ROOT and record.link is None:
             parents = [(key[0], self._by_key[key]) for key in claimed if key in self._by_key] if claimed else []
             claimed = bool(parents)
             if not parents:  # No claim to go by: the rollout's earlier sequences.
@@ -308,18 +351,6 @@ class DriftTracker:
             self._earlier.append((record.call_index, sequence))
             self._by_key[(record.call_index, record.choice_index)] = sequence
         return record
-
-
-def _common_prefix(left: list[int], right: list[int]) -> int:
-    """The length of the longest common prefix, by bisection on slice equality (C-level compares)."""
-    low, high = 0, min(len(left), len(right))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if left[:middle] == right[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def read_token_records(store: Union[CaptureStore, str, "os.PathLike[str]"], rollout_id: str,

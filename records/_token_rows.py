@@ -17,7 +17,8 @@ TOKEN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "string"), ("prompt_token_ids", "list<int64>"), ("generation_token_ids", "list<int64>"),
     ("generation_log_probs", "list<float64>"), ("finish_reason", "string"), ("error_category", "string"),
     ("source", "string"), ("missing", "list<string>"), ("problem", "string"), ("extends", "int64"),
-    ("drift_at", "int64"), ("drift_from", "int64"), ("usable", "bool"), ("unusable_reason", "string"),
+    ("drift_at", "int64"), ("drift_from", "int64"), ("link", "string"), ("link_reason", "string"), ("usable", "bool"),
+    ("unusable_reason", "string"),
 ) + (
     # Issue 32: prefix supply's proof, the aborted call resumed, and the weight versions that
     # sampled the generation (per token; the labels in order, to filter stale samples:

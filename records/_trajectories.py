@@ -62,6 +62,29 @@ class Trajectory(BaseModel):
         return [label for label in dict.fromkeys(self.weight_versions or ()) if label is not None]
 
 
+class CallLink(BaseModel):
+    """One call's place in its rollout's build: the one verdict every reader gives for the call
+    (`records.TokenRecord` takes ``extends``, ``drift_at`` and ``link_reason`` from it, and the
+    commands theirs from those)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_call_id: str
+    #: ``root`` (it continues no call), ``extends`` (its prompt begins with ``parent_call_id``'s
+    #: prompt + generation), ``unlinked`` (it claims a parent it cannot be attached to: the rollout
+    #: is masked), ``left_out`` (in no chain: no generated tokens, a retry not kept, a delta prompt
+    #: that cannot be rebuilt).
+    status: str
+    #: The call it extends (``extends``), or the retry's parent (``left_out`` retries); else None.
+    parent_call_id: Optional[str] = None
+    #: Why it is not a plain root or extension (the build's ``parent_link_failures`` names, and
+    #: ``no_generated_tokens`` / ``retry_not_kept``), else None.
+    reason: Optional[str] = None
+    #: Unlinked from a recorded parent whose prompt + generation its prompt does not begin with:
+    #: the index of the first token that differs; else None.
+    drift_at: Optional[int] = None
+
+
 class TrajectoryBuild(BaseModel):
     """A rollout's chains (the main one first), whether it must be masked and why, and what the
     build left out (Gym's metric names)."""
@@ -71,6 +94,8 @@ class TrajectoryBuild(BaseModel):
     masked: bool = True
     mask_reason: Optional[str] = None
     notes: dict[str, Any] = Field(default_factory=dict)
+    #: Each call's verdict (`CallLink`), by ``model_call_id``.
+    links: dict[str, CallLink] = Field(default_factory=dict)
 
     @property
     def main(self) -> Optional[Trajectory]:
@@ -78,7 +103,8 @@ class TrajectoryBuild(BaseModel):
 
 
 class _Node:
-    __slots__ = ("entry", "prompt", "length", "_sequence", "parent", "children", "quarantined", "boundary")
+    __slots__ = ("entry", "prompt", "length", "_sequence", "parent", "children", "quarantined", "boundary", "note",
+                 "drift_at")
 
     def __init__(self, entry: dict[str, Any], prompt: list[int]) -> None:
         self.entry = entry
@@ -89,6 +115,9 @@ class _Node:
         self.children: list[_Node] = []
         self.quarantined = False
         self.boundary = False
+        #: Why `_link` attached it to no parent, or to a recovered one; where it drifts from its claimed one.
+        self.note: Optional[str] = None
+        self.drift_at: Optional[int] = None
 
     @property
     def sequence(self) -> list[int]:
@@ -122,6 +151,7 @@ def build_trajectories(rollout_id: str, entries: list[dict[str, Any]]) -> Trajec
     failures: dict[str, int] = {}
     unresolved_parents: list[str] = []
     unique = _deduplicated(entries, failures, unresolved_parents)
+    conflicted = set(unresolved_parents)
     verified: set[str] = set()
     prompts = _full_prompts(unique, failures, unresolved_parents, verified)
     empty = [e["model_call_id"] for e in unique if e["model_call_id"] in prompts and not e["generation_token_ids"]]
@@ -145,7 +175,35 @@ def build_trajectories(rollout_id: str, entries: list[dict[str, Any]]) -> Trajec
              "unresolved_retries": unresolved_retries, "empty_generation_calls": empty}
     reason = _mask_reason(notes, trajectories_)
     return TrajectoryBuild(rollout_id=rollout_id, chains=trajectories_, masked=reason is not None,
-                           mask_reason=reason, notes=notes)
+                           mask_reason=reason, notes=notes, links=_links(unique, prompts, nodes, conflicted))
+
+
+def _links(unique: list[dict[str, Any]], prompts: dict[str, list[int]], nodes: list[_Node],
+           conflicted: set[str]) -> dict[str, CallLink]:
+    """Each call's `CallLink`, from what the build decided of it."""
+    links: dict[str, CallLink] = {}
+    for entry in unique:
+        call_id = entry["model_call_id"]
+        if call_id not in prompts:
+            links[call_id] = CallLink.model_construct(model_call_id=call_id, status="left_out", parent_call_id=None,
+                                                      reason="delta_chain_unreconstructable", drift_at=None)
+        elif not entry["generation_token_ids"]:
+            links[call_id] = CallLink.model_construct(model_call_id=call_id, status="left_out", parent_call_id=None,
+                                                      reason="no_generated_tokens", drift_at=None)
+    for node in nodes:
+        call_id = node.entry["model_call_id"]
+        parent = node.parent.entry["model_call_id"] if node.parent is not None else None
+        if call_id in conflicted:
+            status, reason = "unlinked", "duplicate_call_id_conflict"
+        elif node.quarantined:
+            status, reason = "left_out", "retry_not_kept"
+        elif parent is not None:
+            status, reason = "extends", node.note
+        else:
+            status, reason = ("root", None) if node.note is None else ("unlinked", node.note)
+        links[call_id] = CallLink.model_construct(model_call_id=call_id, status=status, parent_call_id=parent,
+                                                  reason=reason, drift_at=node.drift_at if status == "unlinked" else None)
+    return links
 
 
 def _deduplicated(entries: list[dict[str, Any]], failures: dict[str, int], unresolved: list[str]) -> list[dict[str, Any]]:
@@ -215,6 +273,9 @@ def _link(nodes: list[_Node], failures: dict[str, int], unresolved: list[str], v
     roots = []
     for node in nodes:
         parent, note = _parent_of(node, by_id, earlier if recover else None, verified)
+        node.note = note
+        if note == "parent_digest_mismatch" and node.entry.get("parent_call_id") in by_id:
+            node.drift_at = _common_prefix(node.prompt, by_id[node.entry["parent_call_id"]].sequence)
         if note is not None:
             _fail(failures, note)
             if not note.endswith("_recovered"):
@@ -259,6 +320,18 @@ def _parent_of(node: _Node, by_id: dict[str, _Node], earlier: Optional[list[_Nod
     if length <= len(prompt) and token_digest(prompt[:length]) == (parent.entry.get("digest") or token_digest(parent.sequence)):
         return parent, None
     return None, "parent_digest_mismatch"
+
+
+def _common_prefix(left: list[int], right: list[int]) -> int:
+    """The length of the longest common prefix, by bisection on slice equality (C-level compares)."""
+    low, high = 0, min(len(left), len(right))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if left[:middle] == right[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _longest_prefix(prompt: list[int], earlier: list[_Node]) -> Optional[_Node]:

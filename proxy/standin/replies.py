@@ -162,22 +162,77 @@ _PREAMBLE = [10 + i for i in range(64)]
 
 def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain") -> list[int]:
     """The prompt as the stand-in's chat template renders it, like vLLM's: every message's role and
-    text (an assistant's tool calls as their arguments), then the generation prompt. A sent-back
-    assistant turn gets the reasoning its reply began with under the ``chain`` template (the ids
-    generated for it, exactly), none under ``drop-reasoning`` (`TEMPLATES`)."""
+    text (an assistant's tool calls as their arguments), then the generation prompt.
+
+    A sent-back assistant turn's reasoning: a message that carries it (``reasoning``, as vLLM
+    builds a Responses reasoning item into a message) gets exactly that; a chat message, which
+    never carries it, gets the reasoning its reply began with. Both under the ``chain`` template
+    only (``drop-reasoning`` leaves it out, `TEMPLATES`). Under ``chain`` an assistant message right
+    after another continues its turn (vLLM gives a Responses reasoning item a message of its own,
+    before the text or the call it preceded), so a turn sent back as generated renders as the ids
+    generated for it."""
     ids = list(_PREAMBLE)
+    previous_role = None
     for message in messages:
         if not isinstance(message, dict):
             continue
-        ids += [_START, _ROLES.get(str(message.get("role")), 7)]
-        if message.get("role") == "assistant" and template == "chain":
-            ids += text_token_ids(TOOL_REASONING if message.get("tool_calls") else ANSWER_REASONING)
+        role = message.get("role")
+        if role == "assistant" and previous_role == "assistant" and template == "chain":
+            ids.pop()  # The turn goes on: its END comes after this message.
+        else:
+            ids += [_START, _ROLES.get(str(role), 7)]
+        if role == "assistant" and template == "chain":
+            if "reasoning" in message:
+                ids += text_token_ids(str(message.get("reasoning") or ""))
+            else:
+                ids += text_token_ids(TOOL_REASONING if message.get("tool_calls") else ANSWER_REASONING)
         ids += text_token_ids(text_of(message.get("content")))
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("function"), dict):
                 ids += text_token_ids(str(call["function"].get("arguments") or ""))
         ids.append(_END)
+        previous_role = role
     return ids + [_START, _ROLES["assistant"]]
+
+
+def responses_messages(body: dict[str, Any], earlier: list[dict[str, Any]] | None,
+                       earlier_output: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A Responses request as the chat messages vLLM builds from it (its ``responses_utils``): the
+    instructions as a system message; with ``previous_response_id``, that request's messages and
+    the text of its output messages (its reasoning and calls left out, as vLLM leaves them); then
+    each input item: a message as itself, a ``function_call`` as an assistant message with that
+    tool call, its output as a tool message, a ``reasoning`` item as an assistant message holding
+    its text (its content's, else its summary's). Every assistant message says whether it carries
+    reasoning (``reasoning``: None when not), as vLLM's do."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        messages.append({"role": "system", "content": body["instructions"]})
+    messages += earlier or []
+    for item in earlier_output or ():
+        if isinstance(item, dict) and item.get("type") == "message":
+            for part in item.get("content") or ():
+                messages.append({"role": "assistant", "content": part.get("text", "") if isinstance(part, dict) else "",
+                                 "reasoning": None})
+    items = body.get("input")
+    for item in [{"role": "user", "content": items}] if isinstance(items, str) else (items or []):
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "function_call":
+            messages.append({"role": "assistant", "reasoning": None, "tool_calls": [
+                {"type": "function", "id": item.get("call_id"),
+                 "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""}}]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            text = parts[0].get("text", "") if parts and isinstance(parts[0], dict) else ""
+            messages.append({"role": "assistant", "reasoning": text})
+        elif item.get("role") == "assistant":
+            messages.append({"role": "assistant", "content": item.get("content"), "reasoning": None})
+        elif item.get("role") is not None:
+            messages.append({"role": item["role"], "content": item.get("content")})
+    return messages
 
 
 def _pieces(text: str) -> list[str]:

@@ -29,6 +29,7 @@ from .replies import (
     messages_events,
     messages_reply,
     responses_events,
+    responses_messages,
     responses_reply,
     text_token_ids,
 )
@@ -52,6 +53,7 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_inclu
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app[TEMPLATE] = template
     app[FORCE_INCLUDE_USAGE] = force_include_usage
+    app[STORED_RESPONSES] = {}
     app[WEIGHT_VERSION] = ["default"]  # vLLM 0.33's engine label until an update (v1/engine/core.py).
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -83,10 +85,23 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     body, raw = await _json_body(request)
     items = body.get("input")
     items = [{"role": "user", "content": items}] if isinstance(items, str) else (items or [])
-    plan = _plan(raw, _last_user_text(items),
-                 _first_tool_name(body, lambda tool: tool.get("name")),
-                 any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items))
-    reply = responses_reply(plan, _serial(raw), STAND_IN_CREATED, ResponsesTokenOptions.from_request(body))
+    stored = request.app[STORED_RESPONSES]
+    earlier = body.get("previous_response_id")
+    if earlier is not None and earlier not in stored:
+        raise web.HTTPNotFound(text=orjson.dumps({"error": {
+            "message": f"Response with id '{earlier}' not found.", "type": "invalid_request_error",
+            "param": "previous_response_id", "code": 404}}).decode(), content_type="application/json")
+    # The prompt's ids as vLLM renders a Responses request: its items as chat messages, then the template.
+    messages = responses_messages(body, *(stored[earlier] if earlier is not None else (None, None)))
+    serial = _serial(raw)
+    plan = make_plan(len(raw), _last_user_text(items), _first_tool_name(body, lambda tool: tool.get("name")),
+                     any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items),
+                     serial, chat_prompt_ids(messages, _text_of, _template(request)))
+    reply = responses_reply(plan, serial, STAND_IN_CREATED, ResponsesTokenOptions.from_request(body))
+    if body.get("store", True) is not False:  # vLLM keeps each stored response's messages and output.
+        if len(stored) >= _STORED_MAX:
+            stored.pop(next(iter(stored)))
+        stored[reply["id"]] = (messages, reply["output"])
     if body.get("stream"):
         return await _stream(request, responses_events(reply))
     return _json_reply(request, reply)
@@ -292,6 +307,10 @@ def _last_user_text(messages: list[Any]) -> str:
 
 
 TEMPLATE = web.AppKey("template", str)
+#: Stored Responses (``store``, on by default as in vLLM) by id: the messages and output a later
+#: request's ``previous_response_id`` continues; the oldest go past `_STORED_MAX`.
+STORED_RESPONSES = web.AppKey("stored_responses", dict)
+_STORED_MAX = 10_000
 WEIGHT_VERSION = web.AppKey("weight_version", list)
 FORCE_INCLUDE_USAGE = web.AppKey("force_include_usage", bool)
 
