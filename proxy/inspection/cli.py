@@ -246,6 +246,7 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
             record = verdicts.get(row.call_index)
             values.update(usable=record.usable if record else None, extends=record.extends if record else None,
                           drift_at=record.drift_at if record else None, drift_from=record.drift_from if record else None,
+                          link=record.link if record else None, link_reason=record.link_reason if record else None,
                           prefix_supplied=record.prefix_supplied if record else None,
                           resumes=record.resumes if record else None,
                           weight_versions=record.weight_versions if record else None,
@@ -407,6 +408,8 @@ def training_cell(record: TokenRecord) -> Optional[str]:
         cell += f", extends #{record.extends}"
     elif record.drift_at is not None:
         cell += f", drifts at {record.drift_at} from #{record.drift_from}"
+    if record.link in ("unlinked", "left_out"):
+        cell += f", {record.link.replace('_', ' ')} ({record.link_reason})"
     if record.prefix_supplied is not None:
         cell += ", prefix supplied" if record.prefix_supplied else ", prefix unproved"
     if record.weight_version_labels:
@@ -465,6 +468,9 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_e
                            if stats.unusable_reasons else "")
          + f"; prompts extending an earlier call {stats.prompts_extending_an_earlier_call:,}, "
            f"drifting from one {stats.prompts_drifting:,}") if stats.generations_with_token_ids else "",
+        ("trajectory builder  " + ", ".join(f"{link.replace('_', ' ')} {count:,}" for link, count in sorted(stats.calls_by_link.items()))
+         + (" (an unlinked call masks its rollout)" if stats.calls_by_link.get("unlinked") else ""))
+        if stats.calls_by_link else "",
         (f"prefix supply       {stats.prompts_supplied:,} prompts sent on their parent's exact ids and proved"
          f" ({stats.prompts_supplied_unproved:,} sent, not proved)")
         if stats.prompts_supplied or stats.prompts_supplied_unproved else "",

@@ -123,6 +123,9 @@ class DirectoryStats:
     unusable_reasons: dict[str, int] = field(default_factory=dict)
     prompts_extending_an_earlier_call: int = 0
     prompts_drifting: int = 0
+    #: The token capture mode's calls by the trajectory builder's verdict on them
+    #: (`records.CallLink`: ``root``, ``extends``, ``unlinked``, ``left_out``).
+    calls_by_link: dict[str, int] = field(default_factory=dict)
     #: Issue 32: prompts sent on their parent's exact ids (proved / sent but not proved), calls
     #: resuming an aborted one, and generations per weight version (a generation counts once per
     #: version that sampled it) and those that spanned an update.
@@ -246,6 +249,8 @@ class _StatsAccumulator:
                 self.unusable[kind] = self.unusable.get(kind, 0) + 1
             stats.prompts_extending_an_earlier_call += record.extends is not None
             stats.prompts_drifting += record.drift_at is not None
+            if record.link is not None:
+                stats.calls_by_link[record.link] = stats.calls_by_link.get(record.link, 0) + 1
             stats.prompts_supplied += record.prefix_supplied is True
             stats.prompts_supplied_unproved += record.prefix_supplied is False
             stats.resumed_calls += record.resumes is not None
