@@ -123,3 +123,25 @@ async def test_a_previous_response_id_continues_a_stored_response_without_its_re
     assert unknown.status == 404 and b"resp_nowhere" in unknown.body
 
 
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_reply_the_stand_in_aborts_is_resumed_into_one_chain(http, stand_in, start, capture_dir, stream):
+    """``X-Stand-In-Abort: after-reasoning`` stops a reply after its reasoning, as vLLM aborts
+    around a weight update; the agent resumes it with ``continue_final_message``, and the resumed
+    call continues the aborted one's prompt + partial generation exactly."""
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    url = rollout_url(sidecar.url, "aborted", "/v1/chat/completions")
+    question = [{"role": "user", "content": "Say hello."}]
+    first = await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": question, "stream": stream}),
+                        headers={"Content-Type": "application/json", "X-Stand-In-Abort": "after-reasoning"})
+    assert b'"finish_reason":"abort"' in first.body
+    resume = {"model": "m", "messages": [*question, {"role": "assistant", "content": ""}], "stream": stream,
+              "continue_final_message": True, "add_generation_prompt": False}
+    assert (await fetch(http, "POST", url, orjson.dumps(resume), headers={"Content-Type": "application/json"})).status == 200
+    aborted, resumed = read_token_records(capture_dir, "aborted")
+    assert not aborted.usable and resumed.resumes == aborted.model_call_id
+    assert resumed.prompt_token_ids == aborted.prompt_token_ids + aborted.generation_token_ids
+    build = trajectories(capture_dir, "aborted")
+    assert not build.masked, build.mask_reason
+    assert verdicts_of_records(capture_dir, "aborted") == verdicts_of_builder(capture_dir, "aborted")

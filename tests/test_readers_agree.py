@@ -56,7 +56,10 @@ class Agent:
             if self.rng.random() < 0.05 and body.get("stream"):
                 await self._cut(body)  # The agent gives up on this stream; it asks again.
                 self.shape["cut"] += 1
-            reply = await self._call(body)
+            if self.dialect == "chat" and self.rng.random() < 0.1:
+                reply = await self._abort_and_resume(body)
+            else:
+                reply = await self._call(body)
             if self.rng.random() < 0.15:
                 await self._call(body)  # A retry: the same request again, maybe on the other sidecar.
                 self.shape["retry"] += 1
@@ -84,12 +87,27 @@ class Agent:
         path = "/v1/chat/completions" if self.dialect == "chat" else "/v1/responses"
         return rollout_url(self.rng.choice(self.sidecars), self.rollout_id, path)
 
-    async def _call(self, body: dict[str, Any]) -> bytes:
-        async with self.http.post(self._url(body), data=orjson.dumps(body), headers={
-                "Content-Type": "application/json", "X-Stand-In-Template": self.template}) as reply:
+    async def _call(self, body: dict[str, Any], abort: bool = False) -> bytes:
+        headers = {"Content-Type": "application/json", "X-Stand-In-Template": self.template}
+        if abort:
+            headers["X-Stand-In-Abort"] = "after-reasoning"
+        async with self.http.post(self._url(body), data=orjson.dumps(body), headers=headers) as reply:
             data = await reply.read()
             assert reply.status == 200, data
             return data
+
+    async def _abort_and_resume(self, body: dict[str, Any]) -> bytes:
+        """The engine aborts the reply after its reasoning (a weight update); the agent resumes it
+        (its partial reply sent back, ``continue_final_message``); the resumed reply, as if whole."""
+        aborted = await self._call({**body, "stream": False}, abort=True)
+        message = orjson.loads(aborted)["choices"][0]
+        if message["finish_reason"] != "abort":
+            return aborted  # A tool call: nothing to abort.
+        self.shape["abort"] += 1
+        partial = {"role": "assistant", "content": message["message"]["content"] or ""}
+        resumed = await self._call({**body, "stream": False, "messages": [*body["messages"], partial],
+                                    "continue_final_message": True, "add_generation_prompt": False})
+        return resumed
 
     async def _cut(self, body: dict[str, Any]) -> None:
         async with self.http.post(self._url(body), data=orjson.dumps(body), headers={
@@ -103,7 +121,7 @@ class Agent:
         tool's result or the user's next words."""
         follow = {"role": "user", "content": f"go on ({turn})"}
         if self.dialect == "chat":
-            message = (orjson.loads(reply)["choices"][0]["message"] if not body.get("stream")
+            message = (orjson.loads(reply)["choices"][0]["message"] if not body.get("stream") or reply.startswith(b"{")
                        else CaptureStore(self.directory).read(self.rollout_id)[-1]["response"]["choices"][0]["message"])
             sent = {key: message[key] for key in ("role", "content", "tool_calls") if message.get(key) is not None}
             history = [*history, sent]
@@ -135,7 +153,7 @@ async def test_every_reader_gives_the_builders_verdict_over_500_generated_rollou
 
     shapes = sum(await asyncio.gather(*(run(agent) for agent in agents)), Counter())
     # The generator drew every shape the property is about.
-    for shape in ("chat", "responses", "retry", "cut", "reasoning kept", "reasoning dropped"):
+    for shape in ("chat", "responses", "retry", "cut", "abort", "reasoning kept", "reasoning dropped"):
         assert shapes[shape] > 0, shapes
 
     links: Counter[str] = Counter()

@@ -160,7 +160,7 @@ _ROLES = {"system": 3, "developer": 3, "user": 4, "assistant": 5, "tool": 6}
 _PREAMBLE = [10 + i for i in range(64)]
 
 
-def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain") -> list[int]:
+def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain", continue_final: bool = False) -> list[int]:
     """The prompt as the stand-in's chat template renders it, like vLLM's: every message's role and
     text (an assistant's tool calls as their arguments), then the generation prompt.
 
@@ -170,7 +170,8 @@ def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain") 
     only (``drop-reasoning`` leaves it out, `TEMPLATES`). Under ``chain`` an assistant message right
     after another continues its turn (vLLM gives a Responses reasoning item a message of its own,
     before the text or the call it preceded), so a turn sent back as generated renders as the ids
-    generated for it."""
+    generated for it. ``continue_final`` (vLLM's ``continue_final_message``, resuming an aborted
+    reply): the last assistant message is left open, with no generation prompt after it."""
     ids = list(_PREAMBLE)
     previous_role = None
     for message in messages:
@@ -192,6 +193,8 @@ def chat_prompt_ids(messages: list[Any], text_of: Any, template: str = "chain") 
                 ids += text_token_ids(str(call["function"].get("arguments") or ""))
         ids.append(_END)
         previous_role = role
+    if continue_final and previous_role == "assistant":
+        return ids[:-1]
     return ids + [_START, _ROLES["assistant"]]
 
 
@@ -236,7 +239,7 @@ def responses_messages(body: dict[str, Any], earlier: list[dict[str, Any]] | Non
 
 
 def _pieces(text: str) -> list[str]:
-    return _WORDS.findall(text) or [text]
+    return _WORDS.findall(text) or ([text] if text else [])
 
 
 def sse(event: str | None, payload: Any) -> bytes:
@@ -332,8 +335,10 @@ def _responses_item_events(event: Any, index: int, item: dict[str, Any]) -> Iter
 # -- Chat Completions --------------------------------------------------------------------------
 
 def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = TokenOptions(),
-               weight_version: str = "default") -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": plan.text, "reasoning_content": plan.reasoning}
+               weight_version: str = "default", aborted: bool = False) -> dict[str, Any]:
+    """``aborted``: the engine stopped it after its reasoning (vLLM's ``finish_reason: "abort"``
+    around a weight update): its text is empty; an agent resumes it with ``continue_final_message``."""
+    message: dict[str, Any] = {"role": "assistant", "content": plan.text, "reasoning_content": plan.reasoning or None}
     if plan.tool_name:
         message["tool_calls"] = [{"id": plan.call_id, "type": "function",
                                   "function": {"name": plan.tool_name, "arguments": plan.tool_arguments}}]
@@ -342,7 +347,7 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
     choice: dict[str, Any] = {
         "index": 0, "message": message,
         "logprobs": {"content": [_logprob_entry(piece, tokens) for piece in generated]} if tokens.logprobs else None,
-        "finish_reason": "tool_calls" if plan.tool_name else "stop",
+        "finish_reason": "abort" if aborted else "tool_calls" if plan.tool_name else "stop",
         "token_ids": [token_id_of(piece) for piece in generated] if tokens.return_token_ids else None,
         # vLLM 0.33 (chat_completion/serving.py): the spans of the weight versions that sampled
         # the output, over its token indexes (vllm/outputs.py WeightVersionSpan), else null.
@@ -390,7 +395,7 @@ def chat_events(reply: dict[str, Any], include_usage: bool, tokens: TokenOptions
     yield sse(None, {**envelope, "object": "chat.completion.chunk", "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
         "prompt_token_ids": reply["prompt_token_ids"]})
-    for piece in _pieces(message["reasoning_content"]):
+    for piece in _pieces(message["reasoning_content"] or ""):
         yield chunk({"reasoning_content": piece}, piece=piece)
     for piece in _pieces(message["content"]) if message["content"] else ():
         yield chunk({"content": piece}, piece=piece)

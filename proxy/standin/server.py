@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import orjson
@@ -110,13 +111,22 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 async def _chat(request: web.Request) -> web.StreamResponse:
     body, raw = await _json_body(request)
     messages = body.get("messages") or []
+    resuming = body.get("continue_final_message") is True and bool(messages) and isinstance(messages[-1], dict) \
+        and messages[-1].get("role") == "assistant"
     plan = make_plan(len(raw), _last_user_text(messages),
                      _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
                      any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw),
-                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request)))
+                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request), resuming))
+    # X-Stand-In-Abort: after-reasoning stops a text reply after its reasoning, as vLLM aborts around a
+    # weight update; the agent resumes it (``continue_final_message``): the rest, its text, comes then.
+    aborted = request.headers.get("X-Stand-In-Abort") == "after-reasoning" and plan.text is not None and not resuming
+    if aborted:
+        plan = replace(plan, text="")
+    elif resuming:
+        plan = replace(plan, reasoning="")
     tokens = TokenOptions.from_request(body)
     version = request.app[WEIGHT_VERSION]
-    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens, version[0])
+    reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens, version[0], aborted)
     if body.get("stream"):
         include_usage = _include_usage(request, body)
         return await _stream(request, chat_events(reply, include_usage, tokens, lambda: version[0]))
