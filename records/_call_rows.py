@@ -14,7 +14,7 @@ from typing import Any, Optional
 import orjson
 
 from ._shapes import describe_response
-from ._tokens import extract_token_stats
+from ._tokens import arrays_counts, extract_token_stats
 
 
 @dataclass
@@ -41,6 +41,9 @@ class CallRow:
     finish_reason: Optional[str]
     #: As `ModelCallRecord.response_status`: a Responses call's ``status`` (completed, incomplete, failed).
     response_status: Optional[str] = None
+    #: As `ModelCallRecord.token_counts`: ``reported`` (the reply's usage), ``counted`` (no usage:
+    #: counted from the token capture mode's arrays or entry), or None (neither).
+    token_counts: Optional[str] = None
     #: The model the request asked for, and the one the reply names (OTel's request / response model).
     request_model: Optional[str] = None
     response_model: Optional[str] = None
@@ -85,6 +88,12 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
     request = line.get("request") if isinstance(line.get("request"), dict) else None
     facts = describe_response(response, operations=False)
     stats = extract_token_stats(response.get("usage") if response else None)
+    counts = "reported" if stats["tokens_in"] is not None or stats["tokens_out"] is not None else None
+    if counts is None and response is not None:  # No usage: the token mode's arrays, when the line has them.
+        counted_in, counted_out = arrays_counts(response)
+        if counted_in is not None or counted_out is not None:
+            stats = {**stats, "tokens_in": counted_in, "tokens_out": counted_out}
+            counts = "counted"
     response_model, request_model = _str((response or {}).get("model")), _str((request or {}).get("model"))
     model = response_model or request_model
     failure = line.get("failure") if isinstance(line.get("failure"), dict) else {}
@@ -94,6 +103,7 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         error_category=_str(line.get("error_category")), started_at=_num(line.get("started_at")),
         completed_at=_num(line.get("completed_at")), latency_ms=_num(line.get("latency_ms")),
         ttft_ms=_num(line.get("latency_ttft_ms")), tokens_in=stats["tokens_in"], tokens_out=stats["tokens_out"],
+        token_counts=counts,
         cached_tokens=stats["cached_tokens"], tokens_reasoning=stats["tokens_reasoning"],
         finish_reason=facts.finish_reason, response_status=facts.status,
         request_model=request_model, response_model=response_model,
@@ -133,7 +143,7 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "string"), ("status_code", "int64"), ("error_category", "string"),
     ("started_at", "timestamp"), ("completed_at", "timestamp"), ("latency_ms", "float64"), ("ttft_ms", "float64"),
     ("tokens_in", "int64"), ("tokens_out", "int64"), ("cached_tokens", "int64"), ("tokens_reasoning", "int64"),
-    ("finish_reason", "string"), ("response_status", "string"), ("request_model", "string"),
+    ("token_counts", "string"), ("finish_reason", "string"), ("response_status", "string"), ("request_model", "string"),
     ("response_model", "string"), ("tool_calls", "list<string>"), ("invalid_tool_arguments", "int64"),
     ("stream_truncated", "bool"), ("response_source", "string"), ("local_response_reason", "string"),
     ("upstream_status_code", "int64"), ("upstream_attempted", "bool"), ("failure_stage", "string"),

@@ -39,6 +39,7 @@ from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
 from ._token_rows import TOKEN_COLUMNS, token_row
+from ._tokens import entry_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -263,7 +264,29 @@ def _call_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any
                 unreadable += 1
             else:
                 rows.append(with_arrow_times(call_row(rollout_id, index, line).as_dict()))
+    _count_rows_from_entries(store, rollout_id, rows)
     return rows, unreadable
+
+
+def _count_rows_from_entries(store: CaptureStore, rollout_id: str, rows: list[dict[str, Any]]) -> None:
+    """Rows without usage whose call has a token capture mode entry: counted from it, as
+    `records.read_model_call_records` counts its records (``token_counts``: ``counted``)."""
+    if all(row["tokens_in"] is not None and row["tokens_out"] is not None for row in rows):
+        return
+    if not os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
+        return
+    from ._token_files import read_token_entries
+
+    try:
+        entries = {entry.get("model_call_id"): entry for entry in read_token_entries(store.capture_dir, rollout_id)}
+    except (OSError, ValueError):
+        return
+    for row in rows:
+        counted = entry_counts(entries.get(row["model_call_id"])) if row["token_counts"] != "reported" else None
+        if counted is not None:
+            row["tokens_in"] = row["tokens_in"] if row["tokens_in"] is not None else counted[0]
+            row["tokens_out"] = row["tokens_out"] if row["tokens_out"] is not None else counted[1]
+            row["token_counts"] = "counted"
 
 
 def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, Any]], int]:

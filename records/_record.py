@@ -18,7 +18,7 @@ from ._models import (
     construct_checked,
 )
 from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
-from ._tokens import extract_token_stats
+from ._tokens import arrays_counts, entry_counts, extract_token_stats
 
 #: Raw payload fields; attached calls leave them out (they stay in the capture files).
 RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_raw"})
@@ -108,19 +108,6 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
 _RECORD_FIELDS = all_fields_set(ModelCallRecord)
 
 
-def arrays_counts(response: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
-    """Prompt and generated tokens counted from a reply's token arrays (vLLM's ``prompt_token_ids``
-    and each choice's ``token_ids``, as the token capture mode records them), None where absent."""
-    prompt = response.get("prompt_token_ids")
-    counted_in = len(prompt) if type(prompt) is list else None
-    choices = response.get("choices")
-    counted_out = None
-    if type(choices) is list and choices:
-        lengths = [len(ids) for choice in choices if type(choice) is dict and type(ids := choice.get("token_ids")) is list]
-        counted_out = sum(lengths) if len(lengths) == len(choices) else None
-    return counted_in, counted_out
-
-
 def fill_counts_from_entries(records: list[ModelCallRecord], entries: list[dict[str, Any]]) -> None:
     """Where usage was missing, the counts a call's training-token entry gives (the prompt is its
     ``cum_len`` less its generated ids): marked ``counted``."""
@@ -128,13 +115,11 @@ def fill_counts_from_entries(records: list[ModelCallRecord], entries: list[dict[
     for record in records:
         if record.token_counts == "reported" or (record.tokens_in is not None and record.tokens_out is not None):
             continue
-        entry = by_call.get(record.model_call_id)
-        generated = entry.get("generation_token_ids") if entry is not None else None
-        total = entry.get("cum_len") if entry is not None else None
-        if type(generated) is not list or type(total) is not int or total < len(generated):
+        counted = entry_counts(by_call.get(record.model_call_id))
+        if counted is None:
             continue
-        record.tokens_out = record.tokens_out if record.tokens_out is not None else len(generated)
-        record.tokens_in = record.tokens_in if record.tokens_in is not None else total - len(generated)
+        record.tokens_in = record.tokens_in if record.tokens_in is not None else counted[0]
+        record.tokens_out = record.tokens_out if record.tokens_out is not None else counted[1]
         record.tokens_total = record.tokens_in + record.tokens_out
         record.token_counts = "counted"
 #: JSON numbers for times and durations: not bools (``type(True) is bool``, not int).

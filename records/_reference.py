@@ -46,7 +46,7 @@ NAMES_ACROSS = (
     ("time to first token (ms)", "`latency_ttft_ms`", "`latency_ttft_ms`", "`ttft_ms`"),
     ("prompt tokens, cache included", "`response.usage` (its dialect's name)", "`tokens_in`", "`tokens_in`"),
     ("generated tokens", "`response.usage` (its dialect's name)", "`tokens_out`", "`tokens_out`"),
-    ("where the counts come from", "-", "`token_counts`", "-"),
+    ("where the counts come from", "-", "`token_counts`", "`token_counts`"),
     ("HTTP status the agent got", "`status_code`", "`status_code`", "`status_code`"),
     ("when the call began / ended", "`started_at` / `completed_at` (Unix s)", "`started_at` / `completed_at`",
      "`started_at` / `completed_at` (UTC timestamps)"),

@@ -6,7 +6,7 @@ floats. ``tokens_in`` is the whole prompt with cached tokens counted exactly onc
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 _CACHED_DETAIL_GROUPS = ("prompt_tokens_details", "input_tokens_details")
 _REASONING_DETAIL_GROUPS = ("output_tokens_details", "completion_tokens_details")
@@ -123,3 +123,26 @@ def extract_token_stats(usage: Any) -> dict[str, Any]:
 
 _NOTHING_REPORTED = {key: None for key in ("tokens_in", "tokens_out", "tokens_total", "tokens_reasoning",
                                            "cached_tokens", "cache_hit", "cache_creation_tokens")}
+
+
+def arrays_counts(response: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
+    """Prompt and generated tokens counted from a reply's token arrays (vLLM's ``prompt_token_ids``
+    and each choice's ``token_ids``, as the token capture mode records them), None where absent."""
+    prompt = response.get("prompt_token_ids")
+    counted_in = len(prompt) if type(prompt) is list else None
+    choices = response.get("choices")
+    counted_out = None
+    if type(choices) is list and choices:
+        lengths = [len(ids) for choice in choices if type(choice) is dict and type(ids := choice.get("token_ids")) is list]
+        counted_out = sum(lengths) if len(lengths) == len(choices) else None
+    return counted_in, counted_out
+
+
+def entry_counts(entry: Optional[dict[str, Any]]) -> Optional[tuple[int, int]]:
+    """(prompt, generated) tokens a training-token entry gives (the prompt is its ``cum_len`` less
+    its generated ids), or None when it gives none."""
+    generated = entry.get("generation_token_ids") if entry is not None else None
+    total = entry.get("cum_len") if entry is not None else None
+    if type(generated) is not list or type(total) is not int or total < len(generated):
+        return None
+    return total - len(generated), len(generated)

@@ -198,6 +198,17 @@ async def test_counts_where_usage_is_missing_come_from_the_token_modes_arrays_ma
     assert "reported no usage" in shown and f"counted from the token mode's arrays instead: call 0 in {counted.tokens_in}" in shown
     shown = CliRunner().invoke(main, ["show", str(tmp_path / "plain"), "r1"], prog_name="mcc").output
     assert "no token arrays were captured" in shown
+    # The Parquet export's rows count them the same way, and say so.
+    import pyarrow.parquet as pq
+
+    for directory, counts in (("tokens", "counted"), ("plain", None), ("forced", "reported")):
+        output = str(tmp_path / f"{directory}.parquet")
+        result = CliRunner().invoke(main, ["export", str(tmp_path / directory), "--format", "parquet", "-o", output],
+                                    prog_name="mcc")
+        assert result.exit_code == 0, result.output
+        (row,) = pq.read_table(output).to_pylist()
+        record = read_model_call_records(str(tmp_path / directory), "r1")[0]
+        assert (row["token_counts"], row["tokens_in"], row["tokens_out"]) == (counts, record.tokens_in, record.tokens_out)
 
 
 async def test_every_metric_the_sidecar_serves_is_in_the_operations_page(tmp_path):
