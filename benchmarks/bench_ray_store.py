@@ -68,7 +68,7 @@ def write_both(work: str, rollouts: int, calls: int) -> tuple[str, str, dict[str
         os.makedirs(segment_dir)
         sequence, pieces, size = 1, [], 0
 
-        def seal() -> None:
+        def seal(segment_dir: str = segment_dir) -> None:
             nonlocal sequence, pieces, size
             with open(os.path.join(segment_dir, f"{sequence:010d}.sealed"), "wb") as handle:
                 handle.write(b"".join(pieces))

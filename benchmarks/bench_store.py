@@ -142,7 +142,7 @@ def load_table(upstream: bench.Target, workdir: str, rounds: int, seconds: int) 
             sidecar = bench.start_sidecar(layout, upstream, spool, extra=extra)
             stop = threading.Event()
 
-            def sample(port: int = sidecar.port) -> None:
+            def sample(port: int = sidecar.port, stop: threading.Event = stop) -> None:
                 while not stop.is_set():
                     try:
                         lag = ready(port).get("upload_lag")
@@ -183,7 +183,7 @@ def load_table(upstream: bench.Target, workdir: str, rounds: int, seconds: int) 
     hot = {layout: statistics.median(run["loop"] + run["capture"] + run["kernel"] for run in runs)
            for layout, runs in cpu.items()}
     for layout, runs in cpu.items():
-        def median(part: str) -> float:
+        def median(part: str, runs: list = runs) -> float:
             return statistics.median(run[part] for run in runs)
         lines.append(f"| {layout} | {median('loop'):.1f} | {median('capture'):.1f} | {median('kernel'):.1f} | "
                      f"{hot[layout]:.1f} | {hot[layout] / hot['per-rollout']:.3f} | {median('uploader'):.1f} |")

@@ -101,6 +101,7 @@ def write_rollouts(directory: str, count: int, calls: int, tokens: int) -> None:
     files = TokenFiles(directory)
     for r in range(count):
         sequence, parent = list(range(1, 200)), None
+        previous: list[int] = []
         items = [{"role": "user", "content": "q"}]
         for c in range(calls):
             generated = [1000 + (r * 7 + c * 13 + k) % 30000 for k in range(tokens)]

@@ -58,7 +58,7 @@ class ChatReassembler(Reassembler):
     def __init__(self) -> None:
         super().__init__()
         self._envelope: dict[str, Any] = {}
-        self._envelope_missing = _ENVELOPE_KEYS
+        self._envelope_missing: tuple[str, ...] = _ENVELOPE_KEYS
         self._extras: dict[str, Any] = {}
         self._choices: list[dict[str, Any] | None] = []
         self._usage: Any = None
@@ -74,7 +74,7 @@ class ChatReassembler(Reassembler):
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """Per choice index: its generated ids and logprobs as the stream carried them; None when
         the logprobs were not collected whole (`collect_logprobs` off, or not vLLM's shape)."""
-        found = {}
+        found: dict[int, tuple[list[int] | None, list[float] | None]] = {}
         for index, arrays in self._arrays.items():
             if arrays.logprob_values is None:
                 return None
@@ -139,7 +139,7 @@ class ChatReassembler(Reassembler):
                     known = self._choices
                     if (key in _TEXT_KEYS and type(piece) is str and type(index) is int
                             and 0 <= index < len(known) and known[index] is not None):
-                        choice = known[index]
+                        choice: dict[str, Any] = known[index]  # type: ignore[assignment]  # not None: checked above
                         message, open_text = choice["message"], self._open_text
                         if (open_text is not None and open_text[0] is message and open_text[1] == key
                                 and len(open_text[2]) < JOIN_EVERY - 1):

@@ -227,6 +227,7 @@ class EventTemplate:
         a list of ints: its JSON is what is kept)."""
         while count:
             decoded: list[Any] = []
+            value: Any
             for column, kind in zip(columns, self.kinds):
                 if kind == TEXT:
                     good, value = _texts(column, count)
@@ -254,7 +255,7 @@ class EventTemplate:
 
     def write(self, columns: list[list[bytes]], count: int) -> bytes:
         """The client's bytes of ``count`` events of the run (`learn_output`)."""
-        segments, slots, _, _ = self.output  # type: ignore[misc]
+        segments, slots, _, _ = self.output  # type: ignore[misc]  # output is set once the template is learnt
         return written_rows(segments, [columns[slot] for slot in slots], count)
 
 

@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import orjson
 
-_scan_value = json.JSONDecoder().scan_once  # (text, index) -> (value, end): the C scanner.
-_scan_string = json.decoder.scanstring  # (text, index after the opening quote) -> (text, end)
+# The json module's C scanners, which typeshed does not declare.
+_scan_value = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # (text, index) -> (value, end)
+_scan_string = json.decoder.scanstring  # type: ignore[attr-defined]  # (text, index after the quote) -> (text, end)
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 #: A cut: the value at a path (keys and list positions) and the JSON that replaces it.
@@ -79,7 +80,8 @@ _KEYS = {name: b'"' + name.encode() + b'":' for name in (
 def spliced(data: Any, spans: list[tuple[int, int, Any]]) -> Any:
     """``data`` (bytes or text) with each span replaced."""
     spans.sort()
-    pieces, position = [], 0
+    pieces: list[Any] = []
+    position = 0
     for start, end, replacement in spans:
         pieces += (data[position:start], replacement)
         position = end
@@ -105,7 +107,7 @@ def _value_span(text: str, path: tuple[Any, ...]) -> Optional[tuple[int, int]]:
     characters.
     """
     try:
-        index = _SPACE.match(text, 0).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, 0).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
         for step in path:
             if type(step) is str:
                 index = _member(text, index, step)
@@ -123,20 +125,20 @@ def _member(text: str, index: int, name: str) -> Optional[int]:
     """Where the value of member ``name`` of the object at ``index`` starts."""
     if text[index] != "{":
         return None
-    index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+    index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
     while text[index] == '"':
         key, index = _scan_string(text, index + 1)
-        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
         if text[index] != ":":
             return None
-        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
         if key == name:
             return index
         _, index = _scan_value(text, index)
-        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
         if text[index] != ",":
             return None
-        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
     return None
 
 
@@ -144,11 +146,11 @@ def _element(text: str, index: int, position: int) -> Optional[int]:
     """Where element ``position`` of the list at ``index`` starts."""
     if text[index] != "[":
         return None
-    index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+    index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
     for _ in range(position):
         _, index = _scan_value(text, index)
-        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
         if text[index] != ",":
             return None
-        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+        index = _SPACE.match(text, index + 1).end()  # type: ignore[union-attr]  # the pattern matches the empty string: never None
     return index if text[index] != "]" else None

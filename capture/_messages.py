@@ -83,6 +83,7 @@ class MessagesReassembler(Reassembler):
 
     def _on_content_block_start(self, payload: dict[str, Any]) -> None:
         index, block = payload.get("index"), payload.get("content_block")
+        index = index if type(index) is int else -1  # grow_list refuses what is not a list index
         if isinstance(block, dict) and grow_list(self._blocks, index):
             self._blocks[index] = copy.deepcopy(block)
             if "input" in block and block.get("type") != "mcp_tool_result":
@@ -95,7 +96,7 @@ class MessagesReassembler(Reassembler):
         if block is None or type(delta) is not dict:
             return
         kind = delta.get("type")
-        field = _DELTA_TEXT_FIELDS.get(kind)  # type: ignore[arg-type]
+        field = _DELTA_TEXT_FIELDS.get(kind)  # type: ignore[arg-type]  # a missing type finds nothing
         if field is not None:
             piece = delta.get(field)
             if type(piece) is str:

@@ -28,6 +28,10 @@ class Reassembler:
     #: by ``id(value)`` (`AddedFieldCutter.written`): per-token lists reuse it instead of
     #: serialising the same value twice.
     written: dict[int, bytes] | None = None
+    #: The token capture mode's arrays (chat's reassembler collects each token's logprob as it is
+    #: parsed, `capture._chat`); the other dialects ignore them.
+    collect_logprobs = False
+    keep_logprob_entries = True
 
     def __init__(self) -> None:
         #: True once the dialect's terminal event has been seen (DESIGN §6).
@@ -87,7 +91,7 @@ class Reassembler:
         if not arrays:
             return None
         counts = {index: kept.count() for index, kept in arrays.items()}
-        return counts if all(count is not None for count in counts.values()) else None  # type: ignore[return-value]
+        return counts if all(count is not None for count in counts.values()) else None
 
     def feed_event(self, event: ServerSentEvent) -> None:
         """Fold one event into the state; events after the terminal are not part of the reply."""

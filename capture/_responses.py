@@ -117,7 +117,7 @@ class ResponsesReassembler(Reassembler):
             if self.error_category is None and isinstance(response, dict):
                 # vLLM 0.32 ends a capped stream with `response.completed` whose status is
                 # "incomplete" (OpenAI sends `response.incomplete`): the status decides (DESIGN §10).
-                self.error_category = _STATUS_CATEGORIES.get(response.get("status"))
+                self.error_category = _STATUS_CATEGORIES.get(str(response.get("status")))
         if isinstance(response, dict):
             self._final = response
             if self._text_logprobs:
@@ -136,7 +136,8 @@ class ResponsesReassembler(Reassembler):
                     parts[part_index]["logprobs"] = logprobs
 
     def _on_item(self, payload: dict[str, Any]) -> None:
-        item, index = payload.get("item"), payload.get("output_index")
+        item, index = payload.get("item"), payload.get("output_index")  # index: checked by grow_list
+        index = index if type(index) is int else -1
         if isinstance(item, dict) and grow_list(self._items, index):
             self._items[index] = copy.deepcopy(item)
 

@@ -112,9 +112,10 @@ class SSEParser:
         data_lines = self._data_lines
         for piece in pieces:
             if self._irregular:
-                piece = self._complete_line(piece)
-                if piece is None:
+                completed = self._complete_line(piece)
+                if completed is None:
                     continue
+                piece = completed
             line = piece.rstrip(b"\r\n")
             if not line:
                 if data_lines and not self._discarding:

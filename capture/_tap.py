@@ -297,7 +297,7 @@ class StreamTap:
                 payload = orjson.loads(event_data)
             except orjson.JSONDecodeError:
                 payload = None
-            cut = cutter.cut_part(part, event_type, event_data, payload)  # type: ignore[union-attr]
+            cut = cutter.cut_part(part, event_type, event_data, payload)  # type: ignore[union-attr]  # cutting only with a cutter
             if self._failure is None and not reassembler.terminal:
                 try:
                     if type(payload) is dict:
@@ -315,13 +315,13 @@ class StreamTap:
     def _cut_block(self, block: EventBlock) -> None:
         data = block.data
         if data is None:
-            self._put(self._cutter.cut_block(block))  # type: ignore[union-attr]
+            self._put(self._cutter.cut_block(block))  # type: ignore[union-attr]  # cutting only with a cutter
             return
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             payload = None
-        cut = self._cutter.cut_block(block, payload)  # type: ignore[union-attr]
+        cut = self._cutter.cut_block(block, payload)  # type: ignore[union-attr]  # cutting only with a cutter
         self._fold(block.event_type, data, payload)
         self._put(cut)
         if self._written:
@@ -416,7 +416,7 @@ class StreamTap:
         learnt = self._reassembler.learn_template(prefix, data, payload, event_type)
         template = learnt[0] if learnt is not None else None
         if template is not None and self._cutter is not None:
-            _, marked_part, marked_payload, markers = learnt  # type: ignore[misc]
+            _, marked_part, marked_payload, markers = learnt  # type: ignore[misc]  # learnt is not None when template is not
             cut = self._cutter.cut_template(marked_part, event_type, marked_part[len(prefix):], marked_payload)
             columns: list[list[bytes]] = [[] for _ in template.kinds]
             template.take([part], 0, columns)
@@ -473,7 +473,7 @@ class StreamTap:
         """The run at ``parts[at]`` taken by the first template it fits (cut, counted, folded): how
         many events, and whether a template's segments fit there at all."""
         fits = False
-        for template in self._templates:  # type: ignore[union-attr]
+        for template in self._templates:  # type: ignore[union-attr]  # templates are on while this runs
             count, columns = template.take_run(parts, at, template.shortest_run)
             fits = fits or count > 0
             if count < template.shortest_run:
@@ -486,7 +486,7 @@ class StreamTap:
             self._parser.took_plain(count * template.field_lines)
             cutter = self._cutter
             if cutter is not None:
-                _, _, cut_values, dropped = template.output  # type: ignore[misc]
+                _, _, cut_values, dropped = template.output  # type: ignore[misc]  # a template's output is set once it is learnt
                 self._put(template.write(columns, count))  # A run never completes a reply.
                 cutter.took_template_events(count, cut_values, dropped)
             try:
@@ -635,7 +635,7 @@ class BodyTap:
         category = categorize_status(status, body)
         if category is None and self._dialect == "responses":
             # A non-streaming Responses body says the same as the stream's terminal event would.
-            category = _STATUS_CATEGORIES.get(body.get("status"))
+            category = _STATUS_CATEGORIES.get(str(body.get("status")))
         return category
 
 

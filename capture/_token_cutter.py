@@ -116,7 +116,7 @@ class AddedFieldCutter:
             return b""
         if not spans:
             return block.raw
-        in_block = _spans_in_block(spans, block.data_spans, block.raw)  # type: ignore[arg-type]
+        in_block = _spans_in_block(spans, block.data_spans, block.raw)
         if in_block is None:
             self.uncut_events += 1
             return block.raw
@@ -145,7 +145,7 @@ class AddedFieldCutter:
         if len(spans) == 2:
             (a, b, first), (c, d, second) = sorted(spans)
             return b"".join((part[:a + offset], first, part[b + offset:c + offset], second, part[d + offset:], b"\n\n"))
-        return spliced(part, [(start + offset, end + offset, value) for start, end, value in spans]) + b"\n\n"  # type: ignore[union-attr]
+        return spliced(part, [(start + offset, end + offset, value) for start, end, value in spans]) + b"\n\n"
 
     # -- event templates (the tap's fast path, `capture._event_templates`) -------------------
 

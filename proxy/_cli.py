@@ -90,7 +90,7 @@ class _ServeCommand(click.Command):
         rows = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
         for title, names in SERVE_OPTION_GROUPS:
             with formatter.section(title):
-                formatter.write_dl([rows[name] for name in names if rows.get(name)])
+                formatter.write_dl([row for name in names if (row := rows.get(name))])
         grouped = {name for _, names in SERVE_OPTION_GROUPS for name in names}
         rest = [row for name, row in rows.items() if row and name not in grouped]
         if rest:  # --help itself
@@ -169,14 +169,16 @@ def serve(**options: Any) -> None:
         if not settings.reuse_port:
             logging.getLogger("mcc").warning("%s", message)
     if settings.workers > 1:
-        from .app._workers import supervise_workers  # Not at the top: a worker never needs it.
+        from .app import supervise_workers
 
         sys.exit(supervise_workers(settings, sys.argv[1:]))
     from .app import CannotServe, serve_forever
 
-    stand_in = None
-    if settings.stand_in:
-        from .standin import start_stand_in as stand_in
+    stand_in: Any = None
+    if settings.stand_in:  # Loaded only when asked for.
+        from .standin import start_stand_in
+
+        stand_in = start_stand_in
     try:
         _run(serve_forever(settings, settings.log_format, stand_in))
     except CannotServe as exc:

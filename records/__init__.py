@@ -115,7 +115,7 @@ from ._datasets import (
 )
 from ._store import CaptureStore, ReadResult
 from ._object_store import STORE_SCHEMES, ObjectStore, StoreUnavailable, is_store_url
-from ._store_view import (INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, SegmentDamaged, SegmentRead,
+from ._store_view import (MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, SegmentDamaged, SegmentRead,
                           compact_store, incomplete_name, manifest_name, merge_order, merge_writers, plan_segment_reads, segment_name,
                           segment_order, store_view, token_bundle_name, token_manifest_name)
 from ._token_records import (

@@ -96,7 +96,7 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
             counts = "counted"
     response_model, request_model = _str((response or {}).get("model")), _str((request or {}).get("model"))
     model = response_model or request_model
-    failure = line.get("failure") if isinstance(line.get("failure"), dict) else {}
+    failure: dict[str, Any] = line["failure"] if isinstance(line.get("failure"), dict) else {}
     return CallRow(
         rollout_id=rollout_id, call_index=call_index, model_call_id=_str(line.get("model_call_id")),
         dialect=_str(line.get("dialect")) or facts.shape, model=_str(model), status_code=_int(line.get("status_code")),

@@ -129,7 +129,7 @@ class FinishedRollout:
         if self._weight_versions is _UNREAD:
             self._weight_versions = _weight_versions_of(self.directory, self.rollout_id,
                                                         self._declared() if self._declared is not None else [])
-        return self._weight_versions  # type: ignore[no-any-return]
+        return self._weight_versions
 
 
 @dataclass
@@ -288,13 +288,13 @@ class _ConsumerView:
                         del self._log[:]  # One being written: read one by one below.
                         break
         while True:
-            found = self.room.read(f"{self._root}/log/{len(self._log) + 1:010d}.json")
-            if found is None:
+            record = self.room.read(f"{self._root}/log/{len(self._log) + 1:010d}.json")
+            if record is None:
                 return
             try:
-                self._log.append(orjson.loads(found[0]))
+                self._log.append(orjson.loads(record[0]))
             except orjson.JSONDecodeError:
-                if found[1] < _WRITING_SECONDS:
+                if record[1] < _WRITING_SECONDS:
                     return  # Its writer is writing it.
                 self._log.append({"kind": "void"})
 
@@ -454,7 +454,7 @@ class Consumer(_ConsumerView):
                     continue  # Not ended for this consumer yet: some sidecar still ships its calls.
                 if readiness == "incomplete":
                     self._incomplete.add(end.rollout_id)
-            if alone:
+            if key is None or size is None:  # (alone)
                 units.append(_Unit(end.rollout_id, [end], end.ended_at))
                 continue
             groups.setdefault(key, []).append(end)
@@ -473,7 +473,7 @@ class Consumer(_ConsumerView):
             if len(members) >= size:
                 units.append(_Unit(item, members, members[-1].ended_at, key))
             elif now - members[0].ended_at >= self.straggler_seconds:
-                present = {gym_member(end.rollout_id)[1] for end in members if gym_member(end.rollout_id)}  # type: ignore[index]
+                present = {gym_member(end.rollout_id)[1] for end in members if gym_member(end.rollout_id)}  # type: ignore[index]  # members here are Gym ids (checked in the condition)
                 missing = ([f"{key}-{index}" for index in range(size) if index not in present]
                            if all(gym_member(end.rollout_id) for end in members) and members[0].group is None else [])
                 units.append(_Unit(item, members, members[0].ended_at + self.straggler_seconds, key, True, missing))
@@ -533,7 +533,7 @@ class Consumer(_ConsumerView):
                                    _declared=self.room.declared_versions)
         current, max_staleness = self._currency
         versions = finished.weight_versions if current is not None else None
-        if versions is not None and versions["start"] is not None:
+        if current is not None and versions is not None and versions["start"] is not None:
             rank = version_rank([*versions["tokens"], current], self.room.declared_versions())
             if current in rank and versions["start"] in rank:
                 finished.staleness = max(0, rank[current] - rank[versions["start"]])

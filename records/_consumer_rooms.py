@@ -206,12 +206,13 @@ class StoreRoom:
         """Each created exclusively: on a ``segments://`` path as in a directory (one file, a hard
         link per name: `DirectoryRoom.create_many`), on an object store each by its own
         conditional put (an object store has no link); the names created."""
-        paths = {self.store.local_path(name): name for name in records}
-        if None in paths or len(records) < 2:
+        local = {name: self.store.local_path(name) for name in records}
+        paths = {path: name for name, path in local.items() if path is not None}
+        if len(paths) < len(records) or len(records) < 2:
             return {name for name, record in records.items() if self.create(name, orjson.dumps(record))}
-        os.makedirs(os.path.dirname(next(iter(paths))), exist_ok=True)  # type: ignore[arg-type]
+        os.makedirs(os.path.dirname(next(iter(paths))), exist_ok=True)
         self._created = True
-        return _create_linked(paths, records)  # type: ignore[arg-type]
+        return _create_linked(paths, records)
 
     def names(self, prefix: str) -> list[str]:
         return [name.rpartition("/")[2] for name in self.store.names(prefix)]

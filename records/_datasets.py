@@ -26,7 +26,7 @@ import inspect
 import math
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from ._call_rows import CALL_COLUMNS, call_row, with_arrow_times
 from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
@@ -97,10 +97,10 @@ def capture_files(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.
     with `records`' readers, but its loss is not silent (`mcc ls` and the attachment's gaps show it).
     A path that does not exist raises `FileNotFoundError`, as `CaptureStore` does.
     """
-    if not isinstance(paths, (list, tuple)):
-        paths = [paths]  # One directory, file or store (anything else is refused by `directory_of`).
+    # One directory, file or store, or several (anything else is refused by `directory_of`).
+    listed: list[Any] = list(paths) if isinstance(paths, (list, tuple)) else [paths]
     found: dict[str, int] = {}
-    for path in (directory_of(path, "capture_files") for path in paths):
+    for path in (directory_of(path, "capture_files") for path in listed):
         if os.path.isdir(path):
             for name in os.listdir(path):
                 for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX):
@@ -151,6 +151,13 @@ def group_files(files: list[tuple[str, int]], parallelism: int,
         groups[min(len(groups) - 1, int(middle * len(groups) / total)) if total else 0].append((file, size))
         start += size
     return [group for group in groups if group]
+
+
+def _reader(items: Sequence[Any], kind: str) -> "Callable[[], Iterator[pyarrow.Table]]":
+    """A read task's function: its items read as ``kind``."""
+    def read() -> Iterator["pyarrow.Table"]:
+        return read_items(items, kind)
+    return read
 
 
 def read_items(items: Sequence[Any], kind: str) -> Iterator["pyarrow.Table"]:
@@ -299,14 +306,14 @@ def _token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[str, An
     if os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
         # The token capture mode's lines leave their arrays to the token file: the reader's way.
         with gc_paused():
-            for index, line in store.iter_available(rollout_id):
+            for _, line in store.iter_available(rollout_id):
                 unreadable += line is None
             rows = [token_row(record) for record in iter_token_records(store, rollout_id)]
         return rows, unreadable
     rollout = RolloutTokenRows(rollout_id)
     with gc_paused():  # Token rows are many big lists: a collection pass per few hundred is pure cost.
-        for index, line in store.iter_raw_lines(rollout_id):
-            found = None if line is None else rollout.rows_of_line(line, index)
+        for index, raw in store.iter_raw_lines(rollout_id):
+            found = None if raw is None else rollout.rows_of_line(raw, index)
             if found is None:
                 unreadable += 1
             else:
@@ -337,7 +344,7 @@ def _call_token_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[st
         by_call.setdefault(record.call_index, []).append(record)
     rows = []
     for call in calls:
-        for record in by_call.get(call["call_index"]) or [None]:
+        for record in by_call.get(call["call_index"]) or [None]:  # type: ignore[list-item]  # None: a call without arrays
             row = dict(call)
             if record is None:
                 row.update(choice_index=0, prompt_token_ids=None, generation_token_ids=None, generation_log_probs=None,
@@ -406,7 +413,7 @@ def ray_dataset(paths: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.Pa
     except ImportError:
         raise ImportError("ray_dataset needs Ray Data: pip install 'ray[data]' (or install this package from its "
                           "checkout with its ray extra: pip install \"model-call-capture[ray] @ file:///path/to/checkout\")") from None
-    listed = list(paths) if isinstance(paths, (list, tuple)) else [paths]
+    listed: list[Any] = list(paths) if isinstance(paths, (list, tuple)) else [paths]
     stores = [path for path in listed if is_store_url(path)]
     files: list[tuple[Any, int]] = capture_files([path for path in listed if not is_store_url(path)]) if len(stores) < len(listed) else []
     for url in stores:  # Planned from the store's manifests alone; no task needs a volume another wrote.
@@ -453,7 +460,8 @@ def _capture_datasource() -> type:
         def estimate_inmemory_data_size(self) -> Optional[int]:
             return sum(size for _, size in self.files) or None
 
-        def get_read_tasks(self, parallelism: int, **options: Any) -> list[ReadTask]:
+        # Ray's own signature has changed across the releases this reads with (options, per_task_row_limit).
+        def get_read_tasks(self, parallelism: int, **options: Any) -> list[ReadTask]:  # type: ignore[override]  # as above
             schema = arrow_schema(_COLUMNS[self.kind] + ROLLOUT_COLUMNS)
             tasks = []
             for group in group_files(self.files, parallelism, self.target_bytes):
@@ -465,7 +473,7 @@ def _capture_datasource() -> type:
                 extra = {"schema": schema} if "schema" in task_takes else {}
                 if options.get("per_task_row_limit") is not None and "per_task_row_limit" in task_takes:
                     extra["per_task_row_limit"] = options["per_task_row_limit"]
-                tasks.append(ReadTask(lambda paths=paths, kind=self.kind: read_items(paths, kind), metadata, **extra))
+                tasks.append(ReadTask(_reader(paths, self.kind), metadata, **extra))
             return tasks
 
     return CaptureDatasource

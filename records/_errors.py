@@ -38,7 +38,7 @@ class MalformedCaptureLine(RecordsError, orjson.JSONDecodeError):
     def __str__(self) -> str:
         return self.args[0]
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (type(self), (self.path, self.line_number, self.reason, self.doc))
 
 

@@ -43,7 +43,7 @@ def mount_of(directory: str, mountinfo: Optional[str] = None) -> tuple[Optional[
         except OSError:
             return None, ""
     path = os.path.realpath(directory)
-    best, found = -1, (None, "")
+    best, found = -1, (None, "")  # type: tuple[int, tuple[Optional[str], str]]
     for line in mountinfo.splitlines():
         fields = line.split(" ")
         if " - " not in line or len(fields) < 5:
@@ -66,7 +66,7 @@ def load_syncfs() -> Optional[Callable[[int], int]]:
         return None
     syncfs.argtypes = [ctypes.c_int]
     syncfs.restype = ctypes.c_int
-    return syncfs  # type: ignore[no-any-return]
+    return syncfs
 
 
 def sync_filesystem(path: str) -> None:
@@ -154,7 +154,7 @@ class GroupSync:
                 return None
             fd = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
             try:
-                return call_syncfs(self._syncfs, fd)  # type: ignore[arg-type]
+                return call_syncfs(self._syncfs, fd)  # type: ignore[arg-type]  # set when it flushes
             finally:
                 os.close(fd)
         except OSError as exc:

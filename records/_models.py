@@ -133,7 +133,7 @@ def construct_checked(model: type[_M], values: dict[str, Any], fields_set: "AllF
     return instance
 
 
-class AllFieldsSet(set):  # type: ignore[type-arg]
+class AllFieldsSet(set):
     """``__pydantic_fields_set__`` shared by every instance `construct_checked` builds of one model.
 
     Every field of those instances is set, so one set serves them all; a set of 37 names per
@@ -151,7 +151,7 @@ class AllFieldsSet(set):  # type: ignore[type-arg]
         raise TypeError("the fields set of a record read from a capture file is shared; copy the record first")
 
     discard = remove = pop = clear = update = difference_update = intersection_update = _shared
-    symmetric_difference_update = __ior__ = __iand__ = __isub__ = __ixor__ = _shared  # type: ignore[assignment]
+    symmetric_difference_update = __ior__ = __iand__ = __isub__ = __ixor__ = _shared  # type: ignore[assignment]  # every mutator refuses: see _shared
 
     def __copy__(self) -> set[str]:
         return set(self)

@@ -135,8 +135,8 @@ class ObjectStore:
             self._fs.invalidate_cache()
             # Objects only: ``find`` may also give the prefix itself (a fresh prefix, listed as its
             # first object lands) or a folder marker, neither of which is an object to read.
-            relative = (path[len(base):].lstrip("/") for path in found)
-            return sorted(f"{prefix}/{name}" for name in relative if name and not name.endswith("/"))
+            inside = (path[len(base):].lstrip("/") for path in found)
+            return sorted(f"{prefix}/{name}" for name in inside if name and not name.endswith("/"))
         root = self._path(prefix)
         names = []
         for directory, _, files in os.walk(root):

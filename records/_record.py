@@ -58,7 +58,10 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         model = request.get("model") if request is not None else None
     response_id = response.get("id") if response is not None else None
     source = get("response_source")
-    started, completed, latency, ttft = get("started_at"), get("completed_at"), get("latency_ms"), get("latency_ttft_ms")
+    started: Any = get("started_at")  # Any: each is checked inline below (``type(v) in _NUMBERS``).
+    completed: Any = get("completed_at")
+    latency: Any = get("latency_ms")
+    ttft: Any = get("latency_ttft_ms")
     failure = get("failure")
     fields = {
         "cache_creation_tokens": tokens["cache_creation_tokens"],

@@ -176,7 +176,7 @@ def fields_of(cls: type) -> list[tuple[str, str]]:
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         names = list(cls.model_fields)
     else:
-        names = [field.name for field in dataclasses.fields(cls) if field.repr]  # type: ignore[arg-type]
+        names = [field.name for field in dataclasses.fields(cls) if field.repr]  # type: ignore[arg-type]  # a dataclass here (the models are taken above)
     found = [(name, _type_name(hints.get(name, Any))) for name in names if not name.startswith("_")]
     for name, member in inspect.getmembers(cls):
         if isinstance(member, property) and not name.startswith("_") and name not in dict(found):

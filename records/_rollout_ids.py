@@ -22,7 +22,7 @@ def is_valid_rollout_id(rollout_id: object) -> bool:
 def validate_rollout_id(rollout_id: object) -> str:
     """Return ``rollout_id`` unchanged, or raise `InvalidRolloutId` saying why it is refused."""
     if is_valid_rollout_id(rollout_id):
-        return rollout_id  # type: ignore[return-value]
+        return rollout_id  # type: ignore[return-value]  # is_valid_rollout_id checked it is a str
     shown = repr(rollout_id)
     if len(shown) > 80:
         shown = shown[:77] + "..."

@@ -184,7 +184,7 @@ def tool_call_ids_if_well_formed(response: dict[str, Any]) -> Optional[frozenset
     ids = [call.get("call_id") for call in facts.tool_calls]
     if any(not isinstance(call_id, str) or not call_id for call_id in ids):
         return None
-    return frozenset(ids)  # type: ignore[arg-type]
+    return frozenset(ids)  # type: ignore[arg-type]  # every id was checked a str just above
 
 
 # -- Responses ---------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ _Operation = tuple[str, Optional[str], Optional[str], Optional[str]]
 
 def _numbered(operations: list[_Operation]) -> list[ModelOperationObservation]:
     """Number the operations in order."""
-    numbered = []
+    numbered: list[ModelOperationObservation] = []
     append, shared = numbered.append, _SHARED_OPERATIONS
     for index, operation in enumerate(operations):
         if operation[1] is None:  # No call id: the same few recur in every record, so share them.
@@ -331,7 +331,7 @@ def _responses_operation(item: dict[str, Any]) -> Optional[_Operation]:
     kind = item.get("type")
     status = item.get("status")
     if kind == "message":
-        parts = item.get("content") if isinstance(item.get("content"), list) else []
+        parts: list[Any] = item["content"] if isinstance(item.get("content"), list) else []
         refused = any(isinstance(p, dict) and p.get("type") == "refusal" for p in parts)
         return _operation("refusal" if refused else "text", status=status)
     if kind == "reasoning":

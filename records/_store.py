@@ -16,7 +16,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 
@@ -198,7 +198,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_locked(path: str) -> bytes:
+def _read_locked(path: "str | os.PathLike[str]") -> bytes:
     """The whole file read under ``LOCK_SH``; empty when it does not exist (a rollout without calls).
 
     A capture directory that does not exist is said so (`FileNotFoundError`): a collector with a

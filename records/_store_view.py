@@ -243,11 +243,11 @@ def _parsed(local: Path, data: Optional[bytes] = None) -> Any:
 def _manifest(store: ObjectStore, cache: Path, name: str) -> dict[str, Any]:
     local = cache / name
     if str(local) in _PARSED or local.exists():
-        return _parsed(local)  # type: ignore[no-any-return]
+        return _parsed(local)
     data = store.get(name)
     local.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(local, data)
-    return _parsed(local, data)  # type: ignore[no-any-return]
+    return _parsed(local, data)
 
 
 def _segment(store: ObjectStore, cache: Path, manifest: dict[str, Any]) -> bytes:
@@ -394,7 +394,7 @@ class SegmentRead:
                 continue
             position = taken.get(rollout_id, 0)
             taken[rollout_id] = position + 1
-            yield rollout_id, indexes + position if type(indexes) is int else indexes[position], parsed
+            yield rollout_id, indexes + position if isinstance(indexes, int) else indexes[position], parsed
 
 
 def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
@@ -436,16 +436,17 @@ def plan_segment_reads(url: str) -> Optional[list[SegmentRead]]:
     for rollout_id, by_writer in streams.items():
         writers = [by_writer[writer] for writer in sorted(by_writer)]
         places = [[(read, k) for read, piece in pieces for k in range(len(piece))] for pieces in writers]
+        numbered: dict[int, list[int]] = {}  # By id(read): the list each read's indexes[rollout_id] is.
         for pieces in writers:
             for read, piece in pieces:
-                read.indexes[rollout_id] = [0] * len(piece)
+                read.indexes[rollout_id] = numbered[id(read)] = [0] * len(piece)
         merged = merge_order([[value for _, piece in pieces for value in piece] for pieces in writers])
         for call_index, (stream, position) in enumerate(merged):
             read, k = places[stream][position]
-            read.indexes[rollout_id][k] = call_index
+            numbered[id(read)][k] = call_index
         for pieces in writers:  # Lines that run on by one in a segment: its first says it.
             for read, _ in pieces:
-                found = read.indexes[rollout_id]
+                found = numbered[id(read)]
                 if found == list(range(found[0], found[0] + len(found))):
                     read.indexes[rollout_id] = found[0]
     incomplete = {marker.rpartition("/")[2] for marker in store.names(INCOMPLETE_OBJECTS)}

@@ -95,7 +95,8 @@ class RolloutTokenRows:
             rest, span = cut
             parsed = _loads_dict(rest)
             response = parsed.get("response") if parsed is not None else None
-            if (type(response) is dict and "prompt_token_ids" in response and response["prompt_token_ids"] is None
+            if (parsed is not None and type(response) is dict and "prompt_token_ids" in response
+                    and response["prompt_token_ids"] is None
                     and type(response.get("choices")) is list and response["choices"]):
                 prompt = self._prompt_of_json(span, call_index)
                 if prompt is not None:

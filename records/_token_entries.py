@@ -151,7 +151,7 @@ def check_token_entry(entry: Any) -> dict[str, Any]:
     for key in ("rollout_id", "model_call_id"):
         if not isinstance(entry.get(key), str):
             raise TokenEntryProblem(f"{key} is missing")
-    arrays = [entry.get(key) for key in ("prompt_token_ids", "generation_token_ids", "generation_log_probs")]
+    arrays: list[Any] = [entry.get(key) for key in ("prompt_token_ids", "generation_token_ids", "generation_log_probs")]
     if not all(isinstance(array, list) for array in arrays):
         raise TokenEntryProblem("a token array is missing")
     if len(arrays[1]) != len(arrays[2]):

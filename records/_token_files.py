@@ -34,7 +34,7 @@ from ._appender import fsync_directory
 from ._group_sync import GroupSync
 from ._rollout_ids import validate_rollout_id
 from ._paths import Captures, directory_of
-from ._token_entries import check_token_entry, entry_sequence
+from ._token_entries import check_token_entry
 
 TOKENS_SUFFIX = ".tokens.jsonl"
 _NEW_STATE = {"entry_digests": {}, "frozen": False, "incomplete": False, "indexed_size": 0, "retired": False,
@@ -276,7 +276,7 @@ class TokenFiles:
         except FileNotFoundError:
             size = 0
         digests = state.setdefault("entry_digests", {})
-        indexed = state.get("indexed_size") if isinstance(state.get("indexed_size"), int) else 0
+        indexed: int = state["indexed_size"] if isinstance(state.get("indexed_size"), int) else 0
         if indexed == size:
             return
         with open(path, "rb") as handle:

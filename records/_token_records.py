@@ -229,7 +229,7 @@ class TokenFileArrays:
     def _read_more(self) -> None:
         """Take in the entries written since the last read (a file still growing: `mcc tail`)."""
         from ._token_entries import token_digest
-        from ._token_files import entry_sequence
+        from ._token_entries import entry_sequence
 
         try:
             entries, self._offset = self._files.entries(self._rollout_id, self._offset)
@@ -457,7 +457,7 @@ def _responses_record(base: dict[str, Any], model: Optional[str], response: dict
         problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}"
                         + (": vLLM's Responses stream sends no logprob for a token whose text is empty (part of a"
                            " UTF-8 character); ask for the whole reply or use chat" if len(log_probs) < len(ids) else ""))
-    found = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
+    found: dict[str, Any] = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
     source = "vllm" if ids is not None else "missing"
     finish = _responses_finish(response, status)
     return TokenRecord.model_construct(
@@ -496,7 +496,7 @@ def _record(base: dict[str, Any], choice_index: int, model: Optional[str], finis
     source, ids, log_probs = _generation(message, choice or {}, problems)
     if ids is not None and log_probs is not None and len(ids) != len(log_probs):
         problems.append(f"generation_token_ids has {len(ids)} entries but generation_log_probs has {len(log_probs)}")
-    found = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
+    found: dict[str, Any] = {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": log_probs}
     # Validated above: construct without re-checking 64k numbers per call.
     return TokenRecord.model_construct(
         **base, choice_index=choice_index, model=model, finish_reason=finish_reason, source=source,

@@ -193,6 +193,8 @@ def _links(unique: list[dict[str, Any]], prompts: dict[str, list[int]], nodes: l
     for node in nodes:
         call_id = node.entry["model_call_id"]
         parent = node.parent.entry["model_call_id"] if node.parent is not None else None
+        status: str
+        reason: Optional[str]
         if call_id in conflicted:
             status, reason = "unlinked", "duplicate_call_id_conflict"
         elif node.quarantined:

@@ -46,12 +46,12 @@ def test_ls_lists_every_rollout_with_its_numbers(captures):
 def test_ls_filters_and_sorts(captures, tmp_path):
     with open(os.path.join(captures, "rollout-0009.capture.jsonl"), "wb") as handle:
         handle.write(chat_line(0) + chat_line(1))
-    assert [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--rollout", "*9").splitlines()] == ["rollout-0009"]
-    errors = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--error", "upstream_error").splitlines()]
+    assert [orjson.loads(line)["rollout_id"] for line in run("ls", captures, "--json", "--rollout", "*9").splitlines()] == ["rollout-0009"]
+    errors = [orjson.loads(line)["rollout_id"] for line in run("ls", captures, "--json", "--error", "upstream_error").splitlines()]
     assert errors == ["rollout-0000", "rollout-0001", "rollout-0002"]
-    by_calls = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--sort", "calls").splitlines()]
+    by_calls = [orjson.loads(line)["rollout_id"] for line in run("ls", captures, "--json", "--sort", "calls").splitlines()]
     assert by_calls[-1] == "rollout-0009", "biggest first: the 2-call rollout is last"
-    by_calls = [orjson.loads(l)["rollout_id"] for l in run("ls", captures, "--json", "--sort", "calls", "--reverse").splitlines()]
+    by_calls = [orjson.loads(line)["rollout_id"] for line in run("ls", captures, "--json", "--sort", "calls", "--reverse").splitlines()]
     assert by_calls[0] == "rollout-0009"
 
 

@@ -11,7 +11,7 @@ import pytest
 from capture import make_decoder
 
 from .codecs import COMPRESS, FAST_COMPRESS, zstd
-from .scripted_upstream import Script, json_script, split_every, sse_script
+from .scripted_upstream import json_script, split_every, sse_script
 from .transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
 from .wire import assert_raw_until_the_end, assert_same_reply, fetch, rollout_url
 

@@ -11,7 +11,6 @@ silent holding a rollout's calls holds it back for the writer bound, then it is 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import random

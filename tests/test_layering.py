@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 import subprocess
 import sys
 
@@ -38,3 +41,35 @@ def test_every_exported_name_exists(package):
     assert len(set(module.__all__)) == len(module.__all__)
     for name in module.__all__:
         assert hasattr(module, name), f"{package}.{name} is exported but missing"
+
+
+def test_every_package_door_is_pinned():
+    """What each package exports is decided, not drifted into: a name added to or dropped from a
+    door's ``__all__`` changes tests/doors.json in the same commit (regenerate it with
+    ``python -c "import tests.test_layering as t; t.write_doors()"`` and review the diff)."""
+    with open(_DOORS_FILE, encoding="utf-8") as handle:
+        pinned = json.load(handle)
+    assert sorted(pinned) == sorted(_doors()), "a package door is missing from tests/doors.json (or one is gone)"
+    for door, names in pinned.items():
+        assert sorted(importlib.import_module(door).__all__) == names, f"{door}.__all__ differs from tests/doors.json"
+
+
+_DOORS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doors.json")
+
+
+def _doors() -> list[str]:
+    """Every package of the three (a directory with an ``__init__.py``), by dotted name."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for top in ("proxy", "capture", "records"):
+        for directory, _, files in os.walk(os.path.join(root, top)):
+            if "__init__.py" in files and "__pycache__" not in directory:
+                found.append(os.path.relpath(directory, root).replace(os.sep, "."))
+    return sorted(found)
+
+
+def write_doors() -> None:
+    doors = {door: sorted(importlib.import_module(door).__all__) for door in _doors()}
+    with open(_DOORS_FILE, "w", encoding="utf-8") as handle:
+        json.dump(doors, handle, indent=1, sort_keys=True)
+        handle.write("\n")

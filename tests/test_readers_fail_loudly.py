@@ -75,7 +75,7 @@ def _modes(root) -> dict[str, int]:
     import stat
 
     found = {}
-    for directory, names, files in os.walk(root):
+    for directory, _, files in os.walk(root):
         found[os.path.relpath(directory, root)] = stat.S_IMODE(os.stat(directory).st_mode)
         for name in files:
             path = os.path.join(directory, name)

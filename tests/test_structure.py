@@ -137,10 +137,15 @@ def _in_package(module: str, package: str) -> bool:
 
 
 def is_private_to_others(importer: str, imported: str) -> bool:
-    """``imported`` has a private component outside the importer's own top-level package."""
-    if importer.split(".")[0] == imported.split(".")[0]:
-        return False
-    return any(part.startswith("_") for part in imported.split(".")[1:])
+    """``imported`` has a private component (``_name``) whose package the importer is not in: a
+    private module is its own package's (``proxy.http._checks`` is ``proxy.http``'s), whatever
+    top-level package the importer is in."""
+    parts = imported.split(".")
+    for position, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:position])
+            return not _in_package(importer, owner)
+    return False
 
 
 def test_every_module_imports_alone():

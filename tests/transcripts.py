@@ -89,8 +89,10 @@ def chat_chunk(choices: list[dict], usage: dict | None = None, **extra: object) 
 
 # vLLM's chat stream: `delta.reasoning` (newer releases), vLLM-only fields, usage on every chunk
 # (--enable-force-include-usage), keep-alive comments.
-_VLLM_USAGE = lambda completion: {"prompt_tokens": 20, "completion_tokens": completion, "total_tokens": 20 + completion,
-                                  "prompt_tokens_details": {"cached_tokens": 16}}
+def _VLLM_USAGE(completion: int) -> dict:
+    return {"prompt_tokens": 20, "completion_tokens": completion, "total_tokens": 20 + completion,
+            "prompt_tokens_details": {"cached_tokens": 16}}
+
 VLLM_CHAT_REASONING_USAGE_EVERY_CHUNK = b"".join([
     b": ping - 2026-01-01 00:00:00\n\n",
     chat_chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}], _VLLM_USAGE(0),

@@ -51,6 +51,7 @@ class WebSocketUpstream:
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(autoping=True)
         await socket.prepare(request)
+        warm: dict[str, list[Any]] = {}  # A prewarm's input, by its id: this socket's state.
         async with aiohttp.ClientSession() as http:
             async for message in socket:
                 if message.type != aiohttp.WSMsgType.TEXT:
@@ -61,9 +62,12 @@ class WebSocketUpstream:
                 if event.get("generate") is False:
                     response = {"id": f"resp_warm_{len(self.creates)}", "object": "response", "status": "completed",
                                 "model": body.get("model"), "output": []}
+                    warm[response["id"]] = _items(body.get("input"))
                     await socket.send_str(orjson.dumps({"type": "response.created", "response": response}).decode())
                     await socket.send_str(orjson.dumps({"type": "response.completed", "response": response}).decode())
                     continue
+                if body.get("previous_response_id") in warm:  # The socket's own warm context, not the stand-in's.
+                    body["input"] = [*warm[body.pop("previous_response_id")], *_items(body.get("input"))]
                 async with http.post(self.stand_in_url + "/v1/responses", data=orjson.dumps({**body, "stream": True}),
                                      headers={"Content-Type": "application/json",
                                               "X-Stand-In-Pace": str(self.pace)}) as reply:
@@ -71,6 +75,11 @@ class WebSocketUpstream:
                         if line.startswith(b"data: "):
                             await socket.send_str(line[len(b"data: "):].rstrip(b"\r\n").decode())
         return socket
+
+
+def _items(given: Any) -> list[Any]:
+    """A Responses ``input`` as a list of items."""
+    return [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
 
 
 async def sse_data(http: aiohttp.ClientSession, url: str, body: dict[str, Any], path: str = "/v1/responses") -> list[bytes]:
@@ -102,7 +111,7 @@ class RawSocket:
         reader, writer = await asyncio.open_connection(host, int(port))
         lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
                  f"Sec-WebSocket-Key: {cls.KEY.decode()}", "Sec-WebSocket-Version: 13",
-                 *([f"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"] if deflate else []),
+                 *(["Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"] if deflate else []),
                  *(f"{name}: {value}" for name, value in headers)]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         head = await reader.readuntil(b"\r\n\r\n")

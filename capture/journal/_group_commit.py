@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from queue import Empty, SimpleQueue
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from records import call_syncfs as _call_syncfs
 from records import filesystem_type, syncfs_flushes
@@ -108,6 +108,7 @@ class GroupCommitter:
 
     def _append_loop(self) -> None:
         queue, stopping, swept = self._queue, False, time.monotonic()
+        first: Any
         while not stopping:
             try:
                 first = queue.get(timeout=_SWEEP_SECONDS)
@@ -159,7 +160,9 @@ class GroupCommitter:
 
     def _append(self, batch: list[_Entry]) -> "_Appended":
         appended = _Appended(batch)
-        outcomes, by_path, lines = appended.outcomes, {}, [b""] * len(batch)
+        outcomes, lines = appended.outcomes, [b""] * len(batch)
+        by_path: dict[str, list[int]] = {}
+        made: Any
         for index, (path, make_line, _) in enumerate(batch):
             try:
                 made = make_line()

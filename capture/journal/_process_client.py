@@ -136,7 +136,7 @@ class CaptureProcess:
         if self._queued and self.ready and not self._lost:
             data = frame_lines(self._queued)
             self._queued.clear()
-            self._transport.write(data)  # type: ignore[union-attr]
+            self._transport.write(data)  # type: ignore[union-attr]  # ready implies connected
 
     def acknowledged(self, number: int, outcome: "float | BaseException", size: int) -> None:
         done = self._waiting.pop(number, None)

@@ -159,7 +159,7 @@ class _NotEncoded(Exception):
     """A `FIELDS` payload that is no line: acknowledged `NOT_ENCODED`, never appended."""
 
 
-def _commit(frames: list[tuple[int, str, bytes, int]], files: OpenFiles, syncfs: Optional[object]) -> bytes:
+def _commit(frames: list[tuple[int, str, bytes, int]], files: "OpenFiles | SegmentFiles", syncfs: Optional[object]) -> bytes:
     """Encode the lines sent as fields; append each file's lines in one write, one barrier for
     all; the acknowledgements."""
     outcomes: list[Outcome] = [0.0] * len(frames)
@@ -182,7 +182,7 @@ def _commit(frames: list[tuple[int, str, bytes, int]], files: OpenFiles, syncfs:
         held, new_directories = append_by_file(files, by_path, lines, outcomes)
         if held:
             whole = syncfs if len(held) > 1 else None
-            for (_, indexes), outcome in zip(held, make_durable([file.fd for file, _ in held], whole,  # type: ignore[arg-type]
+            for (_, indexes), outcome in zip(held, make_durable([file.fd for file, _ in held], whole,  # type: ignore[arg-type]  # syncfs is the loaded function or None
                                                                  new_directories)):
                 for i in indexes:
                     outcomes[i] = outcome

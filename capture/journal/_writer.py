@@ -132,8 +132,11 @@ class Journal:
                       on_writer_thread: bool = False) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""
         future: asyncio.Future[bool] = self._loop.create_future()
-        self.submit(rollout_id, build, size, lambda written: future.done() or future.set_result(written),
-                    on_writer_thread)
+        def settle(written: bool) -> None:
+            if not future.done():
+                future.set_result(written)
+
+        self.submit(rollout_id, build, size, settle, on_writer_thread)
         return await asyncio.shield(future)  # A cancelled handler still lets the line be written.
 
     async def close(self) -> None:
@@ -205,9 +208,13 @@ class Journal:
         first the lines it was never sent."""
         self._process = None
         threads, loop = self._threads(), self._loop
+        def settler(done: Callable[..., None]) -> Callable[[int, "float | BaseException"], None]:
+            def settle(size: int, outcome: "float | BaseException") -> None:
+                loop.call_soon_threadsafe(done, size, outcome)
+            return settle
+
         for path, payload, kind, done in unsent:
-            threads.submit(os.fsdecode(path), _line_of(payload, kind),
-                           lambda size, outcome, done=done: loop.call_soon_threadsafe(done, size, outcome))
+            threads.submit(os.fsdecode(path), _line_of(payload, kind), settler(done))
 
     # -- settling --------------------------------------------------------------------------------
 
@@ -227,7 +234,7 @@ class Journal:
         if self.write_problem is not None:
             log.warning("capture lines are written to %s again", self.capture_dir, extra={"path": self.capture_dir})
             self.write_problem = self._metrics.capture_write_problem = None
-        self._metrics.line_durable(size, outcome)  # type: ignore[arg-type]
+        self._metrics.line_durable(size, outcome)  # type: ignore[arg-type]  # a durable line's outcome is its time
         settled(True)
 
     async def _fail_then(self, settled: Callable[[bool], None], rollout_id: str, exc: BaseException) -> None:
@@ -268,7 +275,7 @@ def _payload(built: Built, size: int) -> tuple[bytes, int]:
 
 def _encoded(built: Built) -> Union[bytes, tuple[bytes, AlsoDurable]]:
     """A line for the writer threads: its fields encoded, else as built."""
-    return encode_capture_line(built) if type(built) is dict else built  # type: ignore[return-value]
+    return encode_capture_line(built) if type(built) is dict else built  # type: ignore[return-value]  # a dict becomes bytes; anything else is already a line
 
 
 def _line_of(payload: bytes, kind: int) -> Callable[[], bytes]:

@@ -42,5 +42,14 @@ __all__ = [
     "serve_forever",
     "start_sidecar",
     "stop_on_sigint_or_sigterm",
+    "supervise_workers",
     "utc_timestamp",
 ]
+
+
+def supervise_workers(settings: Settings, arguments: list[str]) -> int:
+    """`--workers N`: start and watch the worker processes (`proxy.app._workers`, loaded only here:
+    a worker never needs it)."""
+    from ._workers import supervise_workers as supervise
+
+    return supervise(settings, arguments)

@@ -212,7 +212,7 @@ class Settings(BaseModel):
                      "forward")
     @classmethod
     def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
-        choices, said = _CHOICES[info.field_name]  # type: ignore[index]
+        choices, said = _CHOICES[info.field_name]  # type: ignore[index]  # validated fields are named
         if value.lower() not in choices:
             raise ValueError(f"must be {said}")
         return value.lower()

@@ -302,9 +302,14 @@ class Sidecar:
             state = self.weight_versions.state()
             try:
                 store = self.ended_rollouts.store
-                await asyncio.get_running_loop().run_in_executor(
-                    None, *((note_declared_version_in_store, store) if store is not None
-                            else (note_declared_version, self.settings.capture_dir)), version, state["declared_at"])
+                if store is not None:
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, note_declared_version_in_store, store, version, state["declared_at"])
+                else:
+                    capture_dir = self.settings.capture_dir
+                    assert capture_dir is not None  # Ends are kept only where calls are captured.
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, note_declared_version, capture_dir, version, state["declared_at"])
             except Exception as exc:  # A store's refusal too: the declaration itself stands.
                 log.warning("cannot note the declared weight version in %s: %s",
                             self.settings.capture_store or self.settings.capture_dir, exc)

@@ -112,11 +112,11 @@ class _Worker:
     def _read_output(self) -> None:
         """Wait for the ready line (not shown: the supervisor prints its own), then pass the
         worker's later output through."""
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        line = self.process.stdout.readline()  # type: ignore[union-attr]  # started with stdout=PIPE
         if ready_url(line) is None:
             return
         self.ready.set()
-        for line in self.process.stdout:  # type: ignore[union-attr]
+        for line in self.process.stdout:  # type: ignore[union-attr]  # started with stdout=PIPE
             if line.startswith(DRAINED_MARK):
                 counts = orjson.loads(line[len(DRAINED_MARK):])
                 self.drained = (counts["finished"], counts["cut"])

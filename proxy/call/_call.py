@@ -70,7 +70,7 @@ async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connect
             # RFC 9112 §3.2.2: a server MUST accept the absolute-form (`GET http://host/v1/models`).
             # Its path is what is forwarded; its host is not: only the configured upstream is
             # ever reached, whatever the client names.
-            target = origin_form(target)  # type: ignore[assignment]
+            target = origin_form(target)  # type: ignore[assignment]  # None is answered just below
             if target is None:
                 send_local_reply(client, BAD_REQUEST_TARGET, "openai",
                                  "the request target must be a path or an http(s) URL; this sidecar only forwards "
@@ -371,14 +371,18 @@ class Call:
             return
         self.persisted = True
         self._terminal(exchange)
-        submit_line(self.ctx.journal, exchange, self.hooks, settled)  # type: ignore[arg-type]
+        submit_line(self.ctx.journal, exchange, self.hooks, settled)  # type: ignore[arg-type]  # persisted only with a journal
 
     async def _persist_now(self) -> None:
         """Complete the exchange and make its line durable; once per call."""
         if self.exchange is None or self.persisted:
             return
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._line_then(lambda written: future.done() or future.set_result(written))
+        def settle(written: bool) -> None:
+            if not future.done():
+                future.set_result(written)
+
+        self._line_then(settle)
         if not await asyncio.shield(future):  # A cancelled handler still lets the line be written.
             await self._before_reply_bytes()  # The line's barrier, which was to cover it, failed.
 
@@ -410,7 +414,7 @@ class Call:
         if exchange is None or self.persisted:
             # A reply whose line was made at its last meaningful event (docs/wire.md): the client
             # left before what follows it (`[DONE]`), having had all of it.
-            whole = isinstance(tap, StreamTap) and tap.terminal and exchange.category_override is None  # type: ignore[union-attr]
+            whole = isinstance(tap, StreamTap) and tap.terminal and exchange.category_override is None  # type: ignore[union-attr]  # the exchange is checked on the line above
             (self.metrics.left_after_end if whole else self.metrics.client_disconnects).inc()
             return
         if (isinstance(tap, StreamTap) and not self.ctx.cut_by_drain

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 if TYPE_CHECKING:
-    from ..http._server import Http1Connection
+    from ..http import Http1Connection
 
 #: Header that tells a client (and a human with curl) that the sidecar, not the model, answered.
 LOCAL_REPLY_HEADER = "x-mcc-local-response"

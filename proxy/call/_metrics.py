@@ -195,7 +195,8 @@ class LoopHistogram:
     def family(self) -> HistogramMetricFamily:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.label_names)
         for labels, series in self.series.items():
-            cumulative, buckets = 0, []
+            cumulative: float = 0
+            buckets: list[tuple[str, float]] = []
             for bound, count in zip((*self.bounds, float("inf")), series[:-1]):
                 cumulative += count
                 buckets.append((floatToGoString(bound), cumulative))

@@ -64,11 +64,11 @@ class _TapOutput(Relay):
         return tap.take_output()
 
     def behind(self, tap: StreamTap | BodyTap | None, data: bytes) -> bytes:
-        tap.feed(data)  # type: ignore[union-attr]
-        return tap.take_output()  # type: ignore[union-attr]
+        tap.feed(data)  # type: ignore[union-attr]  # the pump's tap is set where it feeds
+        return tap.take_output()  # type: ignore[union-attr]  # the pump's tap is set where it feeds
 
     def tail(self, tap: StreamTap | BodyTap | None) -> bytes:
-        return tap.close_output()  # type: ignore[union-attr]
+        return tap.close_output()  # type: ignore[union-attr]  # the pump's tap is set where it feeds
 
 
 AS_CAME = Relay()
@@ -207,7 +207,7 @@ class BodyPump:
         self.client.write(events)
         self.first_written = True
         exchange = self.exchange
-        if exchange is not None and exchange.latency_ttft_ms is None and self.tap.has_content:  # type: ignore[union-attr]
+        if exchange is not None and exchange.latency_ttft_ms is None and self.tap.has_content:  # type: ignore[union-attr]  # a stream has a tap
             exchange.mark_first_content()
 
     def _write_quiet(self, events: bytes, tap: StreamTap) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "header_value",
     "single_value",
     "say_refused_upgrade",
+    "upstream_problem",
     "upstream_request_headers",
     "websocket",
 ]

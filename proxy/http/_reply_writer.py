@@ -127,7 +127,7 @@ class ReplyWriter:
         if self._corked is not None:
             self._corked.append(data)
         else:
-            self.transport.write(data)  # type: ignore[union-attr]
+            self.transport.write(data)  # type: ignore[union-attr]  # set in connection_made, before any write
 
     def reply(self, status: int, reason: bytes, headers: Headers, body: bytes) -> None:
         """A whole reply with a Content-Length (local replies, the admin endpoints)."""

@@ -152,7 +152,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio gives a transport of the kind its protocol asked for
         if len(self._connections) >= self._max_connections:
             self.gone = True  # A flood: refused on arrival, before any byte is read.
             transport.close()

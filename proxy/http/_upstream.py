@@ -154,7 +154,7 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio gives a transport of the kind its protocol asked for
         sock = transport.get_extra_info("socket")
         try:
             self._probe = socket.socket(fileno=os.dup(sock.fileno())) if sock is not None else None
@@ -310,7 +310,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._ended and self._complete and self._keep_alive and not self.closed and not self._head_only:
             if self._paused:  # Reading again, to notice the upstream closing it while idle.
                 self._paused = False
-                self.transport.resume_reading()  # type: ignore[union-attr]
+                self.transport.resume_reading()  # type: ignore[union-attr]  # set in connection_made, before any read
             self._pool.give_back(self)
         else:
             self._close()
@@ -489,7 +489,7 @@ class UpstreamPool:
         except OSError as exc:
             raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
         self._all.add(connection)
-        return connection  # type: ignore[return-value]
+        return connection
 
     def give_back(self, connection: UpstreamConnection) -> None:
         if len(self._idle) >= MAX_IDLE:

@@ -204,7 +204,7 @@ class FrameReader:
         self._fragment_bytes += len(payload)
         if not fin:
             return None
-        opcode, data = self._message_opcode, b"".join(self._fragments)  # type: ignore[assignment]
+        opcode, data = self._message_opcode, b"".join(self._fragments)
         self._fragments, self._fragment_bytes, self._message_opcode = [], 0, None
         if self._compressed:
             data = self._inflate(data)

@@ -238,12 +238,12 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
     if as_json:
         verdicts = {record.call_index: record for record in iter_token_records(store, rollout_id)
                     if record.choice_index == 0 and (record.prompt_token_ids is not None or record.generation_token_ids is not None)}
-        for row in rows:
-            if not isinstance(row, CallRow):
-                click.echo(orjson.dumps({"rollout_id": rollout_id, "call_index": row, "unreadable": True}).decode())
+        for shown in rows:
+            if not isinstance(shown, CallRow):
+                click.echo(orjson.dumps({"rollout_id": rollout_id, "call_index": shown, "unreadable": True}).decode())
                 continue
-            values = row.as_dict()
-            record = verdicts.get(row.call_index)
+            values = shown.as_dict()
+            record = verdicts.get(shown.call_index)
             values.update(usable=record.usable if record else None, extends=record.extends if record else None,
                           drift_at=record.drift_at if record else None, drift_from=record.drift_from if record else None,
                           link=record.link if record else None, link_reason=record.link_reason if record else None,
@@ -258,8 +258,8 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                   "tool calls", "error", "training arrays"],
                  [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
                   [str(r), _UNREADABLE] for r in rows])
-    for line in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows), *_missing_count_lines(store, rollout_id, rows)]:
-        click.echo(line)
+    for said in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows), *_missing_count_lines(store, rollout_id, rows)]:
+        click.echo(said)
 
 
 def _missing_count_lines(store: CaptureStore, rollout_id: str, rows: list[Any]) -> list[str]:

@@ -101,9 +101,9 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         count = 0
         with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:
             for rid in rollout_ids:
-                rows = list(iter_call_rows(store, rid))
-                handle.writelines(otel_lines([(rid, rows)], compat=otel_compat))
-                count += len(rows)
+                calls = list(iter_call_rows(store, rid))
+                handle.writelines(otel_lines([(rid, calls)], compat=otel_compat))
+                count += len(calls)
                 bar.update(1)
         click.echo(f"wrote {output}: {count:,} calls in {len(rollout_ids):,} traces")
         return
@@ -113,7 +113,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         return
     # The rows a `--ray` export's read tasks give (`records.rollout_rows_of`): one schema for one command.
     dataset_kind = "call_tokens" if token_arrays else "calls"
-    rows = []
+    rows: list[dict[str, Any]] = []
     with progress(len(rollout_ids), "reading") as bar:
         for rid in rollout_ids:
             found = rollout_rows_of(store.capture_dir, rid, dataset_kind)

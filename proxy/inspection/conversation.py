@@ -29,8 +29,8 @@ Message = dict[str, Any]
 
 def conversation_of(line: dict[str, Any]) -> dict[str, Any]:
     """The call's request and reply as messages (see the module docstring)."""
-    request = line.get("request") if isinstance(line.get("request"), dict) else {}
-    response = line.get("response") if isinstance(line.get("response"), dict) else {}
+    request = line["request"] if isinstance(line.get("request"), dict) else {}
+    response = line["response"] if isinstance(line.get("response"), dict) else {}
     dialect = line.get("dialect")
     reader = _READERS.get(dialect if isinstance(dialect, str) else "", _guess_reader(request, response))
     messages, reply = reader(request, response)
@@ -89,7 +89,7 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
 def _offered_tools(request: dict[str, Any]) -> list[str]:
     names = []
     for tool in _dicts(request.get("tools")):
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool["function"] if isinstance(tool.get("function"), dict) else tool
         name = function.get("name") or tool.get("type")
         if isinstance(name, str):
             names.append(name)
@@ -139,7 +139,7 @@ def _chat_message(message: dict[str, Any]) -> Message:
     if isinstance(message.get("refusal"), str):
         parts.append(_part("text", "(refusal) " + message["refusal"]))
     for call in _dicts(message.get("tool_calls")):
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call["function"] if isinstance(call.get("function"), dict) else {}
         parts.append(_part("tool_call", _arguments(function.get("arguments")), name=function.get("name"),
                            call_id=call.get("id")))
     return {"role": role, "parts": parts}
@@ -149,7 +149,7 @@ def _plain(content: Any) -> str:
     """A tool result's content as text (a string, or the texts of its parts)."""
     if isinstance(content, str):
         return content
-    texts = [piece.get("text") for piece in _dicts(content) if isinstance(piece.get("text"), str)]
+    texts = [piece["text"] for piece in _dicts(content) if isinstance(piece.get("text"), str)]
     return "\n".join(texts) if texts else _json(content)
 
 
@@ -157,7 +157,7 @@ def _chat(request: dict[str, Any], response: dict[str, Any]) -> tuple[list[Messa
     messages = [_chat_message(m) for m in _dicts(request.get("messages"))]
     reply = []
     for number, choice in enumerate(_dicts(response.get("choices"))):
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = choice["message"] if isinstance(choice.get("message"), dict) else {}
         reply.append({**_chat_message({"role": "assistant", **message}), "choice": choice.get("index", number)})
     return messages, reply
 
@@ -197,7 +197,7 @@ def _responses_items(items: Any) -> list[Message]:
             else:
                 messages.append({"role": role, "parts": _openai_content(item.get("content"))})
         elif kind == "reasoning":
-            texts = [s.get("text") for s in _dicts(item.get("summary")) + _dicts(item.get("content"))
+            texts = [s["text"] for s in _dicts(item.get("summary")) + _dicts(item.get("content"))
                      if isinstance(s.get("text"), str)]
             if texts:
                 assistant()["parts"].append(_part("reasoning", "\n\n".join(texts)))

@@ -108,13 +108,13 @@ def _nanos(seconds: Optional[float]) -> str:
 def _rollout_span(rollout_id: str, rows: list[CallRow], trace_id: str, span_id: str) -> dict[str, Any]:
     """The rollout as the trace's root: from its first call's start to its last call's end."""
     starts = [row.started_at for row in rows if row.started_at is not None]
-    ends = [row.completed_at or row.started_at for row in rows if (row.completed_at or row.started_at) is not None]
+    ends = [end for end in (row.completed_at or row.started_at for row in rows) if end is not None]
     errors = sum(1 for row in rows if row.error_category)
     attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": rollout_id,
                   "mcc.rollout_id": rollout_id, "mcc.calls": len(rows), "mcc.errors": errors}
     return {
         "traceId": trace_id, "spanId": span_id, "name": f"rollout {rollout_id}", "kind": 1,  # SPAN_KIND_INTERNAL
-        "startTimeUnixNano": _nanos(min(starts, default=None)), "endTimeUnixNano": _nanos(max(ends, default=None)),
+        "startTimeUnixNano": _nanos(min(starts) if starts else None), "endTimeUnixNano": _nanos(max(ends) if ends else None),
         "attributes": _attributes(attributes),
         "status": {"code": 2, "message": f"{errors} of {len(rows)} calls failed"} if errors else {"code": 1},
     }

@@ -183,8 +183,10 @@ def _trimmed(value: Any) -> Any:
 
 def run_summary(rollouts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The numbers on top of the page, computed here so the page does no heavy lifting."""
-    latencies, ttfts, errors = [], [], {}
-    totals = {"calls": 0, "rollouts": 0, "tokens_in": None, "cached_tokens": None, "tokens_out": None,
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    errors: dict[str, int] = {}
+    totals: dict[str, Any] = {"calls": 0, "rollouts": 0, "tokens_in": None, "cached_tokens": None, "tokens_out": None,
               "unreadable": 0, "incomplete": 0}
     slowest: list[tuple[float, str, int]] = []
     failed: dict[str, list[tuple[str, int]]] = {}

@@ -196,17 +196,18 @@ class _StatsAccumulator:
             if type(usage) is dict and usage:
                 stats.calls_with_usage += 1
                 tokens_in, tokens_out, tokens_reasoning, cached = usage_counts(usage)
+                # The totals are ints until `finish` (None there: nothing reported).
                 if tokens_in is not None:
-                    stats.tokens_in += tokens_in
+                    stats.tokens_in += tokens_in  # type: ignore[operator]  # an int until finish
                 if tokens_out is not None:
-                    stats.tokens_out += tokens_out
+                    stats.tokens_out += tokens_out  # type: ignore[operator]  # an int until finish
                 if tokens_reasoning is not None:
-                    stats.tokens_reasoning += tokens_reasoning
+                    stats.tokens_reasoning += tokens_reasoning  # type: ignore[operator]  # an int until finish
                     self.reasoning_reported += 1
                 if cached is not None:
                     self.cache_reported += 1
                     self.cache_hits += cached > 0
-                    stats.cached_tokens += cached
+                    stats.cached_tokens += cached  # type: ignore[operator]  # an int until finish
                     self.prompt_tokens_with_cache += tokens_in or 0
             shape = response_shape(response)
             finish = finish_reason_of(response, shape)
@@ -220,7 +221,9 @@ class _StatsAccumulator:
             if tool_calls:
                 stats.tool_calls += len(tool_calls)
                 stats.tool_calls_with_invalid_arguments += invalid_arguments(tool_calls)
-        latency, ttft, category = get("latency_ms"), get("latency_ttft_ms"), get("error_category")
+        latency: Any = get("latency_ms")  # Any: checked inline below
+        ttft: Any = get("latency_ttft_ms")
+        category = get("error_category")
         if type(latency) in _NUMBERS:
             self.latencies.append(latency)
         if type(ttft) in _NUMBERS:
@@ -280,7 +283,7 @@ class _StatsAccumulator:
         if not self.reasoning_reported:
             stats.tokens_reasoning = None
         stats.cache_hit_ratio = self.cache_hits / self.cache_reported if self.cache_reported else None
-        stats.cached_token_ratio = stats.cached_tokens / self.prompt_tokens_with_cache if self.prompt_tokens_with_cache else None
+        stats.cached_token_ratio = (stats.cached_tokens or 0) / self.prompt_tokens_with_cache if self.prompt_tokens_with_cache else None
         stats.turns_per_rollout = {"min": min(self.turns, default=None), **percentiles(self.turns), "max": max(self.turns, default=None)}
         return stats
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import brotli
 
 try:
-    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
+    from compression import zstd  # Python 3.14+
 except ImportError:
     from backports import zstd
 

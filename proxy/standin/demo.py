@@ -79,14 +79,14 @@ async def _drive(sidecar_url: str) -> None:
     messages = AsyncAnthropic(base_url=f"{sidecar_url}/ng-rollout/demo-messages", api_key="demo-key", max_retries=0)
     message = await messages.messages.create(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "Hello, Claude-shaped stand-in."}])
     _said("messages", False, "".join(block.text for block in message.content if block.type == "text"))
-    async with messages.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "Stream it."}]) as stream:
-        final = await stream.get_final_message()
+    async with messages.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "Stream it."}]) as events:
+        final = await events.get_final_message()
     _said("messages", True, "".join(block.text for block in final.content if block.type == "text"))
 
     await _tool_round_trip(openai_client("demo-tools"))
     await _rl_generation(openai_client("demo-rl"))
-    completion = await openai_client("demo-completions").completions.create(model=MODEL, prompt="def multiply(a, b):")
-    _said("completions", False, completion.choices[0].text)
+    legacy = await openai_client("demo-completions").completions.create(model=MODEL, prompt="def multiply(a, b):")
+    _said("completions", False, legacy.choices[0].text)
     # The same two turns under the template that drops the model's reasoning (as Qwen3's does).
     drifting = AsyncOpenAI(base_url=f"{sidecar_url}/ng-rollout/demo-rl-drift/v1", api_key="demo-key", max_retries=0,
                            default_headers={"X-Stand-In-Template": "drop-reasoning"})

@@ -74,7 +74,7 @@ class TokenOptions:
         """Completions: ``logprobs`` is the number of alternatives (0: the sampled token's only)."""
         logprobs = body.get("logprobs")
         asked = isinstance(logprobs, int) and not isinstance(logprobs, bool) and 0 <= logprobs <= 20
-        return cls(asked, max(1, logprobs) if asked else 0, bool(body.get("return_token_ids")),
+        return cls(asked, max(1, logprobs) if isinstance(logprobs, int) and asked else 0, bool(body.get("return_token_ids")),
                    bool(body.get("return_tokens_as_token_ids")))
 
 

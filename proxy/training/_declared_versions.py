@@ -58,7 +58,7 @@ class WeightWatch:
         unplaced = False
         per_choice = []
         for index in choice_indexes:
-            spans = [{"version": self.start_version, "start": 0, "end": None}]
+            spans: list[dict[str, Any]] = [{"version": self.start_version, "start": 0, "end": None}]
             for version, counts in self.changes:
                 at = counts.get(index, 0) if counts is not None else None
                 if at is None:

@@ -22,7 +22,7 @@ from capture import render_requests, tokenized_ids
 from ..http import Headers, UpstreamBroke, WholeBody
 
 if TYPE_CHECKING:
-    from ..call import Call
+    from ..call import CallView
 
 log = logging.getLogger("mcc.proxy")
 
@@ -47,7 +47,7 @@ class PrefixSupply:
     def __init__(self) -> None:
         self.renders = True
 
-    async def prepare(self, call: "Call", request: dict[str, Any], parent_call_id: str,
+    async def prepare(self, call: "CallView", request: dict[str, Any], parent_call_id: str,
                       parent_sequence: list[int]) -> tuple[Optional[SuppliedPrefix], str]:
         """(the prefix to send, "") or (None, why not)."""
         renders = render_requests(request)
@@ -82,7 +82,7 @@ class PrefixSupply:
         return (SuppliedPrefix(prompt, parent_call_id), "") if prompt else (None, why)
 
     @staticmethod
-    async def _render(call: "Call", target: bytes, headers: Headers, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def _render(call: "CallView", target: bytes, headers: Headers, body: dict[str, Any]) -> tuple[int, bytes]:
         reply = await call.ctx.upstream.request("POST", target, headers, orjson.dumps(body), True)
         sink = WholeBody()
         reply.attach(sink)

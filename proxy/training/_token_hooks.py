@@ -35,7 +35,7 @@ from ._token_mode import REFUSAL_STATUSES, TokenMode
 if TYPE_CHECKING:
     from capture.journal import Built
 
-    from ..call import Call, CallExchange, SidecarMetrics
+    from ..call import CallExchange, CallView, SidecarMetrics
 
 
 class TokenTraining:
@@ -86,7 +86,7 @@ class TokenHooks(CallHooks):
 
     # -- phase: request body ---------------------------------------------------------------------
 
-    async def request_body(self, call: "Call", body: bytes) -> bytes:
+    async def request_body(self, call: "CallView", body: bytes) -> bytes:
         body = self._add_fields(call, body)
         # The call's lineage and its intent (DESIGN §12) are prepared while the request goes
         # upstream, and awaited before the agent gets a byte of the reply (issue 34); prefix
@@ -97,7 +97,7 @@ class TokenHooks(CallHooks):
             body = await self._supply_prefix(call, body)
         return body
 
-    def _add_fields(self, call: "Call", body: bytes) -> bytes:
+    def _add_fields(self, call: "CallView", body: bytes) -> bytes:
         """The body to send: the agent's own, or with the mode's fields added. A compressed body
         (Codex CLI compresses with zstd) is decoded, the fields added, and sent identity-encoded
         (`upstream_request` drops its Content-Encoding); the agent's own bytes are what a refusal
@@ -117,17 +117,17 @@ class TokenHooks(CallHooks):
             # The lineage reads it (`_plan_entry_soon`), and the line: decoded once, here.
             self.agent_request = parse_json_object(body) or {}
             if self.agent_request:
-                exchange.parsed_request = self.agent_request  # type: ignore[union-attr]
-        plan = self.training.mode.plan(exchange.dialect, headers, body)  # type: ignore[union-attr]
+                exchange.parsed_request = self.agent_request  # type: ignore[union-attr]  # the call has an exchange in this phase
+        plan = self.training.mode.plan(exchange.dialect, headers, body)  # type: ignore[union-attr]  # token mode is on in this hook
         if plan is None:
             return own
         self.sent_identity = coding is not None
         self.fields, self.agent_request, sent = plan
-        exchange.added_request_fields = self.fields  # type: ignore[union-attr]
-        exchange.parsed_request = self.agent_request  # type: ignore[union-attr]
+        exchange.added_request_fields = self.fields  # type: ignore[union-attr]  # the call has an exchange in this phase
+        exchange.parsed_request = self.agent_request  # type: ignore[union-attr]  # the call has an exchange in this phase
         return sent
 
-    def _plan_entry_soon(self, call: "Call") -> None:
+    def _plan_entry_soon(self, call: "CallView") -> None:
         """Start `TokenCapture.prepare` on a worker thread beside the call's own work. Handed over
         at once, not from a task: the intent's flush is on the way to the agent's first byte."""
         exchange = call.exchange
@@ -160,7 +160,7 @@ class TokenHooks(CallHooks):
             await planning
             self._keep_plan(planning)  # Awaiting a future already done goes on before its callbacks.
 
-    async def _supply_prefix(self, call: "Call", body: bytes) -> bytes:
+    async def _supply_prefix(self, call: "CallView", body: bytes) -> bytes:
         """``body`` with the parent's exact prompt ids supplied (``--supply-prefix``), for a chat
         call whose lineage resolved a parent; else ``body`` (DESIGN §12, issue 32)."""
         exchange, supply, metrics = call.exchange, self.training.prefix_supply, self.training.metrics
@@ -185,7 +185,7 @@ class TokenHooks(CallHooks):
 
     # -- phases: upstream request, upstream head ---------------------------------------------------
 
-    def upstream_request(self, call: "Call", headers: Headers) -> Headers:
+    def upstream_request(self, call: "CallView", headers: Headers) -> Headers:
         """``X-Session-ID: <rollout_id>`` (issue 32): vLLM 0.33 routes and caches a session's calls
         together by it; other servers ignore it. An agent's own header is kept. A body the mode
         decoded to add its fields goes identity-encoded (`_add_fields`)."""
@@ -196,13 +196,13 @@ class TokenHooks(CallHooks):
             return headers
         return [*headers, (b"X-Session-ID", rollout_id.encode("latin-1", "replace"))]
 
-    async def upstream_head(self, call: "Call", reply: UpstreamReply) -> UpstreamReply:
+    async def upstream_head(self, call: "CallView", reply: UpstreamReply) -> UpstreamReply:
         if self._must_resend(reply):
             reply = await self._resend_own_request(call, reply)
         await self._planned()
         return reply
 
-    async def upstream_failed(self, call: "Call") -> None:
+    async def upstream_failed(self, call: "CallView") -> None:
         await self._planned()
 
     def _must_resend(self, upstream: UpstreamReply) -> bool:
@@ -211,7 +211,7 @@ class TokenHooks(CallHooks):
         added = self.fields is not None or self.prefix is not None
         return added and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
 
-    async def _resend_own_request(self, call: "Call", upstream: UpstreamReply) -> UpstreamReply:
+    async def _resend_own_request(self, call: "CallView", upstream: UpstreamReply) -> UpstreamReply:
         """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
         get is learnt (those fields are not added again); a compressed reply is not a refusal: the
         mode stays on, this call goes without arrays, and the sidecar says so once."""
@@ -246,21 +246,21 @@ class TokenHooks(CallHooks):
 
     # -- phases: the reply -------------------------------------------------------------------------
 
-    def reply_cutter(self, call: "Call", reply: UpstreamReply) -> Optional[AddedFieldCutter]:
+    def reply_cutter(self, call: "CallView", reply: UpstreamReply) -> Optional[AddedFieldCutter]:
         """The cutter of a successful reply to a request with added fields, else None."""
         if self.fields is None or not 200 <= reply.status < 300 or call.exchange is None:
             return None
         self.cutter = AddedFieldCutter(call.exchange.dialect, self.fields, self.agent_request)
         return self.cutter
 
-    async def before_reply_bytes(self, call: "Call") -> None:
+    async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
         disk (DESIGN §12: durable before the agent gets a byte of the reply)."""
         plan = self.plan
         if plan is not None and plan.intent_unflushed is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.training.token_capture.flush_intent, plan)
 
-    def reply_done(self, call: "Call") -> None:
+    def reply_done(self, call: "CallView") -> None:
         """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
         if self.cutter is None or not self.cutter.uncut_events:
             return
@@ -274,7 +274,7 @@ class TokenHooks(CallHooks):
     # -- phase: line (on the loop or a writer thread) -------------------------------------------
 
     @property
-    def line_on_writer_thread(self) -> bool:  # type: ignore[override]
+    def line_on_writer_thread(self) -> bool:  # type: ignore[override]  # a property where the base has a class attribute
         """A line with a plan writes its entries first, in its barrier: on the writer threads."""
         return self.plan is not None
 

@@ -97,7 +97,8 @@ def _put_back_logprobs(response: dict[str, Any], collected: dict[int, Any]) -> N
         if not isinstance(choice, dict):
             continue
         logprobs = choice.get("logprobs")
-        floats = collected.get(choice.get("index"), (None, None))[1]
+        index = choice.get("index")
+        floats = collected.get(index, (None, None))[1] if type(index) is int else None
         if floats is not None and isinstance(logprobs, dict) and logprobs.get("content") is None:
             choice["logprobs"] = {**logprobs, "content": [{"logprob": value} for value in floats]}
 

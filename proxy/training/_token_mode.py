@@ -95,7 +95,7 @@ def refused_fields(fields: dict[str, Any], error_body: bytes) -> list[str]:
                        for step in item["loc"] if type(step) is str}
             if located:
                 return [name for name in fields if name in located]
-        inner = error.get("error") if type(error.get("error")) is dict else error
+        inner: dict[str, Any] = error["error"] if type(error.get("error")) is dict else error
         param = inner.get("param")
         if type(param) is str and param:
             return [name for name in fields if name == param]

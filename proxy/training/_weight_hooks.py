@@ -13,7 +13,7 @@ from ..call import CallHooks
 from ._declared_versions import DeclaredWeightVersions, WeightWatch
 
 if TYPE_CHECKING:
-    from ..call import Call, CallExchange
+    from ..call import CallExchange, CallView
     from ..http import Headers
 
 
@@ -26,12 +26,12 @@ class WeightVersionHooks(CallHooks):
         self.board = board
         self.watch: Optional[WeightWatch] = None
 
-    def upstream_request(self, call: "Call", headers: "Headers") -> "Headers":
+    def upstream_request(self, call: "CallView", headers: "Headers") -> "Headers":
         if self.watch is None and call.exchange is not None:
             self.watch = self.board.watch(call.exchange)
         return headers
 
-    def terminal(self, call: "Call") -> None:
+    def terminal(self, call: "CallView") -> None:
         if self.watch is not None:
             self.watch.stop()
 

@@ -280,14 +280,14 @@ class Bridge:
                                                                                      body.get("input"), response))
         request = ServerRequest("POST", self.request.target, self._post_headers, True, True)
         request.body = dumps_body(body)
-        await forward(_WithHook(self.ctx, SocketFacts(facts)), request, frames)  # type: ignore[arg-type]
+        await forward(_WithHook(self.ctx, SocketFacts(facts)), request, frames)  # type: ignore[arg-type]  # a call view with the hooks this forward needs
 
     async def _prewarm(self, body: dict[str, Any], facts: dict[str, Any]) -> None:
         """``generate: false``: nothing is generated; the socket answers at once, remembers the
         input for the response that chains to it, and the line says it was a local prewarm."""
         facts["prewarm"] = True
         response_id = "resp_" + uuid.uuid4().hex
-        response = {"id": response_id, "object": "response", "created_at": int(time.time()), "status": "completed",
+        response: dict[str, Any] = {"id": response_id, "object": "response", "created_at": int(time.time()), "status": "completed",
                     "model": body.get("model"), "output": [], "usage": None}
         self.conversation.remember(response_id, body.get("input"), response)
         record = (SocketCall(self.ctx, self.route.rollout_id, self.request, body, facts)

@@ -58,10 +58,10 @@ class SocketCall:
         """One server message; True when it ends the response."""
         exchange = self.exchange
         exchange.mark_first_content()
-        exchange.tap.feed(as_sse_event(payload, event))  # type: ignore[union-attr]
+        exchange.tap.feed(as_sse_event(payload, event))  # type: ignore[union-attr]  # a socket call's exchange has a tap
         kind = event.get("type") if event is not None else None
-        if kind == "error" and type(event.get("status")) is int:  # type: ignore[union-attr]
-            exchange.status_code = exchange.upstream_status_code = event["status"]  # type: ignore[index]
+        if kind == "error" and type(event.get("status")) is int:  # type: ignore[union-attr]  # kind is set only when event is
+            exchange.status_code = exchange.upstream_status_code = event["status"]  # type: ignore[index]  # kind is set only when event is
         if isinstance(event, dict) and isinstance(event.get("response"), dict):
             self.response = event["response"]
         self.ended = kind in ENDING_EVENTS
@@ -82,8 +82,11 @@ class SocketCall:
             return True
         self.exchange.complete()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        submit_line(journal, self.exchange, (SocketFacts(self.facts),),
-                    lambda written: done.done() or done.set_result(written))
+        def settle(written: bool) -> None:
+            if not done.done():
+                done.set_result(written)
+
+        submit_line(journal, self.exchange, (SocketFacts(self.facts),), settle)
         return await asyncio.shield(done)
 
 

@@ -51,7 +51,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
                          f"WebSocket ({type(exc).__name__}: {exc})")
         return
     if upstream.tunnel is not None:
-        client.transport.write(upstream.raw)  # type: ignore[union-attr]  The upstream's 101 as it came.
+        client.transport.write(upstream.raw)  # type: ignore[union-attr]  # The upstream's 101 as it came.
         extensions = next((value for name, value in upstream.headers if name.lower() == b"sec-websocket-extensions"),
                           None)
         ctx.metrics.websockets.labels("relay").inc()
@@ -63,7 +63,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
                  "WebSocket itself, each response.create sent as a streamed POST /v1/responses", ctx.upstream_url,
                  upstream.status, route.upstream_target, extra={"rollout_id": route.rollout_id})
     ctx.metrics.websockets.labels("bridge").inc()
-    client.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]
+    client.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]  # the client's transport is open while it upgrades
     await Bridge(ctx, request, route, client.take_over()).run()
 
 

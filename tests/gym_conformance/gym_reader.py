@@ -31,8 +31,8 @@ def read(capture_dir: str, rollout_ids: list[str]) -> dict:
         records, unreadable = read_available_model_call_records(store, rollout_id)
         merged = merge_model_call_capture_into_record({"_ng_rollout_id": rollout_id}, [Path(capture_dir)])
         out[rollout_id] = {"records": [r.model_dump(mode="json") for r in records], "unreadable": unreadable,
-                           "strict": _or_raises(lambda: len(read_model_call_records(store, rollout_id))),
-                           "metrics": _or_raises(lambda: aggregate_model_call_metrics(store, rollout_id)),
+                           "strict": _or_raises(lambda rollout_id=rollout_id: len(read_model_call_records(store, rollout_id))),
+                           "metrics": _or_raises(lambda rollout_id=rollout_id: aggregate_model_call_metrics(store, rollout_id)),
                            "merged": merged["ng_model_call_capture"]}
     return out
 

@@ -41,7 +41,8 @@ class MccSdkAgentVerifyResponse(BaseVerifyResponse):
 class MccSdkAgent(SimpleResponsesAPIAgent):
     config: MccSdkAgentConfig
 
-    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
+    # FastAPI declares a body parameter by its default (Gym's agents do the same).
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:  # noqa: B008
         raise NotImplementedError("mcc_sdk_agent's agent calls the model itself (through the sidecar): use /run")
 
     async def run(self, request: Request, body: MccSdkAgentRunRequest) -> MccSdkAgentVerifyResponse:
@@ -63,7 +64,8 @@ class MccSdkAgent(SimpleResponsesAPIAgent):
         await raise_for_status(verified)
         reply = MccSdkAgentVerifyResponse.model_validate(await get_response_json(verified))
         if observed is not None:
-            setattr(reply, "ng_agent_observations", observed)
+            # Not a declared field of the response model: set as an extra attribute.
+            setattr(reply, "ng_agent_observations", observed)  # noqa: B010
         return reply
 
 
