@@ -143,7 +143,7 @@ def report(added: dict[str, list[float]], rps: dict[str, list[float]], hops: dic
               f"With capture's other work free, a call would still add capture off's "
               f"{ms(med(added['sidecar, capture off']))} ms plus it: "
               f"{ms(med(added['sidecar, capture off']) + barrier)} ms. The barrier runs on a thread because "
-              "an fsync on the event loop would stop every other call's bytes meanwhile (DESIGN §2: the tap "
+              "an fsync on the event loop would stop every other call's bytes meanwhile (docs/wire.md: the tap "
               "never blocks the pump but for its own call's terminal chunk).",
               f"- At c=64, with no line built or written at all, the relay's capture bookkeeping alone keeps "
               f"{med(rps['capture on, no persistence (nothing written)']) / nginx:.2f} x nginx's requests/s; "

@@ -1,4 +1,4 @@
-"""Pure stream parsing (DESIGN §1, §6), and the journal (`capture.journal`, DESIGN §3).
+"""Pure stream parsing (docs/layout.md, docs/files.md), and the journal (`capture.journal`, docs/files.md).
 
 No aiohttp and no sockets in the parsers: they take bytes and return values, in the manner of h11.
 Everything that touches a disk, a socket or a process is in `capture.journal`, behind its own door.

@@ -1,11 +1,11 @@
-"""Error categories of an upstream reply (DESIGN §4). First match wins."""
+"""Error categories of an upstream reply (docs/files.md). First match wins."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-#: The closed set of categories a capture line may carry (DESIGN §4); ``None`` means success.
+#: The closed set of categories a capture line may carry (docs/files.md); ``None`` means success.
 ERROR_CATEGORIES = frozenset(
     {
         "context_length_exceeded",

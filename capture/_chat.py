@@ -1,4 +1,4 @@
-"""Reassembly of an OpenAI Chat Completions stream (DESIGN §6).
+"""Reassembly of an OpenAI Chat Completions stream (docs/files.md).
 
 Follows openai-python's ``ChatCompletionStreamState``: one choice per ``index`` (n > 1 kept
 apart), content / refusal / reasoning appended, tool calls merged by their ``index``, logprobs
@@ -34,7 +34,7 @@ _KNOWN_CHUNK_KEYS = frozenset({*_ENVELOPE_KEYS, "object", "choices", "usage", "e
 # Choice keys with their own handling; vLLM's `token_ids` and `stop_reason` follow the generic rule
 # (`merge_unknown`) but are read directly: they are on every chunk of an RL stream.
 _KNOWN_CHOICE_KEYS = frozenset({"index", "delta", "finish_reason", "logprobs", "token_ids", "stop_reason"})
-# Text fields of a delta that are concatenated; reasoning arrives as either name (DESIGN §10).
+# Text fields of a delta that are concatenated; reasoning arrives as either name (docs/files.md).
 _TEXT_KEYS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 # The chunk a server writes for each token of text, which `_on_payload` folds on its hot path: these
 # top-level keys at most (``usage`` null), one choice with these keys at most (``finish_reason``
@@ -166,7 +166,7 @@ class ChatReassembler(Reassembler):
                         self._extras[key] = value  # prompt_token_ids, provider, ...: the call's, not a piece.
         if payload.get("error") is not None:
             # The error event ends the reply for the SDK (openai raises there), whatever follows,
-            # so it is the terminal that "durable before terminal" holds back (DESIGN §10).
+            # so it is the terminal that "durable before terminal" holds back (docs/files.md).
             self.error_category = "upstream_error"
             self._error = payload["error"]
             self.terminal = True

@@ -1,4 +1,4 @@
-"""Reassembly of an OpenAI (legacy) Completions stream, ``POST /v1/completions`` (DESIGN §2, §6).
+"""Reassembly of an OpenAI (legacy) Completions stream, ``POST /v1/completions`` (docs/wire.md, docs/files.md).
 
 The dialect token-in/token-out RL harnesses use: the prompt is text, a list of texts or token
 ids. A stream is ``text_completion`` chunks, one choice per ``index`` (n > 1 and several prompts

@@ -1,4 +1,4 @@
-"""Content-Encoding decoding for the tap's copy only (DESIGN §2: the client gets the bytes as sent).
+"""Content-Encoding decoding for the tap's copy only (docs/wire.md: the client gets the bytes as sent).
 
 Every encoding the field's clients advertise (Claude Code: ``gzip, deflate, br, zstd``; Codex CLI:
 ``zstd, gzip``): gzip and deflate with the standard library's zlib, br with Google's ``brotli``

@@ -1,4 +1,4 @@
-"""Where a JSON value stands in the bytes of a JSON text, found without re-serialising (DESIGN §11).
+"""Where a JSON value stands in the bytes of a JSON text, found without re-serialising (docs/tokens.md).
 
 The token capture mode cuts values out of vLLM's replies by their byte spans. `found_spans` finds
 them the fast way, by searching for each key followed by its value as orjson writes it (vLLM's

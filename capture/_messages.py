@@ -1,4 +1,4 @@
-"""Reassembly of an Anthropic Messages stream (DESIGN §6).
+"""Reassembly of an Anthropic Messages stream (docs/files.md).
 
 Follows the anthropic SDK's ``accumulate_event``: the ``message_start`` envelope, content blocks
 by index (text, thinking + signature, redacted_thinking, tool_use / server_tool_use whose

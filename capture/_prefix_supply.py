@@ -1,4 +1,4 @@
-"""Prefix supply, sans-io (DESIGN §12, issue 32): the prompt ids that make a chat turn extend the
+"""Prefix supply, sans-io (docs/tokens.md, issue 32): the prompt ids that make a chat turn extend the
 call it continues exactly, from the upstream's own renderer.
 
 Why: a chat template re-renders the conversation from text each turn, and the text of a

@@ -34,9 +34,9 @@ class Reassembler:
     keep_logprob_entries = True
 
     def __init__(self) -> None:
-        #: True once the dialect's terminal event has been seen (DESIGN §6).
+        #: True once the dialect's terminal event has been seen (docs/files.md).
         self.terminal = False
-        #: ``upstream_error`` / ``incomplete`` when the stream itself reported it (DESIGN §4).
+        #: ``upstream_error`` / ``incomplete`` when the stream itself reported it (docs/files.md).
         self.error_category: str | None = None
         #: Events whose data was not a JSON object.
         self.undecodable_events = 0
@@ -54,7 +54,7 @@ class Reassembler:
     ends_when_whole = False
 
     def expect(self, request: Any) -> None:
-        """What the request asked for that ends the reply before its terminal (DESIGN §2)."""
+        """What the request asked for that ends the reply before its terminal (docs/wire.md)."""
         if type(request) is not dict:
             return
         n = request.get("n")
@@ -76,7 +76,7 @@ class Reassembler:
 
     def _choices_seen_whole(self, choices: list[Any], usage: Any, error: Any) -> bool:
         """Chat's and completions' rule: every choice asked for has its ``finish_reason`` and,
-        where the request asked, the usage chunk has come (DESIGN §2): what follows is ``[DONE]``,
+        where the request asked, the usage chunk has come (docs/wire.md): what follows is ``[DONE]``,
         which some clients (Codex CLI's chat wire) do not wait for."""
         return self.terminal or (
             error is None and len(choices) >= self.expected_choices
@@ -136,7 +136,7 @@ class Reassembler:
 
     def _fold(self, event_type: str, payload: dict[str, Any]) -> None:
         # The event name decides; a stream without names (or a proxy that drops them) falls back
-        # to the payload's `type`, which every dialect sets to the same value (DESIGN §6).
+        # to the payload's `type`, which every dialect sets to the same value (docs/files.md).
         if event_type == "message" and isinstance(payload.get("type"), str):
             event_type = payload["type"]
         self._on_payload(event_type, payload)

@@ -1,4 +1,4 @@
-"""Reassembly of an OpenAI Responses API stream (DESIGN §6).
+"""Reassembly of an OpenAI Responses API stream (docs/files.md).
 
 Event reference: https://platform.openai.com/docs/api-reference/responses-streaming. The terminal
 event (`response.completed` / `response.incomplete` / `response.failed`) carries the whole
@@ -116,7 +116,7 @@ class ResponsesReassembler(Reassembler):
             self.error_category = _TERMINAL_EVENTS[event_type]
             if self.error_category is None and isinstance(response, dict):
                 # vLLM 0.32 ends a capped stream with `response.completed` whose status is
-                # "incomplete" (OpenAI sends `response.incomplete`): the status decides (DESIGN §10).
+                # "incomplete" (OpenAI sends `response.incomplete`): the status decides (docs/files.md).
                 self.error_category = _STATUS_CATEGORIES.get(str(response.get("status")))
         if isinstance(response, dict):
             self._final = response

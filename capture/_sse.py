@@ -21,7 +21,7 @@ takes a short path.
 `feed_blocks` frames the same stream by the same rules but keeps every byte: each block (the
 bytes from the end of one blank line to the end of the next) comes out whole, with what it
 dispatched and where each data value stands in it. The token capture mode cuts those spans
-(DESIGN §11), so the capture and the cut read one stream through one reader: whatever framing
+(docs/tokens.md), so the capture and the cut read one stream through one reader: whatever framing
 the upstream uses (CR, LF, CRLF, ``\n\r\n``, comments, a BOM), both see the same events. Its
 cost is linear in the bytes at any read size: a block's bytes are gathered once, and a line is
 looked at once, when it is whole.

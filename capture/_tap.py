@@ -1,7 +1,7 @@
 """The tap: a sans-io observer of one reply's body, fed a copy of each chunk as it passes.
 
 `StreamTap` parses an SSE reply as it streams and reports the chunk that completes the terminal
-event, so the proxy can hold exactly that chunk until the capture line is durable (DESIGN §2).
+event, so the proxy can hold exactly that chunk until the capture line is durable (docs/wire.md).
 `BodyTap` collects a non-streaming body. Both end with `finish`, which says what goes on the
 capture line. Neither ever raises into the proxy's pump: a bug becomes ``capture_parse_error``.
 """
@@ -117,7 +117,7 @@ class StreamTap:
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
         cleanly (``--capture-raw-stream on-failure``, where the raw text is written only for a
         stream that failed); from the first fault on, everything is kept. ``cutter``: the token
-        capture mode's (DESIGN §11): each event is parsed once for both, and `take_output` gives
+        capture mode's (docs/tokens.md): each event is parsed once for both, and `take_output` gives
         the bytes for the client, the added fields cut. ``templates``: learn the stream's repeated
         events and take runs of them the fast way (`capture._event_templates`; off only to test
         that the outcome is the same), once ``learn_after`` field lines have passed. ``expect``:
@@ -148,7 +148,7 @@ class StreamTap:
         self._written: dict[int, bytes] = {}
         if cutter is not None:
             self._reassembler.written = self._written = cutter.written
-            # The mode's entry takes each token's logprob as it is parsed here (DESIGN §12).
+            # The mode's entry takes each token's logprob as it is parsed here (docs/tokens.md).
             self._reassembler.collect_logprobs = True
             if cutter.cuts_logprobs:
                 self._reassembler.keep_logprob_entries = False
@@ -189,7 +189,7 @@ class StreamTap:
 
     @property
     def has_content(self) -> bool:
-        """True once a non-comment line arrived (the moment that defines TTFT, DESIGN §3)."""
+        """True once a non-comment line arrived (the moment that defines TTFT, docs/files.md)."""
         return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
 
     def take_output(self) -> bytes:
@@ -256,7 +256,7 @@ class StreamTap:
                 else:
                     for block in self._parser.feed_blocks(piece):
                         self._cut_block(block)
-        except Exception as exc:  # A bug in the framing: the rest passes as it comes (DESIGN §5).
+        except Exception as exc:  # A bug in the framing: the rest passes as it comes (docs/guarantees.md).
             self._failure = self._failure or f"{type(exc).__name__}: {exc}"
             self._framing_failed = True
             self._output.append(chunk)
@@ -381,7 +381,7 @@ class StreamTap:
                     if plain is not None:
                         self._fold_plain(plain)
                         continue
-                except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+                except Exception as exc:  # A bug here must never reach the pump (docs/guarantees.md).
                     self._failure = f"{type(exc).__name__}: {exc}"
                     return False
                 self._parse_events(piece)
@@ -531,7 +531,7 @@ class StreamTap:
             feed_event = self._reassembler.feed_event
             for event in self._parser.feed(data):
                 feed_event(event)
-        except Exception as exc:  # A bug here must never reach the pump (DESIGN §5).
+        except Exception as exc:  # A bug here must never reach the pump (docs/guarantees.md).
             self._failure = f"{type(exc).__name__}: {exc}"
             return
         self.terminal = self._reassembler.terminal

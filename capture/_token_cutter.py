@@ -1,4 +1,4 @@
-"""The token capture mode's reply half, sans-io (DESIGN §11): cut from a reply what the added fields
+"""The token capture mode's reply half, sans-io (docs/tokens.md): cut from a reply what the added fields
 put there, so the agent gets the bytes of a direct call with its own request.
 
 Cutting is by byte spans, never by re-serialising: a value is replaced by what vLLM writes when the
@@ -7,8 +7,8 @@ fields is dropped whole. Streams are framed by `SSEParser.feed_blocks` -- the re
 uses -- so any framing the SSE rules allow is cut the same way; a data value spread over several
 ``data:`` lines is cut across them.
 
-What vLLM 0.32.0 writes, read from its source and checked on the recordings in
-``../shared/fixtures/vllm-0.32/``:
+What vLLM 0.32.0 writes, read from its source and checked on recordings of a real vLLM
+(`tests/conformance/test_vllm_recordings.py`):
 
 - chat (``chat_completion/serving.py``): top-level ``prompt_token_ids``, each choice's ``token_ids``
   and ``logprobs``. A token the parser holds back (``delta_message is None``: a tool-call marker, a
@@ -198,7 +198,7 @@ class AddedFieldCutter:
 
     def cut_parsed(self, response: dict[str, Any]) -> dict[str, Any]:
         """`cut_body` on a body already parsed: the same values replaced, in ``response`` itself
-        (the capture writer's copy of what the agent saw, DESIGN §12)."""
+        (the capture writer's copy of what the agent saw, docs/tokens.md)."""
         for path, replacement in self._rules(self, "body", response):
             container: Any = response
             for step in path[:-1]:

@@ -1,4 +1,4 @@
-"""The token capture mode's request half, sans-io (DESIGN §11): what to add to an agent's request so
+"""The token capture mode's request half, sans-io (docs/tokens.md): what to add to an agent's request so
 that vLLM returns the sampled token ids and their logprobs, and the bytes that add it.
 
 What vLLM 0.32.0 takes, read from its source (``vllm/entrypoints/openai/chat_completion/protocol.py``,

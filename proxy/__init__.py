@@ -1,4 +1,4 @@
-"""The sidecar: configuration, the proxy application, the CLI (DESIGN §1, §2, §9).
+"""The sidecar: configuration, the proxy application, the CLI (docs/layout.md, docs/wire.md, docs/configuration.md).
 
 `import proxy` loads the sidecar, not aiohttp: the stand-in model server's names
 (`create_stand_in_app`, `start_app`, `start_stand_in`) load it when first used (PEP 562).

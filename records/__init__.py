@@ -1,9 +1,9 @@
 """Read-back API for model-call capture files: records, totals, rollout helpers.
 
 Collectors import this package without the proxy: it depends on pydantic and orjson only
-(DESIGN §1). The file contract lives here so the writer (`capture`) and readers share one truth.
+(docs/layout.md). The file contract lives here so the writer (`capture`) and readers share one truth.
 Every reader takes a capture directory, a `CaptureStore`, or a capture store's URL
-(``segments:///path``, ``s3://...``: DESIGN §14; object stores need fsspec and its filesystem).
+(``segments:///path``, ``s3://...``: docs/files.md; object stores need fsspec and its filesystem).
 """
 
 from ._appender import (

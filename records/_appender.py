@@ -1,4 +1,4 @@
-"""The durable appender: one capture line, all or nothing, on disk before it returns (DESIGN §3).
+"""The durable appender: one capture line, all or nothing, on disk before it returns (docs/files.md).
 
 The write side of the file contract lives beside the read side (`records`), so the sidecar's
 writer (`capture`), `CaptureStore.record` and the readers share one truth; `capture` builds its

@@ -1,6 +1,6 @@
 """One call flattened into a row: what `mcc ls/show/export`, the report and `ray_dataset` share.
 
-`call_row(rollout_id, call_index, line)` reads a capture line (DESIGN §3) into a `CallRow`, whose
+`call_row(rollout_id, call_index, line)` reads a capture line (docs/files.md) into a `CallRow`, whose
 fields are the Parquet export's columns (`CALL_COLUMNS` gives their Arrow types), so a table, a
 Parquet file and a Ray dataset of calls say the same thing about a call.
 """
@@ -60,17 +60,17 @@ class CallRow:
     local_response_reason: Optional[str] = None
     upstream_status_code: Optional[int] = None
     upstream_attempted: Optional[bool] = None
-    #: The line's ``failure`` (DESIGN §4): where it went wrong and what was said.
+    #: The line's ``failure`` (docs/files.md): where it went wrong and what was said.
     failure_stage: Optional[str] = None
     failure_message: Optional[str] = None
-    #: Correlation headers (DESIGN §2): evidence the client sent, not authentication.
+    #: Correlation headers (docs/wire.md): evidence the client sent, not authentication.
     client_session_id: Optional[str] = None
     client_assistant_message_id: Optional[str] = None
     #: The harness's agent (Claude Code's ``x-claude-code-agent-id``) and its parent agent.
     client_agent_id: Optional[str] = None
     client_parent_agent_id: Optional[str] = None
     #: The fields the token capture mode added to the request (JSON text), None when it added none:
-    #: arrays the sidecar asked for, against an agent's own (DESIGN §11).
+    #: arrays the sidecar asked for, against an agent's own (docs/tokens.md).
     added_request_fields: Optional[str] = None
     #: Prompt tokens written to the provider's cache (Anthropic ``cache_creation_input_tokens``).
     cache_creation_tokens: Optional[int] = None

@@ -1,4 +1,4 @@
-"""Reading records back, and attaching them to rollout records (DESIGN §7, §8; the seed's collector)."""
+"""Reading records back, and attaching them to rollout records (docs/records.md, docs/reading.md; the seed's collector)."""
 
 from __future__ import annotations
 

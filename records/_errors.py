@@ -1,7 +1,7 @@
 """Exceptions of the `records` package.
 
     RecordsError            base of everything this package raises
-     +-- InvalidRolloutId   a rollout id that breaks the file contract's rule (DESIGN §3)
+     +-- InvalidRolloutId   a rollout id that breaks the file contract's rule (docs/files.md)
      +-- MalformedCaptureLine  a line the strict reader could not parse
      +-- StoreNotFound      a store URL with no manifest and no writer ever seen there
      +-- NothingUploadedYet a store its sidecars write to, with nothing uploaded yet

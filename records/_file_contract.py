@@ -1,4 +1,4 @@
-"""The capture file contract (DESIGN §3): file names and the layout of one capture line."""
+"""The capture file contract (docs/files.md): file names and the layout of one capture line."""
 
 from __future__ import annotations
 

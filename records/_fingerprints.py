@@ -1,5 +1,5 @@
 """Which earlier call a request continues: the hashes NeMo Gym 0.7.0 resolves lineage with
-(DESIGN §12; Gym's ``nemo_gym/token_id_capture/fingerprint.py`` is the contract, this is our code).
+(docs/tokens.md; Gym's ``nemo_gym/token_id_capture/fingerprint.py`` is the contract, this is our code).
 
 `assistant_fingerprint` hashes only the model-authored turns of a request (assistant messages,
 Responses ``function_call`` items), in order: it names the call that produced the last of them,
@@ -160,7 +160,7 @@ def _tool_results(message: dict[str, Any]) -> list[tuple[str, str]]:
 def _canonical_json(value: Any) -> str:
     """Sorted-key compact JSON, as Gym writes it (orjson); an integer beyond 64 bits, which orjson
     refuses (so Gym abstains from hashing it), is written as `json` writes it, its exact digits:
-    vLLM's tool-call arguments hold such integers (DESIGN §10), and a call must not lose its
+    vLLM's tool-call arguments hold such integers (docs/files.md), and a call must not lose its
     entry, nor its next turn its parent, for one. Everything Gym can hash hashes alike."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")

@@ -1,5 +1,5 @@
 """Which earlier call of its rollout a request continues, decided before the request is sent
-(DESIGN §12; Gym 0.7.0's ``RolloutLineage`` semantics, our code).
+(docs/tokens.md; Gym 0.7.0's ``RolloutLineage`` semantics, our code).
 
 A request's `assistant_fingerprint` looks up the committed calls whose request plus output had
 that fingerprint; each candidate must have been made with the context this request begins with
@@ -133,7 +133,7 @@ LINE_ROOT = "root"
 class LineLineage:
     """The request-time rule applied afterwards, to a rollout's capture lines in append order: each
     call's request against the earlier calls' requests and outputs (one per choice). What
-    `TokenRecord.extends` and ``drift_at`` are measured against (DESIGN §12: drift only where a
+    `TokenRecord.extends` and ``drift_at`` are measured against (docs/tokens.md: drift only where a
     call claims to continue another)."""
 
     def __init__(self) -> None:

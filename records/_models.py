@@ -1,4 +1,4 @@
-"""The record types (DESIGN §7; field list from the seed's ``model_call_record`` API)."""
+"""The record types (docs/records.md; field list from the seed's ``model_call_record`` API)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class ModelServerRef(BaseModel):
 
 
 class FailureReport(BaseModel):
-    """What went wrong in one call, in one object (DESIGN §4 ``failure``)."""
+    """What went wrong in one call, in one object (docs/files.md ``failure``)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -72,7 +72,7 @@ class ModelCallRecord(BaseModel):
     cache_hit: Optional[bool] = None
     cached_tokens: Optional[int] = None
     call_index: int
-    #: Not in Gym's record: the harness's agent and its parent agent (DESIGN §2's correlation headers).
+    #: Not in Gym's record: the harness's agent and its parent agent (docs/wire.md's correlation headers).
     client_agent_id: Optional[str] = None
     client_assistant_message_id: Optional[str] = None
     client_parent_agent_id: Optional[str] = None
@@ -99,7 +99,7 @@ class ModelCallRecord(BaseModel):
     response_status: Optional[str] = None
     started_at: Optional[float] = None
     status_code: Optional[int] = None
-    #: Not in the seed's list: a 2xx stream that ended without its terminal event (DESIGN §3).
+    #: Not in the seed's list: a 2xx stream that ended without its terminal event (docs/files.md).
     stream_truncated: Optional[bool] = None
     #: Not in Gym's record: where ``tokens_in`` / ``tokens_out`` come from: ``reported`` (the
     #: reply's usage), ``counted`` (no usage -- a stream without ``include_usage`` -- so counted

@@ -1,4 +1,4 @@
-"""Write-once objects under one store URL (DESIGN §14): the writer's uploads and the readers' reads.
+"""Write-once objects under one store URL (docs/files.md): the writer's uploads and the readers' reads.
 
 ``segments:///path`` is a path (local, or a shared filesystem): each object a file, written to a
 temporary name, fsynced, then renamed, so no reader ever sees part of one. ``s3://bucket/prefix``,

@@ -1,4 +1,4 @@
-"""From one capture line to a `ModelCallRecord`, and totals across records (DESIGN §7)."""
+"""From one capture line to a `ModelCallRecord`, and totals across records (docs/records.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rollout-id rule of the file contract (DESIGN §3).
+"""The rollout-id rule of the file contract (docs/files.md).
 
 A rollout id becomes a file name, so it is validated, never sanitised: anything that does not
 match the pattern is refused before any file is touched.
@@ -10,7 +10,7 @@ import re
 
 from ._errors import InvalidRolloutId
 
-#: DESIGN §3. The first character may not be '.', so '.' and '..' can never be ids; no '/' at all.
+#: docs/files.md. The first character may not be '.', so '.' and '..' can never be ids; no '/' at all.
 ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 

@@ -1,10 +1,10 @@
-"""Rollout ids and the URLs that carry them (DESIGN §8; the seed's agent and harness helpers).
+"""Rollout ids and the URLs that carry them (docs/reading.md; the seed's agent and harness helpers).
 
 Pure functions. The seed gates `rollout_id_from_run`, `url_path_for_run` and `base_url_for_run`
 by ``observability_enabled``: when it is off, URLs stay unprefixed and no rollout id is produced.
 `url_path_for_request` and `resolve_model_base_url` are not gated, as in NeMo Gym: they carry an
 id the caller already has (an inbound prefix, an explicit id), whatever the flag says
-(DESIGN §8). Index values are converted as Gym converts them.
+(docs/reading.md). Index values are converted as Gym converts them.
 """
 
 from __future__ import annotations

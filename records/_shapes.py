@@ -1,4 +1,4 @@
-"""Reading the three response shapes: tool calls, reasoning, output items, finish reason (DESIGN §7).
+"""Reading the three response shapes: tool calls, reasoning, output items, finish reason (docs/records.md).
 
 Responses (``object: "response"``, ``output`` items), Chat Completions (``choices[*].message``)
 and Anthropic Messages (``content`` blocks). Every function tolerates malformed input: a shape
@@ -132,7 +132,7 @@ def _as_arguments(arguments: Any) -> Any:
             except orjson.JSONDecodeError:
                 pass
         # Python's json keeps integers beyond 64 bits exact (orjson makes them floats: vLLM
-        # writes such arguments, DESIGN §10), and takes NaN, Infinity and lone surrogates.
+        # writes such arguments, docs/files.md), and takes NaN, Infinity and lone surrogates.
         try:
             return json.loads(arguments)
         except ValueError:

@@ -1,4 +1,4 @@
-"""`CaptureStore`: the read side of the capture file contract (DESIGN §3).
+"""`CaptureStore`: the read side of the capture file contract (docs/files.md).
 
 Reads take a shared ``flock`` so they never see a half-appended line from a live writer on the
 same host; a torn last line left by a crash is skipped by the tolerant reader and reported.
@@ -266,7 +266,7 @@ def _parse_line_by_line(block: bytes) -> Iterator[dict[str, Any] | None]:
 
 def complete_lines(data: bytes) -> Iterator[bytes | None]:
     """Each non-blank line of ``data`` with its LF, or None for a last line without its LF: it is
-    torn (DESIGN §3). The lines a reader numbers (``call_index``) and parses, unparsed."""
+    torn (docs/files.md). The lines a reader numbers (``call_index``) and parses, unparsed."""
     for line in io.BytesIO(data):  # Shares the buffer; finds each line in C.
         if line[0] in _BLANK and not line.strip():
             continue

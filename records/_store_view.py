@@ -1,4 +1,4 @@
-"""A store's rollouts as Gym's per-rollout files (DESIGN §14): what every reader reads a store URL as,
+"""A store's rollouts as Gym's per-rollout files (docs/files.md): what every reader reads a store URL as,
 and what ``mcc compact`` writes.
 
 A store holds, per writer, sealed segments (``segments/<writer_id>/<sha256>.jsonl``: lines of
@@ -39,7 +39,7 @@ MANIFESTS = "manifests"
 SEGMENT_OBJECTS = "segments"
 #: ``incomplete/<rollout_id>``: a line of the rollout was lost (the spool's ``.capture.incomplete``).
 INCOMPLETE_OBJECTS = "incomplete"
-#: The training-token files (DESIGN §12): bundles of rollouts' files, each whole as its spool held
+#: The training-token files (docs/tokens.md): bundles of rollouts' files, each whole as its spool held
 #: it (``tokens/<spool_id>/<sha256>.json``), and their manifests, written after them
 #: (``token-manifests/<spool_id>/<time_ns>-<sha256 prefix>.json``); a rollout's latest wins.
 TOKEN_OBJECTS = "tokens"
@@ -328,7 +328,7 @@ def segment_order(data: bytes) -> dict[str, list[Any]]:
 
 
 def merge_order(streams: list[list[Any]]) -> list[tuple[int, int]]:
-    """The stated order of one rollout's lines from several writers (DESIGN §14), from their
+    """The stated order of one rollout's lines from several writers (docs/files.md), from their
     ``completed_at`` alone: ``streams`` one list per writer, sorted by writer id, each in its append
     order; returns ``(stream, position)`` in merged order. Each writer's order is kept; across writers
     a line sorts by ``completed_at`` (one without sorts with the one before it), then writer id."""

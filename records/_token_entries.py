@@ -1,4 +1,4 @@
-"""Training-token entries: one line per model call in ``<rollout_id>.tokens.jsonl`` (DESIGN §12).
+"""Training-token entries: one line per model call in ``<rollout_id>.tokens.jsonl`` (docs/tokens.md).
 
 NeMo Gym 0.7.0's ``TokenEntry`` (schema version 1, ``nemo_gym/token_id_capture/records.py``) is the
 contract; this is our code for it. An entry holds the exact prompt ids, the generated ids and their

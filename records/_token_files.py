@@ -1,4 +1,4 @@
-"""A rollout's training-token files, under NeMo Gym 0.7.0's store protocol (DESIGN §12; Gym's
+"""A rollout's training-token files, under NeMo Gym 0.7.0's store protocol (docs/tokens.md; Gym's
 ``nemo_gym/token_id_capture/store.py`` is the contract, this is our code for it):
 
 - ``<id>.tokens.jsonl``: one entry per call (`records._token_entries`), fsynced before the call's

@@ -1,4 +1,4 @@
-"""One rollout's training-token entries from several sidecars' spools, joined (DESIGN §12, §14).
+"""One rollout's training-token entries from several sidecars' spools, joined (docs/tokens.md, docs/files.md).
 
 On a shared volume every sidecar that serves a rollout reads the rollout's one token file, so a
 call re-pinned to another sidecar is resolved to the call it continues, whichever sidecar made

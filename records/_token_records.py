@@ -1,4 +1,4 @@
-"""Training arrays from captured calls: `read_token_records` (DESIGN §8, issue 13).
+"""Training arrays from captured calls: `read_token_records` (docs/reading.md, issue 13).
 
 RL trainers need, per generation, the exact prompt token ids, the generated token ids and their
 log probabilities. The sidecar keeps whatever the model server returned (streams are rebuilt

@@ -1,4 +1,4 @@
-"""Token and cache counts across Responses, Chat Completions and Anthropic Messages usage (DESIGN §7).
+"""Token and cache counts across Responses, Chat Completions and Anthropic Messages usage (docs/records.md).
 
 A count the provider did not report stays ``None``, never 0; counts are ints >= 0, never bools or
 floats. ``tokens_in`` is the whole prompt with cached tokens counted exactly once.

@@ -1,4 +1,4 @@
-"""Trainable rows: a rollout's calls chained into token sequences (DESIGN §12, issue 31).
+"""Trainable rows: a rollout's calls chained into token sequences (docs/tokens.md, issue 31).
 
 `trajectories(directory, rollout_id)` reads the rollout's training-token file and builds what NeMo
 Gym 0.7.0's ``prefix_merging`` builds from the same entries (our code for its contract):

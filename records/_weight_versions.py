@@ -1,4 +1,4 @@
-"""Which policy weights sampled each generated token (DESIGN §12, issue 32).
+"""Which policy weights sampled each generated token (docs/tokens.md, issue 32).
 
 Asynchronous RL corrects for stale samples, so a trainer needs, per token, the weight version that
 sampled it. Two sources, the engine's first:

@@ -112,7 +112,7 @@ def token_line(prompt: list[int], generated: list[int], *, n: int = 1, error: st
     """A chat call as vLLM answers with ``return_token_ids`` and ``logprobs`` (choice i generates
     ``generated`` shifted by i). ``turn``: how many earlier replies (each ``x``, as every reply
     here says) its request sends back, each followed by a tool result: the call it continues is
-    the one before it (lineage, DESIGN §12); 0 is a first call."""
+    the one before it (lineage, docs/tokens.md); 0 is a first call."""
     history = [{"role": "user", "content": "q"}]
     for _ in range(turn):
         history += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "tool says t"}]

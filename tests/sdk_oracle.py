@@ -1,4 +1,4 @@
-"""The conformance oracle (DESIGN §6): what the official SDKs accumulate from the same stream bytes.
+"""The conformance oracle (docs/files.md): what the official SDKs accumulate from the same stream bytes.
 
 Each ``sdk_*`` function feeds the byte pieces to the SDK's own SSE decoder and stream accumulator,
 the way the SDK's ``Stream`` does, and returns a normalised view -- or `SdkGaveUp` when the SDK

@@ -1,4 +1,4 @@
-"""Admin endpoints (DESIGN §2) and capture failures that must never hurt a call (DESIGN §5)."""
+"""Admin endpoints (docs/wire.md) and capture failures that must never hurt a call (docs/guarantees.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The durable appender (DESIGN §3): whole lines from many writers, never interleaved."""
+"""The durable appender (docs/files.md): whole lines from many writers, never interleaved."""
 
 from __future__ import annotations
 

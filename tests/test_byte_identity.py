@@ -1,4 +1,4 @@
-"""Byte identity (DESIGN §2): a client receives through the sidecar exactly what it gets directly."""
+"""Byte identity (docs/wire.md): a client receives through the sidecar exactly what it gets directly."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ async def test_gzip_sse_stream_is_identical_and_reassembled(http, upstream, side
     (504, "Gateway Timeout", b"", "timeout"),
 ])
 async def test_error_replies_are_identical_and_categorised(http, upstream, sidecar, store, status, reason, body, category):
-    """4xx and 5xx replies pass unchanged; the line says the status and the DESIGN §4 category."""
+    """4xx and 5xx replies pass unchanged; the line says the status and the docs/files.md category."""
     await _compare(http, upstream, sidecar, CHAT, json_script(body, status, reason), CHAT_JSON_REQUEST)
     (line,) = store.read("r1")
     assert (line["status_code"], line["upstream_status_code"], line["error_category"]) == (status, status, category)

@@ -1,4 +1,4 @@
-"""The file contract (DESIGN §3): what goes on disk, where, and what never does."""
+"""The file contract (docs/files.md): what goes on disk, where, and what never does."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ CHAT = "/v1/chat/completions"
 
 
 async def test_line_has_core_keys_first_in_contract_order(http, upstream, sidecar, capture_dir):
-    """Core keys lead every line in the DESIGN §3 order; model_ref names the configured model."""
+    """Core keys lead every line in the docs/files.md order; model_ref names the configured model."""
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
     await fetch(http, "POST", rollout_url(sidecar.url, "run-1.a_b", CHAT), CHAT_JSON_REQUEST)
     with open(os.path.join(capture_dir, "run-1.a_b.capture.jsonl"), "rb") as handle:

@@ -192,7 +192,7 @@ async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_n
 
 
 async def test_the_token_capture_mode_appends_on_the_writer_threads(upstream, start, capture_dir):
-    """Its lines' entries are written with them in one barrier (DESIGN §12): no capture process."""
+    """Its lines' entries are written with them in one barrier (docs/tokens.md): no capture process."""
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     assert sidecar.sidecar.journal.process_pid is None
 

@@ -1,4 +1,4 @@
-"""Storage past one node (DESIGN §14, issue 46): writer segments, a capture store, readers that merge
+"""Storage past one node (docs/files.md, issue 46): writer segments, a capture store, readers that merge
 every writer, Gym's view by compaction. Real parts: sidecar processes (`mcc serve --stand-in`),
 SIGKILL, a real S3 server on loopback (moto's standalone server, as s3fs's own tests use)."""
 

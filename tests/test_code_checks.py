@@ -37,3 +37,18 @@ def test_every_type_ignore_names_its_error_and_says_why():
                         if "# type: ignore" in line and not re.search(r"# type: ignore\[[-a-z, ]+\]  # \S", line):
                             bare.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
     assert not bare, "\n".join(bare)
+
+
+def test_comments_cite_the_projects_own_docs_never_a_file_a_clone_lacks():
+    """The design document lives beside the repository, not in it: code cites docs/ instead."""
+    cited = []
+    for top in (*PACKAGES, "benchmarks", "deploy"):
+        for directory, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith((".py", ".yaml", ".md")):
+                    path = os.path.join(directory, name)
+                    with open(path, encoding="utf-8") as handle:
+                        for number, line in enumerate(handle, start=1):
+                            if re.search(r"DESIGN(\.md)? ?§|DESIGN\.md|\.\./shared", line) and "re.sub" not in line:
+                                cited.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
+    assert not cited, "\n".join(cited)

@@ -1,4 +1,4 @@
-"""Acknowledged implies durable (DESIGN §2): when a client has the end of a reply, its line is on disk.
+"""Acknowledged implies durable (docs/wire.md): when a client has the end of a reply, its line is on disk.
 
 Each upstream here keeps its connection open for a while after the reply's end, so a sidecar that
 wrote the line only when the upstream finished would be caught: the client already has the end.

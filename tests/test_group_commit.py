@@ -1,4 +1,4 @@
-"""Group commit (DESIGN §3, issue 5): lines of many calls made durable by one barrier per batch,
+"""Group commit (docs/files.md, issue 5): lines of many calls made durable by one barrier per batch,
 with the appender's contract line by line and failures that stay with their own lines."""
 
 from __future__ import annotations

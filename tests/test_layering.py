@@ -1,4 +1,4 @@
-"""The direction of dependencies (DESIGN §1) and one public door per package."""
+"""The direction of dependencies (docs/layout.md) and one public door per package."""
 
 from __future__ import annotations
 

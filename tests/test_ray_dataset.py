@@ -287,7 +287,7 @@ def test_one_export_command_gives_one_schema_with_or_without_ray(tmp_path, local
 
 async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(tmp_path, local_ray):
     """Three sidecar processes append to the same rollouts' files in one directory (flock + fsync,
-    DESIGN §3) while the dataset reads it again and again: every read sees whole lines only, never
+    docs/files.md) while the dataset reads it again and again: every read sees whole lines only, never
     fewer calls than the last, and the last read equals records' readers and every call sent."""
     import aiohttp
 

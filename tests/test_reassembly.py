@@ -1,4 +1,4 @@
-"""Reassembly of the project's own transcripts (DESIGN §6): the shapes the recordings lack.
+"""Reassembly of the project's own transcripts (docs/files.md): the shapes the recordings lack.
 
 Every case runs whole, one byte at a time and at seeded random splits, and must give the same
 result each time; where the official SDK can finish, our result also equals its accumulation.

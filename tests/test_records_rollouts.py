@@ -1,4 +1,4 @@
-"""Rollout ids, prefixed URLs and attaching captures to rollout records (DESIGN §8)."""
+"""Rollout ids, prefixed URLs and attaching captures to rollout records (docs/reading.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tool calls, reasoning, model operations and tool-request evidence across the three shapes (DESIGN §7)."""
+"""Tool calls, reasoning, model operations and tool-request evidence across the three shapes (docs/records.md)."""
 
 from __future__ import annotations
 

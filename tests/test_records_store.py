@@ -1,4 +1,4 @@
-"""`CaptureStore` and reading records back (DESIGN §3, §7)."""
+"""`CaptureStore` and reading records back (docs/files.md, docs/records.md)."""
 
 from __future__ import annotations
 

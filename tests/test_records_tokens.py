@@ -1,4 +1,4 @@
-"""Token and cache counts across the three usage shapes (DESIGN §7; the seed's `_prompt_size` rules)."""
+"""Token and cache counts across the three usage shapes (docs/records.md; the seed's `_prompt_size` rules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration (DESIGN §9) and the `mcc serve` command as a user runs it."""
+"""Configuration (docs/configuration.md) and the `mcc serve` command as a user runs it."""
 
 from __future__ import annotations
 

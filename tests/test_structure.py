@@ -1,4 +1,4 @@
-"""Guards of the layout (DESIGN §1, issue 43): read from the code's own imports, as text.
+"""Guards of the layout (docs/layout.md, issue 43): read from the code's own imports, as text.
 
 - every module of `proxy`, `capture` and `records` imports alone, in a fresh interpreter;
 - no import circle between modules (every import counts: at the top, in a function, under

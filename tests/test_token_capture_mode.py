@@ -1,4 +1,4 @@
-"""The token capture mode on the stand-in (issue 20, DESIGN §11): every dialect, whole and streamed,
+"""The token capture mode on the stand-in (issue 20, docs/tokens.md): every dialect, whole and streamed,
 raw clients and the official SDKs. The stand-in writes vLLM's keys (null where nothing is asked)
 and derives its ids from what is generated, not from what is asked back, so a direct call and a
 call through the sidecar in the mode must agree to the byte, ids included."""

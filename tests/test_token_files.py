@@ -446,7 +446,7 @@ async def test_a_stream_whose_entry_is_not_written_keeps_its_logprobs_in_the_lin
 
 async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(http, stand_in, start, capture_dir,
                                                                               monkeypatch):
-    """DESIGN §12: a call's intent is durable before the agent gets a byte of its reply. A stream's
+    """docs/tokens.md: a call's intent is durable before the agent gets a byte of its reply. A stream's
     is flushed while the request goes upstream; a reply asked for whole (cut as one JSON body, held
     until its capture line is durable) has its intent flushed by that line's barrier -- one flush
     for the call, not two (issue 34) -- and both before the agent sees the reply's head."""

@@ -1,4 +1,4 @@
-"""The Responses WebSocket mode (DESIGN §2): relayed to an upstream that accepts it, bridged to
+"""The Responses WebSocket mode (docs/wire.md): relayed to an upstream that accepts it, bridged to
 streamed POSTs for one that does not (the stand-in, as vLLM: no WebSocket); each response one line,
 as complete as the same response over HTTP, durable before its ending event reaches the client."""
 

@@ -1,4 +1,4 @@
-"""The journal: every byte of a capture that reaches a disk (DESIGN §1, §3).
+"""The journal: every byte of a capture that reaches a disk (docs/layout.md, docs/files.md).
 
 One door for the sidecar, `Journal.submit(rollout_id, build, size, settled)`; behind it the
 capture process (both of its ends: `_process_client` in the sidecar, `_process_main` in the child),

@@ -1,4 +1,4 @@
-"""Group commit: many calls' lines made durable by one barrier (DESIGN §3, issue 5).
+"""Group commit: many calls' lines made durable by one barrier (docs/files.md, issue 5).
 
 A writer thread takes every line queued since its last batch and appends each file's lines with
 the same contract as `append_capture_line` (``O_APPEND`` + ``flock`` + one ``write``, torn-line
@@ -63,7 +63,7 @@ class GroupCommitter:
         fstype = filesystem_type(directory) if directory is not None else None
         self._syncfs = _load_syncfs() if sync_mode == "auto" and syncfs_flushes(fstype) else None
         #: Used by the appender thread; released by whichever thread ran the barrier.
-        #: ``segments``: this writer's own segment instead of each rollout's file (DESIGN §14).
+        #: ``segments``: this writer's own segment instead of each rollout's file (docs/files.md).
         self._files: OpenFiles | SegmentFiles = (SegmentFiles(segments) if segments is not None else
                                                  OpenFiles(keeps_files_open_safely(fstype), max_open_files))
         self._max_batch = max_batch

@@ -1,4 +1,4 @@
-"""Capture files kept open between appends, for the group committer (DESIGN §3, issue 5).
+"""Capture files kept open between appends, for the group committer (docs/files.md, issue 5).
 
 Appending a batch's lines to a file used to take seven syscalls: open (a path lookup), lock,
 fstat, read of the last byte, write, unlock, close. With 64 rollouts appending at once that

@@ -65,7 +65,7 @@ def persist_process_command(fd: int, directory: str, sync_mode: str,
                             segments: Optional[SegmentPolicy] = None) -> list[str]:
     """The command line of a capture process reading lines from ``fd``, with this process's
     open-file policy (`capture.journal._open_files`, as the writer threads would follow it), and
-    the segment policy when lines go to writer segments (DESIGN §14)."""
+    the segment policy when lines go to writer segments (docs/files.md)."""
     return [sys.executable, "-c", _ENTRY, str(fd), directory, sync_mode, repr(_open_files.IDLE_SECONDS),
             repr(_group_commit._SWEEP_SECONDS), segments.as_argument() if segments is not None else ""]
 

@@ -1,6 +1,6 @@
-"""Writer segments (DESIGN §14, issue 46): a process appends every rollout's lines to files it owns.
+"""Writer segments (docs/files.md, issue 46): a process appends every rollout's lines to files it owns.
 
-The per-rollout file (§3) needs locks and appends that work across every node that writes it; a
+The per-rollout file (docs/files.md) needs locks and appends that work across every node that writes it; a
 segment needs neither. Each appending process (the capture process, or the writer threads where
 it cannot run) has a writer id of its own and appends to one open segment under the spool,
 ``<spool>/segments/<writer_id>/<seq>.open``; each line is the rollout id, a tab, and the capture

@@ -1,4 +1,4 @@
-"""The uploader (DESIGN §14): sealed segments from the spool to the store, each named by its content,
+"""The uploader (docs/files.md): sealed segments from the spool to the store, each named by its content,
 its manifest written after it.
 
 One thread, in a process of its own beside the sidecar (`_upload_process`). For each sealed segment in the spool (oldest first: those a restart
@@ -187,7 +187,7 @@ class Uploader:
 
     def ship_tokens(self, everything: bool = False, now_for: Optional[set[str]] = None,
                     changed: Optional[dict[str, tuple[Any, ...]]] = None) -> int:
-        """The training-token files (DESIGN §12) of the rollouts whose files changed and have been
+        """The training-token files (docs/tokens.md) of the rollouts whose files changed and have been
         still for ``token_idle`` seconds (``everything``: all that changed, the drain's), as one
         bundle: each rollout's files whole, read under its shared lock (a consistent snapshot), the
         bundle named by its content, then its manifest. Readers take each rollout's latest; those

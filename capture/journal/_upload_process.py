@@ -1,4 +1,4 @@
-"""The uploader in a process of its own (DESIGN §14): both ends, `UploaderProcess` in the sidecar and
+"""The uploader in a process of its own (docs/files.md): both ends, `UploaderProcess` in the sidecar and
 `main` in the child.
 
 Why a process: an upload reads a sealed segment back, hashes it, and puts it (for an object store,

@@ -1,4 +1,4 @@
-"""The journal: every capture line's way to the disk, and what happens when that fails (DESIGN §3, §5).
+"""The journal: every capture line's way to the disk, and what happens when that fails (docs/files.md, docs/guarantees.md).
 
 One door, `Journal.submit(rollout_id, build, size, settled)`: ``build()`` makes the line (its
 fields, or its bytes, or its bytes and the other files its durability barrier must cover), and
@@ -10,7 +10,7 @@ Where a line goes: to the capture process (`_process_client`; issue 34), which a
 of the calls that end together with one barrier, its syscalls not taking turns with the event loop
 for one interpreter lock; a large call's fields go to it pickled and it encodes them
 (`ENCODE_IN_PROCESS_BYTES`). A line built on a writer thread (``on_writer_thread``: its building
-writes files its barrier must cover, the training-token entries of DESIGN §12), and every line
+writes files its barrier must cover, the training-token entries of docs/tokens.md), and every line
 wherever the process cannot run, is appended by the writer threads with group commit
 (`GroupCommitter`). A failure never reaches the client: it is logged once per rollout and kind,
 counted, and the rollout is marked ``.capture.incomplete`` where the disk still allows it.
@@ -71,7 +71,7 @@ class Journal:
     def __init__(self, capture_dir: str, metrics: JournalMetrics, sync_mode: str = "auto",
                  process: bool = False, segments: Optional[SegmentPolicy] = None) -> None:
         """``process``: append through a capture process (else on the writer threads);
-        ``segments``: every line to this process's writer segments under the spool (DESIGN §14),
+        ``segments``: every line to this process's writer segments under the spool (docs/files.md),
         not to its rollout's file (segments a crash left open are sealed first)."""
         self.capture_dir = capture_dir
         self._segments = segments

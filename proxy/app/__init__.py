@@ -1,4 +1,4 @@
-"""The process (DESIGN §1, §9): `Sidecar` (admin endpoints, readiness, lifecycle), its settings,
+"""The process (docs/layout.md, docs/configuration.md): `Sidecar` (admin endpoints, readiness, lifecycle), its settings,
 logging, workers, and serving it. It makes the `proxy.call.CallContext` and chooses each call's
 hooks; it never imports the stand-in or the inspection tools (they depend on it).
 """

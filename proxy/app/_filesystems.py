@@ -1,5 +1,5 @@
 """Which filesystems the default layout (one file per rollout, appended under ``flock`` by every
-writer: DESIGN §3) is safe on, said once at start-up (DESIGN §14, issue 46, point 5).
+writer: docs/files.md) is safe on, said once at start-up (docs/files.md, issue 46, point 5).
 
 Read from the mount table (`records.filesystem_type`, and the mount's options): on a node's own
 disk (ext4, xfs, btrfs, tmpfs, overlay) and on a filesystem whose locks and appends hold across

@@ -1,4 +1,4 @@
-"""One frozen settings object, built once at start-up (DESIGN §9).
+"""One frozen settings object, built once at start-up (docs/configuration.md).
 
 Sources, lowest to highest: defaults, a YAML file, ``MCC_*`` environment variables, CLI flags.
 The YAML file may be a NeMo Gym global config: its top-level ``observability_enabled`` and
@@ -112,26 +112,26 @@ class Settings(BaseModel):
     #: writes), or only when reassembly failed or the stream was cut (``on-failure``): a 32k-token
     #: stream with logprobs is several MB, and ``response`` already holds all of it.
     capture_raw_stream: str = "always"
-    #: The token capture mode (DESIGN §11): add to each captured request what vLLM needs to
+    #: The token capture mode (docs/tokens.md): add to each captured request what vLLM needs to
     #: return the sampled token ids and their logprobs, and cut it from the agent's reply.
     capture_tokens: bool = False
-    #: Where the training-token files go (DESIGN §12); the capture dir when unset.
+    #: Where the training-token files go (docs/tokens.md); the capture dir when unset.
     token_dir: str | None = None
     #: Send a W3C ``traceparent`` upstream with each captured call the agent sent none with (its
     #: rollout's trace, its own span: `records.traceparent`), so the upstream's spans (vLLM's
     #: ``--otlp-traces-endpoint``) join the trace `mcc export --format otel-json` writes. A header
     #: only: the body is forwarded byte-exact, and an agent's own ``traceparent`` is kept.
     trace_context: bool = True
-    #: Prefix supply (DESIGN §12, issue 32): a chat call whose lineage resolved a parent is sent
+    #: Prefix supply (docs/tokens.md, issue 32): a chat call whose lineage resolved a parent is sent
     #: with ``kv_transfer_params.prompt_token_ids`` = the parent's prompt + generation ids + the new
     #: turn's ids (the upstream's own renderer), so its prompt extends the parent exactly. Applies
     #: to the calls the token capture mode covers.
     supply_prefix: bool = False
     #: A header sent upstream with each captured call, set to its rollout id (unless the agent sent
-    #: it): a router places a session's calls on one replica by it (DESIGN §2): ``x-session-id``
+    #: it): a router places a session's calls on one replica by it (docs/wire.md): ``x-session-id``
     #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
     affinity_header: str | None = None
-    #: Where the lines go past one node (DESIGN §14): ``segments:///path`` (writer segments on a
+    #: Where the lines go past one node (docs/files.md): ``segments:///path`` (writer segments on a
     #: shared or local path), ``s3://bucket/prefix``, ``gs://...``, ``az://...`` (object storage).
     #: The capture dir is then this sidecar's spool: its open and unsent segments.
     capture_store: str | None = None

@@ -1,4 +1,4 @@
-"""`Sidecar`: the running process's proxy, from one frozen `Settings` (DESIGN §1, §9).
+"""`Sidecar`: the running process's proxy, from one frozen `Settings` (docs/layout.md, docs/configuration.md).
 
 It makes what the calls share -- the `CallContext`: the upstream pool, the journal, the metrics,
 the hooks a call gets -- serves the admin endpoints (health, readiness, metrics, the declared
@@ -65,7 +65,7 @@ class Sidecar:
         #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
         self.model_ref_name = settings.model_ref_name
         self.journal: Optional[Journal] = None
-        #: With a capture store: the spool's sealed segments to the store (DESIGN §14).
+        #: With a capture store: the spool's sealed segments to the store (docs/files.md).
         self.uploader: Optional[UploaderProcess] = None
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()
@@ -85,7 +85,7 @@ class Sidecar:
         #: Set during --shutdown-delay: still serving, /-/ready says 503.
         self.shutting_down = False
         self._snapshot_timer: Optional[asyncio.TimerHandle] = None
-        #: The token capture mode (DESIGN §11) and its training-token files (DESIGN §12): with
+        #: The token capture mode (docs/tokens.md) and its training-token files (docs/tokens.md): with
         #: capture on, for every call (--capture-tokens) or for Gym's training path (made by `start`).
         self.token_training: Optional[TokenTraining] = None
         #: The weight version the trainer declared (``/-/weight-version``), shared by --workers.
@@ -176,7 +176,7 @@ class Sidecar:
                                                 PrefixSupply() if settings.supply_prefix else None)
             # The token capture mode writes each line's entries with it, on the writer threads.
             segments = None
-            if settings.capture_store is not None:  # Writer segments, uploaded (DESIGN §14).
+            if settings.capture_store is not None:  # Writer segments, uploaded (docs/files.md).
                 segments = SegmentPolicy(settings.capture_dir, settings.segment_max_bytes, settings.segment_max_age)
                 self.uploader = UploaderProcess(settings.capture_dir, settings.capture_store,
                                                 token_idle=settings.segment_max_age)
@@ -360,7 +360,7 @@ class Sidecar:
 
         Capture health is reported in the body (and `mcc_capture_dir_writable`, and the log), never
         in the status: a 503 takes the pod out of its Service, and every model call would fail
-        for a capture fault, which must never hurt a call (DESIGN §5).
+        for a capture fault, which must never hurt a call (docs/guarantees.md).
         """
         settings = self.settings
         problem = await upstream_problem(self.upstream_url, self.upstream.ssl)

@@ -1,4 +1,4 @@
-"""One model call (DESIGN §1, §2): its phases, the body pump, the exchange and its line.
+"""One model call (docs/layout.md, docs/wire.md): its phases, the body pump, the exchange and its line.
 
 A call reads what it may use from a `CallContext`; features take part through the `CallHooks`
 chosen for it, at named phases; this package names no feature. Below it only the wire

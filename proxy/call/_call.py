@@ -1,4 +1,4 @@
-"""One model call: forward the request upstream and pump the reply back, byte for byte (DESIGN §2).
+"""One model call: forward the request upstream and pump the reply back, byte for byte (docs/wire.md).
 
 `Call.run` is the whole story, as a list of named phases: the request body, the upstream request,
 the upstream head, the body (each read: `BodyPump`), the terminal, the line, the end. Features
@@ -276,7 +276,7 @@ class Call:
     async def _relay_cut_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
                               cutter: AddedFieldCutter) -> None:
         """A sized body with a cutter: read whole, cut whole, its Content-Length recomputed
-        (DESIGN §11). A JSON body's line is durable before the agent gets a byte of it; a sized
+        (docs/tokens.md). A JSON body's line is durable before the agent gets a byte of it; a sized
         stream's events go out as soon as the whole is cut, the one that completes the reply and
         what follows it once the line is durable (issue 55)."""
         sink = WholeBody()
@@ -350,7 +350,7 @@ class Call:
         """Complete the exchange and make its line durable, then call ``then()`` (on the loop).
 
         The pump's form of `_persist_now`: no task, no future. With ``holding_back`` the wait is
-        measured as the terminal chunk's hold-back (DESIGN §2).
+        measured as the terminal chunk's hold-back (docs/wire.md).
         """
         if holding_back:
             started, metrics = time.perf_counter(), self.metrics
@@ -421,7 +421,7 @@ class Call:
                 and tap.seen_whole(exchange.parsed_request if exchange.parsed_request is not None
                                    else parse_json_object(exchange.request_body))):
             # Every choice had its finish reason (and the usage chunk asked for): the client left
-            # before [DONE] only, having had the whole reply (DESIGN §2). Complete, not a cancel.
+            # before [DONE] only, having had the whole reply (docs/wire.md). Complete, not a cancel.
             tap.end_seen_whole()
             self.metrics.left_after_end.inc()
             self._line_then(_ignore)

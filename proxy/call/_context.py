@@ -1,4 +1,4 @@
-"""What a call may use (`CallContext`), and how a feature takes part in it (`CallHooks`; DESIGN §1).
+"""What a call may use (`CallContext`), and how a feature takes part in it (`CallHooks`; docs/layout.md).
 
 `CallContext`: in place of a back-reference to the whole sidecar, a call reads its settings, the
 upstream pool, the journal, the metrics and the hooks chosen for it from here, and nothing else
@@ -18,7 +18,7 @@ The phases, in a call's order:
 3. ``upstream_head``   the upstream's head is in: the reply to relay (a refusal resent as the
    agent's own request); ``upstream_failed`` instead when no head came.
 4. ``reply_cutter``    before the body: a cutter the reply's bytes go through (`AddedFieldCutter`:
-   the tap cuts what the call added; DESIGN §11), else None.
+   the tap cuts what the call added; docs/tokens.md), else None.
 5. ``before_reply_bytes`` a byte of the reply is about to reach the agent ahead of its line.
 6. ``terminal``        the upstream exchange ended (last byte, error or cancel).
 7. ``line_fields`` / ``line``  the capture line is built (on the loop or a thread): fields to add;
@@ -122,7 +122,7 @@ class CallContext:
     #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
     model_ref_name: str
     max_body_bytes: int
-    #: The session and assistant-message id header names (DESIGN §2 correlation headers).
+    #: The session and assistant-message id header names (docs/wire.md correlation headers).
     correlation_headers: tuple[str, str]
     #: ``always`` or ``on-failure``: when a stream's ``response_raw`` goes on the line.
     raw_stream: str

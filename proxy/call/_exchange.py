@@ -1,4 +1,4 @@
-"""One observed model call as the proxy sees it, and the capture line it becomes (DESIGN §3, §4)."""
+"""One observed model call as the proxy sees it, and the capture line it becomes (docs/files.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _OMITTED_WHEN_NONE = frozenset(
 
 @dataclass
 class Failure:
-    """DESIGN §4 ``failure``: what went wrong, in one object."""
+    """docs/files.md ``failure``: what went wrong, in one object."""
 
     stage: str
     category: str
@@ -44,7 +44,7 @@ class Failure:
 
 
 def new_call_id() -> str:
-    """A random (version 4) UUID as 32 hex digits (DESIGN §3 ``model_call_id``).
+    """A random (version 4) UUID as 32 hex digits (docs/files.md ``model_call_id``).
 
     From a generator seeded once per process from the OS, not ``uuid4()``: that asks the kernel
     for 16 bytes on every call, one syscall per model call for an id that only has to be unique.
@@ -96,7 +96,7 @@ class CallExchange:
     failure: Failure | None = None
     #: The error body of a reply the sidecar wrote itself.
     local_body: dict[str, Any] | None = None
-    #: Token capture mode (DESIGN §11): the fields the sidecar added to the request sent upstream.
+    #: Token capture mode (docs/tokens.md): the fields the sidecar added to the request sent upstream.
     added_request_fields: dict[str, Any] | None = None
     #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
     parsed_request: dict[str, Any] | None = None
@@ -131,7 +131,7 @@ class CallExchange:
         return tap.generated_so_far() if type(tap) is StreamTap else None
 
     def start(self) -> None:
-        """Taken immediately before the request goes upstream (DESIGN §3)."""
+        """Taken immediately before the request goes upstream (docs/files.md)."""
         self.started_at = time.time()
         self._started_monotonic = time.monotonic()
         self.upstream_attempted = True

@@ -1,4 +1,4 @@
-"""A call's capture line: its fields from the exchange, the hooks' fields, then to the journal (DESIGN §3).
+"""A call's capture line: its fields from the exchange, the hooks' fields, then to the journal (docs/files.md).
 
 ``build_line`` runs where the journal says (on the loop for a small call, else on a thread), once
 the reply has ended: it parses the request and finishes the tap there, not on the way to the

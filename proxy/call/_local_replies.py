@@ -1,4 +1,4 @@
-"""Replies the sidecar writes itself, in the error shape of the dialect the path implies (DESIGN §2)."""
+"""Replies the sidecar writes itself, in the error shape of the dialect the path implies (docs/wire.md)."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ class SidecarMetrics:
               "dir is writable and the last line written was not refused (a full disk or quota, an I/O error); "
               "0 otherwise, until a line is written again. /-/ready stays 200 either way.",
               registry=registry).set_function(self._capture_dir_writable)
-        #: With a capture store (DESIGN §14): what is sealed and not yet uploaded (an `UploadLag`).
+        #: With a capture store (docs/files.md): what is sealed and not yet uploaded (an `UploadLag`).
         self.upload_lag: Callable[[], Any] | None = None
         Gauge("mcc_upload_lag_bytes", "Bytes of sealed segments not yet in the capture store (0 without one).",
               registry=registry).set_function(lambda: self.upload_lag().bytes if self.upload_lag else 0)

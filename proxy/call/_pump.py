@@ -1,8 +1,8 @@
 """`BodyPump`: one reply body from the upstream connection to the client, from the upstream's callbacks.
 
-The hot path of a call (DESIGN §2): per read, feed the tap and write to the client, no task
+The hot path of a call (docs/wire.md): per read, feed the tap and write to the client, no task
 switch. The chunk that ends a captured reply is held (and the upstream paused) until the line is
-durable. A cut (DESIGN §11) is not a second pump: it is the `Relay` the pump is given, which says
+durable. A cut (docs/tokens.md) is not a second pump: it is the `Relay` the pump is given, which says
 what the client gets of bytes the tap has read (`AS_CAME`: the bytes themselves; `TAP_OUTPUT`:
 what the tap gives back, the added fields cut).
 """
@@ -89,7 +89,7 @@ class BodyPump:
         self.upstream = upstream
         self.client = call.client
         self.tap = tap
-        #: What the client gets of the bytes (a cutter: what the tap gives back, DESIGN §11).
+        #: What the client gets of the bytes (a cutter: what the tap gives back, docs/tokens.md).
         self.relay = AS_CAME if cutter is None else TAP_OUTPUT
         #: Where body bytes go: the client's socket, through the relay when it rewrites.
         self.write = call.client.write if cutter is None else self._write_behind
@@ -169,7 +169,7 @@ class BodyPump:
         (`StreamTap.quiet_prefix`) go to the client before they are parsed, then the tap takes the
         read in one pass; in the token capture mode the tap gives each event to the client as soon
         as it is cut (`_emit`). What ends the reply is held, with what follows it, until the line
-        is durable (DESIGN §2).
+        is durable (docs/wire.md).
         """
         relay = self.relay
         sent = 0

@@ -1,4 +1,4 @@
-"""Prefix routing (DESIGN §2): which rollout a request belongs to and what goes upstream."""
+"""Prefix routing (docs/wire.md): which rollout a request belongs to and what goes upstream."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Route:
     #: Set when the prefix is present but its rollout id is not valid.
     invalid_rollout_id: str | None = None
     #: Gym's training path (``/ng-rollout/<id>/training-token-capture/...``): the token capture
-    #: mode is on for this call, whatever the setting (DESIGN §12).
+    #: mode is on for this call, whatever the setting (docs/tokens.md).
     training_tokens: bool = False
 
     @property
@@ -92,7 +92,7 @@ def _decodes(encoded: str) -> bool:
 
 #: Paths an SDK reaches without its ``/v1`` (a base_url of ``http://sidecar/ng-rollout/<id>``).
 #: The session headers the coding harnesses send of their own, read (in this order) when the
-#: configured `session_id_header` is absent: Claude Code's, then Codex CLI's (DESIGN §2).
+#: configured `session_id_header` is absent: Claude Code's, then Codex CLI's (docs/wire.md).
 HARNESS_SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
 #: The agent within a session, and the agent that started it (a subagent's parent): Claude Code's
 #: own headers, and Dynamo's parent session (its agents' convention), first present wins.

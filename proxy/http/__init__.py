@@ -1,4 +1,4 @@
-"""The wire (DESIGN §1, §2): HTTP/1.1 over httptools, both ends. Imports nothing else of the project.
+"""The wire (docs/layout.md, docs/wire.md): HTTP/1.1 over httptools, both ends. Imports nothing else of the project.
 
 The server side's connection (`Http1Connection`: socket, parser, pipeline) and its `ReplyWriter`, the
 upstream client and its pool (`UpstreamPool`, `UpstreamReply`), the one `Headers` type and its

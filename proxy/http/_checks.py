@@ -1,4 +1,4 @@
-"""What readiness and the forwarder say about an upstream that cannot be reached (DESIGN §2)."""
+"""What readiness and the forwarder say about an upstream that cannot be reached (docs/wire.md)."""
 
 from __future__ import annotations
 

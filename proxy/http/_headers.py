@@ -69,7 +69,7 @@ def client_response_headers(raw_headers: Headers, fields: Optional[dict[bytes, b
 
 
 def single_value(headers: Headers, name: str, fields: Optional[dict[bytes, bytes]] = None) -> str | None:
-    """The header's value when exactly one distinct non-empty value is present (DESIGN §2).
+    """The header's value when exactly one distinct non-empty value is present (docs/wire.md).
     ``fields``: the head's fields by lower-case name, to tell an absent header without a scan."""
     wanted = name.lower().encode("latin-1")
     if fields is not None and wanted not in fields:

@@ -1,4 +1,4 @@
-"""The sidecar's HTTP/1.1 server connection: requests in, replies out, nothing added (DESIGN §2).
+"""The sidecar's HTTP/1.1 server connection: requests in, replies out, nothing added (docs/wire.md).
 
 Why not aiohttp's server: on this path it costs about 130 µs of Python per request before any
 proxying (issue 5 measured 7,700 canned replies/s against nginx's 21,000 proxied ones). This is

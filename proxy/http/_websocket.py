@@ -4,7 +4,7 @@ reads a client's frames and writes its own.
 
 `FrameReader` parses one direction of a connection incrementally, at any split of the bytes, and
 says where each message's last frame began in the stream (the relay holds a terminal event back
-from there until its line is durable: DESIGN §2). Every size is bounded: a frame or message over
+from there until its line is durable: docs/wire.md). Every size is bounded: a frame or message over
 ``max_message_bytes`` is a protocol error (close code 1009), never an allocation.
 """
 

@@ -63,7 +63,7 @@ def _rollout_id(store: CaptureStore, rollout_id: str) -> str:
 
 
 def _store(directory: str, allow_empty: bool = False) -> CaptureStore:
-    if is_store_url(directory):  # A capture store (DESIGN §14): read as Gym's per-rollout files.
+    if is_store_url(directory):  # A capture store (docs/files.md): read as Gym's per-rollout files.
         try:
             return CaptureStore(directory, allow_empty=allow_empty)
         except StoreNotFound as exc:  # A URL that points nowhere is an error, as a missing directory is.
@@ -232,7 +232,7 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         for said in training_summary(store, rollout_id, call_index):
             click.echo(said)
         return
-    # An unreadable line keeps its place (its index is its position in the file: DESIGN §3).
+    # An unreadable line keeps its place (its index is its position in the file: docs/files.md).
     rows = [call_row(rollout_id, index, line) if line is not None else index
             for index, line in store.iter_available(rollout_id)]
     if as_json:

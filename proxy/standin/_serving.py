@@ -30,7 +30,7 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
         # A client that goes away cancels its handler, so the upstream request is cancelled too
         # and the GPU stops generating (issue 2); capture then finishes in a tracked task.
         handler_cancellation=True,
-        # Request bodies are forwarded as sent: a gzip request body stays gzip (DESIGN §2).
+        # Request bodies are forwarded as sent: a gzip request body stays gzip (docs/wire.md).
         auto_decompress=False,
         access_log=None,
         # On SIGTERM: stop accepting, let in-flight calls finish up to this long (issue 6).

@@ -1,4 +1,4 @@
-"""Training features, each plugged into a call's named phases (DESIGN §1, §11-§13).
+"""Training features, each plugged into a call's named phases (docs/layout.md, docs/tokens.md).
 
 The token capture mode and its training-token files (`TokenTraining`, `TokenHooks`), prefix supply
 (`PrefixSupply`), the trainer's declared weight versions (`DeclaredWeightVersions`,

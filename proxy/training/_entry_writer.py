@@ -1,4 +1,4 @@
-"""The sidecar's training-token files (DESIGN §12): lineage before a call, its entry after.
+"""The sidecar's training-token files (docs/tokens.md): lineage before a call, its entry after.
 
 Before a call in the token capture mode goes upstream, `TokenCapture.prepare` (on a worker thread:
 it reads files) resolves which earlier call of the rollout the request continues, and notes the

@@ -1,4 +1,4 @@
-"""Prefix supply on the proxy's side (DESIGN §12, issue 32): the renderer round trips, and what the
+"""Prefix supply on the proxy's side (docs/tokens.md, issue 32): the renderer round trips, and what the
 sidecar learns of an upstream that cannot render.
 
 `capture.render_requests` says what to render; this sends the three ``/tokenize`` requests at once

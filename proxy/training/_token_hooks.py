@@ -1,4 +1,4 @@
-"""The token capture mode in a call (DESIGN §11, §12): `TokenHooks`, one per call it covers.
+"""The token capture mode in a call (docs/tokens.md): `TokenHooks`, one per call it covers.
 
 At the call's phases (`proxy.call.CallHooks`):
 
@@ -48,7 +48,7 @@ class TokenTraining:
         self.token_capture = token_capture
         #: --capture-tokens: every call; else only Gym's training path (``Route.training_tokens``).
         self.every_call = every_call
-        #: --supply-prefix (DESIGN §12): the renderer round trips and what they taught.
+        #: --supply-prefix (docs/tokens.md): the renderer round trips and what they taught.
         self.prefix_supply = prefix_supply
 
     def covers(self, training_path: bool) -> bool:
@@ -88,7 +88,7 @@ class TokenHooks(CallHooks):
 
     async def request_body(self, call: "CallView", body: bytes) -> bytes:
         body = self._add_fields(call, body)
-        # The call's lineage and its intent (DESIGN §12) are prepared while the request goes
+        # The call's lineage and its intent (docs/tokens.md) are prepared while the request goes
         # upstream, and awaited before the agent gets a byte of the reply (issue 34); prefix
         # supply needs the lineage before the request.
         self._plan_entry_soon(call)
@@ -162,7 +162,7 @@ class TokenHooks(CallHooks):
 
     async def _supply_prefix(self, call: "CallView", body: bytes) -> bytes:
         """``body`` with the parent's exact prompt ids supplied (``--supply-prefix``), for a chat
-        call whose lineage resolved a parent; else ``body`` (DESIGN §12, issue 32)."""
+        call whose lineage resolved a parent; else ``body`` (docs/tokens.md, issue 32)."""
         exchange, supply, metrics = call.exchange, self.training.prefix_supply, self.training.metrics
         plan = self.plan
         if exchange is None or supply is None or exchange.dialect != "chat" or plan is None \
@@ -212,7 +212,7 @@ class TokenHooks(CallHooks):
         return added and (upstream.status in REFUSAL_STATUSES or _compressed_success(upstream))
 
     async def _resend_own_request(self, call: "CallView", upstream: UpstreamReply) -> UpstreamReply:
-        """Send the agent's own request (DESIGN §11). A refusal the agent's own request does not
+        """Send the agent's own request (docs/tokens.md). A refusal the agent's own request does not
         get is learnt (those fields are not added again); a compressed reply is not a refusal: the
         mode stays on, this call goes without arrays, and the sidecar says so once."""
         training, metrics = self.training, self.training.metrics
@@ -255,7 +255,7 @@ class TokenHooks(CallHooks):
 
     async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
-        disk (DESIGN §12: durable before the agent gets a byte of the reply)."""
+        disk (docs/tokens.md: durable before the agent gets a byte of the reply)."""
         plan = self.plan
         if plan is not None and plan.intent_unflushed is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.training.token_capture.flush_intent, plan)
@@ -279,7 +279,7 @@ class TokenHooks(CallHooks):
         return self.plan is not None
 
     def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
-        """Prefix supply's proof (DESIGN §12): the prompt ids the upstream reports begin with the
+        """Prefix supply's proof (docs/tokens.md): the prompt ids the upstream reports begin with the
         ids supplied, as ``prefix_supplied``, or ``prefix_not_supplied``: why a call with a
         resolved parent went without. ``resumes``: the aborted call this one continues."""
         supplied = self.prefix

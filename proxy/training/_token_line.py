@@ -1,4 +1,4 @@
-"""The line of a call in the token capture mode, and its training-token entries (DESIGN §11, §12).
+"""The line of a call in the token capture mode, and its training-token entries (docs/tokens.md).
 
 On a writer thread (`TokenHooks.line_on_writer_thread`): the call's entries are written first,
 from the arrays its reply carried, and made durable by the line's own barrier (the entries' file

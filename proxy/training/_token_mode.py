@@ -1,4 +1,4 @@
-"""The token capture mode on the proxy's side (DESIGN §11): which fields a call gets, and what
+"""The token capture mode on the proxy's side (docs/tokens.md): which fields a call gets, and what
 the sidecar learns when the upstream refuses one.
 
 The byte work (adding to the request, cutting from the reply) is `capture`'s, sans-io; this

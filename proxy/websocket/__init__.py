@@ -1,4 +1,4 @@
-"""The Responses WebSocket mode (DESIGN §2): a socket's responses captured as call lines.
+"""The Responses WebSocket mode (docs/wire.md): a socket's responses captured as call lines.
 
 `serve_websocket` answers an ``Upgrade: websocket`` on a prefixed ``/v1/responses``: relayed
 unchanged to an upstream that accepts it (`_relay`), else served here and bridged to streamed

@@ -1,4 +1,4 @@
-"""The bridge (DESIGN §2): a Responses WebSocket served by the sidecar for an upstream that has none
+"""The bridge (docs/wire.md): a Responses WebSocket served by the sidecar for an upstream that has none
 (vLLM 0.33), each ``response.create`` sent as a streamed ``POST /v1/responses``.
 
 Each response is an ordinary call (`proxy.call.forward`): the same phases, hooks (the token mode

@@ -1,5 +1,5 @@
 """What one socket remembers of its responses, so each ``response.create`` is recorded (and, bridged,
-sent) as the whole request it stands for (DESIGN §2).
+sent) as the whole request it stands for (docs/wire.md).
 
 On a socket a client sends only the new input of each turn with the ``previous_response_id`` of the
 last response: the server keeps the rest "in memory on the open socket". The sidecar keeps it too,

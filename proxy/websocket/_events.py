@@ -1,4 +1,4 @@
-"""The Responses WebSocket mode's messages (DESIGN §2): what a client sends, what ends a response.
+"""The Responses WebSocket mode's messages (docs/wire.md): what a client sends, what ends a response.
 
 A client sends ``{"type": "response.create", ...}`` whose other fields are a ``POST /v1/responses``
 body (``stream`` implicit, ``background`` not allowed); ``"generate": false`` prewarms (a response

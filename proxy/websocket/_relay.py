@@ -1,4 +1,4 @@
-"""The relay (DESIGN §2): a Responses WebSocket to an upstream that accepts the upgrade, its bytes
+"""The relay (docs/wire.md): a Responses WebSocket to an upstream that accepts the upgrade, its bytes
 forwarded both ways unchanged, each response captured as one call line.
 
 Both directions are read as copies (`FrameReader`, with permessage-deflate inflated when the two

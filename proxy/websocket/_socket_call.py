@@ -1,4 +1,4 @@
-"""One response on a socket, as one call line (DESIGN §2, §3): the relay's own exchange, and a
+"""One response on a socket, as one call line (docs/wire.md, docs/files.md): the relay's own exchange, and a
 bridged prewarm's.
 
 A ``response.create`` opens it (the whole request it stands for, `Conversation`); each server

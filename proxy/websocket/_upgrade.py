@@ -1,4 +1,4 @@
-"""An ``Upgrade: websocket`` request (DESIGN §2): relayed to an upstream that accepts it, else bridged.
+"""An ``Upgrade: websocket`` request (docs/wire.md): relayed to an upstream that accepts it, else bridged.
 
 Only a prefixed ``/v1/responses`` is served (the Responses WebSocket mode); every other upgrade
 gets the 501 the wire gives any upgrade, said once per path. The upstream is asked first, with

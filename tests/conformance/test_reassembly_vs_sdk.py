@@ -1,4 +1,4 @@
-"""Our reassembly of every recorded stream equals what the official SDK accumulates (DESIGN §6).
+"""Our reassembly of every recorded stream equals what the official SDK accumulates (docs/files.md).
 
 Each `.sse` recording runs at three chunkings -- whole, one byte at a time, seeded random splits --
 through our tap and through the SDK's own decoder and accumulator. Where the SDK cannot finish,

@@ -31,7 +31,7 @@ def _usage(line: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prompt_tokens_beside_other_counts(line: dict[str, Any], gym_value: Any, ours: Any) -> bool:
-    """DESIGN §7: `prompt_tokens` wins whenever present, even beside Anthropic cache fields or
+    """docs/records.md: `prompt_tokens` wins whenever present, even beside Anthropic cache fields or
     `input_tokens` a gateway added; Gym takes `input_tokens` first and adds the cache fields."""
     usage = _usage(line)
     return isinstance(usage.get("prompt_tokens"), int) and ours == usage["prompt_tokens"] and (
@@ -46,7 +46,7 @@ def _custom_tool_calls(line: dict[str, Any], gym_value: Any, ours: Any) -> bool:
 
 
 def _reasoning_text_content(line: dict[str, Any], gym_value: Any, ours: Any) -> bool:
-    """DESIGN §7: Responses reasoning comes from summaries *and* `reasoning_text` content; Gym reads summaries only."""
+    """docs/records.md: Responses reasoning comes from summaries *and* `reasoning_text` content; Gym reads summaries only."""
     output = (line.get("response") or {}).get("output") or []
     texts = [part.get("text") for item in output if isinstance(item, dict) and item.get("type") == "reasoning"
              for part in (item.get("content") or []) if isinstance(part, dict) and part.get("text")]
@@ -91,7 +91,7 @@ def compare_rollout(store: CaptureStore, rollout_id: str, gym: dict[str, Any]) -
         compared, unexplained, by_rule = compared + counts[0], unexplained + counts[1], by_rule + counts[2]
     if "raises" not in gym["metrics"]:
         assert gym["strict"] == len(ours), rollout_id
-    # Gym's strict readers raise on a torn line, where ours (tolerant by default, DESIGN §3)
+    # Gym's strict readers raise on a torn line, where ours (tolerant by default, docs/files.md)
     # skip it: compared only where Gym's did not raise.
     metrics = aggregate_model_call_records(ours)
     gym_metrics = gym["metrics"] if "raises" not in gym["metrics"] else merged_metrics(gym)

@@ -54,7 +54,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "messages-stream": ("/v1/messages", {"model": SERVED_NAME, "max_tokens": 24, "messages": [_USER], "stream": True,
                                          "temperature": 0}),
 }
-#: The fields the mode adds, by dialect (DESIGN §11, capture/_token_request.py); vLLM 0.32 ignores
+#: The fields the mode adds, by dialect (docs/tokens.md, capture/_token_request.py); vLLM 0.32 ignores
 #: ``return_weight_versions`` (0.33's, issue 32) and replies with the same bytes.
 ADDED = {"/v1/chat/completions": {"logprobs": True, "return_token_ids": True, "return_weight_versions": True},
          "/v1/completions": {"logprobs": 0, "return_token_ids": True, "return_weight_versions": True},
