@@ -73,7 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ray_store.py
 	$(BIN)/python benchmarks/bench_report.py
 
-# docs/configuration.md is generated from the settings and the flags' help (tests/test_docs.py
+# docs/configuration.md is generated from the settings and the flags' help (tests/project/test_docs.py
 # fails when it is out of date).
 docs: $(STAMP)
 	$(BIN)/python -m proxy._configuration_reference > docs/configuration.md

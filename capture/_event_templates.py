@@ -28,7 +28,7 @@ Why this is the same outcome as the general path, whatever the bytes:
   character must not pass as one), its numbers by the same parser. The first value that fails
   ends the run there; that event takes the general path, which says what is wrong with it.
 
-`tests/test_event_templates.py` compares a tap with templates and one without on spoilt streams.
+`tests/capture/test_event_templates.py` compares a tap with templates and one without on spoilt streams.
 """
 
 from __future__ import annotations

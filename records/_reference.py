@@ -1,5 +1,5 @@
 """docs/records.md, generated from the models: ``python -m records._reference > docs/records.md``
-(``make docs``); `tests/test_docs.py` checks the page is what this prints.
+(``make docs``); `tests/project/test_docs.py` checks the page is what this prints.
 
 Every field of what readers get -- `ModelCallRecord`, `TokenRecord`, a trajectory
 (`TrajectoryBuild`, `Trajectory`, `CallSpan`), an end (`RolloutEnd`) and the hand-off's items
@@ -216,7 +216,7 @@ _PIPE = "\\|"
 def render() -> str:
     out = ["# The records' fields", "",
            "<!-- Generated from the models by `python -m records._reference` (make docs); "
-           "tests/test_docs.py checks it. -->", "",
+           "tests/project/test_docs.py checks it. -->", "",
            "What the `records` package hands a reader, field by field. A count nobody reported is `None`, "
            "never 0; fields marked \"Not in Gym's record\" are ours, beside NeMo Gym 0.7.0's.", "",
            "## One name per quantity", "",

@@ -52,7 +52,7 @@ async def test_gyms_token_readers_on_a_compacted_store_build_the_chain(http, ups
     from records import trajectories
     from tests.gym_conformance.test_gym_reads_token_files import assert_ours_equal_gyms
     from tests.gym_conformance.test_gym_reads_token_files import run_gym as run_gym_tokens
-    from tests.test_token_files import converse, serve_model
+    from tests.proxy.training.test_token_files import converse, serve_model
     from tests.vllm_chat_model import TinyChatModel
 
     monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
@@ -85,7 +85,7 @@ async def test_gyms_token_readers_link_a_rollout_re_pinned_across_two_sidecars(h
     from records import trajectories
     from tests.gym_conformance.test_gym_reads_token_files import assert_ours_equal_gyms
     from tests.gym_conformance.test_gym_reads_token_files import run_gym as run_gym_tokens
-    from tests.test_token_files import SYSTEM, converse, serve_model
+    from tests.proxy.training.test_token_files import SYSTEM, converse, serve_model
     from tests.vllm_chat_model import TinyChatModel
 
     monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
@@ -120,7 +120,7 @@ def test_records_sums_latencies_as_gyms_interpreter_does(gym):
     import random
     import subprocess
 
-    from tests.test_records_gym_parity import latency_total
+    from tests.records.test_gym_parity import latency_total
     rng = random.Random(7)
     lists = [[round(rng.uniform(0.1, 900.0), 3) for _ in range(rng.randint(2, 40))] for _ in range(2000)]
     done = subprocess.run([gym, "-c", "import json, sys; print(json.dumps([sum(v) for v in json.load(sys.stdin)]))"],

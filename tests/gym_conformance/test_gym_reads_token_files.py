@@ -13,7 +13,7 @@ from records import read_token_entries
 from tests.conformance.vllm_recordings import CASES_BY_NAME, Replay, normalised, requires_vllm_recordings
 from tests.scripted_upstream import json_script
 from tests.wire import fetch, rollout_url
-from tests.test_token_files import SYSTEM, converse, serve_model
+from tests.proxy.training.test_token_files import SYSTEM, converse, serve_model
 from tests.vllm_chat_model import TinyChatModel
 
 
@@ -94,7 +94,7 @@ async def test_gym_builds_a_call_of_every_dialect_streamed_or_not(gym, http, sta
     the mode against the stand-in: each call's entry is a root Gym builds unmasked, with our arrays;
     n = 2 gives one entry per choice; Messages gets none (vLLM returns no arrays there)."""
     from records import read_token_records
-    from tests.test_token_capture_mode import REQUESTS
+    from tests.proxy.training.test_token_capture_mode import REQUESTS
     from tests.wire import fetch, rollout_url
 
     sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
@@ -144,7 +144,7 @@ def assert_ours_equal_gyms(directory: str, rollout_id: str, gyms: dict) -> None:
 async def test_records_trajectories_equal_gyms_builder(gym, http, upstream, stand_in, start, capture_dir):
     """The same files, Gym's builder and ours: a clean chain, a drift, a lost call, a retried final
     turn, a retried middle turn, an unresolved continuation, and single calls of every dialect."""
-    from tests.test_token_capture_mode import REQUESTS
+    from tests.proxy.training.test_token_capture_mode import REQUESTS
     from tests.wire import fetch, rollout_url
 
     model = TinyChatModel()

@@ -1,7 +1,7 @@
 """An adversarial corpus: hostile or broken request bytes get a clear 4xx, and nothing goes upstream.
 
 Each case is written to a raw socket as is; the upstream records every request that reaches it.
-(Slowloris and the never-ending header are in tests/test_wire_rules.py, with short limits.)
+(Slowloris and the never-ending header are in tests/proxy/http/test_wire_rules.py, with short limits.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.test_wire_rules import RawUpstream, exchange, sized
+from tests.proxy.http.test_wire_rules import RawUpstream, exchange, sized
 
 H = b"Host: s\r\n"
 CHAT = b"/ng-rollout/adv/v1/chat/completions"

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from records import Consumer, end_rollout
-from tests.test_consumer import _TRAINER, ROOT
+from tests.records.test_consumer import _TRAINER, ROOT
 
 pytestmark = pytest.mark.soak
 ROLLOUTS = 5_000
