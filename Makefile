@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The demo needs only the SDKs it drives, not the test tools (pytest, pyarrow, kubernetes-validate).
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test soak bench clean install docs gym-conformance gym-e2e vllm-conformance harness-e2e
+.PHONY: demo test test-quick soak bench clean install docs gym-conformance gym-e2e vllm-conformance harness-e2e
 
 install: $(STAMP)
 
@@ -26,8 +26,13 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/mcc demo
 
+# On every core (pytest-xdist); the slow tests start first so that they do not end last.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
+
+# The inner loop: everything but the tests marked slow (under 2 minutes on 2 cores).
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto -m 'not slow and not soak and not vllm and not gym_e2e and not harness_e2e'
 
 # NeMo Gym 0.7.0's own reader against records (also part of `make test`); builds its cached venv
 # (~/.cache/model-call-capture/nemo-gym-0.7.0, about 90 s the first time).

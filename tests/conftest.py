@@ -18,6 +18,12 @@ SHARED_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."
 StartSidecar = Callable[..., Awaitable[RunningServer]]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first, in their order: spread over the workers of ``-n auto`` from the
+    start, they do not leave one worker running the longest of them alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 async def upstream() -> AsyncIterator[ScriptedUpstream]:
     server = await ScriptedUpstream().start()

@@ -124,6 +124,7 @@ def _same(pieces: list[bytes], cut: bool, request: dict) -> int:
     return len(fast._templates or ())
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chat_stream(), st.booleans(), st.sampled_from([{}, {"logprobs": True}, {"return_token_ids": True}]))
 def test_a_tap_with_templates_captures_and_cuts_what_one_without_does(events, cut, asked):

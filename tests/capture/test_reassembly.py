@@ -172,6 +172,7 @@ def test_arbitrary_bytes_never_raise(dialect, pieces):
                                              max_leaves=8), max_size=6), max_size=12),
        st.sampled_from(["message", "message_start", "content_block_start", "content_block_delta", "content_block_stop",
                         "message_delta", "response.output_item.added", "response.output_text.delta", "response.completed"]))
+@pytest.mark.slow
 def test_arbitrary_json_events_never_raise_in_a_reassembler(dialect, payloads, event_name):
     """Well-formed JSON of the wrong shape is tolerated by every reassembler."""
     import orjson

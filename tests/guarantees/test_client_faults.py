@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 
 import aiohttp
@@ -25,6 +27,7 @@ async def test_client_leaving_mid_request_body_sends_nothing_upstream(upstream, 
     assert (await http.get(sidecar.url + "/-/healthy")).status == 200
 
 
+@pytest.mark.slow
 async def test_slow_readers_push_back_on_the_upstream_and_memory_stays_bounded(upstream, tmp_path):
     """50 clients stop reading a 100 MB stream: the upstream is held back, the sidecar's RSS stays bounded.
 

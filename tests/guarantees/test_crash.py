@@ -43,6 +43,7 @@ async def _client(http: aiohttp.ClientSession, url: str, number: int, acknowledg
             return
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(10))
 async def test_sigkill_mid_load_loses_no_acknowledged_call(seed, stand_in, tmp_path):
     capture_dir = str(tmp_path)

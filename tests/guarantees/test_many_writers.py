@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 
 import aiohttp
@@ -17,6 +19,7 @@ ROLLOUTS = 5
 LONG_PROMPT = "x" * 70_000  # Lines above 64 KiB, bigger than a pipe buffer, must still not interleave.
 
 
+@pytest.mark.slow
 async def test_four_sidecars_500_calls_each_give_2000_intact_lines(stand_in, tmp_path):
     sidecars = [SidecarProcess.start("--upstream", stand_in.url, "--capture-dir", str(tmp_path)) for _ in range(SIDECARS)]
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import os
 import signal
@@ -43,6 +45,7 @@ async def test_no_credential_reaches_the_disk(http, upstream, start, capture_dir
     assert upstream.received[0].header("Authorization") == SECRET_HEADERS["Authorization"], "still forwarded"
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_in_flight_streams_then_exits_zero(upstream, tmp_path):
     """SIGTERM: new connections are refused, in-flight streams finish, their lines are on disk, exit 0."""
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM, split_every(CHAT_STREAM, 200), pause=0.3)
@@ -72,6 +75,7 @@ async def test_sigterm_drains_in_flight_streams_then_exits_zero(upstream, tmp_pa
         assert (tmp_path / f"drain-{number}.capture.jsonl").read_bytes().count(b"\n") == 1
 
 
+@pytest.mark.slow
 def test_a_rolling_update_keeps_serving_through_the_shutdown_delay(tmp_path):
     """Issue 21, point 5: after SIGTERM, --shutdown-delay keeps the listener open (calls routed during
     endpoint propagation are served and captured) while /-/ready says 503; then the drain, and a

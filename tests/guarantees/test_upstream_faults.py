@@ -27,6 +27,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 async def test_upstream_fault(fault, http, upstream, start, capture_dir, store):
     script, status, category, expected_bytes, client_error = FAULTS[fault]

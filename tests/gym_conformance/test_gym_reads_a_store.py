@@ -5,6 +5,8 @@ read them, and agree field by field with `records` reading the store URL itself.
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 
 from records import CaptureStore, compact_store, read_model_call_records
@@ -15,6 +17,7 @@ from tests.wire import fetch, rollout_url
 from .agreement import compare_rollout, run_gym
 
 
+@pytest.mark.slow
 async def test_gyms_readers_on_a_compacted_store_agree_with_records_on_the_store(http, upstream, start, tmp_path, gym,
                                                                                 monkeypatch):
     monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))

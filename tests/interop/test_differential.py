@@ -153,6 +153,7 @@ MATRIX = [(client, case) for client in sorted(CLIENTS) for case in sorted(CASES)
           if not (client == "curl" and CASES[case][0] == "HEAD")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client,case", MATRIX)
 @pytest.mark.parametrize("server", ASGI_SERVERS)
 def test_through_the_sidecar_equals_direct(upstreams, sidecars, server, client, case):
@@ -164,6 +165,7 @@ def test_through_the_sidecar_equals_direct(upstreams, sidecars, server, client, 
     assert proxied == direct
 
 
+@pytest.mark.slow
 def test_httpx_async_and_sync_reuse_one_connection_for_many_calls(upstreams, sidecars):
     """A pooled client's keep-alive connection carries a mix of replies (204, HEAD, stream, 5 MB)."""
     paths = ["/json", "/empty", "/sse", "/big", "/etag", "/json"]
@@ -275,6 +277,7 @@ def test_a_reset_mid_stream_reaches_the_client_as_a_cut_with_the_same_bytes(upst
         assert b"data: 1" in direct_body and b"data: 1" in proxied_body
 
 
+@pytest.mark.slow
 def test_an_upstream_that_closes_idle_keep_alive_connections_loses_no_call(tmp_path):
     """uvicorn with a 1 s keep-alive, a sidecar told 30 s: the FIN peek still keeps every POST whole."""
     server = start_asgi("uvicorn-httptools")
@@ -303,6 +306,7 @@ def test_an_upstream_that_closes_idle_keep_alive_connections_loses_no_call(tmp_p
 
 # -- HTTPS upstream ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_https_upstream_with_a_private_ca(tmp_path):
     trustme = pytest.importorskip("trustme")
     authority = trustme.CA()

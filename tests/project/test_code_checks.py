@@ -4,6 +4,8 @@ error classes, bugbear) over the whole checkout, mypy over the three packages wi
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import subprocess
@@ -21,6 +23,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy_finds_nothing():
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

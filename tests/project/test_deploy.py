@@ -283,6 +283,7 @@ def test_dockerfile_has_what_a_production_image_needs():
         assert {".git", ".venv", "tests"} <= set(handle.read().split())
 
 
+@pytest.mark.slow
 def test_wheel_entrypoint_runs_in_a_clean_venv_with_the_dockerfile_environment(tmp_path):
     """Build the wheel, install it alone in a fresh venv, run `mcc serve` with the image's ENV."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",

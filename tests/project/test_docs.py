@@ -214,6 +214,7 @@ def _substituted(code: str, ports: dict[str, int], data: str) -> str:
     return code.replace("/data/", f"{data}/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page for page in PAGES if _runnable(page)])
 def test_command_blocks_run_as_written(page, stand_in_model, captured_run, tmp_path):
     data = tmp_path / "data"

@@ -150,6 +150,7 @@ def is_private_to_others(importer: str, imported: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     def load(name: str) -> tuple[str, int, str]:
         done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, cwd=ROOT)

@@ -144,6 +144,7 @@ print("done", flush=True)
 '''
 
 
+@pytest.mark.slow
 def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_committed_step(tmp_path):
     """A checkpointing trainer SIGKILLed at random points (between take, ack, checkpoint and commit),
     restarted each time with `rewind` to its last checkpoint: afterwards every ended rollout is in

@@ -211,6 +211,7 @@ async def _rollout(http: aiohttp.ClientSession, sidecars: list, index: int, rng:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["s3", "segments", "directory"])
 async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollout_once(layout, tmp_path, request,
                                                                                       monkeypatch):
@@ -354,6 +355,7 @@ def test_a_store_that_ignores_conditional_puts_is_refused_at_start(s3_server, mo
         Consumer("s3://captures/probe", "trainer")
 
 
+@pytest.mark.slow
 async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_is_incomplete(tmp_path, monkeypatch):
     """A sidecar SIGKILLed with a rollout's call in its spool (its segment not sealed, the end not
     seen): the rollout is held back while the bound runs, then handed out ``incomplete`` without

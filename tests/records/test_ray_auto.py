@@ -57,6 +57,7 @@ def test_auto_with_no_cluster_anywhere_says_so(tmp_path):
     assert process.stderr.read().startswith("mcc: no running Ray cluster found for --ray auto")
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_connect_that_hangs(tmp_path):
     """An address that accepts connections and never answers (a cluster mid-restart): Ray retries;
     Ctrl-C (SIGINT) ends the command."""
@@ -78,6 +79,7 @@ def test_ctrl_c_ends_a_connect_that_hangs(tmp_path):
         listener.close()
 
 
+@pytest.mark.slow
 def test_ray_says_no_info_lines_in_an_export(tmp_path):
     """Issue 33, point 9: Ray's INFO lines (connecting, its dashboard, each dataset's plan) are not
     the command's output: `mcc export --ray local` prints its own line, and warnings only."""

@@ -103,6 +103,7 @@ def ray_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_driver_on_an_existing_cluster_reads_across_its_nodes(tmp_path, ray_cluster):
     """The README's training rows from a driver that joins the cluster by address; both nodes read."""
     import pyarrow.parquet as pq
@@ -121,6 +122,7 @@ def test_a_driver_on_an_existing_cluster_reads_across_its_nodes(tmp_path, ray_cl
             == sorted(row["generation_token_ids"] for row in expected))
 
 
+@pytest.mark.slow
 def test_mcc_export_on_an_existing_cluster_and_its_errors(tmp_path, ray_cluster):
     """`mcc export --ray host:port` as deploy/README shows it, and one sentence, at once, for a
     cluster that is not there."""

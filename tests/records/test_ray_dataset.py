@@ -64,6 +64,7 @@ def sort_key(row: dict) -> tuple:
     return row["rollout_id"], row["call_index"], row.get("choice_index", 0)
 
 
+@pytest.mark.slow
 def test_token_rows_and_arrays_equal_records_readers(tmp_path, local_ray):
     directory = str(tmp_path / "captures")
     make_token_dir(directory, rollouts=12, calls=4, tokens=50)
@@ -287,6 +288,7 @@ def test_one_export_command_gives_one_schema_with_or_without_ray(tmp_path, local
         assert b"model_call_capture.version" in metadata and b"model_call_capture.exported_at" in metadata
 
 
+@pytest.mark.slow
 async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(tmp_path, local_ray):
     """Three sidecar processes append to the same rollouts' files in one directory (flock + fsync,
     docs/files.md) while the dataset reads it again and again: every read sees whole lines only, never

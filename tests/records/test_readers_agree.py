@@ -13,6 +13,8 @@ says why of every call the builder leaves unlinked."""
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import random
 import subprocess
@@ -140,6 +142,7 @@ class Agent:
         return [*history, *sent_back, after], None
 
 
+@pytest.mark.slow
 async def test_every_reader_gives_the_builders_verdict_over_500_generated_rollouts(http, stand_in, start, capture_dir,
                                                                                   tmp_path):
     sidecars = [(await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)).url for _ in range(2)]

@@ -148,6 +148,7 @@ _RESPONSE_KEYS = ["object", "output", "choices", "type", "content", "usage", "mo
 @given(st.dictionaries(st.sampled_from(_LINE_KEYS), _JSON, max_size=12),
        st.one_of(st.none(), st.dictionaries(st.sampled_from(_RESPONSE_KEYS), _JSON, max_size=6),
                  st.sampled_from([RESPONSES, CHAT, MESSAGES])))
+@pytest.mark.slow
 def test_any_line_builds_a_record_that_validates_as_declared(line, response):
     """Records are built without re-validation (speed); this proves every value has its declared type."""
     if response is not None:

@@ -221,6 +221,7 @@ def _contents(url: str, rollouts: list[str]) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["segments", "s3"])
 async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tmp_path, kind, request):
     """Three sidecar processes write the same 50 rollouts into one store (a shared path, and a real
@@ -328,6 +329,7 @@ def s3_server(monkeypatch):
     server.stop()
 
 
+@pytest.mark.slow
 async def test_an_s3_store_through_sidecar_processes_reads_as_the_lines_written(s3_server, tmp_path):
     """Two sidecars upload to a real S3 server; the readers (records, CaptureStore, the CLI's) read
     the store URL; its compacted view is Gym's per-rollout files with the lines' own bytes."""
@@ -390,6 +392,7 @@ async def test_a_store_that_refuses_never_fails_a_call_and_the_spool_keeps_the_l
     assert "cannot upload to" in "".join(sidecar.stderr_lines)
 
 
+@pytest.mark.slow
 async def test_workers_say_the_spools_lag_once_not_once_per_worker(tmp_path):
     """``--workers 2`` on one spool: every worker reports the spool's whole upload lag, so the
     merged ``/-/metrics`` takes it once (the largest reading), and the capture dir's writability as
@@ -430,6 +433,7 @@ async def test_workers_say_the_spools_lag_once_not_once_per_worker(tmp_path):
         assert sidecar.terminate() == 0
 
 
+@pytest.mark.slow
 async def test_the_uploader_runs_apart_from_the_sidecar_and_comes_back_when_killed(tmp_path):
     """The uploader is a process of its own (its reads, hashes and puts never take turns with the
     event loop); SIGKILLed, it is started again and what was sealed meanwhile still reaches the
@@ -494,6 +498,7 @@ def test_the_mount_options_are_read_from_the_mount_table():
     assert mount_options("/data/lustre/x", table) == "rw,flock"
 
 
+@pytest.mark.slow
 async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill(tmp_path):
     """The token capture mode with a capture store: the spool's training-token files reach the
     store (shipped once still, and by the drain; after a SIGKILL, by the next start on the spool).

@@ -27,6 +27,7 @@ from tests import CHECKOUT
 CHAT = "/v1/chat/completions"
 
 
+@pytest.mark.slow
 async def test_calls_cut_by_the_drain_timeout_are_recorded_as_cancelled(upstream, tmp_path):
     """SIGTERM with a stream longer than the drain: the line is written (cancelled, the partial
     reassembly, every byte relayed so far), the log says what happened, exit 0."""
@@ -194,6 +195,7 @@ async def test_413_and_the_access_log(http, upstream, start, capture_dir, caplog
                       "POST /ng-rollout/big/v1/chat/completions 413 captured=true"]
 
 
+@pytest.mark.slow
 def test_worker_metrics_never_go_backwards_under_load(tmp_path):
     """`--workers 2`: successive scrapes (answered by either worker) never see a counter decrease,
     and once the load stops every scrape counts every call."""
@@ -239,6 +241,7 @@ def test_worker_metrics_never_go_backwards_under_load(tmp_path):
         assert process.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_the_demo_runs_and_ends_with_what_to_try_next(tmp_path):
     done = subprocess.run([*MCC, "demo", "--capture-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -272,6 +275,7 @@ def _requests_total(text: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mcc_requests_total{"))
 
 
+@pytest.mark.slow
 def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
     """Issue 21, point 2: the supervisor notices at once, says so, restarts the worker; the dead pid
     leaves mcc_worker_info, its counters stay in the sums (never going down)."""

@@ -126,6 +126,7 @@ def test_serve_prints_the_ready_line_and_serves_with_env_settings(tmp_path):
         assert process.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_workers_share_one_port_and_one_capture_dir(tmp_path):
     """`--workers 2`: one ready line, calls spread over both processes, all captured, SIGTERM stops all."""
     process = subprocess.Popen([*MCC, "serve", "--stand-in", "--port", "0", "--workers", "2", "--capture-dir", str(tmp_path)],
@@ -251,6 +252,7 @@ def test_a_misspelt_variable_gets_the_likely_one():
     assert heard == ["ignoring unknown environment variable MCC_CAPTURE_TOKEN: did you mean MCC_CAPTURE_TOKENS?"]
 
 
+@pytest.mark.slow
 def test_the_supervisor_adds_up_what_its_workers_drained(tmp_path):
     """Issue 33, point 9: calls in flight at SIGTERM finish in whichever worker has them, each worker
     says its own count, and the supervisor's last line says the sum."""

@@ -92,6 +92,7 @@ def _worker_pids(url: str) -> list[int]:
     return sorted(int(line.split('"')[1]) for line in text.splitlines() if line.startswith("mcc_worker_info{"))
 
 
+@pytest.mark.slow
 def test_replacements_that_die_while_starting_count_towards_the_crash_loop(tmp_path):
     """The capture dir becomes a file (a broken volume): every replacement exits 2 while starting.
     Each is one death; the supervisor gives up at the fifth, with the real exit statuses."""
@@ -113,6 +114,7 @@ def test_replacements_that_die_while_starting_count_towards_the_crash_loop(tmp_p
     assert stderr.count("died (exit 2) while starting") >= 3 and "exit None" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_a_replacement_hung_while_starting_does_not_hide_other_deaths(tmp_path):
     """The config file becomes a FIFO nobody writes (a hung mount): a replacement blocks reading it.
     Meanwhile the other worker's death is noticed, logged and replaced at once."""

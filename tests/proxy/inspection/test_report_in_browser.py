@@ -315,6 +315,7 @@ async def shown_rollouts(tools: DevTools) -> list[str]:
     return await tools.evaluate("[...document.querySelectorAll('section.rollout')].map(s => s.dataset.rollout)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,width,height", WIDTHS)
 async def test_filters_combine_and_count_and_links_open_calls(tmp_path, conversation_report, name, width, height):
     """Issue 22, point 2: each filter, combined, with counts; the id filter ignores case; a link

@@ -197,6 +197,7 @@ async def test_two_ends_declaring_different_sizes_for_one_group_the_second_is_40
     assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4}))).status == 200
 
 
+@pytest.mark.slow
 async def test_an_end_waits_for_its_rollouts_call_under_way_and_refuses_new_ones_meanwhile(http, upstream, start,
                                                                                           capture_dir):
     """A stream still under way when its rollout is ended: the end's answer comes once that call's

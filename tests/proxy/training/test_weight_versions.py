@@ -4,6 +4,8 @@ the stand-in from vLLM's source; SGLang's ``metadata.weight_version``) and decla
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 from typing import Any
 
@@ -247,6 +249,7 @@ async def test_the_mode_names_the_rollout_as_the_session_upstream_unless_the_age
     assert sessions == [["r-1"], ["agent-own"], []]
 
 
+@pytest.mark.slow
 def test_every_worker_takes_a_declaration_made_to_one(tmp_path):
     """``--workers 2``: connections are spread over the workers; a version declared on one is read
     back on every new connection (the supervisor passes it to each worker), and calls made after

@@ -279,6 +279,7 @@ async def test_a_relayed_socket_whose_frames_cannot_be_read_is_still_relayed(sta
     assert "mcc_websocket_capture_stopped_total 1.0" in metrics and 'mcc_websockets_total{mode="relay"} 1.0' in metrics
 
 
+@pytest.mark.slow
 async def test_the_relay_holds_the_ending_frame_at_every_split(start, capture_dir):
     """An upstream that writes its frames cut at each point around the ending event's frame (its
     head split, its payload split, fragmented): the client never has the whole ending before the
