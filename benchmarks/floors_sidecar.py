@@ -3,7 +3,7 @@
     python benchmarks/floors_sidecar.py <part> serve --upstream ... --capture-dir ...
 
 ``<part>``: ``none`` (the sidecar as shipped), ``threads`` (every line appended on the sidecar's
-own writer threads, `capture.GroupCommitter`, as before the capture process of issue 34 and as
+own writer threads, `capture.journal.GroupCommitter`, as before the capture process of issue 34 and as
 in the token capture mode still), ``barrier`` (on those threads, lines built and appended but no
 fsync or syncfs run: what the durability barrier costs), ``persistence`` (no line is built or
 written; every call is settled at once: what the relay's own capture bookkeeping costs, the tap,

@@ -4,7 +4,6 @@ No aiohttp and no sockets in the parsers: they take bytes and return values, in 
 Everything that touches a disk, a socket or a process is in `capture.journal`, behind its own door.
 """
 
-from records import append_capture_line, create_incomplete_marker
 from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
@@ -17,26 +16,20 @@ from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParse
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object, reply_expectations
 from ._token_cutter import AddedFieldCutter
 from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
-# The journal's names, as before it had a door of its own (`capture.journal`).
-from .journal import SYNC_MODES, AlsoDurable, GroupCommitter, encode_pickled_fields, frame_line, frame_lines
-from .journal import persist_process_command, pickle_fields
 
 __all__ = [
     "AddedFieldCutter",
-    "AlsoDurable",
     "BodyTap",
     "ChatReassembler",
     "CompletionsReassembler",
     "DEFAULT_MAX_EVENT_BYTES",
     "ERROR_CATEGORIES",
     "EventBlock",
-    "GroupCommitter",
     "MessagesReassembler",
     "PrefixRenders",
     "REASSEMBLERS",
     "Reassembler",
     "ResponsesReassembler",
-    "SYNC_MODES",
     "SSEParser",
     "ServerSentEvent",
     "StreamTap",
@@ -48,18 +41,11 @@ __all__ = [
     "as_evidence",
     "decodable",
     "add_request_fields",
-    "append_capture_line",
     "categorize_status",
-    "create_incomplete_marker",
-    "encode_pickled_fields",
-    "frame_line",
-    "frame_lines",
     "is_aborted_reply",
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",
-    "persist_process_command",
-    "pickle_fields",
     "proves_prefix",
     "render_requests",
     "reply_expectations",

@@ -75,3 +75,13 @@ def write_doors() -> None:
     with open(_DOORS_FILE, "w", encoding="utf-8") as handle:
         json.dump(doors, handle, indent=1, sort_keys=True)
         handle.write("\n")
+
+
+def test_import_capture_loads_the_parsers_only():
+    """`import capture` is the parsers: no journal (its process and socket code), no records, no
+    socket or process modules; the writer is `capture.journal`, behind its own door."""
+    code = ("import sys, capture; "
+            "print(','.join(sorted(m for m in sys.modules if m.startswith(('capture.journal', 'records', 'socket', "
+            "'subprocess', 'multiprocessing', 'aiohttp')))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""

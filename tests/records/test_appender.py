@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from capture import append_capture_line, create_incomplete_marker
+from records import append_capture_line, create_incomplete_marker
 from records import CaptureStore, MalformedCaptureLine, encode_capture_line
 
 

@@ -8,7 +8,7 @@ import os
 import orjson
 import pytest
 
-from capture import append_capture_line
+from records import append_capture_line
 from records import (
     CaptureStore,
     InvalidRolloutId,

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from capture import GroupCommitter
+from capture.journal import GroupCommitter
 from records import CaptureStore, encode_capture_line
 
 
