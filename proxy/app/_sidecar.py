@@ -1,8 +1,9 @@
 """`Sidecar`: the running process's proxy, from one frozen `Settings` (docs/layout.md, docs/configuration.md).
 
 It makes what the calls share -- the `CallContext`: the upstream pool, the journal, the metrics,
-the hooks a call gets -- serves the admin endpoints (health, readiness, metrics, the declared
-weight version), and hands everything else to `proxy.call.forward`. Start, drain, close.
+the hooks a call gets -- hands ``/-/`` to its admin endpoints (`proxy.app._admin`) and everything
+else to `proxy.call.forward`; the capture dir is checked by `proxy.app._capture_dirs`. Start,
+drain, close.
 Connections are `Http1Connection`s (`proxy.http`: why not aiohttp's server).
 """
 
@@ -10,50 +11,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from functools import partial
 from typing import Any, Awaitable, Optional
 
-import orjson
 
 from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
-from records import ObjectStore, filesystem_type, note_declared_version, note_declared_version_in_store
+from records import ObjectStore
 
 from ..call import (
-    CONTENT_TYPE,
     NO_HOOKS,
     CallContext,
     CallHooks,
     RetryMemory,
     Route,
     SidecarMetrics,
-    directory_writable,
     forward,
 )
-from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest, UpstreamPool, upstream_problem
+from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest, UpstreamPool
 from ..training import (
     DeclaredWeightVersions,
     PrefixSupply,
     TokenCapture,
     TokenTraining,
     WeightVersionHooks,
-    declared_version,
 )
 from ..websocket import serve_websocket
-from ._ended_rollouts import EndedRollouts, authorized, end_target
-from ._filesystems import layout_caveat, mount_options
+from ._admin import AdminEndpoints
+from ._capture_dirs import prepare_capture_dirs
+from ._ended_rollouts import EndedRollouts
 from ._settings import Settings
-from ._shared_metrics import SNAPSHOT_INTERVAL_S, merged_exposition, write_snapshot
+from ._shared_metrics import SNAPSHOT_INTERVAL_S, write_snapshot
 
 log = logging.getLogger("mcc")
-
-#: A readiness probe must answer quickly even when the upstream is down.
-_ADMIN_METHODS = ("GET", "HEAD")
-_UNAUTHORIZED = orjson.dumps({"error": "this admin request changes state: it needs Authorization: Bearer <the "
-                                       "sidecar's --admin-token>"})
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 405: b"Method Not Allowed", 409: b"Conflict",
-            501: b"Not Implemented", 503: b"Service Unavailable"}
-
 
 class Sidecar:
     """One sidecar process's proxy: start it with `start`, stop it with `close`."""
@@ -77,7 +66,8 @@ class Sidecar:
         self.idle_timeout = KEEPALIVE_IDLE_SECONDS
         #: (calls finished, calls cut) by the drain of `close`.
         self.drained = (0, 0)
-        self._capture_dir_was_writable = True
+        #: The endpoints under ``/-/`` (`AdminEndpoints`).
+        self.admin = AdminEndpoints(self)
         #: Upstream failures and 413s repeat on every call while they last: said once per 10 s, with a count.
         self.repeated_warnings = RepeatLimiter(logging.getLogger("mcc.proxy"))
         #: The URL this sidecar listens on (set by `start`).
@@ -138,39 +128,8 @@ class Sidecar:
                                      settings.upstream_idle_timeout, settings.upstream_ca)
         if settings.capture_on:
             assert settings.capture_dir is not None
-            if not os.path.isdir(settings.capture_dir):
-                parent = os.path.dirname(settings.capture_dir.rstrip("/")) or "/"
-                parent_missing = not os.path.isdir(parent)
-                try:
-                    os.makedirs(settings.capture_dir, exist_ok=True)
-                    if parent_missing:
-                        # Not even the parent existed: an unmounted volume or a typo, whose captures
-                        # would land on the container's ephemeral storage.
-                        log.warning("the capture dir %s did not exist, nor did its parent %s: created both; if a volume "
-                                    "should be mounted there, it is not (captures go to local storage)",
-                                    settings.capture_dir, parent, extra={"path": settings.capture_dir})
-                    else:
-                        log.info("created the capture dir %s", settings.capture_dir, extra={"path": settings.capture_dir})
-                except OSError as exc:
-                    log.error("cannot create capture dir %s: %s; calls are forwarded, capture will fail until it exists",
-                              settings.capture_dir, exc.strerror or exc, extra={"path": settings.capture_dir, "errno": exc.errno})
-            if os.path.isdir(settings.capture_dir) and not directory_writable(settings.capture_dir):
-                log.warning("capture dir %s is not writable by uid %d: calls are forwarded, their lines are lost "
-                            "until it is (on Kubernetes, set the pod's fsGroup)", settings.capture_dir, os.getuid(),
-                            extra={"path": settings.capture_dir})
-                self._capture_dir_was_writable = False
-            caveat = (layout_caveat(filesystem_type(settings.capture_dir), mount_options(settings.capture_dir))
-                      if settings.capture_store is None else None)
-            if caveat is not None:  # Said once, with the fix: safe for this node alone, not for several.
-                log.warning("the capture dir %s is on %s: several sidecars writing the same rollouts from different "
-                            "nodes can interleave or lose lines there; give each sidecar a local spool and "
-                            "--capture-store (segments:///shared/path, or s3://, gs://, az://) instead",
-                            settings.capture_dir, caveat, extra={"path": settings.capture_dir})
+            self.admin.capture_dir_was_writable = prepare_capture_dirs(settings)
             token_dir = settings.token_dir or settings.capture_dir
-            try:
-                os.makedirs(token_dir, exist_ok=True)
-            except OSError as exc:  # Said; the entries then fail (counted), never a call.
-                log.warning("cannot create the token dir %s: %s", token_dir, exc.strerror or exc, extra={"path": token_dir})
             self.token_training = TokenTraining(self.metrics, TokenCapture(token_dir, self.metrics),
                                                 settings.capture_tokens,
                                                 PrefixSupply() if settings.supply_prefix else None)
@@ -206,32 +165,10 @@ class Sidecar:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited
         here: the connection awaits the call itself (no frame of ours between them on each resume)."""
         if request.target.startswith(b"/-/"):
-            return self._admin(request, client)
+            return self.admin.serve(request, client)
         if request.upgrade:  # The Responses WebSocket mode (the wire hands over only WebSocket upgrades).
             return serve_websocket(self.calls, request, client)
         return forward(self.calls, request, client)
-
-    async def _admin(self, request: ServerRequest, client: Http1Connection) -> None:
-        path = request.target.partition(b"?")[0]
-        rollout_id = end_target(path)
-        if rollout_id is not None:
-            status, body = await self._end_rollout(request, rollout_id)
-            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
-            return
-        if path == b"/-/weight-version":
-            status, body = await self._weight_version(request)
-            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
-                         b"" if request.method == "HEAD" else body)
-            return
-        if request.method in _ADMIN_METHODS:
-            admin = {b"/-/healthy": self._healthy, b"/-/health": self._healthy, b"/-/ready": self._ready,
-                     b"/-/metrics": self._metrics}.get(path)  # /-/health: what people type for /-/healthy.
-            if admin is not None:
-                status, content_type, body = await admin()
-                client.reply(status, b"OK" if status == 200 else b"Service Unavailable",
-                             [(b"Content-Type", content_type)], b"" if request.method == "HEAD" else body)
-                return
-        await forward(self.calls, request, client)
 
     def spawn_background(self, coroutine: Any) -> None:
         """Run ``coroutine`` to completion even if the request that started it is cancelled."""
@@ -282,68 +219,6 @@ class Sidecar:
         log.info("drained: %d call%s finished, %d cut; exit 0", busy_at_start - len(in_flight),
                  "" if busy_at_start - len(in_flight) == 1 else "s", len(in_flight))
 
-    # -- admin endpoints --------------------------------------------------------------------
-
-    async def _weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
-        """``GET`` the declared weight version; ``POST {"version": "<label>"}`` declares the one the
-        trainer has just loaded (issue 32, `_weight_versions`). Reachable by whatever reaches the
-        port, as every admin path: deploy/ says who that is."""
-        if request.method in _ADMIN_METHODS:
-            return 200, orjson.dumps(self.weight_versions.state())
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "GET reads the declared weight version; POST {\"version\": \"<label>\"} sets it"})
-        if not authorized(self.settings.admin_token, request.fields.get(b"authorization")):
-            return 401, _UNAUTHORIZED
-        version, problem = declared_version(request.body)
-        if version is None:
-            return 400, orjson.dumps({"error": problem})
-        self.weight_versions.declare(version)
-        if self.ended_rollouts is not None:  # The order a consumer counts staleness in (docs/reading.md).
-            state = self.weight_versions.state()
-            try:
-                store = self.ended_rollouts.store
-                if store is not None:
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, note_declared_version_in_store, store, version, state["declared_at"])
-                else:
-                    capture_dir = self.settings.capture_dir
-                    assert capture_dir is not None  # Ends are kept only where calls are captured.
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, note_declared_version, capture_dir, version, state["declared_at"])
-            except Exception as exc:  # A store's refusal too: the declaration itself stands.
-                log.warning("cannot note the declared weight version in %s: %s",
-                            self.settings.capture_store or self.settings.capture_dir, exc)
-        return 200, orjson.dumps(self.weight_versions.state())
-
-    async def _end_rollout(self, request: ServerRequest, rollout_id: str) -> tuple[int, bytes]:
-        """``POST /-/rollouts/<rollout_id>/end``, body optional: ``{"outcome": {...}, "group":
-        "<key>", "group_size": G}``; 200 ``{"rollout_id", "ended_at", "calls"}`` once the end is
-        durable (docs/wire.md, "Ending a rollout")."""
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "POST ends the rollout, with an optional body: "
-                                               '{"outcome": {...}, "group": "<key>", "group_size": G}'})
-        if not authorized(self.settings.admin_token, request.fields.get(b"authorization")):
-            return 401, _UNAUTHORIZED
-        if not rollout_id:
-            return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
-                                               "starting with a letter or digit"})
-        if self.ended_rollouts is None:
-            return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no rollout "
-                                               "to end"})
-        return await self.ended_rollouts.end(rollout_id, request.body)
-
-    async def _healthy(self) -> tuple[int, bytes, bytes]:
-        """Liveness: the process is up and serving."""
-        return 200, b"application/json", orjson.dumps({"status": "ok"})
-
-    async def _metrics(self) -> tuple[int, bytes, bytes]:
-        """Prometheus text exposition of `SidecarMetrics`; with ``--workers``, summed over every worker."""
-        directory = self.settings.metrics_dir
-        if directory is None:
-            return 200, CONTENT_TYPE.encode(), self.metrics.exposition()
-        write_snapshot(directory, self.metrics.exposition())
-        return 200, CONTENT_TYPE.encode(), merged_exposition(directory)
-
     def _snapshot_metrics(self) -> None:
         """Refresh this worker's part of the shared metrics, then again in a second."""
         directory = self.settings.metrics_dir
@@ -354,38 +229,3 @@ class Sidecar:
         except OSError as exc:
             log.warning("cannot share metrics in %s: %s", directory, exc)
         self._snapshot_timer = asyncio.get_running_loop().call_later(SNAPSHOT_INTERVAL_S, self._snapshot_metrics)
-
-    async def _ready(self) -> tuple[int, bytes, bytes]:
-        """Readiness means "can forward": the upstream accepts connections.
-
-        Capture health is reported in the body (and `mcc_capture_dir_writable`, and the log), never
-        in the status: a 503 takes the pod out of its Service, and every model call would fail
-        for a capture fault, which must never hurt a call (docs/guarantees.md).
-        """
-        settings = self.settings
-        problem = await upstream_problem(self.upstream_url, self.upstream.ssl)
-        upstream_ok = problem is None
-        checks: dict[str, object] = {"upstream": self.upstream_url, "upstream_reachable": upstream_ok}
-        if problem is not None:
-            checks["upstream_problem"] = problem
-        if settings.capture_on:
-            writable = directory_writable(settings.capture_dir or "")
-            if not writable and self._capture_dir_was_writable:
-                log.warning("capture dir %s is not writable: calls are forwarded, their lines are lost until it is",
-                            settings.capture_dir)
-            self._capture_dir_was_writable = writable
-            problem = self.journal.write_problem if self.journal is not None else None
-            checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
-                          capture="ok" if writable and problem is None else "failing")
-            if self.uploader is not None:  # Told, never a 503: a store's outage must not fail a call.
-                checks.update(capture_store=settings.capture_store, upload_lag=self.uploader.lag().as_dict())
-                if self.uploader.problem is not None:
-                    checks["store_problem"] = self.uploader.problem
-            if problem is not None:  # The last line was refused (a full disk): failing until one is written.
-                checks["capture_problem"] = f"the last capture line could not be written: {problem}"
-        if self.shutting_down:
-            checks["status"] = "shutting down"
-            return 503, b"application/json", orjson.dumps(checks)
-        checks["status"] = "ready" if upstream_ok else "not ready"
-        return (200 if upstream_ok else 503), b"application/json", orjson.dumps(checks)
-
