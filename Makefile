@@ -26,13 +26,14 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/mcc demo
 
-# On every core (pytest-xdist); the slow tests start first so that they do not end last.
+# On every core (pytest-xdist, an idle worker taking queued tests from a busy one); the slow tests
+# start first so that they do not end last.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 # The inner loop: everything but the tests marked slow (under 2 minutes on 2 cores).
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto -m 'not slow and not soak and not vllm and not gym_e2e and not harness_e2e'
+	$(BIN)/python -m pytest -q -n auto --dist worksteal -m 'not slow and not soak and not vllm and not gym_e2e and not harness_e2e'
 
 # NeMo Gym 0.7.0's own reader against records (also part of `make test`); builds its cached venv
 # (~/.cache/model-call-capture/nemo-gym-0.7.0, about 90 s the first time).
