@@ -22,7 +22,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from tests.capture_dirs import make_capture_dir  # noqa: E402
-from tests.test_report_in_browser import Browser, open_page  # noqa: E402
+from tests.proxy.inspection.test_report_in_browser import Browser, open_page  # noqa: E402
 
 
 def build(checkout: str, captures: str, output: str) -> float:

@@ -57,3 +57,13 @@ def test_comments_cite_the_projects_own_docs_never_a_file_a_clone_lacks():
                             if re.search(r"DESIGN(\.md)? ?§|DESIGN\.md|\.\./shared", line) and "re.sub" not in line:
                                 cited.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
     assert not cited, "\n".join(cited)
+
+
+@pytest.mark.slow
+def test_every_benchmark_loads():
+    """`make bench` imports what the benchmarks name (a moved name breaks them without a test of theirs)."""
+    code = ("import glob, runpy, sys; sys.path[:0] = ['benchmarks', '.']\n"
+            "for path in sorted(glob.glob('benchmarks/*.py')):\n"
+            "    runpy.run_path(path, run_name='loaded_by_the_suite')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
