@@ -82,8 +82,8 @@ class MessagesReassembler(Reassembler):
             self._blocks = [b if isinstance(b, dict) else None for b in content] if isinstance(content, list) else []
 
     def _on_content_block_start(self, payload: dict[str, Any]) -> None:
-        index, block = payload.get("index"), payload.get("content_block")
-        index = index if type(index) is int else -1  # grow_list refuses what is not a list index
+        block = payload.get("content_block")
+        index: Any = payload.get("index")  # Checked by grow_list.
         if isinstance(block, dict) and grow_list(self._blocks, index):
             self._blocks[index] = copy.deepcopy(block)
             if "input" in block and block.get("type") != "mcp_tool_result":

@@ -24,6 +24,13 @@ _TERMINAL_EVENTS = {
 }
 #: A terminal response's ``status`` that makes the call an error, whatever the event's name.
 _STATUS_CATEGORIES = {"incomplete": "incomplete", "failed": "upstream_error"}
+
+
+def status_category(response: dict[str, Any]) -> "str | None":
+    """The category a Responses body's ``status`` says (vLLM 0.32 ends a capped stream with
+    ``response.completed`` whose status is "incomplete"); None for any other status."""
+    status = response.get("status")
+    return _STATUS_CATEGORIES.get(status) if isinstance(status, str) else None
 _SNAPSHOT_EVENTS = ("response.created", "response.in_progress", "response.queued")
 
 # delta / done event -> (container key inside the item, field in the part, is the part the item)
@@ -117,7 +124,7 @@ class ResponsesReassembler(Reassembler):
             if self.error_category is None and isinstance(response, dict):
                 # vLLM 0.32 ends a capped stream with `response.completed` whose status is
                 # "incomplete" (OpenAI sends `response.incomplete`): the status decides (docs/files.md).
-                self.error_category = _STATUS_CATEGORIES.get(str(response.get("status")))
+                self.error_category = status_category(response)
         if isinstance(response, dict):
             self._final = response
             if self._text_logprobs:
@@ -136,8 +143,8 @@ class ResponsesReassembler(Reassembler):
                     parts[part_index]["logprobs"] = logprobs
 
     def _on_item(self, payload: dict[str, Any]) -> None:
-        item, index = payload.get("item"), payload.get("output_index")  # index: checked by grow_list
-        index = index if type(index) is int else -1
+        item = payload.get("item")
+        index: Any = payload.get("output_index")  # Checked by grow_list.
         if isinstance(item, dict) and grow_list(self._items, index):
             self._items[index] = copy.deepcopy(item)
 

@@ -21,7 +21,7 @@ from ._decoding import Decoder, as_evidence, decodable, make_decoder
 from ._event_templates import LEARN_AFTER_LINES, LEARN_FROM_READ_BYTES, EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
-from ._responses import _STATUS_CATEGORIES, ResponsesReassembler
+from ._responses import ResponsesReassembler, status_category
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, SSEParser
 
 if TYPE_CHECKING:
@@ -635,7 +635,7 @@ class BodyTap:
         category = categorize_status(status, body)
         if category is None and self._dialect == "responses":
             # A non-streaming Responses body says the same as the stream's terminal event would.
-            category = _STATUS_CATEGORIES.get(str(body.get("status")))
+            category = status_category(body)
         return category
 
 

@@ -46,15 +46,9 @@ def _count_where_usage_is_missing(store: CaptureStore, rollout_id: str, records:
     its counts from the entry, marked ``counted`` (docs/records.md)."""
     if all(record.tokens_in is not None and record.tokens_out is not None for record in records):
         return
-    from ._token_files import TOKENS_SUFFIX, read_token_entries
+    from ._token_files import counts_from_entries
 
-    if not os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
-        return
-    try:
-        entries = read_token_entries(store.capture_dir, rollout_id)
-    except (OSError, ValueError):
-        return  # The counts stay None: what the entries are is for the token readers to say.
-    fill_counts_from_entries(records, entries)
+    fill_counts_from_entries(records, counts_from_entries(store.capture_dir, rollout_id))
 
 
 def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCallRecord], int]:

@@ -454,7 +454,7 @@ class Consumer(_ConsumerView):
                     continue  # Not ended for this consumer yet: some sidecar still ships its calls.
                 if readiness == "incomplete":
                     self._incomplete.add(end.rollout_id)
-            if key is None or size is None:  # (alone)
+            if key is None or size is None:  # Alone (spelt out: mypy narrows key and size by it).
                 units.append(_Unit(end.rollout_id, [end], end.ended_at))
                 continue
             groups.setdefault(key, []).append(end)

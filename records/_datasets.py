@@ -39,7 +39,6 @@ from ._store import CaptureStore, gc_paused
 from ._token_files import TOKENS_SUFFIX
 from ._token_records import TokenRecord, iter_token_records
 from ._token_rows import TOKEN_COLUMNS, token_row
-from ._tokens import entry_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -280,16 +279,11 @@ def _count_rows_from_entries(store: CaptureStore, rollout_id: str, rows: list[di
     `records.read_model_call_records` counts its records (``token_counts``: ``counted``)."""
     if all(row["tokens_in"] is not None and row["tokens_out"] is not None for row in rows):
         return
-    if not os.path.exists(os.path.join(store.capture_dir, rollout_id + TOKENS_SUFFIX)):
-        return
-    from ._token_files import read_token_entries
+    from ._token_files import counts_from_entries
 
-    try:
-        entries = {entry.get("model_call_id"): entry for entry in read_token_entries(store.capture_dir, rollout_id)}
-    except (OSError, ValueError):
-        return
+    counts = counts_from_entries(store.capture_dir, rollout_id)
     for row in rows:
-        counted = entry_counts(entries.get(row["model_call_id"])) if row["token_counts"] != "reported" else None
+        counted = counts.get(row["model_call_id"]) if row["token_counts"] != "reported" else None
         if counted is not None:
             row["tokens_in"] = row["tokens_in"] if row["tokens_in"] is not None else counted[0]
             row["tokens_out"] = row["tokens_out"] if row["tokens_out"] is not None else counted[1]

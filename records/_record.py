@@ -18,7 +18,7 @@ from ._models import (
     construct_checked,
 )
 from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
-from ._tokens import arrays_counts, entry_counts, extract_token_stats
+from ._tokens import arrays_counts, extract_token_stats
 
 #: Raw payload fields; attached calls leave them out (they stay in the capture files).
 RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_raw"})
@@ -111,14 +111,13 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
 _RECORD_FIELDS = all_fields_set(ModelCallRecord)
 
 
-def fill_counts_from_entries(records: list[ModelCallRecord], entries: list[dict[str, Any]]) -> None:
-    """Where usage was missing, the counts a call's training-token entry gives (the prompt is its
-    ``cum_len`` less its generated ids): marked ``counted``."""
-    by_call = {entry.get("model_call_id"): entry for entry in entries}
+def fill_counts_from_entries(records: list[ModelCallRecord], counts: dict[str, tuple[int, int]]) -> None:
+    """Where usage was missing, the counts the calls' training-token entries give
+    (`records.counts_from_entries`): marked ``counted``."""
     for record in records:
         if record.token_counts == "reported" or (record.tokens_in is not None and record.tokens_out is not None):
             continue
-        counted = entry_counts(by_call.get(record.model_call_id))
+        counted = counts.get(record.model_call_id or "")
         if counted is None:
             continue
         record.tokens_in = record.tokens_in if record.tokens_in is not None else counted[0]

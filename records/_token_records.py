@@ -293,8 +293,8 @@ class TokenFileArrays:
         link = self._build.links.get(call_id)
         if link is None:
             return record
-        entry = self._entries.get(call_id, ({},))[0]
-        claimed = entry.get("parent_call_id") if isinstance(entry, dict) else None
+        found = self._entries.get(call_id)
+        claimed = found[0].get("parent_call_id") if found is not None else None
         return record.model_copy(update={
             "link": link.status, "link_reason": link.reason,
             "extends": self._call_of.get(link.parent_call_id or "") if link.status == "extends" else None,

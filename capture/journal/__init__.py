@@ -13,9 +13,10 @@ from ._repeats import RepeatLimiter
 from ._segments import SegmentFiles, SegmentPolicy, seal_leftovers, sealed_segments
 from ._upload import UploadLag, Uploader
 from ._upload_process import UploaderProcess
-from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind
+from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind, settles
 
 __all__ = [
+    "settles",
     "AlsoDurable",
     "BUILD_ON_LOOP_BYTES",
     "Built",

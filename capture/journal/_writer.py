@@ -132,11 +132,7 @@ class Journal:
                       on_writer_thread: bool = False) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""
         future: asyncio.Future[bool] = self._loop.create_future()
-        def settle(written: bool) -> None:
-            if not future.done():
-                future.set_result(written)
-
-        self.submit(rollout_id, build, size, settle, on_writer_thread)
+        self.submit(rollout_id, build, size, settles(future), on_writer_thread)
         return await asyncio.shield(future)  # A cancelled handler still lets the line be written.
 
     async def close(self) -> None:
@@ -271,6 +267,14 @@ def _payload(built: Built, size: int) -> tuple[bytes, int]:
         return encode_capture_line(built), LINE
     assert type(built) is bytes, "a line with files beside it is built on a writer thread"
     return built, LINE
+
+
+def settles(future: "asyncio.Future[bool]") -> Callable[[bool], None]:
+    """A line's callback that gives ``future`` its outcome (once: a cut call may settle it first)."""
+    def settle(written: bool) -> None:
+        if not future.done():
+            future.set_result(written)
+    return settle
 
 
 def _encoded(built: Built) -> Union[bytes, tuple[bytes, AlsoDurable]]:

@@ -18,6 +18,7 @@ import time
 from typing import Callable, Optional
 
 from capture import AddedFieldCutter, BodyTap, StreamTap, decodable, parse_json_object, reply_expectations
+from capture.journal import settles
 
 from ..http import (
     Http1Connection,
@@ -378,11 +379,7 @@ class Call:
         if self.exchange is None or self.persisted:
             return
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        def settle(written: bool) -> None:
-            if not future.done():
-                future.set_result(written)
-
-        self._line_then(settle)
+        self._line_then(settles(future))
         if not await asyncio.shield(future):  # A cancelled handler still lets the line be written.
             await self._before_reply_bytes()  # The line's barrier, which was to cover it, failed.
 

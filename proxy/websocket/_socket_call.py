@@ -15,6 +15,7 @@ from typing import Any, Optional
 import orjson
 
 from capture import StreamTap
+from capture.journal import settles
 
 from ..call import CallContext, CallExchange, CallHooks, Failure, submit_line
 from ..http import ServerRequest
@@ -82,11 +83,7 @@ class SocketCall:
             return True
         self.exchange.complete()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        def settle(written: bool) -> None:
-            if not done.done():
-                done.set_result(written)
-
-        submit_line(journal, self.exchange, (SocketFacts(self.facts),), settle)
+        submit_line(journal, self.exchange, (SocketFacts(self.facts),), settles(done))
         return await asyncio.shield(done)
 
 
