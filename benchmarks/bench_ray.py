@@ -44,8 +44,9 @@ sys.path.insert(0, ROOT)
 
 import ray  # noqa: E402
 
-from records import CaptureStore, capture_files, ray_dataset, read_token_records  # noqa: E402
-from records._datasets import group_files, read_group  # noqa: E402
+from records import CaptureStore, ray_dataset, read_token_records  # noqa: E402
+from records.training import capture_files  # noqa: E402
+from records.training._datasets import group_files, read_group  # noqa: E402
 from tests.capture_dirs import make_token_dir  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def on_ray(directory: str) -> tuple[float, int]:
 #: A read task's work in a process of its own: what it holds after its imports, and its peak.
 _READ_TASK = """
 import json, sys
-from records._datasets import read_group
+from records.training._datasets import read_group
 import numpy, pyarrow
 
 def status(field):  # VmHWM, not ru_maxrss: ru_maxrss survives exec, so it starts at the parent's.

@@ -13,7 +13,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from records import CaptureStore, encode_capture_line, read_model_call_records  # noqa: E402
+from records import CaptureStore, read_model_call_records  # noqa: E402
+from records.contract import encode_capture_line  # noqa: E402
 
 
 def make_line(number: int) -> bytes:

@@ -196,7 +196,7 @@ for rollout_id in store.rollout_ids():
             count += 1
             arrays += len(record.generation_token_ids or ())
     else:
-        import gc; gc.disable()  # As records does while parsing (records._store.gc_paused).
+        import gc; gc.disable()  # As records does while parsing (records.store.gc_paused).
         with open(store.path_for(rollout_id), "rb") as handle:
             for line in handle:
                 count += 1

@@ -14,10 +14,10 @@ import sys
 
 import orjson
 
-from ._collect import read_model_call_records
-from ._errors import StoreNotFound
-from ._record import aggregate_model_call_records
-from ._store import CaptureStore
+from .store import read_model_call_records
+from .contract import StoreNotFound
+from .store import aggregate_model_call_records
+from .store import CaptureStore
 
 USAGE = "usage: python -m records [--allow-empty] CAPTURES [ROLLOUT_ID ...]"
 

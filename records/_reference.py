@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ._consumer import FinishedGroup, FinishedRollout, Lease
-from ._models import ModelCallRecord
-from ._rollout_ends import RolloutEnd
-from ._token_records import TokenRecord
-from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild
+from .training import FinishedGroup, FinishedRollout, Lease
+from .store import ModelCallRecord
+from .contract import RolloutEnd
+from .contract import TokenRecord
+from .training import CallLink, CallSpan, Trajectory, TrajectoryBuild
 
 #: What each table documents, in order, and where its values come from.
 SECTIONS: tuple[tuple[type, str], ...] = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from records import encode_capture_line
+from records.contract import encode_capture_line
 
 
 def chat_line(index: int, *, status: int = 200, error: str | None = None, finish: str = "stop",

@@ -30,10 +30,10 @@ from collections import deque
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Optional, Union
 
-from records import call_syncfs as _call_syncfs
-from records import filesystem_type, syncfs_flushes
-from records import fsync_directory as _fsync_directory
-from records import load_syncfs as _load_syncfs
+from records.contract import call_syncfs as _call_syncfs
+from records.contract import filesystem_type, syncfs_flushes
+from records.contract import fsync_directory as _fsync_directory
+from records.contract import load_syncfs as _load_syncfs
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 from ._segments import SegmentFiles, SegmentPolicy
 

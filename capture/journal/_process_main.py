@@ -38,7 +38,7 @@ from typing import Any, Iterable, Optional
 
 import orjson
 
-from records import encode_capture_line, filesystem_type, load_syncfs, syncfs_flushes
+from records.contract import encode_capture_line, filesystem_type, load_syncfs, syncfs_flushes
 from . import _group_commit, _open_files
 from ._group_commit import Outcome, append_by_file, make_durable
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely

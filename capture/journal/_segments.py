@@ -34,7 +34,7 @@ from typing import Optional
 
 import orjson
 
-from records import CAPTURE_SUFFIX, fsync_directory
+from records.contract import CAPTURE_SUFFIX, fsync_directory
 
 from ._open_files import OpenFile
 

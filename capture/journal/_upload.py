@@ -28,8 +28,10 @@ from typing import Any, Optional
 
 import orjson
 
-from records import (INCOMPLETE_SUFFIX, TOKEN_FILE_SUFFIXES, ObjectStore, incomplete_name, manifest_name, segment_name,
-                     segment_order, token_bundle_name, token_manifest_name)
+from records.contract import (
+    INCOMPLETE_SUFFIX, ObjectStore, TOKEN_FILE_SUFFIXES, incomplete_name, manifest_name, segment_name, segment_order,
+    token_bundle_name, token_manifest_name,
+)
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
 from ._watermark import Watermark

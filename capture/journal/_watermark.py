@@ -29,8 +29,8 @@ import time
 
 import orjson
 
-from records import (END_OBJECTS, SEEN_SECONDS, ObjectStore, ended_in_spool, mark_ended_in_spool,
-                     writer_object_name)
+from records.contract import END_OBJECTS
+from records.contract import ObjectStore, SEEN_SECONDS, ended_in_spool, mark_ended_in_spool, writer_object_name
 
 from ._segments import OPEN_SUFFIX, ROLLOUTS_SUFFIX, SEAL_REQUEST, SEALED_SUFFIX, SEGMENTS, read_rollouts_index
 

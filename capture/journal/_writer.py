@@ -27,7 +27,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional, Protocol, Union
 
-from records import capture_path, create_incomplete_marker, encode_capture_line, incomplete_marker_path
+from records.contract import capture_path, create_incomplete_marker, encode_capture_line, incomplete_marker_path
 
 from ._group_commit import AlsoDurable, GroupCommitter
 from ._process_client import CaptureProcess, Unsent

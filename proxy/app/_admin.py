@@ -12,7 +12,7 @@ from typing import Optional, Protocol
 import orjson
 
 from capture.journal import Journal, UploaderProcess
-from records import note_declared_version, note_declared_version_in_store
+from records.contract import note_declared_version, note_declared_version_in_store
 
 from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable, forward
 from ..http import Http1Connection, ServerRequest, UpstreamPool, upstream_problem

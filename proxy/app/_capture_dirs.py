@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from records import filesystem_type
+from records.contract import filesystem_type
 
 from ..call import directory_writable
 from ._filesystems import layout_caveat, mount_options

@@ -18,17 +18,9 @@ from urllib.parse import unquote
 
 import orjson
 
-from records import (
-    GroupSizeConflict,
-    ObjectStore,
-    RolloutEnd,
-    RolloutEndConflict,
-    end_request,
-    ended_in_spool,
-    is_ended,
-    is_valid_rollout_id,
-    mark_ended_in_spool,
-    write_rollout_end,
+from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
+from records.contract import (
+    ObjectStore, end_request, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool, write_rollout_end,
     write_store_end,
 )
 

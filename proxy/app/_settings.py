@@ -297,7 +297,7 @@ _INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir", "worker_index", "wo
 _FLAG_NAMES = {"capture_enabled": "--capture/--no-capture"}
 #: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.
 #: The project's other variables: not settings, never warned about (``MCC_STORE_CACHE``: where the
-#: readers of a capture store keep its view, records._store_view).
+#: readers of a capture store keep its view, records.store).
 _OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS", "MCC_STORE_CACHE"}
 
 

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Optional
 
 
 from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
-from records import ObjectStore
+from records.contract import ObjectStore
 
 from ..call import (
     NO_HOOKS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from capture.journal import Built, Journal
-from records import engine_weight_versions
+from records.contract import engine_weight_versions
 
 from ._context import CallHooks
 from ._exchange import CallExchange

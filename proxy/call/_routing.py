@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import unquote
 
-from records import is_valid_rollout_id
+from records.contract import is_valid_rollout_id
 
 ROLLOUT_PREFIX = "/ng-rollout/"
 #: Gym 0.7.0's URL contract for calls whose token ids are captured for training (config_types.py).

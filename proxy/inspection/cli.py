@@ -15,9 +15,10 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records import (CAPTURE_SUFFIX, TOKENS_SUFFIX, CaptureStore, SegmentDamaged, StoreNotFound, StoreUnavailable, TokenRecord,
-                     TokenRecordFollower, compact_store, is_store_url, is_valid_rollout_id, iter_token_records,
-                     read_model_call_records, trajectories)
+from records.contract import CAPTURE_SUFFIX, StoreUnavailable, TOKENS_SUFFIX, is_store_url, is_valid_rollout_id
+from records import CaptureStore, StoreNotFound, TokenRecord, iter_token_records, read_model_call_records, trajectories
+from records.store import SegmentDamaged, compact_store
+from records.training import TokenRecordFollower
 
 from .lineage_words import lineage_words
 from .tables import (

@@ -10,7 +10,9 @@ from typing import Optional
 import click
 import orjson
 
-from records import Consumer, FinishedGroup, FinishedRollout, consumer_names, consumer_view, is_store_url
+from records import Consumer, FinishedGroup, FinishedRollout
+from records.training import consumer_names, consumer_view
+from records.contract import is_store_url
 
 from .cli import OneSentence, _print_table
 

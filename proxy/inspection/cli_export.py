@@ -73,7 +73,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
     --ray, or records.ray_dataset in your own Ray job (README, "A whole run on Ray Data").
     """
-    from records import rollout_rows_of
+    from records.training import rollout_rows_of
 
     from .export import export_metadata, otel_lines, write_parquet
     from .tables import iter_call_rows
@@ -137,7 +137,7 @@ def _export_trajectories(store: Any, rollout_ids: list[str], output: str, metada
         import pyarrow.parquet as pq
     except ImportError:
         raise click.ClickException("Parquet export needs pyarrow: pip install pyarrow") from None
-    from records import ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, trajectory_rows
+    from records.training import ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, trajectory_rows
 
     rows = []
     with progress(len(rollout_ids), "building trajectories") as bar:
@@ -149,7 +149,7 @@ def _export_trajectories(store: Any, rollout_ids: list[str], output: str, metada
 
 
 def _table(rows: list[dict[str, Any]], schema: Any) -> Any:
-    from records import to_arrow
+    from records.training import to_arrow
     return to_arrow({field.name: [row[field.name] for row in rows] for field in schema}, schema)
 
 

@@ -15,8 +15,9 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import (CALL_COLUMNS, CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, call_span_id,
-                     rollout_trace_id, to_arrow)
+from records.store import CALL_COLUMNS
+from records.training import CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, to_arrow
+from records.contract import call_span_id, rollout_trace_id
 
 from .tables import CallRow
 

@@ -28,8 +28,9 @@ from typing import Any, Callable, Iterable, Optional
 
 import orjson
 
-from records import (CaptureStore, DriftTracker, TokenFileArrays, has_token_arrays, names_token_entries,
-                     token_records_of_line)
+from records import CaptureStore
+from records.training import DriftTracker, TokenFileArrays
+from records.contract import has_token_arrays, names_token_entries, token_records_of_line
 
 from .conversation import conversation_of
 from .lineage_words import lineage_words

@@ -14,9 +14,12 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
-from records import (CallRow, CaptureStore, DriftTracker, TokenFileArrays, call_row, finish_reason_of, gc_paused,
-                     has_token_arrays, invalid_arguments, names_token_entries, response_shape, token_records_of_line,
-                     tool_calls_of, usage_counts)
+from records.store import (
+    CallRow, call_row, finish_reason_of, gc_paused, invalid_arguments, response_shape, tool_calls_of, usage_counts,
+)
+from records import CaptureStore
+from records.training import DriftTracker, TokenFileArrays
+from records.contract import has_token_arrays, names_token_entries, token_records_of_line
 
 from .conversation import reply_text
 

@@ -1,4 +1,4 @@
-"""Weight versions declared by the trainer (issue 32; `records._weight_versions` for the line's fields).
+"""Weight versions declared by the trainer (issue 32; `records.contract` for the line's fields).
 
 ``POST /-/weight-version`` with ``{"version": "<label>"}`` says which policy weights the trainer has
 just loaded into the model server; ``GET`` reads it back. From then on every captured call starts

@@ -27,17 +27,9 @@ import orjson
 
 from capture import AddedFieldCutter
 
-from records import (
-    LineageVerdict,
-    RolloutClosed,
-    RolloutLineage,
-    TokenFiles,
-    output_items,
-    request_items,
-    resolved_spans,
-    TokenRecord,
-    token_entry,
-    token_records_of_line,
+from records.contract import (
+    LineageVerdict, RolloutClosed, RolloutLineage, TokenFiles, TokenRecord, output_items, request_items, resolved_spans,
+    token_entry, token_records_of_line,
 )
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from capture import StreamTap
 from capture.journal import AlsoDurable
-from records import encode_capture_line, token_records_of_line
+from records.contract import encode_capture_line, token_records_of_line
 
 from ._entry_writer import TokenCapture, TokenPlan, agent_view, cut_in_place, restore
 

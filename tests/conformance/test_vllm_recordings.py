@@ -211,7 +211,7 @@ async def test_the_ray_datasets_rows_of_real_vllm_calls_are_the_readers(http, up
     rollout: a Ray dataset read task (which cuts a chat reply's prompt ids out by their bytes and
     places them against the earlier calls) gives `read_token_records`' rows for vLLM's own bytes."""
     pytest.importorskip("pyarrow", reason="the Ray dataset is the optional extra model-call-capture[ray]")
-    from records._datasets import read_group, token_row
+    from records.training._datasets import read_group, token_row
 
     from .vllm_recordings import CASES
 

@@ -9,7 +9,8 @@ import pytest
 
 import asyncio
 
-from records import CaptureStore, compact_store, read_model_call_records
+from records import CaptureStore, read_model_call_records
+from records.store import compact_store
 from tests.scripted_upstream import json_script, sse_script
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, RESPONSES_REQUEST, RESPONSES_STREAM
 from tests.wire import fetch, rollout_url

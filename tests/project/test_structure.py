@@ -42,8 +42,8 @@ TESTS_MAY_IMPORT = {
     "capture.journal._process_main",
     "capture.journal._writer",
     "proxy.app._workers",
-    "records._datasets",
-    "records._token_records",
+    "records.store._store",
+    "records.training._datasets",
 }
 #: Modules of `capture` that may touch the disk, sockets or processes.
 CAPTURE_IO = "capture.journal"
@@ -212,6 +212,29 @@ def test_proxy_layers_import_downward_only(layer):
     assert upward == []
 
 
+#: The rooms of `records` (docs/layout.md), each importing only those before it.
+RECORDS_ROOMS = ("records.contract", "records.store", "records.training")
+
+
+@pytest.mark.parametrize("room", RECORDS_ROOMS)
+def test_records_rooms_import_downward_only(room):
+    """contract <- store <- training; no room imports the readers' door (`records` itself)."""
+    allowed = RECORDS_ROOMS[:RECORDS_ROOMS.index(room) + 1]
+    outward = sorted((importer, imported) for importer, targets in GRAPH.items() if _in_package(importer, room)
+                     for imported in targets if _in_package(imported, "records")
+                     and not any(_in_package(imported, ok) for ok in allowed))
+    assert outward == []
+
+
+@pytest.mark.parametrize("writer", ["capture.journal", "proxy.training"])
+def test_the_writers_import_the_records_contract_only(writer):
+    """What the sidecar writes and readers read is agreed in `records.contract`: the writers never
+    lean on a reader's module."""
+    beyond = sorted((importer, imported) for importer, targets in GRAPH.items() if _in_package(importer, writer)
+                    for imported in targets if _in_package(imported, "records") and not _in_package(imported, "records.contract"))
+    assert beyond == []
+
+
 def test_the_wire_imports_nothing_else_of_the_project():
     outside = sorted((importer, imported) for importer, targets in GRAPH.items() if _in_package(importer, "proxy.http")
                      for imported in targets if not _in_package(imported, "proxy.http"))
@@ -232,9 +255,9 @@ def test_import_proxy_imports_no_aiohttp():
 
 def test_the_guards_read_what_they_guard():
     """The guards can fail: the graph they read has the project's real imports and circles."""
-    assert "records" in GRAPH["capture.journal._group_commit"]
+    assert "records.contract" in GRAPH["capture.journal._group_commit"]
     assert is_private_to_others("proxy.app._sidecar", "proxy.http._checks")
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
-    assert is_private_to_others("proxy.inspection.tables", "records._shapes")
-    assert not is_private_to_others("records", "records._shapes")
+    assert is_private_to_others("proxy.inspection.tables", "records.store._shapes")
+    assert not is_private_to_others("records.store", "records.store._shapes")
     assert os.path.isdir(ROOT / "capture" / "journal")

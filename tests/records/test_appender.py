@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from records import append_capture_line, create_incomplete_marker
-from records import CaptureStore, MalformedCaptureLine, encode_capture_line
+from records.contract import append_capture_line, create_incomplete_marker
+from records import CaptureStore, MalformedCaptureLine
+from records.contract import encode_capture_line
 
 
 def test_concurrent_appends_of_large_lines_never_interleave(tmp_path):

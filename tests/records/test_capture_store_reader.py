@@ -8,15 +8,9 @@ import os
 import orjson
 import pytest
 
-from records import append_capture_line
-from records import (
-    CaptureStore,
-    InvalidRolloutId,
-    MalformedCaptureLine,
-    aggregate_model_call_metrics,
-    encode_capture_line,
-    read_model_call_records,
-)
+from records.contract import append_capture_line
+from records import CaptureStore, InvalidRolloutId, MalformedCaptureLine, aggregate_model_call_metrics, read_model_call_records
+from records.contract import encode_capture_line
 
 
 def _line(number: int, **fields) -> bytes:
@@ -131,7 +125,7 @@ def test_lines_written_by_the_encoder_parse_back_identically(tmp_path):
 ])
 def test_whole_file_parse_reads_exactly_what_the_line_reader_reads(tmp_path, monkeypatch, content):
     """Blocks of lines are parsed as one JSON array when they can be (speed); never a different result."""
-    from records import _store
+    from records.store import _store
 
     (tmp_path / "r.capture.jsonl").write_bytes(content)
     store = CaptureStore(tmp_path)

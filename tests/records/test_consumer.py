@@ -175,7 +175,7 @@ def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_c
 
 
 async def test_a_consumer_that_retires_marks_gyms_state_only_once_its_ack_is_final(http, upstream, start, capture_dir):
-    from records import TokenFiles
+    from records.contract import TokenFiles
     from tests.proxy.training.test_token_files import converse, serve_model
     from tests.vllm_chat_model import TinyChatModel
 

@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from records import CORE_KEYS
+from records.contract import CORE_KEYS
 
 from tests.scripted_upstream import json_script, split_every, sse_script
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, RESPONSES_REQUEST, RESPONSES_STREAM

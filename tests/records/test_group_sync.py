@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from records import GroupSync
+from records.contract import GroupSync
 
 
 class Recorded(GroupSync):

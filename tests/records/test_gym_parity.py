@@ -16,15 +16,8 @@ import orjson
 import pytest
 
 from records import (
-    CaptureStore,
-    InvalidRolloutId,
-    MalformedCaptureLine,
-    ModelCallRecord,
-    _as_arguments,
-    _tool_calls_and_reasoning,
-    build_model_call_record,
-    extract_token_stats,
-    read_model_call_records,
+    CaptureStore, InvalidRolloutId, MalformedCaptureLine, ModelCallRecord, _as_arguments, _tool_calls_and_reasoning,
+    build_model_call_record, extract_token_stats, read_model_call_records,
 )
 
 

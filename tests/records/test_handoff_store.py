@@ -24,7 +24,8 @@ import aiohttp
 import orjson
 import pytest
 
-from records import Consumer, ExclusiveCreateBroken, trajectories
+from records import Consumer, trajectories
+from records.training import ExclusiveCreateBroken
 from tests.processes import SidecarProcess
 
 from tests import CHECKOUT

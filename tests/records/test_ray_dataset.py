@@ -14,16 +14,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from records import (
-    CALL_COLUMNS,
-    CaptureStore,
-    call_row,
-    capture_files,
-    iter_token_records,
-    ray_dataset,
-    split_attempt,
-)
-from records._datasets import ROLLOUT_COLUMNS, group_files, read_group, token_row
+from records.store import CALL_COLUMNS, call_row
+from records import CaptureStore, iter_token_records, ray_dataset
+from records.training import capture_files
+from records.contract import split_attempt
+from records.training._datasets import ROLLOUT_COLUMNS, group_files, read_group, token_row
 
 from tests.capture_dirs import make_capture_dir, make_token_dir
 
@@ -173,7 +168,7 @@ def test_small_files_are_grouped_and_a_task_reads_in_bounded_blocks(tmp_path):
     assert len(groups) == 8 and {len(g) for g in groups} == {45}
     assert group_files(equal, parallelism=len(groups), target_bytes=64 << 20) == groups
     assert [len(g) for g in group_files([("big", 100), ("a", 1), ("b", 1)], 2, 60)] == [1, 2], "a file is never split"
-    import records._datasets as datasets
+    import records.training._datasets as datasets
     before = datasets.BLOCK_ROWS
     datasets.BLOCK_ROWS = 7
     try:
@@ -492,7 +487,7 @@ def test_a_store_url_reads_as_its_compacted_view_each_task_on_its_own_node(tmp_p
     import orjson
 
     from capture.journal import Uploader
-    from records import compact_store
+    from records.store import compact_store
     from tests.capture_dirs import make_conversation_dir
     directory = str(tmp_path / "captures")
     make_conversation_dir(directory)

@@ -8,19 +8,11 @@ import pathlib
 import pytest
 
 from records import (
-    CaptureStore,
-    aggregate_model_call_metrics,
-    attach_model_call_capture,
-    capture_files,
-    clear_model_call_captures,
-    late_entries,
-    merge_model_call_capture_into_record,
-    read_model_call_records,
-    read_token_entries,
-    read_token_records,
-    rollout_rows_of,
-    trajectories,
+    CaptureStore, aggregate_model_call_metrics, attach_model_call_capture, clear_model_call_captures,
+    merge_model_call_capture_into_record, read_model_call_records, read_token_entries, read_token_records, trajectories,
 )
+from records.training import capture_files, rollout_rows_of
+from records.store import late_entries
 
 from tests.capture_dirs import make_capture_dir, make_token_dir
 

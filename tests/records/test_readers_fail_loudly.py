@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from proxy import main
-from records import CaptureStore, NothingUploadedYet, ObjectStore, StoreNotFound, read_model_call_records
+from records import CaptureStore, NothingUploadedYet, StoreNotFound, read_model_call_records
+from records.contract import ObjectStore
 
 from tests import CHECKOUT
 

@@ -7,11 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from records import (
-    ModelCallRecord,
-    ToolRequestEvidence,
-    _tool_calls_and_reasoning,
-    build_model_call_record,
-    tool_request_evidence,
+    ModelCallRecord, ToolRequestEvidence, _tool_calls_and_reasoning, build_model_call_record, tool_request_evidence,
 )
 
 RESPONSES = {

@@ -217,7 +217,8 @@ async def test_a_four_turn_tool_session_is_recorded_as_vllm_reported_it(vllm_url
     reported for it; each later call is resolved to the one before (its output was sent back); the
     chain is what `records.trajectories` builds, or masked with the reason where the real template
     re-tokenised a turn."""
-    from records import TokenFileArrays, read_token_entries, trajectories
+    from records.training import TokenFileArrays
+    from records import read_token_entries, trajectories
     sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, capture_raw_stream="always")
     messages: list[dict[str, Any]] = [_SYSTEM, {"role": "user", "content": "Look up Ada, then answer."}]
     for turn in range(4):
@@ -264,7 +265,8 @@ async def test_vllms_own_spans_join_the_rollouts_trace_under_the_call(vllm_url, 
     import time
 
     from proxy.inspection.export import otel_lines
-    from records import call_row, call_span_id, rollout_trace_id
+    from records.store import call_row
+    from records.contract import call_span_id, rollout_trace_id
 
     if os.environ.get("MCC_VLLM_URL"):
         pytest.skip("MCC_VLLM_URL: a vLLM started elsewhere, whose spans go where it was told")

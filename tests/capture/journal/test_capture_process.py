@@ -26,7 +26,8 @@ from capture.journal._process_main import READY as PERSIST_READY
 from capture.journal._process_main import main as serve_main
 import capture.journal._process_client as capture_process
 import capture.journal._writer as capture_writer
-from records import CaptureStore, encode_capture_line
+from records import CaptureStore
+from records.contract import encode_capture_line
 
 from tests.processes import SidecarProcess, post_chat
 from tests.scripted_upstream import json_script, sse_script

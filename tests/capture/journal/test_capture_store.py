@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from capture.journal import SegmentPolicy, Uploader, seal_leftovers, sealed_segments
-from records import (CaptureStore, SegmentDamaged, compact_store, manifest_name, merge_writers, plan_segment_reads,
-                     read_model_call_records, store_view)
+from records import CaptureStore, read_model_call_records
+from records.store import SegmentDamaged, compact_store, plan_segment_reads, store_view
+from records.contract import manifest_name, merge_writers
 
 from tests.processes import SidecarProcess
 
@@ -125,7 +126,7 @@ def test_the_writer_keeps_each_lines_completed_at_as_a_reader_parses_it(tmp_path
     the segment for its manifest): the same values, in the same order, as every reader's parse of
     the segment's whole lines (floats, integers, exponents, null, none, and one in a nested object)."""
     from capture.journal import SegmentFiles
-    from records import segment_order
+    from records.contract import segment_order
 
     spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
     segments = SegmentFiles(SegmentPolicy(spool, max_bytes=4000))

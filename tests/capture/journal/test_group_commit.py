@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from capture.journal import GroupCommitter
-from records import CaptureStore, encode_capture_line
+from records import CaptureStore
+from records.contract import encode_capture_line
 
 
 class Outcomes:

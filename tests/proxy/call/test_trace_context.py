@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from proxy import main
 from proxy.app import load_settings
-from records import traceparent
+from records.contract import traceparent
 
 from tests.scripted_upstream import json_script
 from tests.proxy.inspection.test_cli_inspect import otlp_requests
@@ -86,7 +86,7 @@ def test_trace_context_is_a_setting_from_flag_and_environment():
 
 def test_a_stream_span_says_so_and_its_first_chunk_time_in_seconds():
     from proxy.inspection.export import otel_lines
-    from records import call_row
+    from records.store import call_row
 
     request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     response = {"id": "c1", "object": "chat.completion", "model": "m", "choices": [

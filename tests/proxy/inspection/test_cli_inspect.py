@@ -221,7 +221,7 @@ def test_parquet_tells_the_sidecars_replies_from_the_upstreams(tmp_path):
     """Issue 22, point 5: who wrote the reply, why, the upstream's status, the failure, the
     correlation ids; stream_truncated never null; output_text on request."""
     pq = pytest.importorskip("pyarrow.parquet", reason="Parquet export needs the 'export' extra (pyarrow)")
-    from records import encode_capture_line
+    from records.contract import encode_capture_line
 
     from tests.capture_dirs import make_conversation_dir
 
@@ -328,7 +328,7 @@ def test_stats_is_quiet_on_stderr_off_a_terminal_and_a_missing_first_token_is_sa
     make_capture_dir(str(tmp_path / "c"), rollouts=250, calls=1)
     done = subprocess.run([sys.executable, "-m", "proxy", "stats", str(tmp_path / "c")], capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "" and "rollouts            250" in done.stdout
-    from records import encode_capture_line
+    from records.contract import encode_capture_line
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "r.capture.jsonl").write_bytes(encode_capture_line(
         {"model_call_id": "x", "dialect": "chat", "status_code": 500, "latency_ms": 5.0, "latency_ttft_ms": None}))

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from proxy import main
-from records import clear_model_call_captures, encode_capture_line
+from records import clear_model_call_captures
+from records.contract import encode_capture_line
 
 from tests.capture_dirs import chat_line, make_capture_dir
 from tests.processes import read_line

@@ -194,7 +194,7 @@ HOSTILE = ["Continue this page: <html><!-- TODO add <script> tag", "</script><sc
 
 async def test_payloads_full_of_html_scripts_comments_and_unicode_render(tmp_path):
     """Captured text is data: every `<` escaped, U+2028/2029 too; the page still shows every rollout."""
-    from records import encode_capture_line
+    from records.contract import encode_capture_line
     captures = tmp_path / "captures"
     captures.mkdir()
     for number, text in enumerate(HOSTILE):
@@ -404,7 +404,7 @@ async def test_cut_streams_have_their_colour_and_every_failure_is_reachable(tmp_
 
 async def test_durations_past_a_minute_read_as_hours_minutes_seconds_and_axis_labels_never_overlap(tmp_path):
     """Issue 22, points 3 and 4: 69,156 s is 19:12:36; at 390 px the time axis keeps its labels apart."""
-    from records import encode_capture_line
+    from records.contract import encode_capture_line
     captures = tmp_path / "captures"
     captures.mkdir()
     for number, latency_ms in enumerate((69_156_000.0, 65_000.0, 900.0)):

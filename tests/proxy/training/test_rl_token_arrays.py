@@ -29,7 +29,7 @@ def _expected(choice: int, tokens: int) -> tuple[list[int], list[float]]:
 
 
 def _records_of(response: dict, category: str | None = None) -> list[TokenRecord]:
-    from records._token_records import token_records_of_line
+    from records.contract import token_records_of_line
     return token_records_of_line({"model_call_id": "c1", "error_category": category, "response": response}, "r", 0)
 
 
@@ -231,7 +231,7 @@ def test_parquet_export_gains_the_arrays_on_request(tmp_path):
     from click.testing import CliRunner
 
     from proxy import main
-    from records import encode_capture_line
+    from records.contract import encode_capture_line
 
     directory = tmp_path / "captures"
     directory.mkdir()

@@ -10,15 +10,10 @@ import orjson
 import pytest
 
 from records import (
-    GroupSizeConflict,
-    RolloutEndConflict,
-    TokenFiles,
-    end_rollout,
-    read_model_call_records,
-    read_rollout_end,
-    read_token_entries,
+    GroupSizeConflict, RolloutEndConflict, end_rollout, read_model_call_records, read_rollout_end, read_token_entries,
     trajectories,
 )
+from records.contract import TokenFiles
 from tests.scripted_upstream import json_script
 from tests.proxy.training.test_token_files import converse, serve_model
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, MESSAGES_REQUEST

@@ -10,15 +10,9 @@ import os
 import orjson
 import pytest
 
-from records import (
-    RolloutLineage,
-    TokenFiles,
-    assistant_fingerprint,
-    late_entries,
-    read_token_entries,
-    request_items,
-    token_digest,
-)
+from records.contract import RolloutLineage, TokenFiles, assistant_fingerprint, request_items, token_digest
+from records.store import late_entries
+from records import read_token_entries
 from tests.scripted_upstream import json_script
 from tests.vllm_chat_model import TinyChatModel
 from tests.wire import fetch, rollout_url
@@ -239,7 +233,7 @@ def test_request_items_and_fingerprints_of_the_three_shapes():
 
 @pytest.mark.parametrize("bad", [{"schema_version": 2}, {"generation_log_probs": [0.1, 0.2]}])
 def test_a_newer_or_inconsistent_entry_is_refused(tmp_path, bad):
-    from records import TokenEntryProblem, check_token_entry
+    from records.contract import TokenEntryProblem, check_token_entry
     entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c", "prompt_token_ids": [1],
              "generation_token_ids": [2], "generation_log_probs": [-0.5], **bad}
     with pytest.raises(TokenEntryProblem):
@@ -337,7 +331,7 @@ async def test_show_export_and_report_carry_the_chains(http, upstream, start, ca
     from click.testing import CliRunner
 
     from proxy import main
-    from records import trajectory_rows
+    from records.training import trajectory_rows
     serve_model(upstream, TinyChatModel())
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     await converse(http, sidecar, "clean", ["hi", "more"])
@@ -421,7 +415,8 @@ async def test_a_stream_whose_entry_is_not_written_keeps_its_logprobs_in_the_lin
     """Issue 34: in the token capture mode a stream's logprob entries are not held (only their
     floats); a call whose entry cannot be written (its rollout is frozen) keeps the arrays in its
     line all the same, each logprob as an entry: nothing is lost."""
-    from records import TokenFiles, read_token_records
+    from records.contract import TokenFiles
+    from records import read_token_records
     from tests.scripted_upstream import sse_script
     from tests.vllm_chat_model import FRAMINGS, chat_payloads, text_tokens
 
@@ -451,7 +446,7 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
     until its capture line is durable) has its intent flushed by that line's barrier -- one flush
     for the call, not two (issue 34) -- and both before the agent sees the reply's head."""
     import capture.journal._group_commit as group_commit
-    from records import GroupSync
+    from records.contract import GroupSync
 
     events: list[tuple[str, tuple[str, ...]]] = []
     flush, also_durable = GroupSync.wait_durable, group_commit.GroupCommitter._also_durable

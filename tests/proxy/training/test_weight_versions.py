@@ -206,7 +206,7 @@ async def _the_surfaces_carry_them(capture_dir: str, tmp_path, aborted_id: str) 
     from click.testing import CliRunner
 
     from proxy import main
-    from records import rollout_rows_of, trajectory_rows
+    from records.training import rollout_rows_of, trajectory_rows
     runner = CliRunner()
     shown = runner.invoke(main, ["show", capture_dir, "resumed", "--call", "1"]).output
     assert f"resumes the aborted call {aborted_id}" in shown and "weight versions (declared): v2 [0, end)" in shown, shown

@@ -20,12 +20,12 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 
-from ._appender import append_capture_line, create_incomplete_marker
-from ._errors import MalformedCaptureLine
-from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
-from ._object_store import is_store_url
+from ..contract import append_capture_line, create_incomplete_marker
+from ..contract import MalformedCaptureLine
+from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
+from ..contract import is_store_url
 from ._paths import directory_of
-from ._rollout_ids import is_valid_rollout_id
+from ..contract import is_valid_rollout_id
 
 
 @dataclass
@@ -161,7 +161,7 @@ class CaptureStore:
         chain; with ``--token-dir`` elsewhere, `records.clear_token_captures` clears those)."""
         if isinstance(rollout_ids, (str, bytes)):
             raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
-        from ._token_files import TOKENS_SUFFIX, TokenFiles
+        from ..contract import TOKENS_SUFFIX, TokenFiles
         tokens = TokenFiles(self.capture_dir)
         for rollout_id in rollout_ids:
             for path in (self.path_for(rollout_id), self.incomplete_marker_for(rollout_id)):

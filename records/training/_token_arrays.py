@@ -39,8 +39,9 @@ import numpy as np
 import orjson
 
 from ._token_rows import token_row
-from ._lineage import LINE_ROOT, LineLineage
-from ._token_records import TokenRecord, _common_prefix, token_records_of_line
+from ..contract import LINE_ROOT, LineLineage
+from ..contract import TokenRecord, token_records_of_line
+from ._trajectories import _common_prefix
 
 _PROMPT_KEY = b'"prompt_token_ids":'
 #: What an array of ids may hold to be placed by its bytes (`bytes.translate` deletes these).

@@ -25,12 +25,12 @@ from typing import Any, Optional
 
 import orjson
 
-from ._appender import fsync_directory
-from ._group_sync import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
-from ._object_store import ObjectStore
-from ._rollout_ends import END_OBJECTS, END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
-from ._weight_versions import declared_versions, declared_versions_in_store
-from ._writer_watermarks import read_watermarks, rollout_readiness
+from ..contract import fsync_directory
+from ..contract import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
+from ..contract import ObjectStore
+from ..contract import END_OBJECTS, END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
+from ..contract import declared_versions, declared_versions_in_store
+from ..contract import read_watermarks, rollout_readiness
 
 
 #: A directory's mtime may lag a create by up to a clock tick: within this of its mtime, list anyway.
@@ -246,7 +246,7 @@ class StoreRoom:
         """The store's view, brought up to date as every reader's is (`records.store_view`: only
         the rollouts that manifests listed since the last look name are rebuilt). Listed after the
         watermarks said these rollouts are whole, so it holds every line of theirs."""
-        from ._store_view import store_view  # Only a store's readers fetch its segments.
+        from ..store import store_view  # Only a store's readers fetch its segments.
 
         return store_view(self.store.url, allow_empty=True)  # Ends may come first.
 

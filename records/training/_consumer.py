@@ -37,18 +37,18 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import orjson
 
-from ._collect import read_model_call_records
+from ..store import read_model_call_records
 from ._consumer_rooms import DirectoryRoom, StoreRoom, record_of
-from ._file_contract import incomplete_marker_path
-from ._models import ModelCallRecord
-from ._object_store import is_store_url
-from ._paths import directory_of
-from ._rollout_ends import RolloutEnd, group_of, gym_member
-from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
-from ._store import capture_store
-from ._token_records import read_token_records
+from ..contract import incomplete_marker_path
+from ..store import ModelCallRecord
+from ..contract import is_store_url
+from ..store import directory_of
+from ..contract import RolloutEnd, group_of, gym_member
+from ..contract import is_valid_rollout_id, validate_rollout_id
+from ..store import capture_store
+from ._token_records_reading import read_token_records
 from ._trajectories import TrajectoryBuild, trajectories
-from ._weight_versions import version_rank
+from ..contract import version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
 
@@ -705,7 +705,7 @@ class Consumer(_ConsumerView):
         self._final.setdefault(item, 0)  # (An ack of no step set it, with its flags.)
         if not self.retires:
             return
-        from ._token_files import TokenFiles
+        from ..contract import TokenFiles
 
         assert isinstance(self.room, DirectoryRoom)  # Refused for a store at the start.
         files = TokenFiles(self.room.directory)

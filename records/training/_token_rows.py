@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._token_records import TokenRecord
+from ..contract import TokenRecord
 
 #: The columns of ``kind="tokens"``: `TokenRecord`'s fields (``missing`` as a list), then
 #: ``usable`` and ``unusable_reason`` as `TokenRecord` computes them.

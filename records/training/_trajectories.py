@@ -27,11 +27,11 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._paths import directory_of
-from ._store import CaptureStore
-from ._token_entries import RESOLVED, ROOT, UNRESOLVED, token_digest
-from ._token_files import TokenFiles
-from ._weight_versions import resolved_spans, token_versions
+from ..store import directory_of
+from ..store import CaptureStore
+from ..contract import RESOLVED, ROOT, UNRESOLVED, token_digest
+from ..contract import TokenFiles
+from ..contract import resolved_spans, token_versions
 
 
 class CallSpan(BaseModel):

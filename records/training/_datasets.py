@@ -28,16 +28,17 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
-from ._call_rows import CALL_COLUMNS, call_row, with_arrow_times
-from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
-from ._rollout_ids import is_valid_rollout_id
-from ._rollouts import split_attempt
-from ._object_store import is_store_url
-from ._paths import directory_of
-from ._store_view import SegmentRead, plan_segment_reads, store_rollout_sizes, store_view
-from ._store import CaptureStore, gc_paused
-from ._token_files import TOKENS_SUFFIX
-from ._token_records import TokenRecord, iter_token_records
+from ..store import CALL_COLUMNS, call_row, with_arrow_times
+from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
+from ..contract import is_valid_rollout_id
+from ..contract import split_attempt
+from ..contract import is_store_url
+from ..store import directory_of
+from ..store import SegmentRead, plan_segment_reads, store_rollout_sizes, store_view
+from ..store import CaptureStore, gc_paused
+from ..contract import TOKENS_SUFFIX
+from ..contract import TokenRecord
+from ._token_records_reading import iter_token_records
 from ._token_rows import TOKEN_COLUMNS, token_row
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -279,7 +280,7 @@ def _count_rows_from_entries(store: CaptureStore, rollout_id: str, rows: list[di
     `records.read_model_call_records` counts its records (``token_counts``: ``counted``)."""
     if all(row["tokens_in"] is not None and row["tokens_out"] is not None for row in rows):
         return
-    from ._token_files import counts_from_entries
+    from ..store import counts_from_entries
 
     counts = counts_from_entries(store.capture_dir, rollout_id)
     for row in rows:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from ._object_store import is_store_url
+from ..contract import is_store_url
 
 #: A capture directory: a path (``str`` or ``os.PathLike``), or a `CaptureStore` (a path-like of its
 #: directory: it has ``__fspath__``).
-Captures = Union[str, "os.PathLike[str]"]
+Where = Union[str, "os.PathLike[str]"]
 
 
 def directory_of(where: object, taker: str, allow_empty: bool = False) -> str:

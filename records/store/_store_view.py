@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import heapq
 import os
 import uuid
 from pathlib import Path
@@ -30,48 +29,21 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import orjson
 
-from ._errors import NothingUploadedYet, StoreNotFound
-from ._file_contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
-from ._object_store import ObjectStore
+from ..contract import NothingUploadedYet, StoreNotFound
+from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
+from ..contract import ObjectStore
+from ..contract import (
+    INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, TOKEN_MANIFESTS, TOKEN_OBJECTS, incomplete_name,
+    manifest_name, merge_order, merge_writers, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    whole_segment_lines,
+)
 from ._token_join import join_entries
 
-MANIFESTS = "manifests"
-SEGMENT_OBJECTS = "segments"
-#: ``incomplete/<rollout_id>``: a line of the rollout was lost (the spool's ``.capture.incomplete``).
-INCOMPLETE_OBJECTS = "incomplete"
-#: The training-token files (docs/tokens.md): bundles of rollouts' files, each whole as its spool held
-#: it (``tokens/<spool_id>/<sha256>.json``), and their manifests, written after them
-#: (``token-manifests/<spool_id>/<time_ns>-<sha256 prefix>.json``); a rollout's latest wins.
-TOKEN_OBJECTS = "tokens"
-TOKEN_MANIFESTS = "token-manifests"
-#: A rollout's training-token files, by suffix (`records._token_files`), in the order they merge.
-TOKEN_FILE_SUFFIXES = (".tokens.jsonl", ".tokens.intents", ".tokens.incomplete", ".tokens.late.jsonl",
-                       ".tokens.state.json")
 _APPLIED = ".applied-manifests"
 
 
 class SegmentDamaged(ValueError):
     """A segment's bytes are not those its manifest names."""
-
-
-def manifest_name(writer_id: str, sequence: int) -> str:
-    return f"{MANIFESTS}/{writer_id}/{sequence:010d}.json"
-
-
-def incomplete_name(rollout_id: str) -> str:
-    return f"{INCOMPLETE_OBJECTS}/{rollout_id}"
-
-
-def token_bundle_name(spool_id: str, sha256: str) -> str:
-    return f"{TOKEN_OBJECTS}/{spool_id}/{sha256}.json"
-
-
-def token_manifest_name(spool_id: str, time_ns: int, sha256: str) -> str:
-    return f"{TOKEN_MANIFESTS}/{spool_id}/{time_ns:020d}-{sha256[:16]}.json"
-
-
-def segment_name(writer_id: str, sha256: str) -> str:
-    return f"{SEGMENT_OBJECTS}/{writer_id}/{sha256}.jsonl"
 
 
 def cache_root() -> Path:
@@ -122,7 +94,7 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
 
 def _say_empty(store: ObjectStore) -> None:
     """A store with no manifest: whether sidecars write to it (nothing sealed yet) or none ever did."""
-    from ._writer_watermarks import WRITER_OBJECTS
+    from ..contract import WRITER_OBJECTS
 
     writers = store.names(WRITER_OBJECTS)
     if writers:
@@ -302,67 +274,6 @@ def _rebuild(store: ObjectStore, cache: Path, target: Path, manifests: list[dict
                           b"".join(streams[stream][0][position] + b"\n" for stream, position in merged), durable=False)
 
 
-def whole_segment_lines(data: bytes) -> Iterator[tuple[str, bytes, dict[str, Any]]]:
-    """``(rollout_id, line, parsed line)`` for each line of a segment an append wrote whole, in
-    append order: one rule for the uploader's manifest and every reader. Skipped: the torn last
-    piece (a crash mid-append: never acknowledged), a blank line or a piece that is not one JSON
-    object (an append that failed part-way, its rollout marked incomplete)."""
-    for raw in data.split(b"\n")[:-1]:  # The last piece: b"", or torn.
-        rollout, tab, line = raw.partition(b"\t")
-        if not tab or not line:
-            continue
-        try:
-            parsed = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(parsed, dict):
-            yield rollout.decode(), line, parsed
-
-
-def segment_order(data: bytes) -> dict[str, list[Any]]:
-    """The manifest's ``completed_at``: each rollout's whole lines' ``completed_at``, in append order."""
-    order: dict[str, list[Any]] = {}
-    for rollout_id, _, parsed in whole_segment_lines(data):
-        order.setdefault(rollout_id, []).append(parsed.get("completed_at"))
-    return order
-
-
-def merge_order(streams: list[list[Any]]) -> list[tuple[int, int]]:
-    """The stated order of one rollout's lines from several writers (docs/files.md), from their
-    ``completed_at`` alone: ``streams`` one list per writer, sorted by writer id, each in its append
-    order; returns ``(stream, position)`` in merged order. Each writer's order is kept; across writers
-    a line sorts by ``completed_at`` (one without sorts with the one before it), then writer id."""
-    if len(streams) == 1:
-        return [(0, position) for position in range(len(streams[0]))]
-
-    def keyed(stream: int, values: list[Any]) -> Iterator[tuple[float, int, int]]:
-        last = float("-inf")
-        for position, completed in enumerate(values):
-            if isinstance(completed, (int, float)):
-                last = max(last, completed)
-            yield last, stream, position
-
-    return [(stream, position) for _, stream, position in heapq.merge(*(keyed(i, v) for i, v in enumerate(streams)))]
-
-
-def merge_writers(streams: list[tuple[str, list[bytes]]]) -> list[bytes]:
-    """One rollout's lines from several writers (``(writer id, lines)``, sorted by writer id) in the
-    stated order (`merge_order`)."""
-    if len(streams) == 1:
-        return streams[0][1]
-    values = []
-    for _, lines in streams:
-        completed = []
-        for line in lines:
-            try:
-                parsed = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                parsed = None
-            completed.append(parsed.get("completed_at") if isinstance(parsed, dict) else None)
-        values.append(completed)
-    return [streams[stream][1][position] for stream, position in merge_order(values)]
-
-
 class SegmentRead:
     """One segment of a store as a read task takes it: where it is, what it must hash to, and the
     call index in its rollout of each of its lines (``indexes[rollout_id]``: the list, in append
@@ -477,7 +388,7 @@ def _write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
 def _barrier(directory: Path) -> None:
     """Every view file written before this is durable: one barrier for the rebuild (it writes
     hundreds of files; an fsync each cost 1 ms apiece)."""
-    from ._group_sync import sync_filesystem
+    from ..contract import sync_filesystem
 
     sync_filesystem(str(directory))
 

@@ -27,10 +27,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from ._file_contract import capture_path
-from ._object_store import ObjectStore, create_file_exclusively, is_store_url
-from ._paths import directory_of
+from ._object_store import ObjectStore, create_file_exclusively
 from ._rollout_ids import validate_rollout_id
-from ._store import capture_store
 
 END_SUFFIX = ".end.json"
 #: In a capture store: ``ends/<rollout_id>.json``, an object of its own, written at once (not at the
@@ -230,28 +228,6 @@ def read_end_file(path: str) -> Optional[RolloutEnd]:
 def is_ended(capture_dir: str, rollout_id: str) -> bool:
     """Whether the rollout has an end (one ``stat``)."""
     return os.path.exists(end_path(capture_dir, rollout_id))
-
-
-def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
-                group: Optional[str] = None, group_size: Optional[int] = None) -> RolloutEnd:
-    """End a rollout of a capture directory (a path or a `CaptureStore`), durably, with its
-    outcome: what ``POST /-/rollouts/<rollout_id>/end`` does on a sidecar. The same end again
-    returns the first; another raises `RolloutEndConflict`. On a capture store URL the end is an
-    object of its own (``ends/<rollout_id>.json``), and its ``calls`` is None."""
-    if isinstance(captures, str) and is_store_url(captures):
-        return write_store_end(ObjectStore(captures), rollout_id, outcome, group, group_size)[0]
-    directory = directory_of(capture_store(captures, "end_rollout"), "end_rollout")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"end_rollout: no capture directory at {directory}")
-    return write_rollout_end(directory, rollout_id, outcome, group, group_size)[0]
-
-
-def read_rollout_end(captures: object, rollout_id: str) -> Optional[RolloutEnd]:
-    """The rollout's end (`RolloutEnd`), or None while it has none."""
-    if isinstance(captures, str) and is_store_url(captures):
-        return read_end_object(ObjectStore(captures), rollout_id)
-    directory = directory_of(capture_store(captures, "read_rollout_end"), "read_rollout_end")
-    return read_end_file(end_path(directory, rollout_id))
 
 
 def create_exclusively(path: str, data: bytes, durable: bool = True) -> bool:

@@ -9,8 +9,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ._record import (EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record,
                       fill_counts_from_entries)
 from ._models import ModelCallRecord
-from ._rollouts import rollout_id_from_run
-from ._paths import Captures
+from ..contract import rollout_id_from_run
+from ._paths import Where
 from ._store import CaptureStore, capture_store, gc_paused
 
 #: The key `attach_model_call_capture` adds to a rollout record.
@@ -24,7 +24,7 @@ GAP_UNREADABLE = "model_call_capture_unreadable"
 log = logging.getLogger(__name__)
 
 
-def read_model_call_records(store: Captures, rollout_id: str, *, strict: bool = False) -> list[ModelCallRecord]:
+def read_model_call_records(store: Where, rollout_id: str, *, strict: bool = False) -> list[ModelCallRecord]:
     """The rollout's calls as records, in append order (``store``: a `CaptureStore` or a directory path).
 
     Tolerant by default: a torn or malformed line is skipped (``store.read_available`` reports
@@ -46,7 +46,7 @@ def _count_where_usage_is_missing(store: CaptureStore, rollout_id: str, records:
     its counts from the entry, marked ``counted`` (docs/records.md)."""
     if all(record.tokens_in is not None and record.tokens_out is not None for record in records):
         return
-    from ._token_files import counts_from_entries
+    from ._token_file_readers import counts_from_entries
 
     fill_counts_from_entries(records, counts_from_entries(store.capture_dir, rollout_id))
 
@@ -69,14 +69,14 @@ def _read_tolerantly(store: CaptureStore, rollout_id: str) -> tuple[list[ModelCa
     return records, unreadable
 
 
-def aggregate_model_call_metrics(store: Captures, rollout_id: str, percentiles: Iterable[float] = (), *,
+def aggregate_model_call_metrics(store: Where, rollout_id: str, percentiles: Iterable[float] = (), *,
                                  extended: bool = False) -> dict[str, Any]:
     """Totals over the rollout's calls: Gym's keys, more when asked (see `aggregate_model_call_records`)."""
     store = capture_store(store, "aggregate_model_call_metrics")
     return aggregate_model_call_records(read_model_call_records(store, rollout_id), percentiles, extended=extended)
 
 
-def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: Captures) -> None:
+def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: Where) -> None:
     """Before dispatch: remove the capture file and incomplete marker of exactly these ids,
     so a redispatched (or kill-shaped) attempt never mixes with an earlier one.
 
@@ -89,7 +89,7 @@ def clear_model_call_captures(rollout_ids: Iterable[str], capture_dir: Captures)
     capture_store(capture_dir, "clear_model_call_captures").clear(rollout_ids)
 
 
-def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: Captures,
+def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: Where,
                               rollout_id: Optional[str] = None, *, extended: bool = False) -> dict[str, Any]:
     """A copy of ``rollout_record`` with ``ng_model_call_capture = {rollout_id, metrics, calls[, gaps]}``.
 
@@ -117,7 +117,7 @@ def attach_model_call_capture(rollout_record: Mapping[str, Any], capture_dir: Ca
     return attached
 
 
-def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[Captures],
+def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: Sequence[Where],
                                          include_payloads: bool = False, *, extended: bool = False) -> dict[str, Any]:
     """NeMo Gym's entry point, with its signature and its attachment's shape: attach in place and
     return ``record`` (``extended=True``: as `attach_model_call_capture`'s).
@@ -142,7 +142,7 @@ def merge_model_call_capture_into_record(record: dict[str, Any], capture_dirs: S
 
 
 def clear_model_call_captures_for_rollouts(records: Iterable[Mapping[str, Any]],
-                                           capture_dirs: Sequence[Captures]) -> None:
+                                           capture_dirs: Sequence[Where]) -> None:
     """NeMo Gym's entry point: before dispatch, remove the captures of these run rows' rollout ids
     (task, rollout and attempt indices) in every directory."""
     rollout_ids = [rid for row in records if (rid := rollout_id_from_run(row, observability_enabled=True))]

@@ -1,0 +1,46 @@
+"""What a trainer takes (docs/reading.md, docs/tokens.md): token records read back, their arrays and
+rows, trajectories, the Arrow and Ray Data exports, and the live hand-off's `Consumer`.
+
+Imports `records.contract` and `records.store`.
+"""
+
+from __future__ import annotations
+
+from ._consumer import Consumer, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
+from ._consumer_rooms import ExclusiveCreateBroken
+from ._datasets import (
+    CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, capture_files, ray_dataset, rollout_rows_of,
+    to_arrow, trajectory_rows,
+)
+from ._token_records_reading import DriftTracker, TokenFileArrays, TokenRecordFollower, iter_token_records, read_token_records
+from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild, trajectories
+
+__all__ = [
+    "CALL_TOKEN_COLUMNS",
+    "CallLink",
+    "CallSpan",
+    "Consumer",
+    "DriftTracker",
+    "ExclusiveCreateBroken",
+    "FinishedGroup",
+    "FinishedRollout",
+    "Lease",
+    "LeaseLost",
+    "ROLLOUT_COLUMNS",
+    "TRAJECTORY_COLUMNS",
+    "TokenFileArrays",
+    "TokenRecordFollower",
+    "Trajectory",
+    "TrajectoryBuild",
+    "arrow_schema",
+    "capture_files",
+    "consumer_names",
+    "consumer_view",
+    "iter_token_records",
+    "ray_dataset",
+    "read_token_records",
+    "rollout_rows_of",
+    "to_arrow",
+    "trajectories",
+    "trajectory_rows",
+]
