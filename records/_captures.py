@@ -6,7 +6,8 @@ capture store's URL -- under one name or another. A `Captures` takes it once, ch
 read), and answers every question about the run from there: its rollouts, their calls, token
 records, trajectories and ends, and a consumer of the live hand-off.
 
-A store URL stays a URL: each question brings the store's view up to date with what the writers
+A store URL stays a URL (a trainer may start before any sidecar uploaded: its consumer waits, and
+only a read of calls says `StoreNotFound` while nothing is there); each question brings the store's view up to date with what the writers
 have uploaded since (only the rollouts new manifests name are rebuilt), so a `Captures` opened at
 the start of a run keeps seeing the run.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Iterator, Optional, Union
 
-from .contract import RolloutEnd, StoreNotFound, TokenRecord, is_store_url
+from .contract import ObjectStore, RolloutEnd, StoreNotFound, TokenRecord, is_store_url
 from .store import (
     CaptureStore,
     ModelCallRecord,
@@ -41,7 +42,7 @@ class Captures:
             token_dir = token_dir if token_dir is not None else where.token_dir
             where = where.where
         if isinstance(where, str) and is_store_url(where):
-            CaptureStore(where)  # Raises StoreNotFound when nothing was ever uploaded there.
+            ObjectStore(where)  # A scheme without its filesystem (s3fs, ...) is refused here: StoreUnavailable.
             self.where: Union[str, CaptureStore] = where
         else:
             store = where if isinstance(where, CaptureStore) else CaptureStore(_path(where, "Captures"))
@@ -53,6 +54,11 @@ class Captures:
 
     def __repr__(self) -> str:
         return f"Captures({self.where if isinstance(self.where, str) else self.where.capture_dir!r})"
+
+    def __fspath__(self) -> str:
+        """A `Captures` is a path-like of its directory (on a URL, the store's view as of now), so
+        every reader of `records` takes one where it takes a directory."""
+        return self.store.capture_dir
 
     @property
     def store(self) -> CaptureStore:

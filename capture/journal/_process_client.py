@@ -47,7 +47,7 @@ class CaptureProcessLost(Exception):
 
 
 class LineNotEncoded(TypeError):
-    """The capture process could not encode a line's fields as JSON (as `records.encode_capture_line`
+    """The capture process could not encode a line's fields as JSON (as `records.contract.encode_capture_line`
     raises on a value JSON cannot hold)."""
 
 

@@ -5,7 +5,7 @@ and every syscall of an append (flock, fstat, write, unlock, fsync) hands it bac
 64 calls at once the sidecar used 0.9 of a core and the machine stayed 40% idle, on tmpfs as on
 disk. Here the event loop builds each line (a large call's: its fields, which this process
 encodes) and sends it down a socket; this process appends the lines that arrived together (the
-file contract of `records.append_capture_line`, through the group committer's open files), makes
+file contract of `records.contract.append_capture_line`, through the group committer's open files), makes
 them durable with one barrier (`make_durable`: fsync for one file, syncfs for several) and
 acknowledges each line. The sidecar releases a reply's end only on
 its line's acknowledgement, so "the line is on disk before the agent sees the end" holds as before.
@@ -17,7 +17,7 @@ appends what it had received first). The wire, both ways big-endian:
 - from the process first, ``R``: it is ready (its imports done);
 - a line: ``!IQHB`` (the payload's size, its number, the path's size, its kind), the path, the
   payload: `LINE`, the line's bytes; or `FIELDS`, the line's fields pickled, which this process
-  encodes (`records.encode_capture_line`): a streamed call's line is mostly its raw text, and
+  encodes (`records.contract.encode_capture_line`): a streamed call's line is mostly its raw text, and
   escaping it is one C call of 40 µs for a 256-event stream, 40 ms for a 32k-token one, that
   held the sidecar's interpreter; pickling the fields is a copy (3.6 µs);
 - an acknowledgement: ``!QiId`` (the number, 0 or the errno that failed it -- `NOT_APPENDED` for a

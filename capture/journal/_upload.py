@@ -253,7 +253,7 @@ class Uploader:
         name = segment_name(writer_id, sha)
         self.store.put(name, data)
         # Each rollout's lines' completed_at: readers place every line of this segment in its rollout
-        # from the manifests alone (records.plan_segment_reads: a read task per segment), by them.
+        # from the manifests alone (records.store.plan_segment_reads: a read task per segment), by them.
         manifest = {"writer": writer_id, "sequence": sequence, "segment": name, "sha256": sha, "bytes": len(data),
                     "lines": data.count(b"\n"), "rollouts": rollouts, "completed_at": order}
         self.store.put(manifest_name(writer_id, sequence), orjson.dumps(manifest))

@@ -7,7 +7,7 @@ those sidecars' spools for the next segment seal. So each sidecar's uploader, on
 
 1. lists the store's ends (``ends/``), noting the time it began: its **watermark** (every end whose
    put had completed by then is in the listing);
-2. marks each end it had not seen in its spool (`records.mark_ended_in_spool`: the rollout's
+2. marks each end it had not seen in its spool (`records.contract.mark_ended_in_spool`: the rollout's
    token files frozen, its later calls refused here);
 3. finds the ended rollouts it still **holds**: lines in an open segment (read as they grow), in a
    sealed segment not yet uploaded (its index), or token files changed since they were shipped;
@@ -18,7 +18,7 @@ those sidecars' spools for the next segment seal. So each sidecar's uploader, on
    listing began may be missing from it: ``seen`` is what vouches for those).
 
 A consumer takes a rollout ended at ``E`` once, for every writer, it is not in ``holding`` and it
-is in ``seen`` or the watermark is past ``E + SEEN_SECONDS`` (`records.rollout_readiness`): the writer has seen its end and
+is in ``seen`` or the watermark is past ``E + SEEN_SECONDS`` (`records.contract.rollout_readiness`): the writer has seen its end and
 shipped all it held of it. Clocks of the sidecars' nodes are taken to agree within seconds.
 """
 

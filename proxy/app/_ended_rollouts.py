@@ -1,7 +1,7 @@
 """Ended rollouts on the sidecar: ``POST /-/rollouts/<rollout_id>/end`` and the refusal of later
 calls (docs/wire.md, "Ending a rollout").
 
-The end itself is `records.write_rollout_end` (a file of its own beside the rollout's, created
+The end itself is `records.contract.write_rollout_end` (a file of its own beside the rollout's, created
 exclusively and durably). An end is Gym's freeze: a call that arrives for an ended rollout is
 answered 409 in its dialect's error shape and recorded as such (`EndedRollouts.refusal`, the
 calls' context's ``refusal``). Any

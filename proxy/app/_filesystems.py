@@ -1,7 +1,7 @@
 """Which filesystems the default layout (one file per rollout, appended under ``flock`` by every
 writer: docs/files.md) is safe on, said once at start-up (docs/files.md, issue 46, point 5).
 
-Read from the mount table (`records.filesystem_type`, and the mount's options): on a node's own
+Read from the mount table (`records.contract.filesystem_type`, and the mount's options): on a node's own
 disk (ext4, xfs, btrfs, tmpfs, overlay) and on a filesystem whose locks and appends hold across
 its clients (CephFS, Lustre mounted with ``flock``), several sidecars may append to one rollout's
 file. Where they do not -- ``O_APPEND`` is not atomic across NFS clients whose locks are local

@@ -118,7 +118,7 @@ class Settings(BaseModel):
     #: Where the training-token files go (docs/tokens.md); the capture dir when unset.
     token_dir: str | None = None
     #: Send a W3C ``traceparent`` upstream with each captured call the agent sent none with (its
-    #: rollout's trace, its own span: `records.traceparent`), so the upstream's spans (vLLM's
+    #: rollout's trace, its own span: `records.contract.traceparent`), so the upstream's spans (vLLM's
     #: ``--otlp-traces-endpoint``) join the trace `mcc export --format otel-json` writes. A header
     #: only: the body is forwarded byte-exact, and an agent's own ``traceparent`` is kept.
     trace_context: bool = True

@@ -1,4 +1,4 @@
-"""W3C trace context on a captured call's upstream request (`records.traceparent`)."""
+"""W3C trace context on a captured call's upstream request (`records.contract.traceparent`)."""
 
 from __future__ import annotations
 

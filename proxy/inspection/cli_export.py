@@ -111,7 +111,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
         count = _export_trajectories(store, rollout_ids, output, export_metadata(directory, click.get_current_context()))
         click.echo(f"wrote {output}: {count:,} chains")
         return
-    # The rows a `--ray` export's read tasks give (`records.rollout_rows_of`): one schema for one command.
+    # The rows a `--ray` export's read tasks give (`records.training.rollout_rows_of`): one schema for one command.
     dataset_kind = "call_tokens" if token_arrays else "calls"
     rows: list[dict[str, Any]] = []
     with progress(len(rollout_ids), "reading") as bar:

@@ -31,7 +31,7 @@ PYARROW_HINT = ("Parquet export needs pyarrow: pip install pyarrow (in the envir
 
 def write_parquet(rows: list[dict[str, Any]], path: str, kind: str = "calls", output_text: bool = False,
                   metadata: dict[bytes, bytes] | None = None) -> int:
-    """``rows`` (`records.rollout_rows_of` of ``kind``: ``calls``, or ``call_tokens`` with the
+    """``rows`` (`records.training.rollout_rows_of` of ``kind``: ``calls``, or ``call_tokens`` with the
     training arrays) in one Parquet file with that kind's columns (the ``--ray`` export's), plus
     ``output_text`` when asked; ``metadata`` in the file's key-value metadata."""
     try:
@@ -81,7 +81,7 @@ def otel_lines(rollouts: Iterable[tuple[str, list[CallRow]]], spans_per_line: in
     root span (the rollout) has its calls as children, a rollout over ``spans_per_line`` calls
     continuing on the next lines. Each line can be POSTed as it is to a collector's ``/v1/traces``.
     The trace and each call's span have the ids the sidecar sent upstream in ``traceparent``
-    (`records.traceparent`), so the upstream's own spans of a call sit under its span."""
+    (`records.contract.traceparent`), so the upstream's own spans of a call sit under its span."""
     for rollout_id, rows in rollouts:
         trace_id = rollout_trace_id(rollout_id)  # One trace per rollout, the same every export.
         root_id = _span_id(f"rollout/{rollout_id}")

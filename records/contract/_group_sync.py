@@ -1,7 +1,7 @@
 """Group sync: appends to many files made durable by one ``syncfs`` (issue 34).
 
 The capture writer (`capture.journal.GroupCommitter`) makes a batch of capture lines durable with one
-barrier; the token capture mode's intents (`records.TokenFiles.begin_call`) come one a call from
+barrier; the token capture mode's intents (`records.contract.TokenFiles.begin_call`) come one a call from
 many threads, each of which must wait for its own line. `GroupSync` gives them the same: a
 thread whose file must be durable either runs the next barrier itself or waits for one that
 began after its write -- ``fsync`` of the file when it is alone, ``syncfs`` of the filesystem when

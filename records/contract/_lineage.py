@@ -18,8 +18,8 @@ from ._token_entries import RESOLVED, ROOT, UNRESOLVED, entry_sequence, output_i
 
 
 class EntrySource(Protocol):
-    """Where a rollout's entries are read from: `records.TokenFiles`, or entries held in memory
-    (the store's view joining several spools' entries: `records._token_join`)."""
+    """Where a rollout's entries are read from: `records.contract.TokenFiles`, or entries held in memory
+    (the store's view joining several spools' entries: `records.store._token_join`)."""
 
     def entries(self, rollout_id: str, offset: int = 0) -> tuple[list[tuple[int, dict[str, Any]]], int]: ...
 
@@ -86,7 +86,7 @@ class RolloutLineage:
         self.by_fingerprint.setdefault(fingerprint, []).append(call_id)
 
     def resolve(self, messages: list[dict[str, Any]]) -> LineageVerdict:
-        """The verdict for a request with these turns (`records.request_items`)."""
+        """The verdict for a request with these turns (`records.contract.request_items`)."""
         fingerprint = assistant_fingerprint(messages)
         if not fingerprint:
             return LineageVerdict(ROOT)

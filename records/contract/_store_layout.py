@@ -24,7 +24,7 @@ INCOMPLETE_OBJECTS = "incomplete"
 #: (``token-manifests/<spool_id>/<time_ns>-<sha256 prefix>.json``); a rollout's latest wins.
 TOKEN_OBJECTS = "tokens"
 TOKEN_MANIFESTS = "token-manifests"
-#: A rollout's training-token files, by suffix (`records._token_files`), in the order they merge.
+#: A rollout's training-token files, by suffix (`records.contract._token_files`), in the order they merge.
 TOKEN_FILE_SUFFIXES = (".tokens.jsonl", ".tokens.intents", ".tokens.incomplete", ".tokens.late.jsonl",
                        ".tokens.state.json")
 

@@ -1,7 +1,7 @@
 """A rollout's training-token files, under NeMo Gym 0.7.0's store protocol (docs/tokens.md; Gym's
 ``nemo_gym/token_id_capture/store.py`` is the contract, this is our code for it):
 
-- ``<id>.tokens.jsonl``: one entry per call (`records._token_entries`), fsynced before the call's
+- ``<id>.tokens.jsonl``: one entry per call (`records.contract._token_entries`), fsynced before the call's
   reply ends (the same promise as the capture line);
 - ``<id>.tokens.lock``: ``flock``\\ ed around every write and read, so Gym's own store, other
   sidecar workers and readers never see half a write;

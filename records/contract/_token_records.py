@@ -98,7 +98,7 @@ class TokenRecord(BaseModel):
     prefix_supplied: Optional[bool] = None
     #: The weight versions that sampled the generation: ``{"version", "start", "end"}`` over
     #: generation token indexes (``end`` None: to the end), from ``weight_version_source``
-    #: (``engine`` or ``declared``; `records._weight_versions`). `token_weight_versions` per token.
+    #: (``engine`` or ``declared``; `records.contract._weight_versions`). `token_weight_versions` per token.
     weight_versions: Optional[list[dict[str, Any]]] = None
     weight_version_source: Optional[str] = None
     #: A weight update fell during this call where it could not be placed (a non-streamed reply).

@@ -113,7 +113,7 @@ _RECORD_FIELDS = all_fields_set(ModelCallRecord)
 
 def fill_counts_from_entries(records: list[ModelCallRecord], counts: dict[str, tuple[int, int]]) -> None:
     """Where usage was missing, the counts the calls' training-token entries give
-    (`records.counts_from_entries`): marked ``counted``."""
+    (`records.store.counts_from_entries`): marked ``counted``."""
     for record in records:
         if record.token_counts == "reported" or (record.tokens_in is not None and record.tokens_out is not None):
             continue

@@ -158,7 +158,7 @@ class CaptureStore:
     def clear(self, rollout_ids: Iterable[str]) -> None:
         """Remove the capture file and incomplete marker of exactly these rollout ids, and their
         training-token files beside them (a reused id must not add calls to an earlier attempt's
-        chain; with ``--token-dir`` elsewhere, `records.clear_token_captures` clears those)."""
+        chain; with ``--token-dir`` elsewhere, `records.store.clear_token_captures` clears those)."""
         if isinstance(rollout_ids, (str, bytes)):
             raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
         from ..contract import TOKENS_SUFFIX, TokenFiles

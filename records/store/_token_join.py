@@ -5,7 +5,7 @@ call re-pinned to another sidecar is resolved to the call it continues, whicheve
 that one. With writer segments each sidecar keeps its own files: the second sidecar's lineage
 does not know the first's calls, and writes the continuing call ``unresolved`` (``no_match``),
 which masks the rollout. Joining the spools' entries, `join_entries` applies the request-time
-rule (`records.RolloutLineage.resolve`'s: the request's model-authored turns match the candidate's
+rule (`records.contract.RolloutLineage.resolve`'s: the request's model-authored turns match the candidate's
 request and output, and the request begins with the context the candidate was made with; one
 candidate, identical retries counted once, never a guess) to each such call, against every
 spool's entries written before the call's request began (its line's ``started_at``), as a shared
@@ -74,7 +74,7 @@ def _requests(capture_lines: bytes) -> dict[str, tuple[float, dict[str, Any]]]:
 
 class _Written:
     """The entries a shared volume's token file would have held when a request began, as the
-    lineage reads them (`records._lineage.EntrySource`)."""
+    lineage reads them (`records.contract._lineage.EntrySource`)."""
 
     def __init__(self, entries: list[tuple[int, dict[str, Any]]]) -> None:
         self._entries = entries

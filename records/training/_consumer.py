@@ -2,7 +2,7 @@
 checkpoint (docs/reading.md, "Consuming rollouts during the run").
 
 The state lives in the captures, beside the rollouts (a capture directory's files, or a capture
-store's objects: `records._consumer_rooms`), so nothing else has to run:
+store's objects: `records.training._consumer_rooms`), so nothing else has to run:
 
     consumers/<name>/items/<item>.<slot>.json   one item's log: claim, extend, release, ack
     consumers/<name>/log/<seq>.json             the name's log: commit, rewind
@@ -105,7 +105,7 @@ class FinishedRollout:
     #: What the lease is of: the rollout, or the group it was handed out in.
     item: str = ""
     #: Weight updates between ``weight_versions["start"]`` and `take`'s ``current_version`` (None
-    #: when either has no place in the order: `records.version_rank`), and whether that is beyond
+    #: when either has no place in the order: `records.contract.version_rank`), and whether that is beyond
     #: ``max_staleness``.
     staleness: Optional[int] = None
     stale: bool = False
@@ -124,7 +124,7 @@ class FinishedRollout:
     @property
     def weight_versions(self) -> Optional[dict[str, Any]]:
         """Which weights generated its tokens: ``start`` (the oldest version that generated any,
-        in `records.version_rank`'s order), ``min``, ``max``, and ``tokens`` per version; None
+        in `records.contract.version_rank`'s order), ``min``, ``max``, and ``tokens`` per version; None
         when its calls name no version."""
         if self._weight_versions is _UNREAD:
             self._weight_versions = _weight_versions_of(self.directory, self.rollout_id,

@@ -12,7 +12,7 @@ say whether an ended rollout is whole yet, and give a directory to read a rollou
   durable before its terminal is released).
 - **Store**: records are objects; a create is a conditional put (``If-None-Match: *`` on S3, a
   hard link on ``segments://``), durable when it returns. Ends are ``ends/<rollout_id>.json``; a
-  rollout is whole when every writer's watermark says so (`records.rollout_readiness`); its calls
+  rollout is whole when every writer's watermark says so (`records.contract.rollout_readiness`); its calls
   are read from the store's view, rebuilt for the rollouts handed out.
 """
 
@@ -114,7 +114,7 @@ class DirectoryRoom:
 
     def barrier(self) -> None:
         """What was created since the last barrier is durable: one ``syncfs`` where the filesystem
-        honours it (`records.syncfs_flushes`), else each file and directory fsynced."""
+        honours it (`records.contract.syncfs_flushes`), else each file and directory fsynced."""
         written, self._unsynced = self._unsynced, []
         if not written:
             return
@@ -243,7 +243,7 @@ class StoreRoom:
         return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)
 
     def view(self, rollout_ids: list[str]) -> str:
-        """The store's view, brought up to date as every reader's is (`records.store_view`: only
+        """The store's view, brought up to date as every reader's is (`records.store.store_view`: only
         the rollouts that manifests listed since the last look name are rebuilt). Listed after the
         watermarks said these rollouts are whole, so it holds every line of theirs."""
         from ..store import store_view  # Only a store's readers fetch its segments.

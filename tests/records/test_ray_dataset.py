@@ -336,7 +336,7 @@ async def test_several_sidecars_write_one_directory_while_the_dataset_reads_it(t
 
 
 # A read task places each prompt by its JSON bytes and parses only what a turn adds (see
-# records/_token_arrays.py); whatever the shape of a rollout, its rows must be the reader's.
+# records/training/_token_arrays.py); whatever the shape of a rollout, its rows must be the reader's.
 _TURN = st.tuples(
     st.sampled_from(["extends", "equals", "extends-older", "drifts", "digit-more", "fresh", "same", "empty"]),
     st.lists(st.integers(0, 300_000), min_size=0, max_size=6),  # what the turn adds / generates

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from records import (
-    CaptureStore, aggregate_model_call_metrics, attach_model_call_capture, clear_model_call_captures,
+    Captures, CaptureStore, aggregate_model_call_metrics, attach_model_call_capture, clear_model_call_captures,
     merge_model_call_capture_into_record, read_model_call_records, read_token_entries, read_token_records, trajectories,
 )
 from records.training import capture_files, rollout_rows_of
@@ -18,7 +18,7 @@ from tests.capture_dirs import make_capture_dir, make_token_dir
 
 
 def _forms(directory: pathlib.Path) -> dict[str, object]:
-    return {"str": str(directory), "Path": directory, "CaptureStore": CaptureStore(directory)}
+    return {"str": str(directory), "Path": directory, "CaptureStore": CaptureStore(directory), "Captures": Captures(directory)}
 
 
 READERS = {
@@ -51,7 +51,7 @@ def captures(tmp_path_factory) -> pathlib.Path:
 @pytest.mark.parametrize("reader", READERS)
 def test_every_reader_takes_a_path_a_pathlike_or_a_store_alike(captures, reader):
     answers = {form: READERS[reader](where) for form, where in _forms(captures).items()}
-    assert answers["str"] == answers["Path"] == answers["CaptureStore"], answers
+    assert answers["str"] == answers["Path"] == answers["CaptureStore"] == answers["Captures"], answers
     if reader not in NOTHING_IN_THE_FIXTURE:
         assert answers["str"] not in (None, [], 0, {}), "the fixture's captures were found"
 
