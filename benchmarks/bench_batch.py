@@ -184,7 +184,7 @@ def tap_level(quick: bool) -> list[str]:
     """Like bench_rl's tap table (the issue's "plain logprob capture 5-9 µs"), per event of an
     8,000-token stream read 40 events at a time: the tap alone (an agent that asks for the arrays,
     no mode) against the tap and the cutter (the mode: capture, then cut what was added)."""
-    from capture import AddedFieldCutter, StreamTap
+    from capture import AddedFieldCutter, CuttingStreamTap, StreamTap
     from fast_upstream import rl_events
 
     events = rl_events(BATCH_TOKENS)
@@ -195,7 +195,8 @@ def tap_level(quick: bool) -> list[str]:
         for _ in range(3 if quick else 7):
             started = time.perf_counter()
             cutter = AddedFieldCutter("chat", {"logprobs": True, "return_token_ids": True}, {}) if mode else None
-            tap = StreamTap("chat", compact_arrays=True, raw_window=256 * 1024, cutter=cutter)
+            tap = (CuttingStreamTap("chat", compact_arrays=True, raw_window=256 * 1024, cutter=cutter) if cutter is not None
+                   else StreamTap("chat", compact_arrays=True, raw_window=256 * 1024))
             for chunk in chunks:
                 tap.feed(chunk)
                 tap.take_output()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from capture import AddedFieldCutter, StreamTap  # noqa: E402
+from capture import AddedFieldCutter, CuttingStreamTap, StreamTap  # noqa: E402
 from tests.vllm_chat_model import FRAMINGS, Token, chat_payloads, text_tokens  # noqa: E402
 
 READ_SIZES = (65536, 16384, 4096, 1460, 256, 64)
@@ -38,7 +38,7 @@ def seconds(body: bytes, read_size: int, cut: bool, rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()
-        tap = StreamTap("chat", cutter=AddedFieldCutter("chat", ADDED, REQUEST) if cut else None)
+        tap = CuttingStreamTap("chat", cutter=AddedFieldCutter("chat", ADDED, REQUEST)) if cut else StreamTap("chat")
         for read in reads:
             tap.feed(read)
             if cut:

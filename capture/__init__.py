@@ -7,6 +7,7 @@ Everything that touches a disk, a socket or a process is in `capture.journal`, b
 from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
+from ._cutting_tap import CuttingStreamTap
 from ._decoding import MAX_DECODED_BYTES, DecodedTooLarge, UnsupportedContentEncoding, as_evidence, decodable, make_decoder
 from ._messages import MessagesReassembler
 from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
@@ -22,6 +23,7 @@ __all__ = [
     "BodyTap",
     "ChatReassembler",
     "CompletionsReassembler",
+    "CuttingStreamTap",
     "DEFAULT_MAX_EVENT_BYTES",
     "ERROR_CATEGORIES",
     "EventBlock",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import orjson
 
@@ -22,10 +22,7 @@ from ._event_templates import LEARN_AFTER_LINES, LEARN_FROM_READ_BYTES, EventTem
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler, status_category
-from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, SSEParser
-
-if TYPE_CHECKING:
-    from ._token_cutter import AddedFieldCutter
+from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
 
 REASSEMBLERS: dict[str, type[Reassembler]] = {
     "responses": ResponsesReassembler,
@@ -53,8 +50,6 @@ _MAX_TEMPLATES, _LEARN_ATTEMPTS = 4, 8
 #: No run is shorter than this (`EventTemplate.shortest_run`: 4 events a slot); a read too short to
 #: hold a run (one event at a GPU's pace) is told by its length alone (`StreamTap._run_bytes`).
 _SHORTEST_RUN = 4
-#: The token capture mode gives the client its cut events at least this often (`StreamTap._put`).
-_EMIT_BYTES = 16 * 1024
 _TOOL_CALLS = b"[TOOL_CALLS]"
 
 #: Bytes each dialect's terminal events contain (see `StreamTap.quiet_prefix`): chat and completions
@@ -108,7 +103,6 @@ class StreamTap:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         compact_arrays: bool = False,
         raw_window: int | None = None,
-        cutter: "AddedFieldCutter | None" = None,
         templates: bool = True,
         learn_after: int = LEARN_AFTER_LINES,
         expect: dict[str, Any] | None = None,
@@ -116,9 +110,7 @@ class StreamTap:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
         cleanly (``--capture-raw-stream on-failure``, where the raw text is written only for a
-        stream that failed); from the first fault on, everything is kept. ``cutter``: the token
-        capture mode's (docs/tokens.md): each event is parsed once for both, and `take_output` gives
-        the bytes for the client, the added fields cut. ``templates``: learn the stream's repeated
+        stream that failed); from the first fault on, everything is kept. ``templates``: learn the stream's repeated
         events and take runs of them the fast way (`capture._event_templates`; off only to test
         that the outcome is the same), once ``learn_after`` field lines have passed. ``expect``:
         the request's `reply_expectations`: the reply then ends (`feed` returns True) at its last
@@ -133,25 +125,6 @@ class StreamTap:
                 self._reassembler.ends_when_whole = True
                 self._terminal_markers = _WHOLE_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
-        self._cutter = cutter
-        self._output: list[bytes] = []
-        #: With a cutter: where the client's bytes of each event go as soon as it is cut and known
-        #: not to complete the reply (the relay's write: issue 55, the token mode sends as it
-        #: cuts); None: everything waits in `take_output`. Once anything waits there (the event
-        #: that completed the reply, what follows it), everything after it waits too, in order.
-        self.emit: Callable[[bytes], None] | None = None
-        #: Cut events for `emit` not given yet (`_put`), and their bytes.
-        self._emitting: list[bytes] = []
-        self._emitting_bytes = 0
-        self._emitted = False
-        #: The cutter's JSON of the current event's values, shared with the fold.
-        self._written: dict[int, bytes] = {}
-        if cutter is not None:
-            self._reassembler.written = self._written = cutter.written
-            # The mode's entry takes each token's logprob as it is parsed here (docs/tokens.md).
-            self._reassembler.collect_logprobs = True
-            if cutter.cuts_logprobs:
-                self._reassembler.keep_logprob_entries = False
         self._framing_failed = False
         learns = templates and type(self._reassembler).learn_template is not Reassembler.learn_template
         self._templates: list[EventTemplate] | None = [] if learns else None
@@ -192,17 +165,6 @@ class StreamTap:
         """True once a non-comment line arrived (the moment that defines TTFT, docs/files.md)."""
         return self._parser.field_lines > 0 or (self._failure is not None and self._saw_bytes)
 
-    def take_output(self) -> bytes:
-        """With a cutter: the client's bytes for the chunks fed since the last call (those `emit`
-        has not had: with it, from the event that completed the reply on)."""
-        output, self._output = self._output, []
-        return output[0] if len(output) == 1 else b"".join(output)
-
-    @property
-    def cutter(self) -> "AddedFieldCutter | None":
-        """The token capture mode's cutter of this stream, if any."""
-        return self._cutter
-
     def quiet_prefix(self, data: bytes) -> int:
         """How many leading bytes of ``data`` (the next bytes of the stream) cannot complete its
         terminal event: the whole events before the first that names a terminal, found by a byte
@@ -225,145 +187,21 @@ class StreamTap:
 
     def feed(self, chunk: bytes) -> bool:
         """Observe one chunk; True when it completed the stream's terminal event."""
-        if self._learn_after is not None and (self._parser.field_lines >= self._learn_after
-                                              or len(chunk) >= LEARN_FROM_READ_BYTES):
-            self._learn_after = None  # Long enough for templates to pay: runs may be taken from now on.
-            self._run_bytes = _SHORTEST_RUN * 64
-        if self._cutter is not None:
-            return self._feed_and_cut(chunk)
+        self._count_toward_templates(chunk)
         return self._observe(chunk)
-
-    def _feed_and_cut(self, chunk: bytes) -> bool:
-        """`feed` with the cutter: every byte fed comes out (cut) in `take_output`, whatever the
-        parsing does. One reader frames the stream for both (`SSEParser.feed_blocks`); each event
-        is parsed once, the cutter sees it before the fold, so its JSON of a value can be reused by
-        the fold (`Reassembler.written`). Events after the terminal are cut, not folded."""
-        if self._decode is not None or self._framing_failed:  # Nothing to frame: passed on as it came.
-            self._output.append(chunk)
-            return self._observe(chunk)
-        if not self.terminal:
-            self._saw_bytes = True
-            self._keep_raw(chunk)
-        try:
-            for piece, whole_events in self._plain_split(chunk):
-                if whole_events and len(piece) >= self._run_bytes and self._parser.takes_plain(piece):
-                    # Long enough for a template's run to pay (shorter reads: the general way).
-                    self._take_templates(piece)
-                    continue
-                plain = self._parser.feed_plain(piece) if whole_events else None
-                if plain is not None:
-                    self._cut_plain(plain)
-                else:
-                    for block in self._parser.feed_blocks(piece):
-                        self._cut_block(block)
-        except Exception as exc:  # A bug in the framing: the rest passes as it comes (docs/guarantees.md).
-            self._failure = self._failure or f"{type(exc).__name__}: {exc}"
-            self._framing_failed = True
-            self._output.append(chunk)
-        if self._emitting:
-            self._flush_emitted()
-        self.terminal = self._reassembler.terminal
-        return self.terminal
-
-    def _put(self, output: bytes) -> None:
-        """The client's bytes of an event just cut and folded: for `emit` while nothing waits and
-        the reply is not complete (its completing event is held until the line is durable).
-
-        Given to `emit` at once for the stream's first event (its first byte), then every
-        `_EMIT_BYTES` and at the end of each read: a socket write costs 20-90 µs on loopback, so a
-        write per event of a read that holds hundreds would cost more than the wait it saves (an
-        event waits for at most `_EMIT_BYTES` of cutting behind it: about 0.1 ms)."""
-        if self.emit is not None and not self._output and not self._reassembler.terminal and not self._failure:
-            self._emitting.append(output)
-            self._emitting_bytes += len(output)
-            if self._emitting_bytes >= _EMIT_BYTES or not self._emitted:
-                self._flush_emitted()
-        else:
-            if self._emitting:
-                self._flush_emitted()  # They came before what waits: the order holds.
-            self._output.append(output)
-
-    def _flush_emitted(self) -> None:
-        emitting, self._emitting, self._emitting_bytes = self._emitting, [], 0
-        if emitting and self.emit is not None:
-            self._emitted = True
-            self.emit(emitting[0] if len(emitting) == 1 else b"".join(emitting))
-
-    def _cut_plain(self, plain: list[tuple[str, bytes, bytes]], learn: bool = False) -> None:
-        """The plain events of one read: each parsed once, cut, then folded (the hot path: inline)."""
-        cutter, put, written, reassembler = self._cutter, self._put, self._written, self._reassembler
-        for event_type, event_data, part in plain:
-            try:
-                payload = orjson.loads(event_data)
-            except orjson.JSONDecodeError:
-                payload = None
-            cut = cutter.cut_part(part, event_type, event_data, payload)  # type: ignore[union-attr]  # cutting only with a cutter
-            if self._failure is None and not reassembler.terminal:
-                try:
-                    if type(payload) is dict:
-                        reassembler.feed_payload(event_type, payload)
-                        if learn and self._learn_attempts:
-                            self._learn(part, event_type, event_data, payload, cut)
-                    else:
-                        reassembler.feed_data(event_type, event_data)
-                except Exception as exc:  # The output is complete whatever happens here.
-                    self._failure = f"{type(exc).__name__}: {exc}"
-            put(cut)  # Folded first: the event that completes the reply waits (`_put`).
-            if written:
-                written.clear()
-
-    def _cut_block(self, block: EventBlock) -> None:
-        data = block.data
-        if data is None:
-            self._put(self._cutter.cut_block(block))  # type: ignore[union-attr]  # cutting only with a cutter
-            return
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            payload = None
-        cut = self._cutter.cut_block(block, payload)  # type: ignore[union-attr]  # cutting only with a cutter
-        self._fold(block.event_type, data, payload)
-        self._put(cut)
-        if self._written:
-            self._written.clear()
-
-    def _fold(self, event_type: str, data: bytes, payload: Any) -> None:
-        if self._failure is not None or self.terminal:
-            return
-        try:
-            if type(payload) is dict:
-                self._reassembler.feed_payload(event_type, payload)
-            else:
-                self._reassembler.feed_data(event_type, data)
-        except Exception as exc:  # The output is complete whatever happens here.
-            self._failure = f"{type(exc).__name__}: {exc}"
-        self.terminal = self._reassembler.terminal
 
     def generated_so_far(self) -> dict[int, int] | None:
         """`Reassembler.generated_so_far` of this stream."""
         return self._reassembler.generated_so_far()
 
-    def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
-        """With a cutter, on chat: each choice's generated ids and logprobs as they streamed (see
-        `ChatReassembler.collected_arrays`); None elsewhere, or when the stream had another shape."""
-        collected = getattr(self._reassembler, "collected_arrays", None)
-        return collected() if collected is not None and self._cutter is not None and self._failure is None else None
-
-    def close_output(self) -> bytes:
-        """With a cutter, at the end of the body: the bytes of an unterminated last event, cut as
-        if it had ended (it is no event for the capture, but its bytes reach the client)."""
-        if self._framing_failed or self._decode is not None:
-            return b""
-        try:
-            block = self._parser.close_blocks()
-        except Exception:
-            return b""
-        if block is None:
-            return b""
-        return self._cutter.cut_block(block) if self._cutter is not None else block.raw
+    def _count_toward_templates(self, chunk: bytes) -> None:
+        if self._learn_after is not None and (self._parser.field_lines >= self._learn_after
+                                              or len(chunk) >= LEARN_FROM_READ_BYTES):
+            self._learn_after = None  # Long enough for templates to pay: runs may be taken from now on.
+            self._run_bytes = _SHORTEST_RUN * 64
 
     def _observe(self, chunk: bytes) -> bool:
-        """Keep and parse one chunk (`feed` without a cutter, or a chunk the cutter cut alone)."""
+        """Keep and parse one chunk."""
         if self.terminal:
             return False
         self._saw_bytes = True
@@ -388,7 +226,7 @@ class StreamTap:
         return self.terminal
 
     def _fold_plain(self, plain: list[tuple[str, bytes, bytes]], learn: bool = False) -> None:
-        """The plain events of one read, folded (without a cutter); ``learn``: a template may be
+        """The plain events of one read, folded; ``learn``: a template may be
         learnt from them."""
         reassembler = self._reassembler
         if not (learn and self._learn_attempts):
@@ -408,21 +246,13 @@ class StreamTap:
         self.terminal = reassembler.terminal
 
     def _learn(self, part: bytes, event_type: str, data: bytes, payload: Any, output: bytes | None = None) -> None:
-        """Learn the template of a plain event just folded (and cut, with the cutter: ``output`` is
-        its client's bytes), if it is a shape the reassembler takes in runs."""
+        """Learn the template of a plain event just folded, if it is a shape the reassembler takes
+        in runs (``output``: its client's bytes, where they differ: `CuttingStreamTap`)."""
         templates = self._templates
         assert templates is not None
         prefix = part[:len(part) - len(data)]
         learnt = self._reassembler.learn_template(prefix, data, payload, event_type)
-        template = learnt[0] if learnt is not None else None
-        if template is not None and self._cutter is not None:
-            _, marked_part, marked_payload, markers = learnt  # type: ignore[misc]  # learnt is not None when template is not
-            cut = self._cutter.cut_template(marked_part, event_type, marked_part[len(prefix):], marked_payload)
-            columns: list[list[bytes]] = [[] for _ in template.kinds]
-            template.take([part], 0, columns)
-            if cut is None or not template.learn_output(cut[0], markers, cut[1], cut[2]) \
-                    or template.write(columns, 1) != output:
-                template = None
+        template = self._usable_template(learnt, part, event_type, prefix, output) if learnt is not None else None
         if template is None:
             self._learn_attempts -= 1
             return
@@ -432,63 +262,72 @@ class StreamTap:
         if len(templates) >= _MAX_TEMPLATES:
             self._learn_attempts = 0
 
+    def _usable_template(self, learnt: Any, part: bytes, event_type: str, prefix: bytes,
+                         output: bytes | None) -> EventTemplate | None:
+        """The template learnt, if runs of it can be taken as they are (an observer: always)."""
+        return learnt[0]
+
     def _take_templates(self, piece: bytes) -> None:
         """A piece of whole plain events (`SSEParser.takes_plain`): each run of events that fits a
-        learnt template taken at once (folded, and cut with the cutter), each other event the
-        general way (where a template may be learnt)."""
+        learnt template taken at once (folded), each other event the general way (where a template
+        may be learnt)."""
         parts = piece[:-2].split(b"\n\n")
-        reassembler, parser, cutter, templates = self._reassembler, self._parser, self._cutter, self._templates
+        reassembler, parser, templates = self._reassembler, self._parser, self._templates
         assert templates is not None
-        watch = cutter is not None and cutter.watches_tool_calls and _TOOL_CALLS in piece
+        watch = self._watches(piece)
         at, end = 0, len(parts)
         while at < end:
             taken, fits = 0, False
-            if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal \
-                    and (cutter is None or cutter.takes_templates):
+            if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal and self._takes_runs():
                 taken, fits = self._take_run(parts, at, watch)
             if taken:
                 at += taken
                 continue
-            if cutter is None and self._failure is not None:
+            if self._failure is not None and not self._reads_past_failure:
                 return  # Nothing more is parsed (`_observe`).
             # One event the general way; one no template fits may teach a new one.
             if not fits and templates:
                 fits = any(template.may_fit(parts[at]) for template in templates)
             event = parts[at] + b"\n\n"
-            plain = parser.feed_plain(event)
-            if cutter is None:
-                if plain is not None:
-                    self._fold_plain(plain, learn=not fits)
-                else:
-                    self._parse_events(event)
-            elif plain is not None:
-                self._cut_plain(plain, learn=not fits)
-            else:
-                for block in parser.feed_blocks(event):
-                    self._cut_block(block)
+            self._general_event(event, parser.feed_plain(event), learn=not fits)
             at += 1
         self.terminal = reassembler.terminal
 
+    #: Whether every byte still goes through after a parse failure (`CuttingStreamTap`: its output
+    #: is the client's bytes), or nothing more is parsed.
+    _reads_past_failure = False
+
+    def _watches(self, piece: bytes) -> bool:
+        """Whether runs in ``piece`` must stop before an event that names a tool call."""
+        return False
+
+    def _takes_runs(self) -> bool:
+        """Whether runs may be taken by templates now."""
+        return True
+
+    def _general_event(self, event: bytes, plain: list[tuple[str, bytes, bytes]] | None, learn: bool) -> None:
+        """One event no run took: folded (``plain``: its parse as a plain event, if it is one)."""
+        if plain is not None:
+            self._fold_plain(plain, learn=learn)
+        else:
+            self._parse_events(event)
+
     def _take_run(self, parts: list[bytes], at: int, watch: bool) -> tuple[int, bool]:
-        """The run at ``parts[at]`` taken by the first template it fits (cut, counted, folded): how
-        many events, and whether a template's segments fit there at all."""
+        """The run at ``parts[at]`` taken by the first template it fits (counted, folded): how many
+        events, and whether a template's segments fit there at all."""
         fits = False
         for template in self._templates:  # type: ignore[union-attr]  # templates are on while this runs
             count, columns = template.take_run(parts, at, template.shortest_run)
             fits = fits or count > 0
             if count < template.shortest_run:
                 continue
-            if watch:  # Such a text makes the cutter follow a tool call: it goes the general way.
+            if watch:  # Such an event goes the general way (`_watches`).
                 count = next((position for position in range(count) if _TOOL_CALLS in parts[at + position]), count)
             count, decoded = template.checked(columns, count)
             if not count:
                 continue
             self._parser.took_plain(count * template.field_lines)
-            cutter = self._cutter
-            if cutter is not None:
-                _, _, cut_values, dropped = template.output  # type: ignore[misc]  # a template's output is set once it is learnt
-                self._put(template.write(columns, count))  # A run never completes a reply.
-                cutter.took_template_events(count, cut_values, dropped)
+            self._took_run(template, columns, count)
             try:
                 template.fold(columns, count, decoded)
             except Exception as exc:  # The output is complete whatever happens here.
@@ -496,6 +335,14 @@ class StreamTap:
             self.templated_events += count
             return count, True
         return 0, fits
+
+    def _took_run(self, template: EventTemplate, columns: list[list[bytes]], count: int) -> None:
+        """A run of ``count`` events is taken (before it is folded)."""
+
+    def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
+        """Each choice's generated ids and logprobs as they streamed: only a `CuttingStreamTap`
+        collects them (docs/tokens.md)."""
+        return None
 
     def _plain_split(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         """``chunk`` as the pieces to frame: the end of an event an earlier read began, the whole

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from capture import StreamTap, TapOutcome
+from capture import CuttingStreamTap, StreamTap, TapOutcome
 
 
 def outcome_with_cut_entries(tap: StreamTap) -> TapOutcome:
     """The tap's outcome, with the logprob entries it did not keep (the agent did not ask for
     them: only their floats are kept, issue 34) put back from those floats, as the reference
     tap without a cutter has them -- compared by their logprobs."""
-    cutter = tap.cutter
-    collected = tap.collected_arrays() if cutter is not None and cutter.cuts_logprobs else None
+    collected = tap.collected_arrays() if isinstance(tap, CuttingStreamTap) and tap.cutter.cuts_logprobs else None
     outcome = tap.finish(200)
     response = outcome.response
     if not collected or not isinstance(response, dict) or response.get("object") != "chat.completion":

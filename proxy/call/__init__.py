@@ -12,7 +12,8 @@ from ._line import build_line, submit_line
 from ._forwarded_paths import FORWARD_MODES, forwards
 from ._local_replies import NOT_FORWARDED, ROLLOUT_ENDED, UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, LocalReply, send_local_reply
 from ._metrics import CONTENT_TYPE, SidecarMetrics, directory_writable, status_class
-from ._pump import AS_CAME, TAP_OUTPUT, BodyPump, Relay
+from ._pump import BodyPump
+from ._reply_relay import AS_CAME, ReplyRelay
 from ._retries import RetryMemory
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 
@@ -34,11 +35,10 @@ __all__ = [
     "NO_HOOKS",
     "OBSERVED_PATHS",
     "ROLLOUT_ENDED",
-    "Relay",
+    "ReplyRelay",
     "RetryMemory",
     "Route",
     "SidecarMetrics",
-    "TAP_OUTPUT",
     "UPSTREAM_TIMEOUT",
     "UPSTREAM_UNREACHABLE",
     "base_url_mistake",

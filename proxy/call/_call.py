@@ -17,7 +17,7 @@ import ssl
 import time
 from typing import Callable, Optional
 
-from capture import AddedFieldCutter, BodyTap, StreamTap, decodable, parse_json_object, reply_expectations
+from capture import BodyTap, StreamTap, decodable, parse_json_object, reply_expectations
 from capture.journal import settles
 
 from ..http import (
@@ -48,6 +48,7 @@ from ._local_replies import (
     send_local_reply,
 )
 from ._pump import BodyPump
+from ._reply_relay import AS_CAME, ReplyRelay
 from ._routing import OBSERVED_PATHS, Route, base_url_mistake, route_request
 from ._forwarded_paths import forwards
 from ._trace_context import with_trace_context
@@ -239,17 +240,17 @@ class Call:
         self.status = upstream.status
         if upstream.status == 404:
             self._hint_base_url()
-        cutter = self._cutter(upstream)
-        tap = self._attach_tap(upstream, is_stream, cutter)
-        if cutter is not None and (not is_stream or upstream.content_length is not None):
-            await self._relay_cut_body(upstream, tap, cutter)  # A sized body: its length changes.
+        relay = self._chosen_relay(upstream)
+        tap = self._attach_tap(upstream, is_stream, relay)
+        if relay.rewrites and (not is_stream or upstream.content_length is not None):
+            await self._relay_rewritten_body(upstream, tap, relay)  # A sized body: its length changes.
             return
         if isinstance(tap, BodyTap) and upstream.content_length == 0:
             await self._persist_now()  # The headers alone are the whole reply.
         await self._before_reply_bytes()  # Bytes may reach the agent before the line.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers, upstream.fields),
                           upstream.chunked)
-        pump = BodyPump(self, upstream, tap, cutter)  # Delivers the body bytes that came with the head.
+        pump = BodyPump(self, upstream, tap, relay)  # Delivers the body bytes that came with the head.
         if not pump.persisting:
             self.client.flush_head()  # Else the head waits, with the held chunk, for the line.
         try:
@@ -263,28 +264,29 @@ class Call:
         elif outcome == "upstream_broke":
             self.client.abort()  # The client sees the failure as it would have directly.
 
-    def _cutter(self, upstream: UpstreamReply) -> Optional[AddedFieldCutter]:
+    def _chosen_relay(self, upstream: UpstreamReply) -> ReplyRelay:
+        """The first relay a hook chooses for the reply (`CallHooks.reply_relay`), else `AS_CAME`."""
         for hook in self.hooks:
-            cutter = hook.reply_cutter(self, upstream)
-            if cutter is not None:
-                return cutter
-        return None
+            relay = hook.reply_relay(self, upstream)
+            if relay is not None:
+                return relay
+        return AS_CAME
 
     async def _before_reply_bytes(self) -> None:
         for hook in self.hooks:
             await hook.before_reply_bytes(self)
 
-    async def _relay_cut_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
-                              cutter: AddedFieldCutter) -> None:
-        """A sized body with a cutter: read whole, cut whole, its Content-Length recomputed
+    async def _relay_rewritten_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
+                                    relay: ReplyRelay) -> None:
+        """A sized body a relay rewrites: read whole, rewritten whole, its Content-Length recomputed
         (docs/tokens.md). A JSON body's line is durable before the agent gets a byte of it; a sized
-        stream's events go out as soon as the whole is cut, the one that completes the reply and
+        stream's events go out as soon as the whole is rewritten, the one that completes the reply and
         what follows it once the line is durable (issue 55)."""
         sink = WholeBody()
         upstream.attach(sink)
         try:
             body = await sink.done
-        except UpstreamBroke as broke:  # As a direct call would: what came, then the cut.
+        except UpstreamBroke as broke:  # As a direct call would: what came, then the break.
             if tap is not None:
                 tap.feed(broke.partial)
             await self._before_reply_bytes()
@@ -296,22 +298,12 @@ class Call:
         except asyncio.CancelledError:
             self._client_gone_before_reply()
             raise
-        before: list[bytes] = []  # A stream's events before the one that completes it.
-        if isinstance(tap, StreamTap):
-            tap.emit = before.append
-        if tap is not None:
-            tap.feed(body)
-            if self.exchange is not None:
-                self.exchange.mark_first_content()
-        if isinstance(tap, StreamTap):  # Framed and cut by the tap's one reader, as a chunked stream is.
-            tap.emit = None
-            cut = tap.take_output() + tap.close_output()
-        else:
-            cut = cutter.cut_body(body)
-        first = b"".join(before)
+        first, rest = relay.whole(tap, body)  # A stream's events before the one that completes it, the rest.
+        if tap is not None and self.exchange is not None:
+            self.exchange.mark_first_content()
         headers = client_response_headers(upstream.headers, upstream.fields)
         if upstream.content_length is not None:
-            length = str(len(first) + len(cut)).encode()
+            length = str(len(first) + len(rest)).encode()
             headers = [(name, length if name.lower() == b"content-length" else value) for name, value in headers]
         if first:
             await self._before_reply_bytes()  # Bytes reach the agent before the line.
@@ -320,11 +312,10 @@ class Call:
         await self._persist_now()
         if not first:
             self.client.start(upstream.status, upstream.reason, headers, upstream.chunked)
-        self.client.write(cut)
+        self.client.write(rest)
         self.client.end()
 
-    def _attach_tap(self, upstream: UpstreamReply, is_stream: bool,
-                    cutter: AddedFieldCutter | None = None) -> StreamTap | BodyTap | None:
+    def _attach_tap(self, upstream: UpstreamReply, is_stream: bool, relay: ReplyRelay) -> StreamTap | BodyTap | None:
         exchange = self.exchange
         if exchange is None:
             return None
@@ -339,8 +330,8 @@ class Call:
             # Where the request says so, the reply ends at its last meaningful event (docs/wire.md;
             # a compressed request body says nothing: its reply ends at its terminal, as ever).
             expect = reply_expectations(exchange.dialect, exchange.request_body, exchange.parsed_request)
-            exchange.tap = StreamTap(exchange.dialect, encoding, compact_arrays=True, raw_window=window, cutter=cutter,
-                                     expect=expect)
+            exchange.tap = relay.stream_tap(exchange.dialect, encoding, compact_arrays=True, raw_window=window,
+                                            expect=expect)
         else:
             exchange.tap = BodyTap(exchange.dialect, encoding)
         return exchange.tap

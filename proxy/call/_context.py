@@ -17,8 +17,8 @@ The phases, in a call's order:
 2. ``upstream_request`` each time a request goes upstream: its headers.
 3. ``upstream_head``   the upstream's head is in: the reply to relay (a refusal resent as the
    agent's own request); ``upstream_failed`` instead when no head came.
-4. ``reply_cutter``    before the body: a cutter the reply's bytes go through (`AddedFieldCutter`:
-   the tap cuts what the call added; docs/tokens.md), else None.
+4. ``reply_relay``     before the body: the `ReplyRelay` the reply's bytes go through, when a
+   feature rewrites them (the token capture mode cuts what it added; docs/tokens.md), else None.
 5. ``before_reply_bytes`` a byte of the reply is about to reach the agent ahead of its line.
 6. ``terminal``        the upstream exchange ended (last byte, error or cancel).
 7. ``line_fields`` / ``line``  the capture line is built (on the loop or a thread): fields to add;
@@ -39,11 +39,11 @@ from ._retries import RetryMemory
 from ._routing import Route
 
 if TYPE_CHECKING:
-    from capture import AddedFieldCutter
     from capture.journal import Built
 
     from ._exchange import CallExchange
     from ._local_replies import LocalReply
+    from ._reply_relay import ReplyRelay
 
 
 class CallView(Protocol):
@@ -81,7 +81,8 @@ class CallHooks:
     async def upstream_failed(self, call: "CallView") -> None:
         return None
 
-    def reply_cutter(self, call: "CallView", reply: "UpstreamReply") -> "Optional[AddedFieldCutter]":
+    def reply_relay(self, call: "CallView", reply: "UpstreamReply") -> "Optional[ReplyRelay]":
+        """The relay of the reply's bytes, when this feature rewrites them (None: as they came)."""
         return None
 
     async def before_reply_bytes(self, call: "CallView") -> None:

@@ -128,7 +128,7 @@ class CallExchange:
         if tap is None:
             request = self.parsed_request if self.parsed_request is not None else parse_json_object(self.request_body)
             return {} if isinstance(request, dict) and request.get("stream") is True else None
-        return tap.generated_so_far() if type(tap) is StreamTap else None
+        return tap.generated_so_far() if isinstance(tap, StreamTap) else None
 
     def start(self) -> None:
         """Taken immediately before the request goes upstream (docs/files.md)."""
@@ -223,7 +223,7 @@ class CallExchange:
         fields: dict[str, Any] = {"response": self.local_body, "error_category": self.category_override}
         if self.tap is not None and self.status_code is not None and self.response_source == "upstream":
             tap = self.tap
-            if self.raw_stream == "on-failure" and type(tap) is StreamTap:
+            if self.raw_stream == "on-failure" and isinstance(tap, StreamTap):
                 # The raw text is made (a copy of the stream) only for a stream that failed.
                 outcome = tap.finish(self.status_code, with_raw=False)
                 fields["response"] = outcome.response

@@ -2,9 +2,8 @@
 
 The hot path of a call (docs/wire.md): per read, feed the tap and write to the client, no task
 switch. The chunk that ends a captured reply is held (and the upstream paused) until the line is
-durable. A cut (docs/tokens.md) is not a second pump: it is the `Relay` the pump is given, which says
-what the client gets of bytes the tap has read (`AS_CAME`: the bytes themselves; `TAP_OUTPUT`:
-what the tap gives back, the added fields cut).
+durable. What the client gets of the bytes is the `ReplyRelay` the pump is given (`AS_CAME`: the
+bytes themselves; a feature's relay may rewrite them), so a rewrite is not a second pump.
 """
 
 from __future__ import annotations
@@ -12,10 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Optional, Protocol
 
-from capture import AddedFieldCutter, BodyTap, StreamTap
+from capture import BodyTap, StreamTap
 
 from ..http import Http1Connection, UpstreamReply
 from ._exchange import CallExchange, Failure
+from ._reply_relay import AS_CAME, ReplyRelay
 
 
 class PumpedCall(Protocol):
@@ -30,51 +30,6 @@ class PumpedCall(Protocol):
     def upstream_broke_then(self, kind: str, then: Callable[[], None]) -> None: ...
 
 
-class Relay:
-    """What the client gets of a reply's bytes: as they came."""
-
-    #: Whether the client's bytes are other than those that came (then the tap gives each event's
-    #: bytes to the client as soon as it is cut: `BodyPump._flush_stream`).
-    rewrites = False
-
-    def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
-        """Whole events that cannot complete the terminal: to the client, then to the tap."""
-        client.write(events)
-        tap.feed(events)  # Cannot complete the terminal event.
-
-    def fed(self, tap: StreamTap, data: bytes) -> bytes:
-        """The client's bytes of ``data``, which the tap has just read."""
-        return data
-
-    def behind(self, tap: StreamTap | BodyTap | None, data: bytes) -> bytes:
-        """The client's bytes of ``data``, which came behind the terminal (the tap folds no more)."""
-        return data
-
-    def tail(self, tap: StreamTap | BodyTap | None) -> bytes:
-        """At the body's end: the client's bytes of an unterminated last event."""
-        return b""
-
-
-class _TapOutput(Relay):
-    """What the tap gives back of what it read: the reply with the call's added fields cut."""
-
-    rewrites = True
-
-    def fed(self, tap: StreamTap, data: bytes) -> bytes:
-        return tap.take_output()
-
-    def behind(self, tap: StreamTap | BodyTap | None, data: bytes) -> bytes:
-        tap.feed(data)  # type: ignore[union-attr]  # the pump's tap is set where it feeds
-        return tap.take_output()  # type: ignore[union-attr]  # the pump's tap is set where it feeds
-
-    def tail(self, tap: StreamTap | BodyTap | None) -> bytes:
-        return tap.close_output()  # type: ignore[union-attr]  # the pump's tap is set where it feeds
-
-
-AS_CAME = Relay()
-TAP_OUTPUT = _TapOutput()
-
-
 class BodyPump:
     """Moves one reply body from the upstream connection to the client, from the upstream's callbacks.
 
@@ -84,15 +39,15 @@ class BodyPump:
     """
 
     def __init__(self, call: PumpedCall, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
-                 cutter: AddedFieldCutter | None = None) -> None:
+                 relay: ReplyRelay = AS_CAME) -> None:
         self.call = call
         self.upstream = upstream
         self.client = call.client
         self.tap = tap
-        #: What the client gets of the bytes (a cutter: what the tap gives back, docs/tokens.md).
-        self.relay = AS_CAME if cutter is None else TAP_OUTPUT
+        #: What the client gets of the bytes.
+        self.relay = relay
         #: Where body bytes go: the client's socket, through the relay when it rewrites.
-        self.write = call.client.write if cutter is None else self._write_behind
+        self.write = self._write_behind if relay.rewrites else call.client.write
         self.exchange = call.exchange
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         #: Bytes still expected of a sized body (a captured BodyTap), else None.
@@ -107,8 +62,8 @@ class BodyPump:
         self.ended = False
         #: Set when the upstream failed mid-reply: ``reset_mid_reply`` or ``timeout_mid_reply``.
         self.broken: Optional[str] = None
-        if cutter is not None and type(tap) is StreamTap:
-            tap.emit = self._emit  # Each event to the client as soon as it is cut (issue 55).
+        if relay.rewrites:
+            relay.attach(tap, self._emit)  # Each event to the client as soon as the tap has it.
         self.client.on_write_flow = self._client_flow
         if self.client.writing_paused:
             upstream.pause()
@@ -134,7 +89,7 @@ class BodyPump:
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
             return
-        if type(tap) is StreamTap:
+        if isinstance(tap, StreamTap):
             self._flush_stream(batch[0] if len(batch) == 1 else b"".join(batch), tap)
             return
         exchange, start = self.exchange, 0
@@ -167,8 +122,8 @@ class BodyPump:
 
         Relayed as they came, the whole events before the first that may end the reply
         (`StreamTap.quiet_prefix`) go to the client before they are parsed, then the tap takes the
-        read in one pass; in the token capture mode the tap gives each event to the client as soon
-        as it is cut (`_emit`). What ends the reply is held, with what follows it, until the line
+        read in one pass; through a relay that rewrites, the tap gives each event to the client as
+        soon as it has it (`_emit`). What ends the reply is held, with what follows it, until the line
         is durable (docs/wire.md).
         """
         relay = self.relay
@@ -181,7 +136,7 @@ class BodyPump:
             if quiet:  # The quiet events go out now, and the tap reads the read in one pass.
                 self.client.write(data[:quiet])
                 self.first_written, sent = True, quiet
-        # A relay that rewrites: the tap gives each event to the client as soon as it is cut and
+        # A relay that rewrites: the tap gives each event to the client as soon as it has it and
         # known not to complete the reply (`_emit`); what it gives back here is the rest.
         ends_reply = tap.feed(data)
         out = relay.fed(tap, data)
@@ -199,11 +154,10 @@ class BodyPump:
 
     def _unhook_tap(self) -> None:
         """The tap no longer writes to this pump (its `emit` is a bound method: a cycle otherwise)."""
-        if type(self.tap) is StreamTap:
-            self.tap.emit = None
+        self.relay.detach(self.tap)
 
     def _emit(self, events: bytes) -> None:
-        """The client's bytes of events the tap has just cut (`StreamTap.emit`)."""
+        """The client's bytes of events the tap has just given back (`ReplyRelay.attach`)."""
         self.client.write(events)
         self.first_written = True
         exchange = self.exchange
@@ -211,7 +165,7 @@ class BodyPump:
             exchange.mark_first_content()
 
     def _write_quiet(self, events: bytes, tap: StreamTap) -> None:
-        """Whole events that cannot complete the terminal: to the client and the tap (`Relay.quiet`)."""
+        """Whole events that cannot complete the terminal: to the client and the tap (`ReplyRelay.quiet`)."""
         self.relay.quiet(self.client, tap, events)
         self.first_written = True
         exchange = self.exchange
@@ -246,7 +200,7 @@ class BodyPump:
         self.client.write(self.relay.behind(self.tap, data))
 
     def _write_tail(self) -> None:
-        """End of body: an unterminated last event, as the relay gives it (cut as if it had ended)."""
+        """End of body: an unterminated last event, as the relay gives it (rewritten as if it had ended)."""
         tail = self.relay.tail(self.tap)
         if tail:
             self.client.write(tail)
@@ -273,7 +227,7 @@ class BodyPump:
         if self.ended and self.broken is None:
             self._flush_and_end()
             return
-        # Broken: what arrived before the failure, then the cut.
+        # Broken: what arrived before the failure, then the break.
         self._release_held(tail=self.broken is not None)
         if self.broken is not None:
             self._break()
@@ -281,7 +235,7 @@ class BodyPump:
             self.upstream.resume()
 
     def _release_held(self, tail: bool, end: bool = False) -> None:
-        """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the cut's
+        """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the relay's
         end of an unterminated last event after it; ``end``: the reply's end too."""
         client = self.client
         if end and not self.held and (not tail or not self.relay.rewrites):

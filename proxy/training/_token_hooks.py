@@ -8,7 +8,7 @@ At the call's phases (`proxy.call.CallHooks`):
 - upstream request: the rollout's session affinity header;
 - upstream head: a refusal, or a compressed success, sends the agent's own request instead; the
   plan awaited;
-- reply cutter: the `AddedFieldCutter` of a successful reply;
+- reply relay: a successful reply cut of the added fields (`CutRelay`, its `AddedFieldCutter`);
 - before reply bytes: the intent durable;
 - line: prefix supply's proof and a resumption named; the entries written before the line, and the
   line of what the agent saw (`_token_line`);
@@ -27,6 +27,7 @@ from capture import AddedFieldCutter, add_request_fields, decodable, make_decode
 
 from ..call import CallHooks
 from ..http import Headers, UpstreamBroke, UpstreamReply, WholeBody
+from ._cut_relay import CutRelay
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
 from ._renderer import PrefixSupply, SuppliedPrefix
 from ._token_line import keep_cut_logprobs, note_resumption, token_line
@@ -246,12 +247,12 @@ class TokenHooks(CallHooks):
 
     # -- phases: the reply -------------------------------------------------------------------------
 
-    def reply_cutter(self, call: "CallView", reply: UpstreamReply) -> Optional[AddedFieldCutter]:
-        """The cutter of a successful reply to a request with added fields, else None."""
+    def reply_relay(self, call: "CallView", reply: UpstreamReply) -> Optional[CutRelay]:
+        """A successful reply to a request with added fields goes to the agent with them cut."""
         if self.fields is None or not 200 <= reply.status < 300 or call.exchange is None:
             return None
         self.cutter = AddedFieldCutter(call.exchange.dialect, self.fields, self.agent_request)
-        return self.cutter
+        return CutRelay(self.cutter)
 
     async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from capture import StreamTap
+from capture import CuttingStreamTap
 from capture.journal import AlsoDurable
 from records.contract import encode_capture_line, token_records_of_line
 
@@ -58,7 +58,7 @@ def _streamed_line(token_capture: TokenCapture, plan: TokenPlan, exchange: "Call
     arrays into a line and parsing them back (the tap's logprob entries are most of the
     bytes); None to take the general way (another dialect, another shape, an entry not written)."""
     tap, response = exchange.tap, fields.get("response")
-    collected = tap.collected_arrays() if isinstance(tap, StreamTap) else None
+    collected = tap.collected_arrays() if isinstance(tap, CuttingStreamTap) else None
     if not collected or not isinstance(response, dict) or not exchange.added_request_fields:
         return None
     prompt = response.get("prompt_token_ids")
@@ -84,7 +84,7 @@ def keep_cut_logprobs(exchange: "CallExchange", fields: dict[str, Any]) -> None:
     """A stream whose logprobs the cutter cut kept floats, not entries, in its fold: the line
     gets them back (`_put_back_logprobs`)."""
     tap = exchange.tap
-    if isinstance(tap, StreamTap) and tap.cutter is not None and tap.cutter.cuts_logprobs \
+    if isinstance(tap, CuttingStreamTap) and tap.cutter.cuts_logprobs \
             and isinstance(fields.get("response"), dict):
         _put_back_logprobs(fields["response"], tap.collected_arrays() or {})
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture import AddedFieldCutter, StreamTap, token_fields_to_add
+from capture import AddedFieldCutter, CuttingStreamTap, StreamTap, token_fields_to_add
 from capture._event_templates import INTS, LEARN_AFTER_LINES, NUMBER, TEXT, learn_template
 
 from tests.capture_outcomes import outcome_with_cut_entries
@@ -98,13 +98,14 @@ def _pieces(body: bytes, events: list[bytes], seed: int) -> dict[str, list[bytes
 
 def _tap_through(pieces: list[bytes], templates: bool, cut: bool, request: dict) -> tuple[StreamTap, bytes, int]:
     cutter = AddedFieldCutter("chat", token_fields_to_add("chat", request), request) if cut else None
-    tap = StreamTap("chat", cutter=cutter, templates=templates, learn_after=0)
+    tap = (CuttingStreamTap("chat", cutter=cutter, templates=templates, learn_after=0) if cutter is not None
+           else StreamTap("chat", templates=templates, learn_after=0))
     out, terminal_at = [], -1
     for position, piece in enumerate(pieces):
         if tap.feed(piece) and terminal_at < 0:
             terminal_at = position
-        out.append(tap.take_output())
-    return tap, b"".join(out) + tap.close_output(), terminal_at
+        out.append(tap.take_output() if isinstance(tap, CuttingStreamTap) else b"")  # An observer gives nothing back.
+    return tap, b"".join(out) + (tap.close_output() if isinstance(tap, CuttingStreamTap) else b""), terminal_at
 
 
 def _same(pieces: list[bytes], cut: bool, request: dict) -> int:
@@ -145,7 +146,7 @@ def test_templates_take_the_runs_of_a_clean_stream():
     for cut in (False, True):
         for pieces in ([body], [b"data: " + event + b"\n\n" for event in events]):
             cutter = AddedFieldCutter("chat", token_fields_to_add("chat", REQUEST), REQUEST) if cut else None
-            tap = StreamTap("chat", cutter=cutter, learn_after=0)
+            tap = CuttingStreamTap("chat", cutter=cutter, learn_after=0) if cutter is not None else StreamTap("chat", learn_after=0)
             assert sum(tap.feed(piece) for piece in pieces) == 1
             assert tap.templated_events == (49 if len(pieces) == 1 else 0), "taken in runs from one read"
             assert outcome_with_cut_entries(tap).response["choices"][0]["message"]["content"] == "".join(

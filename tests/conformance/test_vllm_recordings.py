@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from capture import AddedFieldCutter, StreamTap, add_request_fields, token_fields_to_add
+from capture import AddedFieldCutter, CuttingStreamTap, StreamTap, add_request_fields, token_fields_to_add
 from records import build_model_call_record, read_token_records
 from tests.capture_outcomes import outcome_with_cut_entries
 from tests.scripted_upstream import Script
@@ -47,7 +47,7 @@ def test_the_fields_added_are_vllms_and_cutting_them_gives_the_asked_bytes(case)
             cut = b"".join(cutter.feed(part) for part in parts) + cutter.close()
             # As the proxy runs it: inside the tap, one parse for the capture and the cut.
             alone, joint_cutter = StreamTap(case.dialect), AddedFieldCutter(case.dialect, fields, agent_request)
-            joint = StreamTap(case.dialect, cutter=joint_cutter)
+            joint = CuttingStreamTap(case.dialect, cutter=joint_cutter)
             out = []
             for part in parts:
                 alone.feed(part)

@@ -13,7 +13,7 @@ from typing import Callable
 import orjson
 import pytest
 
-from capture import AddedFieldCutter, StreamTap, token_fields_to_add, vllm_bool
+from capture import AddedFieldCutter, CuttingStreamTap, StreamTap, token_fields_to_add, vllm_bool
 from proxy.training import refused_fields
 from tests.scripted_upstream import Script, json_script, split_every, sse_script
 from tests.capture_outcomes import outcome_with_cut_entries
@@ -43,7 +43,7 @@ def splits(data: bytes, seed: int) -> dict[str, list[bytes]]:
 
 def through_tap(dialect: str, added: dict, request: dict, pieces: list[bytes]) -> tuple[bytes, StreamTap]:
     """What the proxy sends the agent: each piece through the tap's one reader, then the end."""
-    tap = StreamTap(dialect, cutter=AddedFieldCutter(dialect, added, request))
+    tap = CuttingStreamTap(dialect, cutter=AddedFieldCutter(dialect, added, request))
     out = []
     for piece in pieces:
         tap.feed(piece)
