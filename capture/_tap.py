@@ -274,11 +274,11 @@ class StreamTap:
         parts = piece[:-2].split(b"\n\n")
         reassembler, parser, templates = self._reassembler, self._parser, self._templates
         assert templates is not None
-        watch = self._watches(piece)
+        watch, takes_runs, general_event = self._watches(piece), self._takes_runs, self._general_event
         at, end = 0, len(parts)
         while at < end:
             taken, fits = 0, False
-            if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal and self._takes_runs():
+            if end - at >= _SHORTEST_RUN and self._failure is None and not reassembler.terminal and takes_runs():
                 taken, fits = self._take_run(parts, at, watch)
             if taken:
                 at += taken
@@ -289,7 +289,7 @@ class StreamTap:
             if not fits and templates:
                 fits = any(template.may_fit(parts[at]) for template in templates)
             event = parts[at] + b"\n\n"
-            self._general_event(event, parser.feed_plain(event), learn=not fits)
+            general_event(event, parser.feed_plain(event), not fits)
             at += 1
         self.terminal = reassembler.terminal
 
