@@ -15,7 +15,7 @@ from capture.journal import Journal, UploaderProcess
 from records.contract import note_declared_version, note_declared_version_in_store
 
 from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable, forward
-from ..http import Http1Connection, ServerRequest, UpstreamPool, upstream_problem
+from ..http import ReplyWriter, ServerRequest, UpstreamPool, upstream_problem
 from ..training import DeclaredWeightVersions, declared_version
 from ._ended_rollouts import EndedRollouts, authorized, end_target
 from ._settings import Settings
@@ -54,7 +54,7 @@ class AdminEndpoints:
         #: Whether the capture dir was writable when last looked at (said once when it stops being).
         self.capture_dir_was_writable = True
 
-    async def serve(self, request: ServerRequest, client: Http1Connection) -> None:
+    async def serve(self, request: ServerRequest, client: ReplyWriter) -> None:
         """Answer the request to ``/-/...``; a path none of these takes is forwarded as any call."""
         path = request.target.partition(b"?")[0]
         rollout_id = end_target(path)

@@ -27,7 +27,7 @@ from ..call import (
     SidecarMetrics,
     forward,
 )
-from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ServerRequest, UpstreamPool
+from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ReplyWriter, ServerRequest, UpstreamPool
 from ..training import (
     DeclaredWeightVersions,
     PrefixSupply,
@@ -161,7 +161,7 @@ class Sidecar:
         if self.ended_rollouts is not None:  # An end waits for its rollout's calls under way here.
             self.ended_rollouts.in_flight = self.calls.rollouts_in_flight
 
-    def handle(self, request: ServerRequest, client: Http1Connection) -> Awaitable[None]:
+    def handle(self, request: ServerRequest, client: ReplyWriter) -> Awaitable[None]:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited
         here: the connection awaits the call itself (no frame of ours between them on each resume)."""
         if request.target.startswith(b"/-/"):

@@ -21,7 +21,7 @@ from capture import BodyTap, StreamTap, decodable, parse_json_object, reply_expe
 from capture.journal import settles
 
 from ..http import (
-    Http1Connection,
+    ReplyWriter,
     ServerRequest,
     UpstreamBroke,
     UpstreamConnectError,
@@ -61,7 +61,7 @@ access_log = logging.getLogger("mcc.access")
 RAW_WINDOW_BYTES = 64 * 1024
 
 
-async def forward(ctx: CallContext, request: ServerRequest, client: Http1Connection) -> None:
+async def forward(ctx: CallContext, request: ServerRequest, client: ReplyWriter) -> None:
     """Handle any request that is not an admin endpoint."""
     metrics = ctx.metrics
     metrics.requests_in_flight += 1
@@ -115,7 +115,7 @@ class Call:
 
     __slots__ = ("ctx", "request", "client", "route", "metrics", "exchange", "hooks", "persisted", "status")
 
-    def __init__(self, ctx: CallContext, request: ServerRequest, client: Http1Connection, route: Route) -> None:
+    def __init__(self, ctx: CallContext, request: ServerRequest, client: ReplyWriter, route: Route) -> None:
         self.ctx = ctx
         self.request = request
         self.client = client
@@ -262,7 +262,7 @@ class Call:
         if outcome == "client_gone":
             self._client_gone_before_reply()
         elif outcome == "upstream_broke":
-            self.client.abort()  # The client sees the failure as it would have directly.
+            self.client.connection.abort()  # The client sees the failure as it would have directly.
 
     def _chosen_relay(self, upstream: UpstreamReply) -> ReplyRelay:
         """The first relay a hook chooses for the reply (`CallHooks.reply_relay`), else `AS_CAME`."""
@@ -293,7 +293,7 @@ class Call:
             self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers, upstream.fields),
                               upstream.chunked)
             self.client.write(broke.partial)
-            self.upstream_broke_then(broke.kind, self.client.abort)
+            self.upstream_broke_then(broke.kind, self.client.connection.abort)
             return
         except asyncio.CancelledError:
             self._client_gone_before_reply()
@@ -493,7 +493,7 @@ def _call_ended(in_flight: dict[str, int], rollout_id: str) -> None:
         in_flight.pop(rollout_id, None)
 
 
-def _refuse_unforwarded(ctx: CallContext, client: Http1Connection, route: Route, method: str) -> None:
+def _refuse_unforwarded(ctx: CallContext, client: ReplyWriter, route: Route, method: str) -> None:
     """A path outside the model API under ``--forward model-api``: 404 here, said in the log (once
     per path), never upstream."""
     path = route.upstream_target.partition("?")[0]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 if TYPE_CHECKING:
-    from ..http import Http1Connection
+    from ..http import ReplyWriter
 
 #: Header that tells a client (and a human with curl) that the sidecar, not the model, answered.
 LOCAL_REPLY_HEADER = "x-mcc-local-response"
@@ -45,7 +45,7 @@ def error_body(reply: LocalReply, error_dialect: str, message: str) -> dict[str,
     return {"error": {"message": message, "type": reply.openai_type, "param": None, "code": reply.reason}}
 
 
-def send_local_reply(client: "Http1Connection", reply: LocalReply, error_dialect: str, message: str) -> None:
+def send_local_reply(client: "ReplyWriter", reply: LocalReply, error_dialect: str, message: str) -> None:
     """Write the reply, JSON in the dialect's error shape, marked with `LOCAL_REPLY_HEADER`."""
     body = orjson.dumps(error_body(reply, error_dialect, message))
     client.reply(reply.status, HTTPStatus(reply.status).phrase.encode(),

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Protocol
 
 from capture import BodyTap, StreamTap
 
-from ..http import Http1Connection, UpstreamReply
+from ..http import ReplyWriter, UpstreamReply
 from ._exchange import CallExchange, Failure
 from ._reply_relay import AS_CAME, ReplyRelay
 
@@ -21,7 +21,7 @@ from ._reply_relay import AS_CAME, ReplyRelay
 class PumpedCall(Protocol):
     """What the pump needs of its call (`Call`): the client, the exchange, the line's phases."""
 
-    client: Http1Connection
+    client: ReplyWriter
     exchange: Optional[CallExchange]
     persisted: bool
 
@@ -64,8 +64,8 @@ class BodyPump:
         self.broken: Optional[str] = None
         if relay.rewrites:
             relay.attach(tap, self._emit)  # Each event to the client as soon as the tap has it.
-        self.client.on_write_flow = self._client_flow
-        if self.client.writing_paused:
+        self.client.connection.on_write_flow = self._client_flow
+        if self.client.connection.writing_paused:
             upstream.pause()
         upstream.attach(self)
 
@@ -231,11 +231,11 @@ class BodyPump:
         self._release_held(tail=self.broken is not None)
         if self.broken is not None:
             self._break()
-        elif not self.client.writing_paused:
+        elif not self.client.connection.writing_paused:
             self.upstream.resume()
 
     def _release_held(self, tail: bool, end: bool = False) -> None:
-        """What was held back, in one socket write (`Http1Connection.cork`); ``tail``: the relay's
+        """What was held back, in one socket write (`ReplyWriter.cork`); ``tail``: the relay's
         end of an unterminated last event after it; ``end``: the reply's end too."""
         client = self.client
         if end and not self.held and (not tail or not self.relay.rewrites):
@@ -266,7 +266,7 @@ class BodyPump:
 
     def _finish(self, outcome: str) -> None:
         self._unhook_tap()
-        self.client.on_write_flow = None
+        self.client.connection.on_write_flow = None
         self.write = _write_nothing  # A bound method of its own: a cycle left to the collector.
         if not self.done.done():
             self.done.set_result(outcome)
@@ -274,7 +274,7 @@ class BodyPump:
     def stop(self) -> None:
         """The handler was cancelled (the client left): stop listening to the upstream."""
         self._unhook_tap()
-        self.client.on_write_flow = None
+        self.client.connection.on_write_flow = None
         self.write = _write_nothing
         if not self.done.done():
             self.done.cancel()

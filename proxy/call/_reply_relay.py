@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from capture import BodyTap, StreamTap
 
-from ..http import Http1Connection
+from ..http import ReplyWriter
 
 
 class ReplyRelay:
@@ -34,7 +34,7 @@ class ReplyRelay:
     def detach(self, tap: StreamTap | BodyTap | None) -> None:
         """The pump is done with ``tap``."""
 
-    def quiet(self, client: Http1Connection, tap: StreamTap, events: bytes) -> None:
+    def quiet(self, client: ReplyWriter, tap: StreamTap, events: bytes) -> None:
         """Whole events that cannot complete the terminal: to the client, then to the tap."""
         client.write(events)
         tap.feed(events)  # Cannot complete the terminal event.

@@ -1,17 +1,18 @@
 """The reply writer of a server connection: one reply's status line, head and body framing (RFC 9112).
 
-Split out of the connection (`Http1Connection` is the socket, the parser and the pipeline; this is
-what a handler writes through), as uvicorn keeps its request-response cycle apart from its
-protocol. It frames exactly what it is given: the head as queued, the body chunked or not, no body
+Composed, not inherited: the connection (`Http1Connection`: the socket, the parser and the
+pipeline) makes one writer per reply and hands it to the handler, as uvicorn hands its app a
+request-response cycle object apart from its protocol. It frames exactly what it is given: the head as queued, the body chunked or not, no body
 for HEAD, 1xx, 204 and 304 (RFC 9112 §6.3), HTTP/1.0 clients answered without chunks and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from ._headers import Headers
+from ._tunnel import ServerTunnel
 
 
 class Answered(Protocol):
@@ -21,31 +22,53 @@ class Answered(Protocol):
     http10: bool
 
 
-class ReplyWriter:
-    """Writes one reply at a time to the connection's transport: `start`, `write` (or `flush_head`),
-    `end`; `cork` / `uncork` around writes that go out as one; `reply` for a whole small one.
-
-    The connection it is part of provides ``transport`` and ``gone``, sets ``answering`` before
-    each reply, and shares ``_closing``: a reply that must end the connection says so in its head.
-    """
+class ClientConnection(Protocol):
+    """What a reply's writer, and the handler through it, may use of its client connection."""
 
     transport: Optional[asyncio.Transport]
+    #: The client has gone: nothing more is written.
     gone: bool
-    _closing: bool
+    #: The connection ends after this reply (the reply's head says so).
+    closing: bool
+    #: Called with True / False when writing pauses / resumes (the call's body pump).
+    on_write_flow: Optional[Callable[[bool], None]]
 
-    # The state of the reply being written; these class values are its state before the first
-    # (each assignment makes the connection's own: no __init__ to chain).
-    #: The request the next reply answers (None: a refusal outside any request's turn).
-    answering: Optional[Answered] = None
-    #: The reply now being written has no body (HEAD, 1xx, 204, 304).
-    _no_body = False
-    _chunked = False
-    #: A reply head not sent yet (see `start`).
-    _head = b""
-    #: Writes held by `cork` until `uncork`.
-    _corked: Optional[list[bytes]] = None
-    response_started = False
-    response_ended = False
+    @property
+    def writing_paused(self) -> bool: ...
+
+    def abort(self) -> None: ...
+
+    def take_over(self) -> ServerTunnel: ...
+
+
+class ReplyWriter:
+    """Writes one reply to its connection's transport: `start`, `write` (or `flush_head`), `end`;
+    `cork` / `uncork` around writes that go out as one; `reply` for a whole small one.
+    ``connection``: the client connection, for what is not this reply's (its flow, an abort, a
+    take-over)."""
+
+    __slots__ = ("connection", "transport", "answering", "_no_body", "_chunked", "_head", "_corked",
+                 "response_started", "response_ended")
+
+    def __init__(self, connection: ClientConnection, answering: Optional[Answered]) -> None:
+        self.connection = connection
+        self.transport = connection.transport
+        #: The request this reply answers (None: a refusal outside any request's turn).
+        self.answering = answering
+        #: The reply has no body (HEAD, 1xx, 204, 304).
+        self._no_body = False
+        self._chunked = False
+        #: A reply head not sent yet (see `start`).
+        self._head = b""
+        #: Writes held by `cork` until `uncork`.
+        self._corked: Optional[list[bytes]] = None
+        self.response_started = False
+        self.response_ended = False
+
+    @property
+    def gone(self) -> bool:
+        """The client has gone: nothing more is written."""
+        return self.connection.gone
 
     def start(self, status: int, reason: bytes, headers: Headers, chunked: bool) -> None:
         """Queue the status line and ``headers`` exactly as given (``chunked`` adds the framing
@@ -63,10 +86,10 @@ class ReplyWriter:
             self._no_body = answering is not None and answering.method == "HEAD"
         if chunked and answering is not None and answering.http10:
             chunked = False  # HTTP/1.0 has no chunked coding: the body ends when we close.
-            self._closing = True
+            self.connection.closing = True
         if chunked:
             head.append(b"Transfer-Encoding: chunked\r\n")
-        if self._closing:
+        if self.connection.closing:
             head.append(b"Connection: close\r\n")
         head.append(b"\r\n")
         self._chunked = chunked and not self._no_body
@@ -77,12 +100,12 @@ class ReplyWriter:
         """Send a queued head now (a stream whose first event is not here yet)."""
         if self._head:
             head, self._head = self._head, b""
-            if self.transport is not None and not self.gone:
+            if self.transport is not None and not self.connection.gone:
                 self._send(head)
 
     def write(self, data: bytes) -> None:
         """Send body bytes (framed as one chunk when the reply is chunked). Never blocks."""
-        if not data or self.gone or self.transport is None:
+        if not data or self.connection.gone or self.transport is None:
             return
         if self._no_body:  # Bytes after a bodiless reply's head would be read as the next reply.
             self.flush_head()
@@ -100,7 +123,7 @@ class ReplyWriter:
     def end(self, last: bytes = b"") -> None:
         """End the reply; ``last``: its last body bytes, sent with the end in one write."""
         head, self._head = self._head, b""
-        if not self.gone and self.transport is not None:
+        if not self.connection.gone and self.transport is not None:
             if self._no_body or not last:
                 ending = head + b"0\r\n\r\n" if self._chunked else head
             elif self._chunked:
@@ -120,7 +143,7 @@ class ReplyWriter:
 
     def uncork(self) -> None:
         corked, self._corked = self._corked, None
-        if corked and self.transport is not None and not self.gone:
+        if corked and self.transport is not None and not self.connection.gone:
             self.transport.write(b"".join(corked))  # One piece: joined without a copy.
 
     def _send(self, data: bytes) -> None:

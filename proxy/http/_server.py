@@ -70,7 +70,7 @@ class ServerRequest:
         return self.fields.get(name)
 
 
-Handler = Callable[[ServerRequest, "Http1Connection"], Awaitable[None]]
+Handler = Callable[[ServerRequest, ReplyWriter], Awaitable[None]]
 
 
 #: After a refusal, how long a client's further input is read and dropped before closing.
@@ -97,9 +97,10 @@ def say_refused_upgrade(method: str, target: bytes, upgrade: Optional[bytes]) ->
                 method, path.decode("latin-1"), what, extra={"status": 501, "path": path.decode("latin-1")})
 
 
-class Http1Connection(ReplyWriter, asyncio.Protocol):
+class Http1Connection(asyncio.Protocol):
     """One client connection: the socket, the parser and the pipeline of its requests, served one at
-    a time. The handler writes each reply with the `ReplyWriter` methods (`start` / `write` / `end`)."""
+    a time. The handler writes each reply through the `ReplyWriter` it is given (`start` / `write` /
+    `end`), one per request."""
 
     def __init__(self, handler: Handler, max_body_bytes: int, connections: set["Http1Connection"],
                  idle_timeout: float = KEEPALIVE_IDLE_SECONDS, head_timeout: float = HEAD_TIMEOUT_SECONDS,
@@ -134,6 +135,8 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
         self._pending: deque[ServerRequest] = deque()
         self._task: Optional[asyncio.Task[None]] = None
         self._current: Optional[ServerRequest] = None
+        #: The writer of the reply now being served (`take_over` marks it answered).
+        self._writer: Optional[ReplyWriter] = None
         self._url = b""
         self._headers: Headers = []
         self._fields: dict[bytes, bytes] = {}
@@ -142,7 +145,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._discarding = False
-        self._closing = False
+        self.closing = False
         self.gone = False
         #: Set while the client is not reading fast enough (the transport's high-water mark).
         self._paused_writing = False
@@ -174,7 +177,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             else:
                 self._after_upgrade += data
             return
-        if self._closing or self._stop_reading:
+        if self.closing or self._stop_reading:
             return
         if self._in_head:
             # Counted as the bytes arrive: a header that never ends must not grow without bound.
@@ -205,7 +208,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             else:
                 self._refuse(400, b"Bad Request", f"malformed HTTP request: {exc}".encode())
             return
-        if self._in_head and self._head_started is not None and self._head_timer is None and not self._closing:
+        if self._in_head and self._head_started is not None and self._head_timer is None and not self.closing:
             # A head still incomplete after this read (rare: heads come in one segment) gets a deadline.
             self._head_timer = self._loop.call_at(self._head_started + self._head_timeout, self._head_deadline)
 
@@ -377,23 +380,23 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
                 request = self._pending.popleft()
                 if self.transport is not None and len(self._pending) == MAX_PIPELINED:
                     self.transport.resume_reading()
-                self.response_started = self.response_ended = False
-                self.answering = request  # The writer frames its reply by the request (`ReplyWriter.start`).
+                # The writer frames its reply by the request (`ReplyWriter.start`).
+                writer = self._writer = ReplyWriter(self, request)
                 self.on_write_flow = None
                 try:
                     if request.refusal is not None:
                         status, reason, message = request.refusal
-                        self._closing = True  # Nothing after it was read: the reply says so, then we close.
-                        self.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
+                        self.closing = True  # Nothing after it was read: the reply says so, then we close.
+                        writer.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
                     else:
-                        await self._handler(request, self)
+                        await self._handler(request, writer)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     log.exception("unexpected error handling %s", request.method)
-                    if not self.response_started:
-                        self.reply(500, b"Internal Server Error", [(b"Content-Type", b"text/plain")], b"internal error")
-                if not self.response_ended or not request.keep_alive or self._closing:
+                    if not writer.response_started:
+                        writer.reply(500, b"Internal Server Error", [(b"Content-Type", b"text/plain")], b"internal error")
+                if not writer.response_ended or not request.keep_alive or self.closing:
                     self.close()
                     return
                 if self._continue_owed is not None and not self._pending:
@@ -401,7 +404,7 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
         finally:
             self._task = None
             self._last_activity = self._loop.time()  # Idle from the end of the last reply.
-        if self._closing:
+        if self.closing:
             self.close()
 
     def take_over(self) -> ServerTunnel:
@@ -415,7 +418,8 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
             tunnel.writing_paused(True)
         if self.gone:
             tunnel.feed_eof()
-        self.response_started = self.response_ended = True
+        if self._writer is not None:
+            self._writer.response_started = self._writer.response_ended = True
         return tunnel
 
     @property
@@ -425,19 +429,19 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
 
     def abort(self) -> None:
         """Cut the connection so the client sees the failure, as it would directly."""
-        self._closing = True
+        self.closing = True
         if self.transport is not None:
             self.transport.abort()
 
     def close(self) -> None:
-        self._closing = True
+        self.closing = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
     def shut_down(self) -> None:
         """Graceful stop: an idle connection closes now, a busy one after its current reply; a
         taken-over one is told (its handler says goodbye in its protocol, between messages)."""
-        self._closing = True
+        self.closing = True
         if self._tunnel is not None:
             self._tunnel.shut_down()
         if self._task is None:
@@ -466,10 +470,10 @@ class Http1Connection(ReplyWriter, asyncio.Protocol):
         self._idle_timer = loop.call_at(loop.time() + self._idle_timeout if busy else idle_until, self._check_idle)
 
     def _refuse(self, status: int, reason: bytes, message: bytes) -> None:
-        self._closing = True
+        self.closing = True
         if self._task is None and self.transport is not None and not self.gone:
-            self.answering = None  # Not the last request's: a refusal always has its body.
-            self.reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
+            # Not the last request's (None): a refusal always has its body.
+            ReplyWriter(self, None).reply(status, reason, [(b"Content-Type", b"text/plain; charset=utf-8")], message)
             self._linger()
             return
         self.close()

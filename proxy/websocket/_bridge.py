@@ -72,8 +72,9 @@ def switching_protocols_head(key: bytes) -> bytes:
 class EventFrames:
     """A bridged call's client: the HTTP reply the call writes, sent as the socket's text messages.
 
-    Implements what the call and its body pump use of a client connection (`ReplyWriter`'s
-    `start` / `write` / `end`, `reply`, `abort`, `gone`, the write flow)."""
+    Implements what the call and its body pump use of a reply's writer (`ReplyWriter`'s `start` /
+    `write` / `end`, `reply`, `cork`) and of its connection (`abort`, `gone`, the write flow): it is
+    its own `connection`."""
 
     def __init__(self, socket: ServerTunnel, on_response: Callable[[dict[str, Any]], None]) -> None:
         self._socket = socket
@@ -90,6 +91,11 @@ class EventFrames:
     def _flow(self, paused: bool) -> None:
         if self.on_write_flow is not None:
             self.on_write_flow(paused)
+
+    @property
+    def connection(self) -> "EventFrames":
+        """What is not the reply's -- the socket's flow, whether it has gone, an abort -- is the frames' too."""
+        return self
 
     @property
     def gone(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from ..call import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, CallContext, route_request, send_local_reply
-from ..http import (Http1Connection, ServerRequest, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout,
+from ..http import (ReplyWriter, ServerRequest, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout,
                     say_refused_upgrade, upstream_request_headers)
 from ._bridge import Bridge, switching_protocols_head
 from ._relay import Relay
@@ -23,7 +23,7 @@ log = logging.getLogger("mcc.websocket")
 _TEXT = [(b"Content-Type", b"text/plain; charset=utf-8")]
 
 
-async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http1Connection) -> None:
+async def serve_websocket(ctx: CallContext, request: ServerRequest, client: ReplyWriter) -> None:
     """Answer one WebSocket upgrade; returns when its socket has closed."""
     target = request.target.decode("latin-1")
     route = route_request("POST", target)  # The path's dialect, as a POST to it would have.
@@ -51,11 +51,11 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
                          f"WebSocket ({type(exc).__name__}: {exc})")
         return
     if upstream.tunnel is not None:
-        client.transport.write(upstream.raw)  # type: ignore[union-attr]  # The upstream's 101 as it came.
+        client.connection.transport.write(upstream.raw)  # type: ignore[union-attr]  # The upstream's 101 as it came.
         extensions = next((value for name, value in upstream.headers if name.lower() == b"sec-websocket-extensions"),
                           None)
         ctx.metrics.websockets.labels("relay").inc()
-        await Relay(ctx, request, route.rollout_id, client.take_over(), upstream.tunnel, extensions).run()
+        await Relay(ctx, request, route.rollout_id, client.connection.take_over(), upstream.tunnel, extensions).run()
         return
     if "websocket bridge" not in ctx.hinted:
         ctx.hinted.add("websocket bridge")
@@ -63,8 +63,8 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Http
                  "WebSocket itself, each response.create sent as a streamed POST /v1/responses", ctx.upstream_url,
                  upstream.status, route.upstream_target, extra={"rollout_id": route.rollout_id})
     ctx.metrics.websockets.labels("bridge").inc()
-    client.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]  # the client's transport is open while it upgrades
-    await Bridge(ctx, request, route, client.take_over()).run()
+    client.connection.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]  # the client's transport is open while it upgrades
+    await Bridge(ctx, request, route, client.connection.take_over()).run()
 
 
 __all__ = ["serve_websocket"]
