@@ -32,15 +32,17 @@ from ..training import (
     DeclaredWeightVersions,
     PrefixSupply,
     TokenCapture,
+    TokenModeMetrics,
     TokenTraining,
     WeightVersionHooks,
 )
-from ..websocket import serve_websocket
+from ..websocket import WebSocketMetrics, serve_websocket
 from ._admin import AdminEndpoints
 from ._capture_dirs import prepare_capture_dirs
 from ._ended_rollouts import EndedRollouts
 from ._settings import Settings
 from ._shared_metrics import SNAPSHOT_INTERVAL_S, write_snapshot
+from ._upload_metrics import UploadMetrics
 
 log = logging.getLogger("mcc")
 
@@ -50,6 +52,8 @@ class Sidecar:
     def __init__(self, settings: Settings, upstream_url: Optional[str] = None) -> None:
         self.settings = settings
         self.metrics = SidecarMetrics()
+        for group in (TokenModeMetrics, WebSocketMetrics, UploadMetrics):  # Each feature's, scraped from the start.
+            self.metrics.feature(group)
         self.upstream_url = (upstream_url or settings.upstream or "").rstrip("/")
         #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
         self.model_ref_name = settings.model_ref_name
@@ -130,7 +134,8 @@ class Sidecar:
             assert settings.capture_dir is not None
             self.admin.capture_dir_was_writable = prepare_capture_dirs(settings)
             token_dir = settings.token_dir or settings.capture_dir
-            self.token_training = TokenTraining(self.metrics, TokenCapture(token_dir, self.metrics),
+            token_metrics = self.metrics.feature(TokenModeMetrics)
+            self.token_training = TokenTraining(token_metrics, TokenCapture(token_dir, token_metrics),
                                                 settings.capture_tokens,
                                                 PrefixSupply() if settings.supply_prefix else None)
             # The token capture mode writes each line's entries with it, on the writer threads.
@@ -139,7 +144,7 @@ class Sidecar:
                 segments = SegmentPolicy(settings.capture_dir, settings.segment_max_bytes, settings.segment_max_age)
                 self.uploader = UploaderProcess(settings.capture_dir, settings.capture_store,
                                                 token_idle=settings.segment_max_age)
-                self.metrics.upload_lag = self.uploader.lag
+                self.metrics.feature(UploadMetrics).upload_lag = self.uploader.lag
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
                                    process=not settings.capture_tokens, segments=segments)
             if self.uploader is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -24,8 +24,13 @@ _DISK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+FeatureMetrics = TypeVar("FeatureMetrics")
+
+
 class SidecarMetrics:
-    """Every metric the sidecar exports, on a registry of its own."""
+    """The call's metrics, on a registry of their own; each feature's metrics group (defined beside
+    the feature: the token mode's in `proxy.training`, the WebSocket mode's in `proxy.websocket`)
+    is on the same registry, made by `feature`."""
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
@@ -76,36 +81,10 @@ class SidecarMetrics:
         self.left_after_end = Counter("mcc_client_left_after_end_total", "Clients that left after a stream's last "
                                       "meaningful event (every choice's finish reason, the usage asked for) and "
                                       "before its terminal ([DONE]): complete calls, not cancels.", registry=registry)
-        self.websockets = Counter("mcc_websockets_total", "Responses WebSocket connections served, by how: relay "
-                                  "(the upstream took the upgrade) or bridge (streamed POSTs).", ["mode"],
-                                  registry=registry)
-        self.websocket_capture_stopped = Counter("mcc_websocket_capture_stopped_total", "Relayed WebSockets whose "
-                                                 "frames could not be read: relayed on, their capture stopped.",
-                                                 registry=registry)
         self.uncaptured_calls = Counter("mcc_uncaptured_calls_total", "Model calls forwarded without capture, with "
                                         "capture on, because their path had no /ng-rollout/<id>/ prefix.",
                                         registry=registry)
-        self.token_fields_refused = Counter("mcc_token_fields_refused_total", "Calls the token capture mode resent as "
-                                            "the agent's own request because the upstream refused an added field.",
-                                            registry=registry)
-        self.token_mode_compressed = Counter("mcc_token_mode_compressed_replies_total", "Calls the token capture mode "
-                                             "resent as the agent's own request because the reply came compressed "
-                                             "(Content-Encoding), which it cannot cut: those calls have no token "
-                                             "arrays; the mode stays on.", registry=registry)
-        self.token_mode_uncut_events = Counter("mcc_token_mode_uncut_events_total", "Events (or JSON bodies) of "
-                                               "token capture mode replies whose added fields could not be found to "
-                                               "cut: the agent received them as the upstream sent them.",
-                                               registry=registry)
-        self.token_entries = Counter("mcc_token_entries_total", "Training-token entries written (written; same: "
-                                     "already there; late: the rollout was frozen, kept as evidence).", ["outcome"],
-                                     registry=registry)
-        self.token_entry_failures = Counter("mcc_token_entry_failures_total", "Calls in the token capture mode whose "
-                                            "training-token entry could not be prepared or written, by kind.", ["kind"],
-                                            registry=registry)
-        self.prefix_supply = Counter("mcc_prefix_supply_total", "Chat calls with a resolved parent under --supply-prefix, "
-                                     "by outcome: proved (the upstream's prompt ids begin with the supplied ones), "
-                                     "unproved (sent, not proved: recorded as drift), or why nothing was supplied.",
-                                     ["outcome"], registry=registry)
+        self._features: dict[Any, Any] = {}
         #: With capture on: the capture dir, checked for writability at scrape time.
         self.capture_dir: str | None = None
         #: Why the last capture line could not be written (a full disk), None after a success.
@@ -114,14 +93,15 @@ class SidecarMetrics:
               "dir is writable and the last line written was not refused (a full disk or quota, an I/O error); "
               "0 otherwise, until a line is written again. /-/ready stays 200 either way.",
               registry=registry).set_function(self._capture_dir_writable)
-        #: With a capture store (docs/files.md): what is sealed and not yet uploaded (an `UploadLag`).
-        self.upload_lag: Callable[[], Any] | None = None
-        Gauge("mcc_upload_lag_bytes", "Bytes of sealed segments not yet in the capture store (0 without one).",
-              registry=registry).set_function(lambda: self.upload_lag().bytes if self.upload_lag else 0)
-        Gauge("mcc_upload_lag_segments", "Sealed segments not yet in the capture store.",
-              registry=registry).set_function(lambda: self.upload_lag().segments if self.upload_lag else 0)
-        Gauge("mcc_upload_lag_seconds", "Age of the oldest sealed segment not yet in the capture store.",
-              registry=registry).set_function(lambda: self.upload_lag().oldest_seconds if self.upload_lag else 0)
+
+    def feature(self, group: Callable[[CollectorRegistry], FeatureMetrics]) -> FeatureMetrics:
+        """The metrics group ``group`` of a feature on this registry, made the first time it is asked
+        for (``group(registry)``): the composition asks for every feature's at start, so their
+        names are scraped (at zero) whether or not the feature is on."""
+        found = self._features.get(group)
+        if found is None:
+            found = self._features[group] = group(self.registry)
+        return found
 
     def request_handled(self, dialect: str, status: int | None, captured: str) -> None:
         """One request at its end: ``mcc_requests`` by dialect, status class and capture."""

@@ -8,6 +8,7 @@ call none of them covers runs none of this code.
 
 from ._declared_versions import DECLARATION_FILE, DeclaredWeightVersions, WeightWatch, declared_version
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
+from ._metrics import TokenModeMetrics
 from ._renderer import PrefixSupply, SuppliedPrefix
 from ._token_hooks import TokenHooks, TokenTraining
 from ._token_mode import REFUSAL_STATUSES, TokenMode, refused_fields
@@ -23,6 +24,7 @@ __all__ = [
     "TokenCapture",
     "TokenHooks",
     "TokenMode",
+    "TokenModeMetrics",
     "TokenPlan",
     "TokenTraining",
     "WeightVersionHooks",

@@ -36,13 +36,15 @@ from ._token_mode import REFUSAL_STATUSES, TokenMode
 if TYPE_CHECKING:
     from capture.journal import Built
 
-    from ..call import CallExchange, CallView, SidecarMetrics
+    from ..call import CallExchange, CallView
+
+    from ._metrics import TokenModeMetrics
 
 
 class TokenTraining:
     """The token capture mode of one sidecar: what every call it covers shares."""
 
-    def __init__(self, metrics: "SidecarMetrics", token_capture: TokenCapture, every_call: bool,
+    def __init__(self, metrics: "TokenModeMetrics", token_capture: TokenCapture, every_call: bool,
                  prefix_supply: Optional[PrefixSupply] = None) -> None:
         self.metrics = metrics
         self.mode = TokenMode()

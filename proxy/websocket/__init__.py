@@ -6,6 +6,7 @@ unchanged to an upstream that accepts it (`_relay`), else served here and bridge
 the call (`proxy.call`: each bridged response is an ordinary call, with its hooks).
 """
 
+from ._metrics import WebSocketMetrics
 from ._upgrade import serve_websocket
 
-__all__ = ["serve_websocket"]
+__all__ = ["WebSocketMetrics", "serve_websocket"]

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from ..call import CallContext
 from ..http import ServerRequest, ServerTunnel, StreamTunnel, websocket
 from ._conversation import Conversation
+from ._metrics import WebSocketMetrics
 from ._events import CREATE, create_body, parsed_message
 from ._socket_call import SocketCall
 
@@ -118,7 +119,7 @@ class Relay:
             return reader.feed(data)
         except websocket.WebSocketError as error:
             self.capturing = False  # Relaying goes on; the capture of this socket stops.
-            self.ctx.metrics.websocket_capture_stopped.inc()
+            self.ctx.metrics.feature(WebSocketMetrics).websocket_capture_stopped.inc()
             self.ctx.warnings.warning(("websocket", "unreadable"), "stopped capturing a relayed WebSocket of rollout %s: "
                                       "its frames cannot be read (%s); the bytes are still relayed unchanged",
                                       self.rollout_id, error.reason)

@@ -16,6 +16,7 @@ from ..call import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, CallContext, route_re
 from ..http import (ReplyWriter, ServerRequest, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout,
                     say_refused_upgrade, upstream_request_headers)
 from ._bridge import Bridge, switching_protocols_head
+from ._metrics import WebSocketMetrics
 from ._relay import Relay
 
 log = logging.getLogger("mcc.websocket")
@@ -54,7 +55,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Repl
         client.connection.transport.write(upstream.raw)  # type: ignore[union-attr]  # The upstream's 101 as it came.
         extensions = next((value for name, value in upstream.headers if name.lower() == b"sec-websocket-extensions"),
                           None)
-        ctx.metrics.websockets.labels("relay").inc()
+        ctx.metrics.feature(WebSocketMetrics).websockets.labels("relay").inc()
         await Relay(ctx, request, route.rollout_id, client.connection.take_over(), upstream.tunnel, extensions).run()
         return
     if "websocket bridge" not in ctx.hinted:
@@ -62,7 +63,7 @@ async def serve_websocket(ctx: CallContext, request: ServerRequest, client: Repl
         log.info("the upstream %s answered %d to a WebSocket upgrade on %s: the sidecar serves the Responses "
                  "WebSocket itself, each response.create sent as a streamed POST /v1/responses", ctx.upstream_url,
                  upstream.status, route.upstream_target, extra={"rollout_id": route.rollout_id})
-    ctx.metrics.websockets.labels("bridge").inc()
+    ctx.metrics.feature(WebSocketMetrics).websockets.labels("bridge").inc()
     client.connection.transport.write(switching_protocols_head(key))  # type: ignore[union-attr]  # the client's transport is open while it upgrades
     await Bridge(ctx, request, route, client.connection.take_over()).run()
 
