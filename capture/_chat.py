@@ -151,6 +151,9 @@ class ChatReassembler(Reassembler):
                         return
         if self._envelope_missing:
             self._fill_envelope(payload)
+        elif "system_fingerprint" not in self._envelope and payload.get("system_fingerprint") is not None:
+            # vLLM names its engine on the usage chunk only (the SDK's snapshot takes it from there).
+            self._envelope["system_fingerprint"] = payload["system_fingerprint"]
         usage = payload.get("usage")
         if usage is not None:
             self._usage = usage

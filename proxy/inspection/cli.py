@@ -219,6 +219,9 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         click.echo(f"call {call_index} of {rollout_id}: {row.dialect} {row.model or ''} status {row.status_code} "
                    f"{row.error_category or 'ok'}, latency {_n(row.latency_ms)} ms, "
                    + (f"ttft {_n(row.ttft_ms)} ms" if row.ttft_ms is not None else "no first token"))
+        if row.system_fingerprint is not None:
+            click.echo(f"served by {row.engine or 'an engine'} {row.engine_version or ''} (system_fingerprint "
+                       f"{row.system_fingerprint})".replace("  ", " "))
         if row.request_body_refused:
             click.echo("\n--- request ---\n(the body was over --max-body-bytes: it was refused unread, and not kept)")
         for title, key in (("request", "request"), ("request (raw)", "request_raw"), ("response", "response"),
@@ -479,6 +482,11 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_e
         ("weight versions     " + ", ".join(f"{k} {v:,}" for k, v in stats.generations_by_weight_version.items())
          + f" generations; {stats.generations_spanning_an_update:,} spanning an update")
         if stats.generations_by_weight_version else "",
+        ("engines             " + ", ".join(f"{k} {v:,}" for k, v in stats.calls_by_engine_fingerprint.items()) + " calls"
+         + (f"; {len(stats.rollouts_with_several_engines):,} rollout(s) served by more than one engine fingerprint "
+            f"(an engine changed mid-rollout: its prompts may render differently): "
+            + ", ".join(stats.rollouts_with_several_engines[:5]) if stats.rollouts_with_several_engines else ""))
+        if stats.calls_by_engine_fingerprint else "",
     ]
     click.echo("\n".join(line for line in lines if line))
 

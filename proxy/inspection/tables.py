@@ -137,6 +137,10 @@ class DirectoryStats:
     resumed_calls: int = 0
     generations_by_weight_version: dict[str, int] = field(default_factory=dict)
     generations_spanning_an_update: int = 0
+    #: Calls by the engine fingerprint that served them (`ModelCallRecord.system_fingerprint`), and
+    #: the rollouts whose calls more than one fingerprint served (an engine changed mid-rollout).
+    calls_by_engine_fingerprint: dict[str, int] = field(default_factory=dict)
+    rollouts_with_several_engines: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,7 +166,7 @@ def directory_stats(store: CaptureStore, rollout_ids: Iterable[str], progress: A
                 else:
                     add_line(line, call_index)
                     lines += 1
-            totals.add_rollout(lines, unreadable, store.is_incomplete(rollout_id))
+            totals.add_rollout(lines, unreadable, store.is_incomplete(rollout_id), rollout_id)
             if progress is not None:
                 progress.update(1)
     return totals.finish()
@@ -188,6 +192,8 @@ class _StatsAccumulator:
         self.drift = DriftTracker()
         #: The current rollout's token file, read when a line leaves its arrays there.
         self.token_arrays: "_LazyTokenArrays | None" = None
+        #: The engine fingerprints of the current rollout's calls.
+        self.fingerprints: set[str] = set()
 
     def add_line(self, line: dict[str, Any], call_index: int = 0) -> None:
         # One flat function: at 100,000 lines/s every method call and attribute store shows.
@@ -195,6 +201,11 @@ class _StatsAccumulator:
         stats.calls += 1
         finish = None
         if type(response) is dict:
+            fingerprint = response.get("system_fingerprint")
+            if type(fingerprint) is str and fingerprint:
+                self.fingerprints.add(fingerprint)
+                by = stats.calls_by_engine_fingerprint
+                by[fingerprint] = by.get(fingerprint, 0) + 1
             usage = response.get("usage")
             if type(usage) is dict and usage:
                 stats.calls_with_usage += 1
@@ -264,7 +275,10 @@ class _StatsAccumulator:
             for label in record.weight_version_labels:
                 stats.generations_by_weight_version[label] = stats.generations_by_weight_version.get(label, 0) + 1
 
-    def add_rollout(self, lines: int, unreadable: int, incomplete: bool) -> None:
+    def add_rollout(self, lines: int, unreadable: int, incomplete: bool, rollout_id: str = "") -> None:
+        if len(self.fingerprints) > 1:
+            self.stats.rollouts_with_several_engines.append(rollout_id)
+        self.fingerprints = set()
         self.stats.rollouts += 1
         self.stats.unreadable_lines += unreadable
         self.stats.incomplete_rollouts += incomplete

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import orjson
 
+from ._provenance import provenance_of
 from ._shapes import describe_response
 from ._tokens import arrays_counts, extract_token_stats
 
@@ -76,6 +77,13 @@ class CallRow:
     cache_creation_tokens: Optional[int] = None
     #: The request asked for a stream (``"stream": true``).
     stream: bool = False
+    #: Which engine served the call (`ModelCallRecord.system_fingerprint`, ``engine``, ``engine_version``).
+    system_fingerprint: Optional[str] = None
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
+    #: Prompt tokens written to the engine's prefix cache, and multimodal prompt tokens.
+    created_cache_tokens: Optional[int] = None
+    multimodal_tokens: Optional[int] = None
     #: The reply's answer text: filled only when asked for (``mcc export --output-text``; it is large).
     output_text: Optional[str] = None
 
@@ -97,6 +105,7 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
     response_model, request_model = _str((response or {}).get("model")), _str((request or {}).get("model"))
     model = response_model or request_model
     failure: dict[str, Any] = line["failure"] if isinstance(line.get("failure"), dict) else {}
+    served = provenance_of(response)
     return CallRow(
         rollout_id=rollout_id, call_index=call_index, model_call_id=_str(line.get("model_call_id")),
         dialect=_str(line.get("dialect")) or facts.shape, model=_str(model), status_code=_int(line.get("status_code")),
@@ -122,6 +131,8 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         added_request_fields=(orjson.dumps(line["added_request_fields"]).decode()
                               if isinstance(line.get("added_request_fields"), dict) else None),
         cache_creation_tokens=stats["cache_creation_tokens"], stream=(request or {}).get("stream") is True,
+        system_fingerprint=served["system_fingerprint"], engine=served["engine"], engine_version=served["engine_version"],
+        created_cache_tokens=served["created_cache_tokens"], multimodal_tokens=served["multimodal_tokens"],
     )
 
 
@@ -150,6 +161,8 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("failure_message", "string"), ("client_session_id", "string"), ("client_assistant_message_id", "string"),
     ("client_agent_id", "string"), ("client_parent_agent_id", "string"),
     ("added_request_fields", "string"), ("cache_creation_tokens", "int64"), ("stream", "bool"),
+    ("system_fingerprint", "string"), ("engine", "string"), ("engine_version", "string"),
+    ("created_cache_tokens", "int64"), ("multimodal_tokens", "int64"),
 )
 
 

@@ -78,7 +78,18 @@ class ModelCallRecord(BaseModel):
     client_parent_agent_id: Optional[str] = None
     client_session_id: Optional[str] = None
     completed_at: Optional[float] = None
+    #: Not in Gym's record: prompt tokens the call wrote to the engine's prefix cache (vLLM's
+    #: ``usage.prompt_tokens_details.created_cache_tokens``).
+    created_cache_tokens: Optional[int] = None
     dialect: Optional[str] = None
+    #: Not in Gym's record: the engine that served the call and its version, where the reply says
+    #: (read from ``system_fingerprint``: ``vllm-0.32.0-870eb8ba`` is ``vllm``, ``0.32.0``).
+    engine: Optional[str] = None
+    #: Not in Gym's record: the engine's per-request metrics as it wrote them (vLLM's ``metrics``,
+    #: ``--enable-per-request-metrics``: queue time, time to first token, inter-token latency).
+    engine_metrics: Optional[dict[str, Any]] = None
+    #: Not in Gym's record: the engine's version, where the reply says (see ``engine``).
+    engine_version: Optional[str] = None
     error_category: Optional[str] = None
     failure_report: FailureReport | None = None
     finish_reason: Optional[str] = None
@@ -89,6 +100,8 @@ class ModelCallRecord(BaseModel):
     model_call_id: Optional[str] = None
     model_operations: list[ModelOperationObservation] | None = None
     model_ref: Optional[ModelServerRef] = None
+    #: Not in Gym's record: multimodal prompt tokens (``usage.prompt_tokens_details.multimodal_tokens``).
+    multimodal_tokens: Optional[int] = None
     reasoning_content: Optional[str] = None
     request: Optional[dict[str, Any]] = None
     request_raw: Optional[str] = None
@@ -101,6 +114,10 @@ class ModelCallRecord(BaseModel):
     status_code: Optional[int] = None
     #: Not in the seed's list: a 2xx stream that ended without its terminal event (docs/files.md).
     stream_truncated: Optional[bool] = None
+    #: Not in Gym's record: the engine and configuration that served the call, as the reply names
+    #: them (vLLM: version, parallelism and a config hash); calls of one rollout under different
+    #: fingerprints were served by different engines (``mcc stats`` says so).
+    system_fingerprint: Optional[str] = None
     #: Not in Gym's record: where ``tokens_in`` / ``tokens_out`` come from: ``reported`` (the
     #: reply's usage), ``counted`` (no usage -- a stream without ``include_usage`` -- so counted
     #: from the token mode's arrays: the reply's token ids, the call's training-token entry), or

@@ -17,6 +17,7 @@ from ._models import (
     all_fields_set,
     construct_checked,
 )
+from ._provenance import PROVENANCE_FIELDS, provenance_of
 from ._shapes import describe_response, response_shape, tool_call_ids_if_well_formed
 from ._tokens import arrays_counts, extract_token_stats
 
@@ -25,7 +26,8 @@ RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_
 #: Record fields NeMo Gym 0.7.0's record does not have (the seed's newer ones, and ours): an
 #: attached call leaves them out unless asked (``extended=True``), so it has Gym's shape.
 EXTENDED_CALL_FIELDS = frozenset({"client_agent_id", "client_assistant_message_id", "client_parent_agent_id",
-                                  "failure_report", "model_operations", "stream_truncated", "token_counts"})
+                                  "failure_report", "model_operations", "stream_truncated", "token_counts",
+                                  *PROVENANCE_FIELDS})
 _UNSUCCESSFUL_STATUSES = frozenset({"failed", "cancelled"})
 
 
@@ -63,6 +65,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
     latency: Any = get("latency_ms")
     ttft: Any = get("latency_ttft_ms")
     failure = get("failure")
+    served = provenance_of(response)
     fields = {
         "cache_creation_tokens": tokens["cache_creation_tokens"],
         "cache_hit": tokens["cache_hit"],
@@ -73,7 +76,11 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "client_parent_agent_id": v if type(v := get("client_parent_agent_id")) is str else None,
         "client_session_id": v if type(v := get("client_session_id")) is str else None,
         "completed_at": float(completed) if type(completed) in _NUMBERS else None,
+        "created_cache_tokens": served["created_cache_tokens"],
         "dialect": v if type(v := get("dialect")) is str else facts.shape,
+        "engine": served["engine"],
+        "engine_metrics": served["engine_metrics"],
+        "engine_version": served["engine_version"],
         "error_category": v if type(v := get("error_category")) is str else None,
         "failure_report": _nested(FailureReport, failure) if failure is not None else None,
         "finish_reason": facts.finish_reason,
@@ -84,6 +91,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "model_call_id": v if type(v := get("model_call_id")) is str else None,
         "model_operations": facts.operations,
         "model_ref": _model_ref(get("model_ref")),
+        "multimodal_tokens": served["multimodal_tokens"],
         "reasoning_content": facts.reasoning,
         "request": request,
         "request_raw": v if type(v := get("request_raw")) is str else None,
@@ -95,6 +103,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "started_at": float(started) if type(started) in _NUMBERS else None,
         "status_code": _status_code(get("status_code")),
         "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
+        "system_fingerprint": served["system_fingerprint"],
         "token_counts": counts,
         "tokens_in": tokens["tokens_in"],
         "tokens_out": tokens["tokens_out"],

@@ -164,6 +164,8 @@ def test_the_attachment_has_gyms_shape_unless_more_is_asked(tmp_path):
     ours = merge_model_call_capture_into_record({**RUN}, [str(tmp_path)], extended=True)["ng_model_call_capture"]
     assert set(ours["calls"][0]) - GYM_070_CALL_FIELDS == {"client_agent_id", "client_parent_agent_id",
                                                           "client_assistant_message_id", "failure_report",
-                                                            "model_operations", "stream_truncated", "token_counts"}
+                                                          "model_operations", "stream_truncated", "token_counts",
+                                                          "system_fingerprint", "engine", "engine_version", "engine_metrics",
+                                                          "created_cache_tokens", "multimodal_tokens"}
     assert {"num_errors", "error_categories", "num_tool_calls"} <= set(ours["metrics"])
     assert attach_model_call_capture(RUN, str(tmp_path))["ng_model_call_capture"] == gyms

@@ -1,0 +1,50 @@
+"""Which engine served a call, read from its reply (docs/records.md): the fields a model server puts
+in the bytes we already parse, so an engine upgraded mid-run shows up as such, not as unexplained
+drift.
+
+- ``system_fingerprint``: vLLM's is ``vllm-<version>-<config hash>`` (``vllm-0.32.0-870eb8ba``);
+  the engine and its version are read from it where it has that shape.
+- ``usage.prompt_tokens_details``: ``created_cache_tokens`` (prompt tokens the call wrote to the
+  engine's prefix cache) and ``multimodal_tokens``.
+- ``metrics``: vLLM's per-request metrics object (``--enable-per-request-metrics``: queue time,
+  time to first token, inter-token latency), kept as the engine wrote it.
+
+The line keeps the reply as it came (a stream rebuilt keeps the envelope's fingerprint), so these
+are read from every line ever captured, older ones included.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+#: ``<engine>-<version>[-<config hash>]``: vLLM's form (``vllm/entrypoints/openai``'s
+#: ``get_system_fingerprint``); an engine name is letters, a version starts with a digit.
+_FINGERPRINT = re.compile(r"^([A-Za-z][A-Za-z_]*)-(\d[0-9A-Za-z.+]*?)(?:-([0-9a-f]{6,}))?$")
+
+PROVENANCE_FIELDS = ("system_fingerprint", "engine", "engine_version", "created_cache_tokens", "multimodal_tokens",
+                     "engine_metrics")
+
+
+def provenance_of(response: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The provenance fields of one reply (each None where the reply does not say)."""
+    found: dict[str, Any] = dict.fromkeys(PROVENANCE_FIELDS)
+    if response is None:
+        return found
+    fingerprint = response.get("system_fingerprint")
+    if type(fingerprint) is str and fingerprint:
+        found["system_fingerprint"] = fingerprint
+        match = _FINGERPRINT.match(fingerprint)
+        if match is not None:
+            found["engine"], found["engine_version"] = match.group(1).lower(), match.group(2)
+    usage = response.get("usage")
+    details = usage.get("prompt_tokens_details") if type(usage) is dict else None
+    if type(details) is dict:
+        for name in ("created_cache_tokens", "multimodal_tokens"):
+            value = details.get(name)
+            if type(value) is int and value >= 0:
+                found[name] = value
+    metrics = response.get("metrics")
+    if type(metrics) is dict and metrics:
+        found["engine_metrics"] = metrics
+    return found
