@@ -64,6 +64,7 @@ from .training import (
     TrajectoryBuild,
     iter_token_records,
     ray_dataset,
+    to_atif,
     read_token_records,
     trajectories,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "TrajectoryBuild",
     "trajectories",
     "ray_dataset",
+    "to_atif",
     # Ending rollouts and consuming them during the run.
     "RolloutEnd",
     "end_rollout",

@@ -9,6 +9,7 @@ import socket
 from typing import Any, Optional
 
 import click
+import orjson
 
 from .cli import OneSentence, _rollouts_or_say_empty, _store, progress
 
@@ -47,9 +48,10 @@ def _writable_parent(output: str) -> None:
 
 @click.command("export")
 @click.argument("directory", metavar="DIR")
-@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json"]), required=True,
+@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json", "atif"]), required=True,
               help="parquet: one row per call (columns in the README). otel-json: OTLP/JSON NDJSON, one "
-                   "ExportTraceServiceRequest per line (a rollout, or up to 1,000 of its spans), for a collector's /v1/traces.")
+                   "ExportTraceServiceRequest per line (a rollout, or up to 1,000 of its spans), for a collector's /v1/traces. "
+                   "atif: one ATIF v1.7 trajectory per rollout, one JSON document a line (records.to_atif).")
 @click.option("-o", "--output", required=True, help="The file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 @click.option("--token-arrays", is_flag=True,
@@ -75,7 +77,7 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     """
     from records.training import rollout_rows_of
 
-    from .export import export_metadata, otel_lines, write_parquet
+    from .export import export_metadata, otel_lines, tool_version_string, write_parquet
     from .tables import iter_call_rows
 
     if (token_arrays or output_text or trajectories) and kind != "parquet":
@@ -97,6 +99,15 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     _writable_parent(output)
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
+    if kind == "atif":
+        from records import to_atif
+
+        with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:
+            for rid in rollout_ids:
+                handle.write(orjson.dumps(to_atif(store, rid, agent_version=tool_version_string())) + b"\n")
+                bar.update(1)
+        click.echo(f"wrote {output}: {len(rollout_ids):,} ATIF trajectories")
+        return
     if kind == "otel-json":
         count = 0
         with open(output, "wb") as handle, progress(len(rollout_ids), "exporting") as bar:

@@ -47,15 +47,20 @@ def write_parquet(rows: list[dict[str, Any]], path: str, kind: str = "calls", ou
     return len(rows)
 
 
+def tool_version_string() -> str:
+    """This package's installed version, or ``unknown`` when run from a checkout not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("model-call-capture")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def export_metadata(directory: str, context: Any) -> dict[bytes, bytes]:
     """What every exported Parquet file says of itself: the tool and its version, the directory it
     read, when, and the command's arguments."""
     from datetime import datetime, timezone
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        tool_version = version("model-call-capture")
-    except PackageNotFoundError:
-        tool_version = "unknown"
+    tool_version = tool_version_string()
     arguments = {key: value for key, value in (context.params if context is not None else {}).items()}
     return {b"model_call_capture.version": tool_version.encode(),
             b"model_call_capture.source_directory": os.path.abspath(directory).encode(),

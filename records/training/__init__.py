@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._consumer import Consumer, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
 from ._consumer_rooms import ExclusiveCreateBroken
+from ._atif import ATIF_SCHEMA_VERSION, to_atif
 from ._datasets import (
     CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, capture_files, ray_dataset, rollout_rows_of,
     to_arrow, trajectory_rows,
@@ -16,6 +17,8 @@ from ._token_records_reading import DriftTracker, TokenFileArrays, TokenRecordFo
 from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild, trajectories
 
 __all__ = [
+    "ATIF_SCHEMA_VERSION",
+    "to_atif",
     "CALL_TOKEN_COLUMNS",
     "CallLink",
     "CallSpan",
