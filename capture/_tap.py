@@ -18,6 +18,7 @@ from ._categories import categorize_status
 from ._chat import ChatReassembler
 from ._completions import CompletionsReassembler
 from ._decoding import Decoder, as_evidence, decodable, make_decoder
+from ._generate import GenerateReassembler
 from ._event_templates import LEARN_AFTER_LINES, LEARN_FROM_READ_BYTES, EventTemplate
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
@@ -29,6 +30,7 @@ REASSEMBLERS: dict[str, type[Reassembler]] = {
     "chat": ChatReassembler,
     "messages": MessagesReassembler,
     "completions": CompletionsReassembler,
+    "generate": GenerateReassembler,
 }
 
 
@@ -57,6 +59,7 @@ _TOOL_CALLS = b"[TOOL_CALLS]"
 #: Responses with its terminal events or an ``error`` event; Messages with ``message_stop`` or an
 #: ``error`` event.
 _TERMINAL_MARKERS = {"chat": (b"[DONE]", b'"error"'), "completions": (b"[DONE]", b'"error"'),
+                     "generate": (b"[DONE]", b'"error"'),
                      "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
                      "messages": (b"message_stop", b"error")}
 #: The same where the reply ends at its last meaningful event (`reply_expectations`): the event

@@ -22,7 +22,7 @@ _MODEL_API = re.compile(
     r"messages(?:/count_tokens)?|"  # Anthropic Messages
     r"models(?:/[^/]+)?"  # the models list, one model
     r")$"
-    r"|^/(?:tokenize|detokenize|inference/v1/generate)$"  # vLLM's token endpoints, token in / token out
+    r"|^/(?:tokenize|detokenize|inference/v1/generate|inference/v1/abort_requests)$"  # vLLM's token endpoints, token in / token out
     r"|^/(?:health|ping|version|v1/health)$"
 )
 

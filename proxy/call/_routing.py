@@ -18,6 +18,8 @@ OBSERVED_PATHS = {
     "/v1/chat/completions": "chat",
     "/v1/messages": "messages",
     "/v1/completions": "completions",
+    # vLLM's token-in/token-out path (--enable-scale-out): its abort and render paths are not calls.
+    "/inference/v1/generate": "generate",
 }
 
 

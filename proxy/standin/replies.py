@@ -487,6 +487,46 @@ def completions_events(reply: dict[str, Any], include_usage: bool, tokens: Token
     yield sse(None, "[DONE]")
 
 
+# -- vLLM's token-in/token-out path ---------------------------------------------------------------
+
+def generate_reply(serial: int, created: int, prompt: list[int], text: str, max_tokens: int | None, logprobs: bool,
+                   return_token_ids: bool) -> dict[str, Any]:
+    """A ``GenerateTokensResponse`` as vLLM writes it (``scale_out/token_in_token_out/protocol.py``):
+    no ``object``; per choice the generated ``token_ids`` and, when ``sampling_params.logprobs`` is
+    set, ``logprobs.content`` entries with integer ``token_id``; ``prompt_token_ids`` only with
+    ``return_token_ids``."""
+    pieces = _pieces(text)
+    cut = max_tokens is not None and len(pieces) > max_tokens
+    pieces = pieces[:max_tokens] if cut else pieces
+    content = [{"token_id": token_id_of(piece), "logprob": logprob_of(piece), "rank": 1, "top_logprobs": []}
+               for piece in pieces]
+    return {"request_id": f"gen-standin-{serial}", "model": STAND_IN_MODEL, "created": created,
+            "output_mode": "tokens",
+            "choices": [{"index": 0, "finish_reason": "length" if cut else "stop", "stop_reason": None,
+                         "token_ids": [token_id_of(piece) for piece in pieces],
+                         "logprobs": {"content": content} if logprobs else None}],
+            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(pieces),
+                      "completion_tokens": len(pieces)},
+            "prompt_token_ids": prompt if return_token_ids else None}
+
+
+def generate_events(reply: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
+    """One chunk per token (the first with ``prompt_token_ids`` when asked), the last with the finish
+    reason, the usage chunk when asked, ``[DONE]``: vLLM's ``serving.py`` stream."""
+    choice = reply["choices"][0]
+    ids, entries = choice["token_ids"], (choice["logprobs"] or {}).get("content")
+    for position, token in enumerate(ids):
+        chunk: dict[str, Any] = {"request_id": reply["request_id"], "output_mode": "tokens", "choices": [{
+            "index": 0, "finish_reason": choice["finish_reason"] if position == len(ids) - 1 else None,
+            "token_ids": [token], "logprobs": {"content": [entries[position]]} if entries is not None else None}]}
+        if position == 0 and reply["prompt_token_ids"] is not None:
+            chunk["prompt_token_ids"] = reply["prompt_token_ids"]
+        yield sse(None, chunk)
+    if include_usage:
+        yield sse(None, {"request_id": reply["request_id"], "output_mode": "tokens", "choices": [], "usage": reply["usage"]})
+    yield sse(None, "[DONE]")
+
+
 # -- Anthropic Messages ------------------------------------------------------------------------
 
 def messages_reply(plan: Plan, serial: int, thinking: bool = False) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from .replies import (
     ResponsesTokenOptions,
     TokenOptions,
     chat_events,
+    generate_events,
+    generate_reply,
     TEMPLATES,
     chat_prompt_ids,
     chat_reply,
@@ -60,6 +62,7 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_inclu
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/inference/v1/generate", _generate)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_post("/update_weight_version", _update_weight_version)
@@ -155,6 +158,25 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         include_usage = _include_usage(request, body)
         return await _stream(request, completions_events(reply, include_usage, tokens))
+    return _json_reply(request, reply)
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    """vLLM's token-in/token-out path: the prompt's ``token_ids`` in, generated ids out; the stand-in
+    answers with the prompt's length, cut at ``sampling_params.max_tokens``."""
+    body, raw = await _json_body(request)
+    prompt, params = body.get("token_ids"), body.get("sampling_params")
+    if not isinstance(prompt, list) or not prompt or not all(_integer(token) and token >= 0 for token in prompt):
+        raise _bad_request("token_ids must be a non-empty list of non-negative token ids")
+    if not isinstance(params, dict):
+        raise _bad_request("sampling_params must be an object")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None and (not _integer(max_tokens) or max_tokens < 1):
+        raise _bad_request(f"max_tokens must be at least 1, got {max_tokens!r}")
+    reply = generate_reply(_serial(raw), STAND_IN_CREATED, prompt, _completion_text(None, prompt), max_tokens,
+                           params.get("logprobs") is not None, bool(body.get("return_token_ids")))
+    if body.get("stream"):
+        return await _stream(request, generate_events(reply, _include_usage(request, body)))
     return _json_reply(request, reply)
 
 

@@ -187,6 +187,13 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
         value = line.get(name)
         if type(value) is kind:
             base[name] = value
+    if line.get("dialect") == "generate" and isinstance(response, dict) and response.get("prompt_token_ids") is None:
+        # vLLM's token-in/token-out path: the prompt is the request's own ids (the reply repeats
+        # them only with ``return_token_ids``).
+        request = line.get("request")
+        prompt = request.get("token_ids") if isinstance(request, dict) else None
+        if isinstance(prompt, list):
+            response = {**response, "prompt_token_ids": prompt}
     records = _records_of_response(base, response)
     versions = line.get("weight_versions")
     if type(versions) is list and versions:
