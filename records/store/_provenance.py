@@ -16,6 +16,7 @@ are read from every line ever captured, older ones included.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, Optional
 
 #: ``<engine>-<version>[-<config hash>]``: vLLM's form (``vllm/entrypoints/openai``'s
@@ -26,25 +27,34 @@ PROVENANCE_FIELDS = ("system_fingerprint", "engine", "engine_version", "created_
                      "engine_metrics")
 
 
+@lru_cache(maxsize=256)
+def _engine_of(fingerprint: str) -> tuple[Optional[str], Optional[str]]:
+    """(engine, version) a fingerprint names, or (None, None); a run has a handful of fingerprints."""
+    match = _FINGERPRINT.match(fingerprint)
+    return (match.group(1).lower(), match.group(2)) if match is not None else (None, None)
+
+
 def provenance_of(response: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The provenance fields of one reply (each None where the reply does not say)."""
-    found: dict[str, Any] = dict.fromkeys(PROVENANCE_FIELDS)
+    """The provenance fields of one reply (each None where the reply does not say). Read-only:
+    a reply that says none of them gets one shared dict (the readers build a million records)."""
     if response is None:
-        return found
-    fingerprint = response.get("system_fingerprint")
-    if type(fingerprint) is str and fingerprint:
-        found["system_fingerprint"] = fingerprint
-        match = _FINGERPRINT.match(fingerprint)
-        if match is not None:
-            found["engine"], found["engine_version"] = match.group(1).lower(), match.group(2)
-    usage = response.get("usage")
+        return _NOTHING
+    fingerprint, metrics, usage = response.get("system_fingerprint"), response.get("metrics"), response.get("usage")
     details = usage.get("prompt_tokens_details") if type(usage) is dict else None
+    if not fingerprint and type(details) is not dict and not metrics:
+        return _NOTHING
+    found: dict[str, Any] = dict.fromkeys(PROVENANCE_FIELDS)
+    if type(fingerprint) is str:
+        found["system_fingerprint"] = fingerprint
+        found["engine"], found["engine_version"] = _engine_of(fingerprint)
     if type(details) is dict:
         for name in ("created_cache_tokens", "multimodal_tokens"):
             value = details.get(name)
             if type(value) is int and value >= 0:
                 found[name] = value
-    metrics = response.get("metrics")
-    if type(metrics) is dict and metrics:
+    if type(metrics) is dict:
         found["engine_metrics"] = metrics
     return found
+
+
+_NOTHING: dict[str, Any] = dict.fromkeys(PROVENANCE_FIELDS)
