@@ -53,7 +53,8 @@ class Captures:
         self.token_dir: Optional[str] = _path(token_dir, "Captures (token_dir)") if token_dir is not None else None
 
     def __repr__(self) -> str:
-        return f"Captures({self.where if isinstance(self.where, str) else self.where.capture_dir!r})"
+        where = self.where if isinstance(self.where, str) else self.where.capture_dir
+        return f"Captures({where!r})"
 
     def __fspath__(self) -> str:
         """A `Captures` is a path-like of its directory (on a URL, the store's view as of now), so
