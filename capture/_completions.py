@@ -28,6 +28,11 @@ _LOGPROB_LISTS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
 class CompletionsReassembler(Reassembler):
     done_is_terminal = True
     dialect = "completions"
+    #: The reply's ``object`` (None: the dialect names none), the top-level keys taken from the first
+    #: chunk that has them, and those handled here rather than by the `merge_unknown` rule.
+    reply_object: str | None = "text_completion"
+    envelope_keys: tuple[str, ...] = _ENVELOPE_KEYS
+    known_chunk_keys: frozenset[str] = _KNOWN_CHUNK_KEYS
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,7 +53,7 @@ class CompletionsReassembler(Reassembler):
         if not self._envelope and not self._choices and self._error is None:
             return None
         self.join_texts()
-        completion: dict[str, Any] = {"object": "text_completion", **self._envelope}
+        completion: dict[str, Any] = ({"object": self.reply_object} if self.reply_object else {}) | self._envelope
         completion["choices"] = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
                                  if choice["index"] in self._arrays else choice
                                  for choice in self._choices if choice is not None]
@@ -61,7 +66,7 @@ class CompletionsReassembler(Reassembler):
         return completion
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
-        for key in _ENVELOPE_KEYS:
+        for key in self.envelope_keys:
             if key not in self._envelope and payload.get(key) is not None:
                 self._envelope[key] = payload[key]
         if payload.get("usage") is not None:
@@ -71,8 +76,9 @@ class CompletionsReassembler(Reassembler):
             for chunk_choice in choices:
                 if type(chunk_choice) is dict:
                     self._on_choice(chunk_choice)
+        known = self.known_chunk_keys
         for key, value in payload.items():
-            if key not in _KNOWN_CHUNK_KEYS and (value is not None or key not in self._extras):
+            if key not in known and (value is not None or key not in self._extras):
                 self._extras[key] = value
         if payload.get("error") is not None:  # As in chat: the error event ends the reply.
             self.error_category = "upstream_error"

@@ -24,46 +24,13 @@ _ENVELOPE_KEYS = ("request_id", "model", "created", "output_mode")
 
 
 class GenerateReassembler(CompletionsReassembler):
+    """`CompletionsReassembler`'s envelope, usage, extras and error rules; its own choices."""
+
     done_is_terminal = True
     dialect = "generate"
-
-    def result(self) -> dict[str, Any] | None:
-        if not self._envelope and not self._choices and self._error is None:
-            return None
-        self.join_texts()
-        reply: dict[str, Any] = dict(self._envelope)
-        reply["choices"] = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
-                            if choice["index"] in self._arrays else choice
-                            for choice in self._choices if choice is not None]
-        if self._usage is not None:
-            reply["usage"] = self._usage
-        for key, value in self._extras.items():
-            reply.setdefault(key, value)
-        if self._error is not None:
-            reply["error"] = self._error
-        return reply
-
-    def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
-        for key in _ENVELOPE_KEYS:
-            if key not in self._envelope and payload.get(key) is not None:
-                self._envelope[key] = payload[key]
-        if payload.get("usage") is not None:
-            self._usage = payload["usage"]
-        choices = payload.get("choices")
-        if type(choices) is list:
-            for chunk_choice in choices:
-                if type(chunk_choice) is dict:
-                    self._on_choice(chunk_choice)
-        for key, value in payload.items():
-            if key not in _ENVELOPE_KEYS and key not in ("choices", "usage", "error") \
-                    and (value is not None or key not in self._extras):
-                self._extras[key] = value
-        if payload.get("error") is not None:  # As in chat: the error event ends the reply.
-            self.error_category = "upstream_error"
-            self._error = payload["error"]
-            self.terminal = True
-        elif self.ends_when_whole:
-            self._ended_if_whole()
+    reply_object = None
+    envelope_keys = _ENVELOPE_KEYS
+    known_chunk_keys = frozenset({*_ENVELOPE_KEYS, "choices", "usage", "error"})
 
     def _on_choice(self, chunk_choice: dict[str, Any]) -> None:
         index = chunk_choice.get("index", 0)

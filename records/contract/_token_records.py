@@ -250,13 +250,7 @@ def _responses_record(base: dict[str, Any], model: Optional[str], response: dict
         for part in (item.get("content") or ()) if isinstance(item, dict) else ():
             if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("logprobs"), list):
                 entries = (entries or []) + part["logprobs"]
-    log_probs = None
-    if entries is not None:
-        try:  # dict.get mapped over the entries runs in C; an entry that is not a dict takes the slow path.
-            picked = list(map(dict.get, entries, repeat("logprob")))
-        except TypeError:
-            picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
-        log_probs = _floats(picked, problems)
+    log_probs = _entry_logprobs(entries, problems) if entries is not None else None
     if ids is not None and log_probs is not None and len(ids) != len(log_probs):
         # vLLM's Responses stream (simple_streaming_events.py, "filter empty delta") sends no event
         # for a token whose text is empty -- part of a UTF-8 character -- so that token's logprob
@@ -321,11 +315,7 @@ def _generation(message: dict[str, Any], choice: dict[str, Any],
     entries = entries if isinstance(entries, list) else None
     log_probs = None
     if entries is not None:
-        try:  # dict.get mapped over the entries runs in C; an entry that is not a dict takes the slow path.
-            picked = list(map(dict.get, entries, repeat("logprob")))
-        except TypeError:
-            picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
-        log_probs = _floats(picked, problems)
+        log_probs = _entry_logprobs(entries, problems)
     elif isinstance(logprobs, dict) and isinstance(logprobs.get("token_logprobs"), list):
         # Completions: parallel lists (``tokens``, ``token_logprobs``, ...), not entries.
         log_probs = _floats(logprobs["token_logprobs"], problems)
@@ -343,6 +333,15 @@ def _generation(message: dict[str, Any], choice: dict[str, Any],
     if from_tokens is not None:
         return "logprob_tokens", from_tokens, log_probs
     return "missing", None, log_probs
+
+
+def _entry_logprobs(entries: list[Any], problems: list[str]) -> Optional[list[float]]:
+    """Each logprob entry's ``logprob`` (vLLM's ``logprobs.content`` shape)."""
+    try:  # dict.get mapped over the entries runs in C; an entry that is not a dict takes the slow path.
+        picked = list(map(dict.get, entries, repeat("logprob")))
+    except TypeError:
+        picked = [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
+    return _floats(picked, problems)
 
 
 def _ids_from_tokens(entries: Optional[list[Any]]) -> Optional[list[int]]:
