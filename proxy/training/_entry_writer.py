@@ -9,7 +9,9 @@ stream, a refusal) gets no entry: its intent stays dangling, and a consumer mask
 Gym does. Nothing here ever changes a reply: a failure is logged, counted and marked incomplete.
 
 n > 1: one entry per choice, ``<model_call_id>-<choice>``, siblings with one parent; a later
-request resolves to the choice whose output it sent back. Messages: vLLM's Anthropic endpoint
+request resolves to the choice whose output it sent back. Token-in calls (``generate``) have no
+turns: their parent is the call whose sequence their prompt begins with
+(`RolloutLineage.resolve_tokens`). Messages: vLLM's Anthropic endpoint
 returns no arrays, so Messages calls get no entries and no intents.
 """
 
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
     from ..call import CallExchange
 
 log = logging.getLogger("mcc.capture")
-#: Dialects whose vLLM replies carry token arrays.
-TOKEN_DIALECTS = frozenset({"chat", "completions", "responses"})
+#: Dialects whose vLLM replies carry token arrays (``generate``: vLLM's token-in/token-out path,
+#: whose arrays are explicit: the mode adds and cuts nothing there).
+TOKEN_DIALECTS = frozenset({"chat", "completions", "responses", "generate"})
 #: Rollouts whose lineage index stays in memory (each holds metadata only, no arrays).
 _ROLLOUTS_KEPT = 4096
 
@@ -78,15 +81,17 @@ class TokenCapture:
         rollout, a request lineage cannot read). Runs on a worker thread."""
         if dialect not in TOKEN_DIALECTS:
             return None
+        prompt = request.get("token_ids") if dialect == "generate" else None
+        if dialect == "generate" and not _token_ids(prompt):
+            return None  # Not a prompt vLLM takes: refused upstream, no entry to write.
         try:
             items = request_items(request)
-            choices = request.get("n") if dialect != "responses" else 1
-            choices = choices if type(choices) is int and choices > 1 else 1
+            choices = _choices(dialect, request)
             ids = (model_call_id,) if choices == 1 else tuple(f"{model_call_id}-{i}" for i in range(choices))
             lineage, lock = self._lineage(rollout_id)
             with lock:
                 lineage.refresh()
-                verdict = lineage.resolve(items)
+                verdict = lineage.resolve(items) if prompt is None else lineage.resolve_tokens(prompt)
             intents = self.files.begin_call(rollout_id, list(ids), durable=flush_intent)
         except RolloutClosed as exc:
             self._fail("closed", rollout_id, model_call_id, f"{exc}: this call is not written to it")
@@ -225,6 +230,19 @@ class TokenCapture:
         self._metrics.token_entry_failures.labels(kind).inc()
         log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
                     extra={"rollout_id": rollout_id, "kind": kind})
+
+
+def _choices(dialect: str, request: dict[str, Any]) -> int:
+    """How many choices the reply has (``n``; generate's is in ``sampling_params``)."""
+    if dialect == "responses":
+        return 1
+    source = request.get("sampling_params") if dialect == "generate" else request
+    choices = source.get("n") if isinstance(source, dict) else None
+    return choices if type(choices) is int and choices > 1 else 1
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(token) is int for token in value)
 
 
 def _resumable(record: TokenRecord) -> bool:

@@ -113,5 +113,8 @@ def note_resumption(plan: TokenPlan, fields: dict[str, Any]) -> None:
     choices = response.get("choices") if isinstance(response, dict) else None
     if prompt is None and isinstance(choices, list) and choices and isinstance(choices[0], dict):
         prompt = choices[0].get("prompt_token_ids")  # Completions: on the choice.
+    request = fields.get("request")
+    if prompt is None and fields.get("dialect") == "generate" and isinstance(request, dict):
+        prompt = request.get("token_ids")  # Token-in: the request's own ids.
     if prompt == plan.verdict.parent_sequence:
         fields["resumes"] = plan.verdict.parent_call_id

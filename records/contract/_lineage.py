@@ -6,6 +6,10 @@ that fingerprint; each candidate must have been made with the context this reque
 (`conversation_digest` of its first ``continuation_context_len`` items). No model-authored turn:
 a root. One candidate: resolved. Several with the same sequence (identical retries): the first by
 call id. None, or several that differ: unresolved (``no_match`` / ``ambiguous``), never a guess.
+
+A token-in request (vLLM's ``/inference/v1/generate``: the prompt's ids, no turns) has no turns to
+go by: `resolve_tokens` finds the longest earlier sequence its prompt begins with, exactly
+(`token_digest`); none: a root, as the framework that rendered the prompt started anew.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ class _Node:
     parent_call_id: Optional[str]
     delta: bool
     aborted: bool = False
+    #: The sequence's last token, or None when the entry stores none of its own (a cheap first
+    #: test before a prompt's prefix is digested: `RolloutLineage.resolve_tokens`).
+    last_token: Optional[int] = None
 
 
 @dataclass
@@ -66,6 +73,8 @@ class RolloutLineage:
     offset: int = 0
     by_fingerprint: dict[str, list[str]] = field(default_factory=dict)
     nodes: dict[str, _Node] = field(default_factory=dict)
+    #: Calls by the length, then the last token, of their whole sequence, for `resolve_tokens`.
+    by_sequence_end: dict[int, dict[Optional[int], list[str]]] = field(default_factory=dict)
 
     def refresh(self) -> None:
         entries, self.offset = self.files.entries(self.rollout_id, self.offset)
@@ -73,17 +82,19 @@ class RolloutLineage:
             self.add(offset, entry)
 
     def add(self, offset: int, entry: dict[str, Any]) -> None:
-        fingerprint = entry.get("continuation_fingerprint") or ""
-        if not fingerprint or entry.get("fingerprint_version") not in (None, FINGERPRINT_VERSION):
-            return
         call_id = entry["model_call_id"]
         if call_id in self.nodes:
             return
-        self.nodes[call_id] = _Node(call_id, offset, entry.get("cum_len") or 0, entry.get("digest") or "",
-                                    entry.get("continuation_context_len") or 0,
-                                    entry.get("continuation_context_digest") or "", entry.get("parent_call_id"),
-                                    bool(entry.get("prompt_is_delta")), entry.get("finish_reason") == "abort")
-        self.by_fingerprint.setdefault(fingerprint, []).append(call_id)
+        node = self.nodes[call_id] = _Node(
+            call_id, offset, entry.get("cum_len") or 0, entry.get("digest") or "",
+            entry.get("continuation_context_len") or 0, entry.get("continuation_context_digest") or "",
+            entry.get("parent_call_id"), bool(entry.get("prompt_is_delta")), entry.get("finish_reason") == "abort",
+            _last_token(entry))
+        if node.digest and node.cum_len:
+            self.by_sequence_end.setdefault(node.cum_len, {}).setdefault(node.last_token, []).append(call_id)
+        fingerprint = entry.get("continuation_fingerprint") or ""
+        if fingerprint and entry.get("fingerprint_version") in (None, FINGERPRINT_VERSION):
+            self.by_fingerprint.setdefault(fingerprint, []).append(call_id)
 
     def resolve(self, messages: list[dict[str, Any]]) -> LineageVerdict:
         """The verdict for a request with these turns (`records.contract.request_items`)."""
@@ -101,6 +112,21 @@ class RolloutLineage:
         if sequence is None or token_digest(sequence) != parent.digest:
             return LineageVerdict(UNRESOLVED, reason="parent_unverified")
         return LineageVerdict(RESOLVED, parent.call_id, sequence, parent_aborted=parent.aborted)
+
+    def resolve_tokens(self, prompt: list[int]) -> LineageVerdict:
+        """The verdict for a token-in request with these prompt ids: the call whose whole sequence
+        is the longest the prompt begins with (identical retries: the first by call id), or a root."""
+        for length in sorted((length for length in self.by_sequence_end if length <= len(prompt)), reverse=True):
+            by_last = self.by_sequence_end[length]
+            calls = [*by_last.get(prompt[length - 1], ()), *by_last.get(None, ())]
+            if not calls:
+                continue
+            digest = token_digest(prompt[:length])
+            matching = [call_id for call_id in calls if self.nodes[call_id].digest == digest]
+            if matching:
+                parent = self.nodes[min(matching)]
+                return LineageVerdict(RESOLVED, parent.call_id, prompt[:length], parent_aborted=parent.aborted)
+        return LineageVerdict(ROOT)
 
     def sequence(self, call_id: str) -> Optional[list[int]]:
         """A call's whole sequence, rebuilt through its delta ancestors; None when one is missing."""
@@ -123,6 +149,16 @@ class RolloutLineage:
         """The request begins with the context the candidate was made with (fail closed without one)."""
         return bool(node.context_digest) and len(messages) >= node.context_len and \
             conversation_digest(messages[:node.context_len]) == node.context_digest
+
+
+def _last_token(entry: dict[str, Any]) -> Optional[int]:
+    for key in ("generation_token_ids", "prompt_token_ids"):
+        ids = entry.get(key)
+        if isinstance(ids, list) and ids and type(ids[-1]) is int:
+            return ids[-1]
+        if ids:
+            return None
+    return None
 
 
 #: What `LineLineage.place` says of a call: no model-authored turn; the earlier output it continues

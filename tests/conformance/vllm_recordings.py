@@ -23,7 +23,7 @@ VLLM_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", 
 DIALECTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
             "/v1/messages": "messages"}
 # SOURCES.md: ids and timestamps are fresh on every call, so asked and added differ there only.
-_NORMALISE = [(re.compile(rb'"(id|item_id|call_id|response_id|tool_call_id)":"[^"]*"'), rb'"\1":"<ID>"'),
+_NORMALISE = [(re.compile(rb'"(id|item_id|call_id|response_id|tool_call_id|request_id)":"[^"]*"'), rb'"\1":"<ID>"'),
               (re.compile(rb'"(created|created_at|completed_at)":\d+'), rb'"\1":0')]
 
 

@@ -385,3 +385,41 @@ async def test_a_websocket_session_of_ten_responses_is_bridged_to_vllm(vllm_url,
 def _output_text(response: dict) -> str:
     return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
                    for part in item.get("content", []))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_token_in_session_is_captured_and_is_the_chat_sessions_trajectory(vllm_url, http, start, capture_dir,
+                                                                                 store, stream):
+    """Issue 57: a chat session (``--supply-prefix``: every turn on its parent's exact ids), then the
+    same conversation sent as vLLM renders it, token ids in, to ``/inference/v1/generate`` (what
+    verl's and SkyRL's gateways call): each call captured with the agent's bytes vLLM's own, its
+    entry resolved to the turn before by its prompt's ids, and the two rollouts' trajectories equal."""
+    from records import read_token_entries, trajectories
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=True,
+                          capture_raw_stream="always")
+    await _drifting_session(http, sidecar.url, "as-chat", 3)
+    chat = read_token_records(store, "as-chat")
+    assert all(record.usable for record in chat)
+    sampling = {"max_tokens": 8, **_SAMPLING, "logprobs": 0}
+    for record in chat:
+        body = {"token_ids": record.prompt_token_ids, "sampling_params": sampling}
+        if stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        direct = await fetch(http, "POST", vllm_url + "/inference/v1/generate", orjson.dumps(body), headers=_JSON)
+        proxied = await fetch(http, "POST", rollout_url(sidecar.url, "as-tokens", "/inference/v1/generate"),
+                              orjson.dumps(body), headers=_JSON)
+        assert proxied.status == 200 and normalised(proxied.body) == normalised(direct.body), \
+            _first_difference(proxied.body, direct.body)
+    lines = store.read("as-tokens")
+    assert [line["dialect"] for line in lines] == ["generate"] * 3 and all(line["error_category"] is None for line in lines)
+    entries = read_token_entries(capture_dir, "as-tokens")
+    assert [e["parent_resolution"] for e in entries] == ["root", "resolved", "resolved"]
+    assert [e["parent_call_id"] for e in entries[1:]] == [e["model_call_id"] for e in entries[:-1]]
+    tokens = read_token_records(store, "as-tokens")
+    assert [(r.prompt_token_ids, r.generation_token_ids) for r in tokens] == \
+        [(r.prompt_token_ids, r.generation_token_ids) for r in chat], "the same ids as the chat session's"
+    as_chat, as_tokens = trajectories(capture_dir, "as-chat"), trajectories(capture_dir, "as-tokens")
+    assert not as_chat.masked and not as_tokens.masked, (as_chat.mask_reason, as_tokens.mask_reason)
+    assert (as_tokens.main.token_ids, as_tokens.main.loss_mask) == (as_chat.main.token_ids, as_chat.main.loss_mask)
+    assert [(c.start, c.end) for c in as_tokens.main.calls] == [(c.start, c.end) for c in as_chat.main.calls]
+    assert as_tokens.main.logprobs == pytest.approx(as_chat.main.logprobs, abs=1e-3)

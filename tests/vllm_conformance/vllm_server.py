@@ -73,7 +73,9 @@ def running_vllm(start_timeout: float = 600, otlp_traces_endpoint: str | None = 
                "--max-model-len", "2048", "--dtype", "float32", "--seed", "0", "--enable-prompt-tokens-details",
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-               "--no-enable-prefix-caching"]
+               "--no-enable-prefix-caching",
+               # The token-in/token-out path (``/inference/v1/generate``) and the other scale-out endpoints.
+               "--enable-scale-out"]
     environment = {**os.environ, **_ENVIRONMENT}
     if otlp_traces_endpoint is not None:
         command += ["--otlp-traces-endpoint", otlp_traces_endpoint]
