@@ -23,6 +23,7 @@ from .contract import (
     RecordsError,
     RolloutEnd,
     RolloutEndConflict,
+    RoutedExpertsProblem,
     StoreNotFound,
     TokenRecord,
     base_url_for_run,
@@ -65,6 +66,7 @@ from .training import (
     iter_token_records,
     ray_dataset,
     to_atif,
+    read_routed_experts,
     read_token_records,
     trajectories,
 )
@@ -104,6 +106,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryBuild",
     "trajectories",
+    "read_routed_experts",
     "ray_dataset",
     "to_atif",
     # Ending rollouts and consuming them during the run.
@@ -123,4 +126,5 @@ __all__ = [
     "NothingUploadedYet",
     "RolloutEndConflict",
     "GroupSizeConflict",
+    "RoutedExpertsProblem",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Iterator, Optional, Union
 
-from .contract import ObjectStore, RolloutEnd, StoreNotFound, TokenRecord, is_store_url
+from .contract import ObjectStore, RolloutEnd, RoutedExperts, StoreNotFound, TokenRecord, is_store_url
 from .store import (
     CaptureStore,
     ModelCallRecord,
@@ -27,7 +27,10 @@ from .store import (
     read_rollout_end,
     read_token_entries,
 )
-from .training import Consumer, TrajectoryBuild, iter_token_records, read_token_records, trajectories
+from .training import (
+    CallSpan, Consumer, Trajectory, TrajectoryBuild, iter_token_records, read_routed_experts, read_token_records,
+    trajectories,
+)
 
 
 class Captures:
@@ -93,6 +96,12 @@ class Captures:
     def trajectories(self, rollout_id: str) -> TrajectoryBuild:
         """The rollout's trajectories from its training-token file (`records.trajectories`)."""
         return trajectories(self.token_dir or self.store, rollout_id)
+
+    def routed_experts(self, rollout_id: str, of: Union[Trajectory, TokenRecord, CallSpan, dict[str, Any]]
+                       ) -> Optional[RoutedExperts]:
+        """The routed experts of a trajectory (aligned with its tokens), a call's token record, or
+        a reference (`records.read_routed_experts`)."""
+        return read_routed_experts(self.token_dir or self, rollout_id, of)
 
     def end(self, rollout_id: str, outcome: Optional[dict[str, Any]] = None, group: Optional[str] = None,
             group_size: Optional[int] = None) -> RolloutEnd:

@@ -29,8 +29,8 @@ from typing import Any, Optional
 import orjson
 
 from records.contract import (
-    INCOMPLETE_SUFFIX, ObjectStore, TOKEN_FILE_SUFFIXES, incomplete_name, manifest_name, segment_name, segment_order,
-    token_bundle_name, token_manifest_name,
+    EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name, incomplete_name,
+    manifest_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
 )
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
@@ -81,6 +81,8 @@ class Uploader:
         self._token_idle = token_idle
         #: What was shipped of each rollout's token files (their sizes, times, inodes).
         self._tokens_shipped: dict[str, tuple[Any, ...]] = {}
+        #: Routed-expert objects already in the store, by sha256 (`_ship_routed_experts`).
+        self._experts_shipped: set[str] = set()
         self.store = ObjectStore(store_url)
         self._interval = interval
         self._wake = threading.Event()
@@ -202,6 +204,8 @@ class Uploader:
                 due[rollout_id] = fingerprint
         if not due:
             return 0
+        for rollout_id in sorted(due):  # Before the bundle that names them.
+            self._ship_routed_experts(rollout_id)
         bundle = {rollout_id: _snapshot(self.spool_dir, rollout_id) for rollout_id in sorted(due)}
         data = orjson.dumps({"spool": self.spool_id, "rollouts": bundle})
         sha = hashlib.sha256(data).hexdigest()
@@ -211,6 +215,22 @@ class Uploader:
             {"spool": self.spool_id, "bundle": name, "sha256": sha, "rollouts": sorted(due)}))
         self._tokens_shipped.update(due)
         return len(due)
+
+    def _ship_routed_experts(self, rollout_id: str) -> None:
+        """The rollout's routed-expert objects (``--capture-routed-experts``), each named by its
+        sha256 (``experts/<sha256>.npy``, shared by every rollout): the same rows go once."""
+        directory = os.path.join(self.spool_dir, rollout_id + EXPERTS_SUFFIX)
+        try:
+            names = sorted(name for name in os.listdir(directory) if name.endswith(".npy"))
+        except FileNotFoundError:
+            return
+        for name in names:
+            sha256 = name[:-len(".npy")]
+            if sha256 in self._experts_shipped:
+                continue
+            with open(os.path.join(directory, name), "rb") as handle:
+                self.store.put(expert_object_name(sha256), handle.read())
+            self._experts_shipped.add(sha256)
 
     @property
     def spool_id(self) -> str:

@@ -127,6 +127,11 @@ class Settings(BaseModel):
     #: turn's ids (the upstream's own renderer), so its prompt extends the parent exactly. Applies
     #: to the calls the token capture mode covers.
     supply_prefix: bool = False
+    #: MoE routed experts (docs/tokens.md): each call's ``routed_experts`` (vLLM with
+    #: ``--enable-return-routed-experts``) stored apart, beside the token files, as an object named
+    #: by its sha256 (its parent's rows not again); the token entry and the line name it. Applies
+    #: to the calls the token capture mode covers.
+    capture_routed_experts: bool = False
     #: A header sent upstream with each captured call, set to its rollout id (unless the agent sent
     #: it): a router places a session's calls on one replica by it (docs/wire.md): ``x-session-id``
     #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
@@ -237,6 +242,9 @@ class Settings(BaseModel):
         if self.supply_prefix and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
+        if self.capture_routed_experts and not self.capture_on:
+            raise ValueError("--capture-routed-experts (MCC_CAPTURE_ROUTED_EXPERTS) needs the token capture mode, which "
+                             "needs capture on: pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
         return self
 
     @property
@@ -361,7 +369,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "capture_routed_experts", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

@@ -135,7 +135,8 @@ class Sidecar:
             self.admin.capture_dir_was_writable = prepare_capture_dirs(settings)
             token_dir = settings.token_dir or settings.capture_dir
             token_metrics = self.metrics.feature(TokenModeMetrics)
-            self.token_training = TokenTraining(token_metrics, TokenCapture(token_dir, token_metrics),
+            self.token_training = TokenTraining(token_metrics, TokenCapture(token_dir, token_metrics,
+                                                                                  settings.capture_routed_experts),
                                                 settings.capture_tokens,
                                                 PrefixSupply() if settings.supply_prefix else None)
             # The token capture mode writes each line's entries with it, on the writer threads.

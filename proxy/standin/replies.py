@@ -16,7 +16,9 @@ top-level ``prompt_token_ids`` and per-choice ``token_ids`` and ``logprobs.conte
 
 from __future__ import annotations
 
+import base64
 import re
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -112,6 +114,37 @@ def prompt_token_ids(plan: "Plan", serial: int) -> list[int]:
     if plan.prompt_ids is not None:
         return list(plan.prompt_ids)
     return [100 + (serial * 7 + i * 31) % 150_000 for i in range(plan.prompt_tokens)]
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """A MoE model's shape, for the stand-in's ``routed_experts`` (vLLM with
+    ``--enable-return-routed-experts``: ``model_executor/layers/fused_moe/routed_experts_capturer.py``)."""
+
+    layers: int
+    top_k: int
+    experts: int
+
+    @property
+    def dtype(self) -> str:
+        return "|u1" if self.experts <= 256 else "<u2"  # The capturer's narrowest dtype.
+
+    def encoded(self, sequence: list[int], start: int) -> str:
+        """vLLM's ``numpy2base64`` of the routing of ``sequence[start:-1]`` (the last token is never
+        read back), ``(tokens - 1 - start, layers, top_k)``. A token's experts depend on it, its
+        position and the layer, so a prefix is routed alike in every call that reads it."""
+        rows = []
+        for position in range(start, len(sequence) - 1):
+            token = sequence[position]
+            for layer in range(self.layers):
+                first = (token * 31 + layer * 7 + position) % self.experts
+                rows += [(first + k) % self.experts for k in range(self.top_k)]
+        code = "B" if self.dtype == "|u1" else "H"
+        shape = (max(0, len(sequence) - 1 - start), self.layers, self.top_k)
+        header = f"{{'descr': '{self.dtype}', 'fortran_order': False, 'shape': {shape}, }}"
+        header += " " * ((64 - (len(header) + 11) % 64) % 64) + "\n"
+        blob = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + struct.pack(f"<{len(rows)}{code}", *rows)
+        return base64.b64encode(blob).decode("ascii")
 
 
 def _logprob_entry(piece: str, options: TokenOptions) -> dict[str, Any]:
@@ -258,7 +291,7 @@ def responses_reply(plan: Plan, serial: int, created: int,
     ]
     if plan.text is not None:
         # As vLLM: the text part carries the logprobs of every generated token, reasoning included.
-        logprobs = [_responses_logprob(piece, tokens) for piece in _generated_pieces(plan)] if tokens.logprobs else None
+        logprobs = [_responses_logprob(piece, tokens) for piece in generated_pieces(plan)] if tokens.logprobs else None
         output.append({"id": f"msg_{serial}", "type": "message", "role": "assistant", "status": "completed",
                        "content": [{"type": "output_text", "text": plan.text, "annotations": [], "logprobs": logprobs}]})
     else:
@@ -275,7 +308,7 @@ def responses_reply(plan: Plan, serial: int, created: int,
                   "total_tokens": plan.prompt_tokens + plan.output_tokens},
         "input_messages": [{"message": "", "tokens": prompt_token_ids(plan, serial), "type": "raw_message_tokens"}]
         if tokens.messages else None,
-        "output_messages": [{"message": "", "tokens": [token_id_of(p) for p in _generated_pieces(plan)],
+        "output_messages": [{"message": "", "tokens": [token_id_of(p) for p in generated_pieces(plan)],
                              "type": "raw_message_tokens"}] if tokens.messages else None,
     }
 
@@ -342,7 +375,7 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
     if plan.tool_name:
         message["tool_calls"] = [{"id": plan.call_id, "type": "function",
                                   "function": {"name": plan.tool_name, "arguments": plan.tool_arguments}}]
-    generated = _generated_pieces(plan)
+    generated = generated_pieces(plan)
     # vLLM writes every key, null where nothing was asked (chat_completion/protocol.py).
     choice: dict[str, Any] = {
         "index": 0, "message": message,
@@ -365,7 +398,7 @@ def chat_reply(plan: Plan, serial: int, created: int, tokens: TokenOptions = Tok
     return reply
 
 
-def _generated_pieces(plan: Plan) -> list[str]:
+def generated_pieces(plan: Plan) -> list[str]:
     """The reply's tokens in the order they are generated: reasoning, then the text or the arguments."""
     said = plan.text if plan.text is not None else plan.tool_arguments
     return _pieces(plan.reasoning) + _pieces(said)
@@ -423,7 +456,8 @@ def _track(spans: list[dict[str, Any]], version: str) -> None:
 
 def completions_reply(plan: Plan, serial: int, created: int, prompts: list[list[int]], n: int,
                       tokens: TokenOptions = TokenOptions(), texts: list[str] | None = None,
-                      max_tokens: int | None = None) -> dict[str, Any]:
+                      max_tokens: int | None = None, routing: ExpertRouting | None = None,
+                      experts_start: int = 0) -> dict[str, Any]:
     """A ``text_completion`` as vLLM writes it (completion/protocol.py): one choice per prompt and
     sample, ``logprobs`` in the completions shape, ``token_ids`` / ``prompt_token_ids`` per choice.
     ``texts``: what is said to each prompt (default: the plan's text to all); ``max_tokens`` cuts
@@ -442,6 +476,8 @@ def completions_reply(plan: Plan, serial: int, created: int, prompts: list[list[
                 "finish_reason": "length" if cut else "stop", "stop_reason": None,
                 "token_ids": [token_id_of(piece) for piece in pieces] if tokens.return_token_ids else None,
                 "prompt_logprobs": None, "prompt_token_ids": prompt if tokens.return_token_ids else None})
+            if routing is not None:
+                choices[-1]["routed_experts"] = routing.encoded([*prompt, *map(token_id_of, pieces)], experts_start)
     prompt_total = sum(len(prompt) for prompt in prompts)  # Once per prompt, whatever n (vLLM).
     return {"id": f"cmpl-standin-{serial}", "object": "text_completion", "created": created, "model": STAND_IN_MODEL,
             "choices": choices, "service_tier": None, "system_fingerprint": None,
@@ -521,6 +557,8 @@ def generate_events(reply: dict[str, Any], include_usage: bool) -> Iterator[byte
             "token_ids": [token], "logprobs": {"content": [entries[position]]} if entries is not None else None}]}
         if position == 0 and reply["prompt_token_ids"] is not None:
             chunk["prompt_token_ids"] = reply["prompt_token_ids"]
+        if position == len(ids) - 1 and "routed_experts" in choice:  # Known once the request finished.
+            chunk["choices"][0]["routed_experts"] = choice["routed_experts"]
         yield sse(None, chunk)
     if include_usage:
         yield sse(None, {"request_id": reply["request_id"], "output_mode": "tokens", "choices": [], "usage": reply["usage"]})

@@ -17,6 +17,7 @@ from aiohttp import web
 from ._encoding import asked_encoding, compressor
 from .replies import (
     STAND_IN_MODEL,
+    ExpertRouting,
     Plan,
     ResponsesTokenOptions,
     TokenOptions,
@@ -26,6 +27,9 @@ from .replies import (
     TEMPLATES,
     chat_prompt_ids,
     chat_reply,
+    generated_pieces,
+    prompt_token_ids,
+    token_id_of,
     completions_events,
     completions_reply,
     make_plan,
@@ -45,17 +49,21 @@ STAND_IN_CREATED = 1767225600
 STAND_IN_MAX_BODY = 256 * 1024 * 1024
 
 
-def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_include_usage: bool = False) -> web.Application:
+def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_include_usage: bool = False,
+                        routing: ExpertRouting | None = None) -> web.Application:
     """The stand-in's routes; ``delay`` seconds pass before each model reply (a generation's time,
     so calls are seen in flight: `mcc stand-in --delay`); ``template``: its chat template
     (`TEMPLATES`), which a request may choose with the ``X-Stand-In-Template`` header;
     ``force_include_usage``: every stream ends with its usage chunk, asked for or not (vLLM's
-    ``--enable-force-include-usage``)."""
+    ``--enable-force-include-usage``); ``routing``: a MoE model's shape, every non-streamed chat and
+    completions reply and every generate reply then carries ``routed_experts`` (vLLM's
+    ``--enable-return-routed-experts``)."""
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app[TEMPLATE] = template
     app[FORCE_INCLUDE_USAGE] = force_include_usage
+    app[ROUTING] = routing
     app[STORED_RESPONSES] = {}
     app[WEIGHT_VERSION] = ["default"]  # vLLM 0.33's engine label until an update (v1/engine/core.py).
     app.router.add_post("/v1/responses", _responses)
@@ -133,6 +141,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         include_usage = _include_usage(request, body)
         return await _stream(request, chat_events(reply, include_usage, tokens, lambda: version[0]))
+    routing = request.app[ROUTING]
+    if routing is not None:  # vLLM's chat serving.py: on the non-streamed choice only.
+        prompt = prompt_token_ids(plan, _serial(raw))
+        sequence = [*prompt, *(token_id_of(piece) for piece in generated_pieces(plan))]
+        reply["choices"][0]["routed_experts"] = routing.encoded(sequence, _experts_start(body, len(prompt)))
     return _json_reply(request, reply)
 
 
@@ -153,8 +166,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         raise _bad_request(f"max_tokens must be at least 1, got {max_tokens!r}")
     tokens = TokenOptions.from_completions_request(body)
     plan = _plan(raw, "", None, False)
+    routing = request.app[ROUTING] if not body.get("stream") else None  # completion/serving.py: JSON replies.
+    experts_start = _experts_start(body, min(len(ids) for ids, _ in given)) if routing is not None else 0
     reply = completions_reply(plan, _serial(raw), STAND_IN_CREATED, [ids for ids, _ in given], n, tokens,
-                              [_completion_text(text, ids) for ids, text in given], max_tokens)
+                              [_completion_text(text, ids) for ids, text in given], max_tokens, routing, experts_start)
     if body.get("stream"):
         include_usage = _include_usage(request, body)
         return await _stream(request, completions_events(reply, include_usage, tokens))
@@ -175,6 +190,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         raise _bad_request(f"max_tokens must be at least 1, got {max_tokens!r}")
     reply = generate_reply(_serial(raw), STAND_IN_CREATED, prompt, _completion_text(None, prompt), max_tokens,
                            params.get("logprobs") is not None, bool(body.get("return_token_ids")))
+    routing = request.app[ROUTING]
+    if routing is not None:  # On the JSON reply's choice and a stream's last chunk (token_in_token_out/serving.py).
+        choice = reply["choices"][0]
+        choice["routed_experts"] = routing.encoded([*prompt, *choice["token_ids"]], _experts_start(params, len(prompt)))
     if body.get("stream"):
         return await _stream(request, generate_events(reply, _include_usage(request, body)))
     return _json_reply(request, reply)
@@ -189,6 +208,14 @@ def _completion_text(text: str | None, ids: list[int]) -> str:
     if text is not None:
         return f"Hello from the stand-in model. You said: {text[:80]}"
     return f"Hello from the stand-in model. You sent {len(ids)} prompt tokens."
+
+
+def _experts_start(fields: dict[str, Any], prompt_tokens: int) -> int:
+    """``routed_experts_prompt_start``: 0 to the prompt's length (vLLM's input_processor.py refuses others)."""
+    start = fields.get("routed_experts_prompt_start", 0)
+    if not _integer(start) or not 0 <= start <= prompt_tokens:
+        raise _bad_request(f"routed_experts_prompt_start must be between 0 and {prompt_tokens}, got {start!r}")
+    return start
 
 
 def _integer(value: Any) -> bool:
@@ -345,6 +372,8 @@ STORED_RESPONSES = web.AppKey("stored_responses", dict)
 _STORED_MAX = 10_000
 WEIGHT_VERSION = web.AppKey("weight_version", list)
 FORCE_INCLUDE_USAGE = web.AppKey("force_include_usage", bool)
+#: A MoE model's shape, or None: replies then carry ``routed_experts`` (`create_stand_in_app`).
+ROUTING: web.AppKey[ExpertRouting | None] = web.AppKey("routing")
 
 
 def _template(request: web.Request) -> str:

@@ -30,8 +30,8 @@ import orjson
 from capture import AddedFieldCutter
 
 from records.contract import (
-    LineageVerdict, RolloutClosed, RolloutLineage, TokenFiles, TokenRecord, output_items, request_items, resolved_spans,
-    token_entry, token_records_of_line,
+    LineageVerdict, RolloutClosed, RolloutLineage, RoutedExperts, RoutedExpertsProblem, TokenFiles, TokenRecord,
+    output_items, request_items, resolved_spans, token_entry, token_records_of_line, write_routed_experts,
 )
 
 if TYPE_CHECKING:
@@ -59,14 +59,21 @@ class TokenPlan:
     #: ``flush_intent=False``): made durable by the call's capture line's barrier, or before the
     #: reply's first byte when it goes to the agent before its line (`TokenHooks.before_reply_bytes`).
     intent_unflushed: Optional[str] = None
+    #: The request's own ``routed_experts_prompt_start``: the first token the reply's routed experts cover.
+    experts_start: int = 0
+    #: Routed experts were stored apart (``--capture-routed-experts``): the line names them, its
+    #: reply's arrays replaced by their references.
+    experts_stored: bool = False
 
 
 class TokenCapture:
     """The training-token files of one directory, for the sidecar."""
 
-    def __init__(self, directory: str, metrics: Any) -> None:
+    def __init__(self, directory: str, metrics: Any, routed_experts: bool = False) -> None:
         self.files = TokenFiles(directory)
         self._metrics = metrics
+        #: --capture-routed-experts: each call's routed experts stored apart (docs/tokens.md).
+        self.routed_experts = routed_experts
         self._lineages: OrderedDict[str, tuple[RolloutLineage, threading.Lock]] = OrderedDict()
         #: Guards the index of lineages; each lineage has its own lock (`_lineage`), so calls of
         #: other rollouts resolve at once (each reads its own files).
@@ -99,7 +106,8 @@ class TokenCapture:
         except Exception as exc:
             self._fail(type(exc).__name__, rollout_id, model_call_id, f"lineage could not be resolved: {exc}")
             return None
-        return TokenPlan(rollout_id, ids, items, verdict, retry_of, None if flush_intent else intents)
+        return TokenPlan(rollout_id, ids, items, verdict, retry_of, None if flush_intent else intents,
+                         _experts_start(dialect, request))
 
     def flush_intent(self, plan: TokenPlan) -> None:
         """Make the plan's intent durable (on a worker thread); a failure marks the call's entries
@@ -162,6 +170,8 @@ class TokenCapture:
                     entry["finish_reason"] = "abort"
                 if record.resumes is not None:
                     entry["resumes"] = record.resumes
+                if self.routed_experts:
+                    self._store_routed_experts(plan, response, position, entry)
                 spans = resolved_spans(record.weight_versions, len(entry["generation_token_ids"]))
                 if spans is not None:  # Extra keys: Gym's entries allow them (issue 32).
                     entry["weight_versions"], entry["weight_version_source"] = spans, record.weight_version_source
@@ -174,6 +184,39 @@ class TokenCapture:
             self._failed(plan, exc)
             return False
         return written == len(plan.entry_ids)
+
+    def _store_routed_experts(self, plan: TokenPlan, response: dict[str, Any], position: int,
+                              entry: dict[str, Any]) -> None:
+        """The choice's routed experts (vLLM: base64 ``.npy``, a row per token read from the
+        request's ``routed_experts_prompt_start`` on, the last token none) stored as their own
+        object, only the rows its parent's entry does not hold; the entry and the line's reply name
+        it. Rows that do not fit the call's tokens are not stored: said, counted, the entry kept."""
+        choices = response.get("choices")
+        choice = choices[position] if isinstance(choices, list) and position < len(choices) else None
+        encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
+        if not isinstance(encoded, str):
+            return
+        sequence = entry["cum_len"]
+        prompt_stored = len(entry["prompt_token_ids"])
+        parent_end = (sequence - prompt_stored - len(entry["generation_token_ids"])) if entry["prompt_is_delta"] else 0
+        try:
+            reply_rows = RoutedExperts.from_base64(encoded, plan.experts_start)
+            if reply_rows.start + reply_rows.rows != sequence - 1:
+                raise RoutedExpertsProblem(f"{reply_rows.rows} rows from token {reply_rows.start} for a sequence of "
+                                           f"{sequence} tokens (expected {sequence - 1 - reply_rows.start})")
+            # The parent's entry holds the rows up to its last token, which only this call read.
+            kept = reply_rows.from_row(max(0, parent_end - 1 - reply_rows.start))
+            reference = write_routed_experts(self.files.directory, plan.rollout_id, kept)
+        except (RoutedExpertsProblem, OSError) as exc:
+            self._metrics.token_entry_failures.labels("routed_experts").inc()
+            log.warning("training tokens of call %s of rollout %s: its routed experts are not stored (%s)",
+                        entry["model_call_id"], plan.rollout_id, exc, extra={"rollout_id": plan.rollout_id,
+                                                                              "kind": "routed_experts"})
+            return
+        self._metrics.routed_experts_bytes.inc(len(kept.data))
+        entry["routed_experts"] = reference
+        choice["routed_experts"] = reference  # type: ignore[index]  # a dict: its value was read above
+        plan.experts_stored = True
 
     def _indexed(self, rollout_id: str, entry: dict[str, Any], start: int, end: Optional[int]) -> None:
         """The rollout's lineage takes the entry just written as it is, when it had read the file up
@@ -239,6 +282,13 @@ def _choices(dialect: str, request: dict[str, Any]) -> int:
     source = request.get("sampling_params") if dialect == "generate" else request
     choices = source.get("n") if isinstance(source, dict) else None
     return choices if type(choices) is int and choices > 1 else 1
+
+
+def _experts_start(dialect: str, request: dict[str, Any]) -> int:
+    """The request's ``routed_experts_prompt_start`` (generate's is in ``sampling_params``), 0 when unset."""
+    source = request.get("sampling_params") if dialect == "generate" else request
+    start = source.get("routed_experts_prompt_start") if isinstance(source, dict) else None
+    return start if type(start) is int and start > 0 else 0
 
 
 def _token_ids(value: Any) -> bool:

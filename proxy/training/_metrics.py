@@ -27,6 +27,9 @@ class TokenModeMetrics:
         self.token_entry_failures = Counter("mcc_token_entry_failures_total", "Calls in the token capture mode whose "
                                             "training-token entry could not be prepared or written, by kind.", ["kind"],
                                             registry=registry)
+        self.routed_experts_bytes = Counter("mcc_routed_experts_bytes_total", "Bytes of MoE routed experts stored "
+                                            "apart (--capture-routed-experts), each call's new rows once.",
+                                            registry=registry)
         self.prefix_supply = Counter("mcc_prefix_supply_total", "Chat calls with a resolved parent under --supply-prefix, "
                                      "by outcome: proved (the upstream's prompt ids begin with the supplied ones), "
                                      "unproved (sent, not proved: recorded as drift), or why nothing was supplied.",

@@ -45,7 +45,8 @@ def _line_and_entries(token_capture: TokenCapture, plan: TokenPlan, exchange: "C
         return line  # No entry holds the arrays: the line keeps them.
     seen = agent_view(exchange, parsed.get("response"))
     if seen is None:
-        return line
+        # The reply's routed experts, stored apart, are named by reference (`TokenCapture._store_routed_experts`).
+        return encode_capture_line(parsed) if plan.experts_stored else line
     parsed["response"] = seen
     parsed["token_entries"] = list(plan.entry_ids)
     return encode_capture_line(parsed)

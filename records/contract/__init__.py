@@ -24,6 +24,10 @@ from ._rollout_ends import (
     write_store_end,
 )
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
+from ._routed_experts import (
+    EXPERT_OBJECTS, EXPERTS_SUFFIX, MISSING_ROUTE, RoutedExperts, RoutedExpertsProblem, aligned_routed_experts,
+    expert_object_name, experts_path, load_routed_experts, routed_experts_reference, write_routed_experts,
+)
 from ._rollouts import (
     base_url_for_run, resolve_model_base_url, rollout_id_from_run, split_attempt, url_path_for_request, url_path_for_run,
 )
@@ -50,6 +54,8 @@ __all__ = [
     "CORE_KEYS",
     "END_OBJECTS",
     "END_SUFFIX",
+    "EXPERTS_SUFFIX",
+    "EXPERT_OBJECTS",
     "GroupSizeConflict",
     "GroupSync",
     "INCOMPLETE_OBJECTS",
@@ -59,6 +65,7 @@ __all__ = [
     "LineLineage",
     "LineageVerdict",
     "MANIFESTS",
+    "MISSING_ROUTE",
     "MalformedCaptureLine",
     "NothingUploadedYet",
     "ObjectStore",
@@ -69,6 +76,8 @@ __all__ = [
     "RolloutEnd",
     "RolloutEndConflict",
     "RolloutLineage",
+    "RoutedExperts",
+    "RoutedExpertsProblem",
     "SEEN_SECONDS",
     "SEGMENT_OBJECTS",
     "StoreNotFound",
@@ -82,6 +91,7 @@ __all__ = [
     "TokenRecord",
     "UNRESOLVED",
     "WRITER_OBJECTS",
+    "aligned_routed_experts",
     "append_capture_line",
     "append_to_open_file",
     "assistant_fingerprint",
@@ -102,6 +112,8 @@ __all__ = [
     "ended_in_spool",
     "engine_weight_versions",
     "entry_sequence",
+    "expert_object_name",
+    "experts_path",
     "filesystem_type",
     "fsync_directory",
     "group_of",
@@ -112,6 +124,7 @@ __all__ = [
     "is_ended",
     "is_store_url",
     "is_valid_rollout_id",
+    "load_routed_experts",
     "load_syncfs",
     "manifest_name",
     "mark_ended_in_spool",
@@ -132,6 +145,7 @@ __all__ = [
     "rollout_id_from_run",
     "rollout_readiness",
     "rollout_trace_id",
+    "routed_experts_reference",
     "segment_name",
     "segment_order",
     "split_attempt",
@@ -150,6 +164,7 @@ __all__ = [
     "version_rank",
     "whole_segment_lines",
     "write_rollout_end",
+    "write_routed_experts",
     "write_store_end",
     "writer_object_name",
 ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
@@ -33,6 +34,7 @@ import orjson
 from ._appender import fsync_directory
 from ._group_sync import GroupSync
 from ._rollout_ids import validate_rollout_id
+from ._routed_experts import EXPERTS_SUFFIX
 from ._token_entries import check_token_entry
 
 TOKENS_SUFFIX = ".tokens.jsonl"
@@ -168,6 +170,7 @@ class TokenFiles:
                     os.unlink(self.path(rollout_id, suffix))
                 except FileNotFoundError:
                     pass
+            shutil.rmtree(self.path(rollout_id, EXPERTS_SUFFIX), ignore_errors=True)  # Its routed experts' objects.
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -106,6 +106,9 @@ class TokenRecord(BaseModel):
     #: The ``model_call_id`` of the aborted call (``finish_reason: "abort"``) this call resumes: its
     #: prompt is that call's prompt + partial generation.
     resumes: Optional[str] = None
+    #: Its routed experts (``--capture-routed-experts``): the token entry's reference to the stored
+    #: object (``sha256``, ``dtype``, ``shape``, ``start``), read by `records.read_routed_experts`.
+    routed_experts: Optional[dict[str, Any]] = None
     #: The token capture mode's calls: the trajectory builder's verdict (`records.CallLink`'s
     #: ``status``: ``root``, ``extends``, ``unlinked``, ``left_out``), which ``extends``,
     #: ``drift_at`` and ``drift_from`` then say too; None for a call whose arrays are on its line
@@ -195,12 +198,23 @@ def token_records_of_line(line: dict[str, Any], rollout_id: str, call_index: int
         if isinstance(prompt, list):
             response = {**response, "prompt_token_ids": prompt}
     records = _records_of_response(base, response)
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list):  # Routed experts stored apart: the reply's choice names them.
+        records = [_with_routed_experts(record, choices) for record in records]
     versions = line.get("weight_versions")
     if type(versions) is list and versions:
         records = [record.model_copy(update={"weight_versions": versions[position]})
                    if position < len(versions) and type(versions[position]) is list else record
                    for position, record in enumerate(records)]
     return records
+
+
+def _with_routed_experts(record: TokenRecord, choices: list[Any]) -> TokenRecord:
+    choice = choices[record.choice_index] if record.choice_index < len(choices) else None
+    reference = choice.get("routed_experts") if isinstance(choice, dict) else None
+    if isinstance(reference, dict) and isinstance(reference.get("sha256"), str):
+        return record.model_copy(update={"routed_experts": reference})
+    return record
 
 
 #: Line fields a record carries as they are, with their JSON type.

@@ -13,6 +13,7 @@ from ._datasets import (
     CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, TRAJECTORY_COLUMNS, arrow_schema, capture_files, ray_dataset, rollout_rows_of,
     to_arrow, trajectory_rows,
 )
+from ._routed_experts_reading import read_routed_experts
 from ._token_records_reading import DriftTracker, TokenFileArrays, TokenRecordFollower, iter_token_records, read_token_records
 from ._trajectories import CallLink, CallSpan, Trajectory, TrajectoryBuild, trajectories
 
@@ -41,6 +42,7 @@ __all__ = [
     "consumer_view",
     "iter_token_records",
     "ray_dataset",
+    "read_routed_experts",
     "read_token_records",
     "rollout_rows_of",
     "to_arrow",

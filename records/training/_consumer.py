@@ -47,7 +47,9 @@ from ..contract import RolloutEnd, group_of, gym_member
 from ..contract import is_valid_rollout_id, validate_rollout_id
 from ..store import capture_store
 from ._token_records_reading import read_token_records
-from ._trajectories import TrajectoryBuild, trajectories
+from ..contract import RoutedExperts
+from ._routed_experts_reading import read_routed_experts
+from ._trajectories import Trajectory, TrajectoryBuild, trajectories
 from ..contract import version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
@@ -110,6 +112,8 @@ class FinishedRollout:
     staleness: Optional[int] = None
     stale: bool = False
     directory: str = field(default="", repr=False)
+    #: The capture store's URL it was taken from (its routed-expert objects are fetched from there), or None.
+    store_url: Optional[str] = field(default=None, repr=False)
     _calls: Optional[list[ModelCallRecord]] = field(default=None, repr=False)
     _weight_versions: Any = field(default=_UNREAD, repr=False)
     _declared: Any = field(default=None, repr=False)
@@ -120,6 +124,14 @@ class FinishedRollout:
         if self._calls is None:
             self._calls = read_model_call_records(self.directory, self.rollout_id)
         return self._calls
+
+    def routed_experts(self, chain: Optional[Trajectory] = None) -> Optional[RoutedExperts]:
+        """The routed experts of ``chain`` (default: the main chain), aligned with its tokens
+        (`records.read_routed_experts`); None when none were stored."""
+        chain = chain if chain is not None else self.trajectories.main
+        if chain is None:
+            return None
+        return read_routed_experts(self.store_url or self.directory, self.rollout_id, chain)
 
     @property
     def weight_versions(self) -> Optional[dict[str, Any]]:
@@ -530,6 +542,7 @@ class Consumer(_ConsumerView):
         finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,
                                    group=end.group, trajectories=trajectories(directory, end.rollout_id),
                                    incomplete=incomplete, lease=lease, item=item, directory=directory,
+                                   store_url=self.room.where if isinstance(self.room, StoreRoom) else None,
                                    _declared=self.room.declared_versions)
         current, max_staleness = self._currency
         versions = finished.weight_versions if current is not None else None

@@ -39,6 +39,7 @@ from ..store import CaptureStore, gc_paused
 from ..contract import TOKENS_SUFFIX
 from ..contract import TokenRecord
 from ._token_records_reading import iter_token_records
+from ._routed_experts_reading import read_routed_experts
 from ._token_rows import TOKEN_COLUMNS, token_row
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +59,9 @@ TRAJECTORY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("call_ends", "list<int64>"), ("masked", "bool"), ("mask_reason", "string"),
     # Per token, the weight version that sampled it (null on prompt tokens); the labels in order.
     ("weight_versions", "list<string>"), ("weight_version_labels", "list<string>"),
+    # MoE routed experts (``--capture-routed-experts``): the chain's, aligned with its tokens, as
+    # ``.npy`` bytes (``numpy.load(io.BytesIO(row["routed_experts"]))``), verified; null when none.
+    ("routed_experts", "binary"),
 )
 #: The columns of ``kind="call_tokens"`` (`mcc export --token-arrays`): a call's columns, then one of
 #: its choices' training arrays and verdicts (``source`` and ``problem`` named for the arrays).
@@ -85,7 +89,7 @@ def arrow_schema(columns: Iterable[tuple[str, str]]) -> "pyarrow.Schema":
 
     types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
              "timestamp": pa.timestamp("us", tz="UTC"), "list<string>": pa.list_(pa.string()),
-             "list<int64>": pa.list_(pa.int64()), "list<float64>": pa.list_(pa.float64())}
+             "list<int64>": pa.list_(pa.int64()), "list<float64>": pa.list_(pa.float64()), "binary": pa.binary()}
     return pa.schema([(name, types[kind]) for name, kind in columns])
 
 
@@ -374,13 +378,21 @@ def _trajectory_rows(store: CaptureStore, rollout_id: str) -> tuple[list[dict[st
              "logprobs": [0.0 if value is None else value for value in chain.logprobs],
              "call_ids": [call.model_call_id for call in chain.calls], "call_starts": [call.start for call in chain.calls],
              "call_ends": [call.end for call in chain.calls], "masked": build.masked, "mask_reason": build.mask_reason,
-             "weight_versions": chain.weight_versions, "weight_version_labels": chain.weight_version_labels}
+             "weight_versions": chain.weight_versions, "weight_version_labels": chain.weight_version_labels,
+             "routed_experts": _routed_experts_npy(store, rollout_id, chain)}
             for chain in build.chains]
     if not rows:
         rows = [{"rollout_id": rollout_id, "chain_id": None, "token_ids": [], "loss_mask": [], "logprobs": [],
                  "call_ids": [], "call_starts": [], "call_ends": [], "masked": True, "mask_reason": build.mask_reason,
-                 "weight_versions": None, "weight_version_labels": []}]
+                 "weight_versions": None, "weight_version_labels": [], "routed_experts": None}]
     return rows, 0
+
+
+def _routed_experts_npy(store: CaptureStore, rollout_id: str, chain: Any) -> Optional[bytes]:
+    if not any(call.routed_experts is not None for call in chain.calls):
+        return None
+    aligned = read_routed_experts(store, rollout_id, chain)
+    return None if aligned is None else aligned.to_npy()
 
 
 def trajectory_rows(directory: str, rollout_id: str) -> list[dict[str, Any]]:

@@ -128,7 +128,7 @@ class TokenFileArrays:
         return record.model_copy(update={
             "prompt_token_ids": prompt, "generation_token_ids": entry["generation_token_ids"],
             "generation_log_probs": entry["generation_log_probs"], "source": "token_file", "missing": (),
-            "problem": None})
+            "problem": None, "routed_experts": entry.get("routed_experts")})
 
 
     def link_of(self, record: TokenRecord, call_id: str) -> TokenRecord:

@@ -42,6 +42,9 @@ class CallSpan(BaseModel):
     model_call_id: str
     start: int
     end: int
+    #: The call's routed experts (``--capture-routed-experts``): its token entry's reference to the
+    #: stored object, read by `records.read_routed_experts`; None when none were stored.
+    routed_experts: Optional[dict[str, Any]] = None
 
 
 class Trajectory(BaseModel):
@@ -404,7 +407,8 @@ def _chain(path: list[_Node]) -> tuple[Trajectory, float]:
             versions += [None] * (start - len(versions))
             versions += token_versions(resolved_spans(node.entry.get("weight_versions"), len(tokens) - start),
                                        len(tokens) - start)
-        calls.append(CallSpan.model_construct(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens)))
+        calls.append(CallSpan.model_construct(model_call_id=node.entry["model_call_id"], start=start, end=len(tokens),
+                                              routed_experts=node.entry.get("routed_experts")))
     root_finished = path[0].entry.get("created_at") or 0.0
     # Built here, from checked entries: constructed without validating every id again.
     return Trajectory.model_construct(chain_id="", token_ids=tokens, loss_mask=mask, logprobs=logprobs,

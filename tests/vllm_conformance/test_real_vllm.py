@@ -423,3 +423,36 @@ async def test_a_token_in_session_is_captured_and_is_the_chat_sessions_trajector
     assert (as_tokens.main.token_ids, as_tokens.main.loss_mask) == (as_chat.main.token_ids, as_chat.main.loss_mask)
     assert [(c.start, c.end) for c in as_tokens.main.calls] == [(c.start, c.end) for c in as_chat.main.calls]
     assert as_tokens.main.logprobs == pytest.approx(as_chat.main.logprobs, abs=1e-3)
+
+
+async def test_routed_experts_of_a_two_turn_rollout_are_stored_once_and_aligned(vllm_url, http, start, capture_dir,
+                                                                               store):
+    """Issue 57, for an engine that returns routed experts (a vLLM started with
+    ``--enable-return-routed-experts``, reached through ``MCC_VLLM_URL``; the CPU build this tier
+    starts refuses the flag, so here it skips, saying so): each turn's agent bytes are a direct
+    call's; the stored rows are the reply's own rows from the parent's last token on, once, and
+    the trajectory's routing has a row per token but the last."""
+    from records import read_routed_experts, read_token_entries, trajectories
+    path, first = CASES["chat"]
+    probe = orjson.loads((await fetch(http, "POST", vllm_url + path, orjson.dumps(first), headers=_JSON)).body)
+    if probe["choices"][0].get("routed_experts") is None:
+        pytest.skip("this vLLM returns no routed_experts (not started with --enable-return-routed-experts; "
+                    "vLLM 0.32's CPU build refuses the flag): set MCC_VLLM_URL to an MoE vLLM with it")
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=True,
+                          capture_routed_experts=True)
+    body = dict(first)
+    for turn in range(2):
+        direct, proxied, rollout = await _beside(http, sidecar.url, vllm_url, path, orjson.dumps(body), f"moe-{turn}")
+        assert normalised(proxied.body) == normalised(direct.body), _first_difference(proxied.body, direct.body)
+        await fetch(http, "POST", rollout_url(sidecar.url, "moe", path), orjson.dumps(body), headers=_JSON)
+        said = orjson.loads(proxied.body)["choices"][0]["message"]["content"]
+        body = {**body, "messages": [*body["messages"], {"role": "assistant", "content": said},
+                                     {"role": "user", "content": "Again."}]}
+    entries = read_token_entries(capture_dir, "moe")
+    assert all(e["routed_experts"] is not None for e in entries), [e["routed_experts"] for e in entries]
+    build = trajectories(capture_dir, "moe")
+    assert not build.masked, build.mask_reason
+    aligned = read_routed_experts(capture_dir, "moe", build.main)
+    assert aligned is not None and aligned.rows == len(build.main.token_ids) - 1
+    assert sum(e["routed_experts"]["shape"][0] for e in entries) == aligned.rows, "each row stored once"
+    assert (aligned.to_numpy() >= 0).all(), "no row missing"
