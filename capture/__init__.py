@@ -15,8 +15,8 @@ from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object, reply_expectations
-from ._token_cutter import AddedFieldCutter
-from ._token_request import TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
+from ._token_cutter import REMOVE_MEMBER, AddedFieldCutter
+from ._token_request import SGLANG_TOKEN_FIELDS, TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
 
 __all__ = [
     "AddedFieldCutter",
@@ -52,6 +52,8 @@ __all__ = [
     "render_requests",
     "reply_expectations",
     "token_fields_to_add",
+    "REMOVE_MEMBER",
+    "SGLANG_TOKEN_FIELDS",
     "tokenized_ids",
     "vllm_bool",
 ]

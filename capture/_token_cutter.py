@@ -21,6 +21,11 @@ What vLLM 0.32.0 writes, read from its source and checked on recordings of a rea
 - Responses: logprobs on ``output_text`` parts (a list, else ``null``) and text deltas (a list,
   else ``[]``), the sampler's ``top_logprobs`` echoed (else ``null``); ``input_messages`` and
   ``output_messages`` (else ``null``).
+
+What SGLang writes (``entrypoints/openai/serving_chat.py``, ``sse_utils.py``): each choice's
+``logprobs`` (else ``null``), and the ids in a response-level ``sglext`` object that SGLang writes
+only when something is in it: a JSON reply's ``sglext`` member is cut whole (with its comma), a
+stream's last ``choices: []`` chunk that holds it is dropped.
 """
 
 from __future__ import annotations
@@ -32,13 +37,15 @@ import orjson
 
 from ._json_spans import Cut, Span, found_spans, spliced, walked_spans
 from ._sse import EventBlock, SSEParser
-from ._token_request import vllm_bool
+from ._token_request import SGLEXT_ID_FIELDS, vllm_bool
 
 _DROP = object()
 _UNPARSED = object()
 _LOGPROBS, _LOGPROBS_AFTER_COMMA, _LOGPROBS_OBJECT = b'"logprobs":', b',"logprobs":', b'"logprobs":{'
 _TOKEN_IDS, _TOKEN_IDS_AFTER_COMMA, _TOKEN_IDS_LIST = b'"token_ids":', b',"token_ids":', b'"token_ids":['
 _TOOL_CALLS = "[TOOL_CALLS]"
+#: A cut whose replacement is this removes the member, key and comma with it (SGLang's ``sglext``).
+REMOVE_MEMBER = ""
 _TOOL_CALLS_BYTES = _TOOL_CALLS.encode()
 
 
@@ -66,6 +73,8 @@ class AddedFieldCutter:
         #: vLLM 0.33 writes ``weight_versions`` on a choice's last chunk only (issue 32).
         self._cut_weight_versions = "return_weight_versions" in added
         self._drop_empty_chunks = dialect == "chat" and not asked_token_data
+        #: SGLang: the ``sglext`` members the added fields put there (`SGLEXT_ID_FIELDS`).
+        self._sglext = frozenset(member for name, member in SGLEXT_ID_FIELDS.items() if name in added)
         #: Per choice index: the Mistral tool-call JSON followed through the token texts.
         self._tool_texts: dict[Any, _ToolCallJson] = {}
         self._framer: Optional[SSEParser] = None
@@ -203,13 +212,22 @@ class AddedFieldCutter:
             container: Any = response
             for step in path[:-1]:
                 container = container[step]
-            container[path[-1]] = orjson.loads(replacement)
+            if replacement == REMOVE_MEMBER:
+                del container[path[-1]]
+            else:
+                container[path[-1]] = orjson.loads(replacement)
         return response
 
     # -- the cutting -----------------------------------------------------------------------
 
     def _spans(self, data: bytes, event_type: str, payload: dict[str, Any]) -> Any:
         """An event's spans to replace ([] for none), or `_DROP` when the whole event goes."""
+        if self._sglext and payload.get("choices") == [] and type(payload.get("sglext")) is dict:
+            if set(payload["sglext"]) <= self._sglext:  # SGLang's ids chunk, there for the added fields only.
+                self.dropped_events += 1
+                return _DROP
+            self.uncut_events += 1
+            return []
         if self._drop_empty_chunks:
             if self._tool_texts or _TOOL_CALLS_BYTES in data:
                 self._follow_tool_calls(payload)
@@ -234,6 +252,8 @@ class AddedFieldCutter:
         spans = found_spans(data, cuts, payload)
         if spans is None:
             spans = walked_spans(data, cuts)
+        if spans is not None and any(cut[1] == REMOVE_MEMBER for cut in cuts):
+            spans = _with_members_removed(data, spans)
         if spans is None:
             self.uncut_events += 1
             return []
@@ -323,7 +343,8 @@ class AddedFieldCutter:
         by exactly the value the parse found (orjson writes vLLM's compact JSON the same way),
         and no other key of that name is in the event. None: take the general way."""
         choices = payload.get("choices")
-        if type(choices) is not list or len(choices) != 1 or payload.get("prompt_token_ids") is not None:
+        if type(choices) is not list or len(choices) != 1 or payload.get("prompt_token_ids") is not None \
+                or (self._sglext and "sglext" in payload):
             return None
         choice = choices[0]
         if type(choice) is not dict or (self._cut_weight_versions and choice.get("weight_versions") is not None):
@@ -349,6 +370,9 @@ class AddedFieldCutter:
 
     def _chat_cuts(self, event_type: str, payload: dict[str, Any]) -> list[Cut]:
         cuts = []
+        sglext = payload.get("sglext") if self._sglext else None
+        if type(sglext) is dict and set(sglext) <= self._sglext:  # SGLang's JSON reply: the member goes whole.
+            cuts.append((("sglext",), REMOVE_MEMBER))
         if "return_token_ids" in self.added and payload.get("prompt_token_ids") is not None:
             cuts.append((("prompt_token_ids",), "null"))
         cuts += self._choice_cuts(payload, ("logprobs",) if "logprobs" in self.added else (),
@@ -469,6 +493,35 @@ def _span_after_key(data: bytes, written: dict[int, bytes], value: Any, key: byt
         return None
     start = at + len(key_after_comma)
     return start, start + len(text), b"null"
+
+
+def _with_members_removed(data: bytes, spans: list[Span]) -> Optional[list[Span]]:
+    """The spans whose replacement is empty widened to their member: the key before the value and
+    the comma before the key (after the value, for a first member). None when the bytes around
+    are not a plain member (never guess)."""
+    widened = []
+    for start, end, replacement in spans:
+        if replacement:
+            widened.append((start, end, replacement))
+            continue
+        colon = len(data[:start].rstrip())
+        if data[colon - 1:colon] != b":":
+            return None
+        closing = len(data[:colon - 1].rstrip())
+        if data[closing - 1:closing] != b'"':
+            return None
+        opening = data.rfind(b'"', 0, closing - 1)  # The key is a plain name (``sglext``): no escaped quote.
+        before = len(data[:opening].rstrip()) if opening > 0 else 0
+        if data[before - 1:before] == b",":
+            widened.append((before - 1, end, b""))
+        elif data[before - 1:before] == b"{":
+            after = len(data) - len(data[end:].lstrip())
+            if data[after:after + 1] != b",":
+                return None
+            widened.append((opening, after + 1, b""))
+        else:
+            return None
+    return widened
 
 
 def _loads(data: bytes) -> Any:

@@ -13,6 +13,11 @@ What vLLM 0.32.0 takes, read from its source (``vllm/entrypoints/openai/chat_com
   (refused for ``background`` requests); it has no ``return_token_ids``;
 - Messages: nothing (vLLM's Anthropic endpoint has no field for either).
 
+SGLang (``--engine sglang``; its ``entrypoints/openai/serving_chat.py``): chat only, with
+``logprobs: true`` and ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext``: the ids come
+in a response-level ``sglext`` object (a stream's own last chunk, ``choices: []``), cut whole. A
+request that asks for any ``sglext`` field itself gets nothing added (its ``sglext`` is its own).
+
 The mode never changes the verdict on the agent's own request, nor what its reply says: where an
 added field would turn a request vLLM refuses into one it accepts (``top_logprobs`` without
 ``logprobs``), or change the reply beyond what the cut removes (``echo`` on completions), nothing
@@ -33,19 +38,33 @@ TOKEN_FIELDS: dict[str, tuple[tuple[str, Any], ...]] = {
     "messages": (),
 }
 
+#: SGLang's: chat only (`SGLANG_OWN_SGLEXT` requests get none).
+SGLANG_TOKEN_FIELDS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "chat": (("logprobs", True), ("return_input_ids_in_sglext", True), ("return_output_ids_in_sglext", True)),
+}
+#: Request fields that put something in SGLang's ``sglext`` (serving_chat.py ``SglExt``).
+SGLANG_OWN_SGLEXT = ("return_input_ids_in_sglext", "return_output_ids_in_sglext", "return_routed_experts",
+                     "return_cached_tokens_details", "return_spec_tokens_details")
+#: The ``sglext`` members the added fields put there.
+SGLEXT_ID_FIELDS = {"return_input_ids_in_sglext": "input_ids", "return_output_ids_in_sglext": "output_ids"}
+
 #: Strings pydantic v2 (vLLM's request models, lax mode) reads as booleans.
 _TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
-def token_fields_to_add(dialect: str, request: dict[str, Any], refused: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The fields to add to ``request`` (parsed): those of `TOKEN_FIELDS` the agent did not set
-    (a field it set, even to null or false, is its own), minus those the upstream ``refused``;
-    none at all when adding them would change vLLM's verdict on the request or its reply."""
+def token_fields_to_add(dialect: str, request: dict[str, Any], refused: frozenset[str] = frozenset(),
+                        engine: str = "vllm") -> dict[str, Any]:
+    """The fields to add to ``request`` (parsed): those of `TOKEN_FIELDS` (SGLang's:
+    `SGLANG_TOKEN_FIELDS`) the agent did not set (a field it set, even to null or false, is its
+    own), minus those the upstream ``refused``; none at all when adding them would change the
+    engine's verdict on the request or its reply."""
     if _fields_would_change_the_reply(dialect, request):
         return {}
+    if engine == "sglang" and any(request.get(name) for name in SGLANG_OWN_SGLEXT):
+        return {}
     added = {}
-    for name, value in TOKEN_FIELDS.get(dialect, ()):
+    for name, value in (SGLANG_TOKEN_FIELDS if engine == "sglang" else TOKEN_FIELDS).get(dialect, ()):
         if name not in request and name not in refused:
             added[name] = value
     if dialect == "responses" and vllm_bool(request.get("background")):

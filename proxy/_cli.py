@@ -58,7 +58,7 @@ SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
                  "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
-    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts")),
+    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
                                  "trace_context", "affinity_header")),
     ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
@@ -138,6 +138,8 @@ class _ServeCommand(click.Command):
               help="Prefix supply: send each chat turn whose parent call is known on the parent's exact token ids (vLLM kv_transfer_params.prompt_token_ids), so no turn drifts; changes what the model samples (off by default; needs --capture-tokens). [MCC_SUPPLY_PREFIX]")
 @click.option("--capture-routed-experts/--no-capture-routed-experts", default=None,
               help="MoE routed experts: store each call's routed_experts (vLLM --enable-return-routed-experts) apart from the lines, as an object named by its sha256 beside the token files, its parent's rows not again (off by default; needs --capture-tokens). [MCC_CAPTURE_ROUTED_EXPERTS]")
+@click.option("--engine", type=click.Choice(["auto", "vllm", "sglang"], case_sensitive=False),
+              help="The model server the token capture mode asks for token ids: vllm, sglang (its sglext ids, chat), or auto (default: with --capture-tokens, asked of the upstream at start, GET /server_info answers for SGLang; vLLM otherwise). [MCC_ENGINE]")
 @click.option("--trace-context/--no-trace-context", default=None,
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")

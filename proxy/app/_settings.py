@@ -56,6 +56,7 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "capture_raw_stream": (RAW_STREAM_MODES, "always or on-failure"),
     "capture_permissions": (("private", "group"), "private or group"),
     "forward": (("all", "model-api"), "all or model-api"),
+    "engine": (("auto", "vllm", "sglang"), "auto, vllm or sglang"),
 }
 #: The process umask of each ``capture_permissions``: files at most 0600 / 0640, directories 0700 / 0750.
 CAPTURE_UMASKS = {"private": 0o077, "group": 0o027}
@@ -132,6 +133,10 @@ class Settings(BaseModel):
     #: by its sha256 (its parent's rows not again); the token entry and the line name it. Applies
     #: to the calls the token capture mode covers.
     capture_routed_experts: bool = False
+    #: The model server behind the token capture mode (docs/tokens.md): ``vllm``, ``sglang`` (its
+    #: ``sglext`` token ids), or ``auto``: with ``--capture-tokens``, asked of the upstream at start
+    #: (SGLang answers ``GET /server_info``), vLLM otherwise; said in the log either way.
+    engine: str = "auto"
     #: A header sent upstream with each captured call, set to its rollout id (unless the agent sent
     #: it): a router places a session's calls on one replica by it (docs/wire.md): ``x-session-id``
     #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
@@ -214,7 +219,7 @@ class Settings(BaseModel):
         return value.rstrip("/")
 
     @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream", "capture_permissions",
-                     "forward")
+                     "forward", "engine")
     @classmethod
     def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
         choices, said = _CHOICES[info.field_name]  # type: ignore[index]  # validated fields are named
@@ -369,7 +374,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "capture_routed_experts", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "capture_routed_experts", "engine", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

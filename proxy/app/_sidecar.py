@@ -35,6 +35,7 @@ from ..training import (
     TokenModeMetrics,
     TokenTraining,
     WeightVersionHooks,
+    probe_engine,
 )
 from ..websocket import WebSocketMetrics, serve_websocket
 from ._admin import AdminEndpoints
@@ -118,12 +119,30 @@ class Sidecar:
         except BaseException:
             self._server.close()
             raise
+        await self._choose_engine(settings)
         await self._server.start_serving()
         self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         self.url = self.calls.url = f"http://{host}:{port}"
         return self.url
+
+    async def _choose_engine(self, settings: Settings) -> None:
+        """The token capture mode's engine (docs/tokens.md): as set, or with ``--capture-tokens``
+        and ``--engine auto``, asked of the upstream (`probe_engine`); said in the log."""
+        training = self.token_training
+        if training is None or not self.upstream_url:
+            return
+        engine, why = settings.engine, "--engine"
+        if engine == "auto":
+            if not settings.capture_tokens:
+                training.mode.engine = "vllm"
+                return
+            loop = asyncio.get_running_loop()
+            engine, why = await loop.run_in_executor(None, probe_engine, self.upstream_url, settings.upstream_ca)
+        training.mode.engine = engine
+        log.info("token capture mode: the upstream is %s (%s)", "SGLang" if engine == "sglang" else "vLLM", why,
+                 extra={"engine": engine})
 
     def _prepare(self, settings: Settings) -> None:
         """What serving needs, once the port is bound: the upstream pool, the capture dirs and the

@@ -45,9 +45,10 @@ async def start_app(app: web.Application, host: str, port: int, drain_timeout: f
 
 
 async def start_stand_in(host: str = "127.0.0.1", port: int = 0, delay: float = 0.0,
-                         force_include_usage: bool = False, routing: ExpertRouting | None = None) -> AppServer:
-    return await start_app(create_stand_in_app(delay, force_include_usage=force_include_usage, routing=routing),
-                           host, port)
+                         force_include_usage: bool = False, routing: ExpertRouting | None = None,
+                         engine: str = "vllm") -> AppServer:
+    return await start_app(create_stand_in_app(delay, force_include_usage=force_include_usage, routing=routing,
+                                               engine=engine), host, port)
 
 
 async def serve_stand_in_forever(host: str, port: int, delay: float, force_include_usage: bool = False) -> None:

@@ -275,6 +275,11 @@ def _pieces(text: str) -> list[str]:
     return _WORDS.findall(text) or ([text] if text else [])
 
 
+def text_pieces(text: str) -> list[str]:
+    """The stand-in tokenizer's pieces of ``text`` (the tokens a reply is streamed in)."""
+    return _pieces(text) if text else []
+
+
 def sse(event: str | None, payload: Any) -> bytes:
     data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from ._encoding import asked_encoding, compressor
+from .sglang import sglang_chat_events, sglang_chat_reply, sglang_server_info
 from .replies import (
     STAND_IN_MODEL,
     ExpertRouting,
@@ -50,20 +51,22 @@ STAND_IN_MAX_BODY = 256 * 1024 * 1024
 
 
 def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_include_usage: bool = False,
-                        routing: ExpertRouting | None = None) -> web.Application:
+                        routing: ExpertRouting | None = None, engine: str = "vllm") -> web.Application:
     """The stand-in's routes; ``delay`` seconds pass before each model reply (a generation's time,
     so calls are seen in flight: `mcc stand-in --delay`); ``template``: its chat template
     (`TEMPLATES`), which a request may choose with the ``X-Stand-In-Template`` header;
     ``force_include_usage``: every stream ends with its usage chunk, asked for or not (vLLM's
     ``--enable-force-include-usage``); ``routing``: a MoE model's shape, every non-streamed chat and
     completions reply and every generate reply then carries ``routed_experts`` (vLLM's
-    ``--enable-return-routed-experts``)."""
+    ``--enable-return-routed-experts``); ``engine``: ``sglang`` answers chat as SGLang does
+    (`proxy.standin.sglang`), with its ``GET /server_info``."""
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
     app = web.Application(client_max_size=STAND_IN_MAX_BODY, middlewares=[_delayed(delay)] if delay > 0 else [])
     app[TEMPLATE] = template
     app[FORCE_INCLUDE_USAGE] = force_include_usage
     app[ROUTING] = routing
+    app[ENGINE] = engine
     app[STORED_RESPONSES] = {}
     app[WEIGHT_VERSION] = ["default"]  # vLLM 0.33's engine label until an update (v1/engine/core.py).
     app.router.add_post("/v1/responses", _responses)
@@ -71,6 +74,8 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_inclu
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/inference/v1/generate", _generate)
+    if engine == "sglang":
+        app.router.add_get("/server_info", _server_info)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_post("/update_weight_version", _update_weight_version)
@@ -135,8 +140,10 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         plan = replace(plan, text="")
     elif resuming:
         plan = replace(plan, reasoning="")
-    tokens = TokenOptions.from_request(body)
     version = request.app[WEIGHT_VERSION]
+    if request.app[ENGINE] == "sglang":
+        return await _sglang_chat(request, body, plan, _serial(raw), version[0])
+    tokens = TokenOptions.from_request(body)
     reply = chat_reply(plan, _serial(raw), STAND_IN_CREATED, tokens, version[0], aborted)
     if body.get("stream"):
         include_usage = _include_usage(request, body)
@@ -147,6 +154,21 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         sequence = [*prompt, *(token_id_of(piece) for piece in generated_pieces(plan))]
         reply["choices"][0]["routed_experts"] = routing.encoded(sequence, _experts_start(body, len(prompt)))
     return _json_reply(request, reply)
+
+
+async def _sglang_chat(request: web.Request, body: dict[str, Any], plan: Plan, serial: int,
+                       weight_version: str) -> web.StreamResponse:
+    if body.get("stream") and body.get("return_token_ids"):
+        raise _bad_request("return_token_ids is not supported with streaming on /v1/chat/completions. Please set "
+                           "stream=false when using return_token_ids=true.")
+    reply = sglang_chat_reply(plan, serial, STAND_IN_CREATED, body, weight_version)
+    if body.get("stream"):
+        return await _stream(request, sglang_chat_events(reply, _include_usage(request, body)))
+    return _json_reply(request, reply)
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    return web.json_response(sglang_server_info())
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -339,7 +361,8 @@ async def _json_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
 
 #: Request fields that say what to return, not what to generate.
 _RETURN_FIELDS = frozenset({"logprobs", "top_logprobs", "return_token_ids", "return_tokens_as_token_ids", "include",
-                            "enable_response_messages", "return_weight_versions"})
+                            "enable_response_messages", "return_weight_versions", "return_input_ids_in_sglext",
+                            "return_output_ids_in_sglext"})
 
 
 def _plan(raw: bytes, user_text: str, tool_name: str | None, has_tool_result: bool) -> Plan:
@@ -374,6 +397,8 @@ WEIGHT_VERSION = web.AppKey("weight_version", list)
 FORCE_INCLUDE_USAGE = web.AppKey("force_include_usage", bool)
 #: A MoE model's shape, or None: replies then carry ``routed_experts`` (`create_stand_in_app`).
 ROUTING: web.AppKey[ExpertRouting | None] = web.AppKey("routing")
+#: ``vllm``, or ``sglang``: chat answered as SGLang does (`create_stand_in_app`).
+ENGINE = web.AppKey("engine", str)
 
 
 def _template(request: web.Request) -> str:

@@ -7,6 +7,7 @@ call none of them covers runs none of this code.
 """
 
 from ._declared_versions import DECLARATION_FILE, DeclaredWeightVersions, WeightWatch, declared_version
+from ._engine import probe_engine
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
 from ._metrics import TokenModeMetrics
 from ._renderer import PrefixSupply, SuppliedPrefix
@@ -30,5 +31,6 @@ __all__ = [
     "WeightVersionHooks",
     "WeightWatch",
     "declared_version",
+    "probe_engine",
     "refused_fields",
 ]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
 
-from capture import AddedFieldCutter
+from capture import REMOVE_MEMBER, AddedFieldCutter
 
 from records.contract import (
     LineageVerdict, RolloutClosed, RolloutLineage, RoutedExperts, RoutedExpertsProblem, TokenFiles, TokenRecord,
@@ -321,7 +321,10 @@ def cut_in_place(exchange: "CallExchange", response: dict[str, Any]) -> list[tup
         for step in path[:-1]:
             container = container[step]
         replaced.append((container, path[-1], container[path[-1]]))
-        container[path[-1]] = orjson.loads(replacement)
+        if replacement == REMOVE_MEMBER:  # SGLang's ``sglext``: the agent's reply has no such member.
+            del container[path[-1]]
+        else:
+            container[path[-1]] = orjson.loads(replacement)
     return replaced
 
 

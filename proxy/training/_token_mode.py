@@ -27,9 +27,11 @@ REFUSAL_STATUSES = (400, 422)
 class TokenMode:
     """What the token capture mode adds, per call, and what this upstream refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: str = "vllm") -> None:
         #: Fields this upstream refused: never added again (until a restart).
         self.refused: set[str] = set()
+        #: ``vllm`` or ``sglang``: which engine's fields are added (`capture.token_fields_to_add`).
+        self.engine = engine
         self._said_compressed = False
 
     def plan(self, dialect: str, headers: Headers, body: bytes) -> Optional[tuple[dict[str, Any], dict[str, Any], bytes]]:
@@ -45,7 +47,7 @@ class TokenMode:
             return None
         if type(request) is not dict:
             return None
-        fields = token_fields_to_add(dialect, request, frozenset(self.refused))
+        fields = token_fields_to_add(dialect, request, frozenset(self.refused), self.engine)
         if not fields:
             return None
         sent = add_request_fields(body, fields)

@@ -74,7 +74,7 @@ class TokenRecord(BaseModel):
     finish_reason: Optional[str] = None
     #: The call's ``error_category`` (``stream_truncated``: the arrays stop where the stream was cut).
     error_category: Optional[str] = None
-    #: ``message``, ``vllm``, ``logprob_tokens`` or ``missing``: where the generation arrays came from.
+    #: ``message``, ``vllm``, ``sglang``, ``logprob_tokens`` or ``missing``: where the generation arrays came from.
     source: str = "missing"
     #: The arrays that were not found, among prompt_token_ids, generation_token_ids, generation_log_probs.
     missing: tuple[str, ...] = ()
@@ -228,6 +228,11 @@ def _records_of_response(base: dict[str, Any], response: Any) -> list[TokenRecor
     model = response.get("model") if isinstance(response.get("model"), str) else None
     top_prompt = response.get("prompt_token_ids")
     choices = response.get("choices")
+    # SGLang: the ids in the response-level ``sglext`` (``input_ids``; ``output_ids`` per choice).
+    sglext = response.get("sglext")
+    sglext_outputs = sglext.get("output_ids") if isinstance(sglext, dict) else None
+    if top_prompt is None and isinstance(sglext, dict):
+        top_prompt = sglext.get("input_ids")
     if isinstance(choices, list) and choices:
         records = []
         for position, choice in enumerate(choices):
@@ -235,11 +240,16 @@ def _records_of_response(base: dict[str, Any], response: Any) -> list[TokenRecor
                 continue
             index = choice.get("index")
             index = index if isinstance(index, int) and not isinstance(index, bool) else position
+            if isinstance(sglext_outputs, list) and index < len(sglext_outputs) and choice.get("token_ids") is None:
+                choice = {**choice, "token_ids": sglext_outputs[index]}
             message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
             finish = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
             # Completions: vLLM writes the prompt ids on each choice, not on the response.
             prompt = choice.get("prompt_token_ids") if choice.get("prompt_token_ids") is not None else top_prompt
-            records.append(_record(base, index, model, finish, prompt, message, choice))
+            record = _record(base, index, model, finish, prompt, message, choice)
+            if isinstance(sglext, dict) and record.source == "vllm":
+                record = record.model_copy(update={"source": "sglang"})
+            records.append(record)
         return records
     status = response.get("status") if isinstance(response.get("status"), str) else None
     # Responses: NeMo RL puts the arrays on one output item; Anthropic Messages carries none.

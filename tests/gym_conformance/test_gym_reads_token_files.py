@@ -8,6 +8,7 @@ import json
 import subprocess
 
 import orjson
+import pytest
 
 from records import read_token_entries
 from tests.conformance.vllm_recordings import CASES_BY_NAME, Replay, normalised, requires_vllm_recordings
@@ -251,3 +252,21 @@ async def test_a_tool_call_with_an_integer_beyond_64_bits_keeps_its_entry_and_it
     assert built["entries"] == [entry["model_call_id"] for entry in entries] and not built["incomplete"]
     assert built["mask"] is False and built["error"] is None, built
     assert built["generations"] == [generation, [18, 2]] and built["metrics"]["chains"] == 1, built
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_gym_builds_a_sglang_rollouts_chain(gym, http, start, capture_dir, stream):
+    """Issue 57: a rollout against SGLang (its ``sglext`` ids, cut from the agent's bytes) writes
+    the entries Gym's own `trajectories_for_rollout` builds into one unmasked chain, ours alike."""
+    from proxy.standin import start_stand_in
+    from tests.proxy.training.test_sglang_tokens import _turns
+
+    sglang = await start_stand_in(engine="sglang")
+    try:
+        sidecar = await start(sglang.url, capture_dir=capture_dir, capture_tokens=True, engine="sglang")
+        await _turns(http, sglang.url, sidecar, "sglang", stream)
+    finally:
+        await sglang.close()
+    theirs = run_gym(gym, capture_dir, "sglang")["sglang"]
+    assert theirs["mask"] is False and theirs["error"] is None and len(theirs["entries"]) == 3, theirs
+    assert_ours_equal_gyms(capture_dir, "sglang", theirs)
