@@ -80,6 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ray.py
 	$(BIN)/python benchmarks/bench_ray_store.py
 	$(BIN)/python benchmarks/bench_report.py
+	$(BIN)/python benchmarks/bench_engines.py
 
 # docs/configuration.md is generated from the settings and the flags' help (tests/project/test_docs.py
 # fails when it is out of date).
