@@ -272,7 +272,11 @@ async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollou
         steps.setdefault(rollout_id, []).append(step)
         assert calls >= len(acknowledged[rollout_id]), rollout_id  # Never short of an acknowledged call.
         assert given == {"reward": ended[rollout_id]} and not incomplete
-        assert build == trajectories(captures, rollout_id).model_dump_json()
+        if rollout_id not in cut:
+            # A rollout whose call was cut by the SIGKILL may gain that call's line when the killed
+            # sidecar ships its spool, after a trainer took it (docs/limits.md): its build then
+            # differs from the one trained; every other rollout's is the one trained.
+            assert build == trajectories(captures, rollout_id).model_dump_json()
     assert sorted(steps) == sorted(ended), ("every ended rollout trained", set(ended) - set(steps), set(steps) - set(ended),
                                             len(ended), outcome)
     twice = {rollout_id: taken for rollout_id, taken in steps.items() if len(taken) != 1}
