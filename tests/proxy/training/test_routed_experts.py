@@ -93,6 +93,12 @@ async def test_a_two_turn_rollouts_routed_experts_are_stored_once_and_read_back_
     from records.training import trajectory_rows
     (row,) = trajectory_rows(capture_dir, "moe")
     assert numpy.array_equal(numpy.load(io.BytesIO(row["routed_experts"])), whole)
+    # The live hand-off's item reads them too.
+    from records import Consumer, end_rollout
+    end_rollout(capture_dir, "moe", {"reward": 1.0})
+    (item,) = Consumer(capture_dir, "trainer").take(1)
+    handed = item.routed_experts()
+    assert handed is not None and numpy.array_equal(handed.to_numpy(), whole)
 
 
 @pytest.mark.parametrize("stream", [False, True])
