@@ -15,6 +15,9 @@ from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object, reply_expectations
+from ._redaction import (
+    CONTENT_REMOVED, RedactionConfigError, Redactor, RolloutPlaceholders, Rule, load_rules, metrics_only,
+)
 from ._token_cutter import REMOVE_MEMBER, AddedFieldCutter
 from ._token_request import SGLANG_TOKEN_FIELDS, TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
 
@@ -52,6 +55,13 @@ __all__ = [
     "render_requests",
     "reply_expectations",
     "token_fields_to_add",
+    "CONTENT_REMOVED",
+    "RedactionConfigError",
+    "Redactor",
+    "RolloutPlaceholders",
+    "Rule",
+    "load_rules",
+    "metrics_only",
     "REMOVE_MEMBER",
     "SGLANG_TOKEN_FIELDS",
     "tokenized_ids",

@@ -59,6 +59,7 @@ SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine")),
+    ("Privacy", ("redact", "redact_hook", "redact_hook_budget", "privacy", "privacy_keep_token_ids")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
                                  "trace_context", "affinity_header")),
     ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
@@ -140,6 +141,13 @@ class _ServeCommand(click.Command):
               help="MoE routed experts: store each call's routed_experts (vLLM --enable-return-routed-experts) apart from the lines, as an object named by its sha256 beside the token files, its parent's rows not again (off by default; needs --capture-tokens). [MCC_CAPTURE_ROUTED_EXPERTS]")
 @click.option("--engine", type=click.Choice(["auto", "vllm", "sglang"], case_sensitive=False),
               help="The model server the token capture mode asks for token ids: vllm, sglang (its sglext ids, chat), or auto (default: with --capture-tokens, asked of the upstream at start, GET /server_info answers for SGLang; vLLM otherwise). [MCC_ENGINE]")
+@click.option("--redact", metavar="FILE", help="Redaction rules (YAML: rules: [{name, pattern}]): every match in what is captured is replaced by [REDACTED:<name>:<n>] before it is written; a rule that does not compile stops the start (docs/privacy.md). [MCC_REDACT]")
+@click.option("--redact-hook", metavar="MODULE:FUNCTION", help="A callable given every captured text value (after the rules), returning it redacted; one that raises or runs past --redact-hook-budget leaves the line in metrics-only form, marked redaction_failed. [MCC_REDACT_HOOK]")
+@click.option("--redact-hook-budget", type=float, help="Seconds the redaction hook may take per line (default 1). [MCC_REDACT_HOOK_BUDGET]")
+@click.option("--privacy", type=click.Choice(["full", "metrics-only"], case_sensitive=False),
+              help="full (default), or metrics-only: lines keep ids, timing, status, usage, finish reasons and tool names; every content value is replaced; no raw text, no token files. [MCC_PRIVACY]")
+@click.option("--privacy-keep-token-ids/--no-privacy-keep-token-ids", default=None,
+              help="With --privacy metrics-only: keep token ids and logprob numbers (token ids decode to the text). [MCC_PRIVACY_KEEP_TOKEN_IDS]")
 @click.option("--trace-context/--no-trace-context", default=None,
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")

@@ -57,6 +57,7 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "capture_permissions": (("private", "group"), "private or group"),
     "forward": (("all", "model-api"), "all or model-api"),
     "engine": (("auto", "vllm", "sglang"), "auto, vllm or sglang"),
+    "privacy": (("full", "metrics-only"), "full or metrics-only"),
 }
 #: The process umask of each ``capture_permissions``: files at most 0600 / 0640, directories 0700 / 0750.
 CAPTURE_UMASKS = {"private": 0o077, "group": 0o027}
@@ -137,6 +138,20 @@ class Settings(BaseModel):
     #: ``sglext`` token ids), or ``auto``: with ``--capture-tokens``, asked of the upstream at start
     #: (SGLang answers ``GET /server_info``), vLLM otherwise; said in the log either way.
     engine: str = "auto"
+    #: Redaction (docs/privacy.md): a YAML file of rules (``rules: [{name, pattern}]``), each match
+    #: replaced by ``[REDACTED:<name>:<n>]`` in every line before it is written.
+    redact: str | None = None
+    #: ``module:function``: a callable given every text value (after the rules), returning its
+    #: redacted text; one that raises or runs past ``redact_hook_budget`` seconds leaves the line in
+    #: metrics-only form, marked ``redaction_failed``.
+    redact_hook: str | None = None
+    redact_hook_budget: float = Field(1.0, gt=0, le=60)
+    #: ``full`` (the default), or ``metrics-only``: ids, timing, status, usage, finish reasons and
+    #: tool names kept, every content value replaced, no raw text, no token files.
+    privacy: str = "full"
+    #: With ``--privacy metrics-only``: keep the token ids and logprob numbers (the token capture
+    #: mode's files, and the lines' arrays). Token ids decode to the text.
+    privacy_keep_token_ids: bool = False
     #: A header sent upstream with each captured call, set to its rollout id (unless the agent sent
     #: it): a router places a session's calls on one replica by it (docs/wire.md): ``x-session-id``
     #: (vllm-router), ``x-smg-routing-key`` (SGLang's gateway), ``X-Dynamo-Session-ID`` (Dynamo).
@@ -219,7 +234,7 @@ class Settings(BaseModel):
         return value.rstrip("/")
 
     @field_validator("log_level", "log_format", "capture_sync", "capture_raw_stream", "capture_permissions",
-                     "forward", "engine")
+                     "forward", "engine", "privacy")
     @classmethod
     def _one_of_its_choices(cls, value: str, info: ValidationInfo) -> str:
         choices, said = _CHOICES[info.field_name]  # type: ignore[index]  # validated fields are named
@@ -247,6 +262,16 @@ class Settings(BaseModel):
         if self.supply_prefix and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
+        if (self.redact or self.redact_hook or self.privacy != "full") and not self.capture_on:
+            raise ValueError("--redact, --redact-hook and --privacy apply to what is captured, and capture is off: "
+                             "pass --capture-dir DIR (MCC_CAPTURE_DIR), with capture enabled")
+        if self.redact or self.redact_hook:
+            from ..privacy import load_redaction  # Fails closed: a rule or hook that cannot be used stops the start.
+            from capture import RedactionConfigError
+            try:
+                load_redaction(self.redact, self.redact_hook)
+            except RedactionConfigError as exc:
+                raise ValueError(str(exc)) from None
         if self.capture_routed_experts and not self.capture_on:
             raise ValueError("--capture-routed-experts (MCC_CAPTURE_ROUTED_EXPERTS) needs the token capture mode, which "
                              "needs capture on: pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
@@ -374,7 +399,7 @@ def _from_config_document(document: dict[str, Any], path: str) -> tuple[dict[str
 
 
 #: Settings a top-level YAML key is likely meant as (not NeMo Gym's own top-level keys).
-_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "capture_routed_experts", "engine", "token_dir", "model_name", "max_body_bytes",
+_SIDECAR_ONLY = {"upstream", "capture_dir", "capture_store", "capture_sync", "capture_permissions", "forward", "capture_raw_stream", "capture_tokens", "supply_prefix", "capture_routed_experts", "engine", "redact", "redact_hook", "privacy", "token_dir", "model_name", "max_body_bytes",
                  "drain_timeout", "stand_in", "workers", "read_timeout", "connect_timeout"}
 
 

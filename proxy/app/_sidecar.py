@@ -37,6 +37,7 @@ from ..training import (
     WeightVersionHooks,
     probe_engine,
 )
+from ..privacy import Redaction, RedactionMetrics, load_redaction
 from ..websocket import WebSocketMetrics, serve_websocket
 from ._admin import AdminEndpoints
 from ._capture_dirs import prepare_capture_dirs
@@ -53,7 +54,7 @@ class Sidecar:
     def __init__(self, settings: Settings, upstream_url: Optional[str] = None) -> None:
         self.settings = settings
         self.metrics = SidecarMetrics()
-        for group in (TokenModeMetrics, WebSocketMetrics, UploadMetrics):  # Each feature's, scraped from the start.
+        for group in (TokenModeMetrics, WebSocketMetrics, UploadMetrics, RedactionMetrics):  # Each feature's, scraped from the start.
             self.metrics.feature(group)
         self.upstream_url = (upstream_url or settings.upstream or "").rstrip("/")
         #: ``model_ref.name`` of every line, worked out once (it parses the upstream URL).
@@ -83,6 +84,8 @@ class Sidecar:
         #: The token capture mode (docs/tokens.md) and its training-token files (docs/tokens.md): with
         #: capture on, for every call (--capture-tokens) or for Gym's training path (made by `start`).
         self.token_training: Optional[TokenTraining] = None
+        #: --redact, --redact-hook, --privacy (docs/privacy.md); None when every line is kept whole.
+        self.redaction: Optional[Redaction] = None
         #: The weight version the trainer declared (``/-/weight-version``), shared by --workers.
         self.weight_versions = DeclaredWeightVersions(settings.metrics_dir if settings.worker_index is not None else None)
         self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
@@ -97,9 +100,13 @@ class Sidecar:
     def _hooks_for(self, route: Route) -> tuple[CallHooks, ...]:
         """The features taking part in a captured call (`CallHooks`): none unless one covers it."""
         hooks: tuple[CallHooks, ...] = NO_HOOKS
+        redaction = self.redaction
+        if redaction is not None:  # First: every later hook, and the line, see the redacted fields.
+            hooks = self.calls.line_hooks
         training = self.token_training
-        if training is not None and (training.every_call or route.training_tokens):
-            hooks = (training.hooks(),)
+        if training is not None and (training.every_call or route.training_tokens) \
+                and (redaction is None or not redaction.metrics_only or redaction.keep_token_ids):
+            hooks += (training.hooks(),)
         if self.weight_versions.version is not None:
             hooks += (WeightVersionHooks(self.weight_versions),)
         return hooks
@@ -158,6 +165,11 @@ class Sidecar:
                                                                                   settings.capture_routed_experts),
                                                 settings.capture_tokens,
                                                 PrefixSupply() if settings.supply_prefix else None)
+            if settings.redact or settings.redact_hook or settings.privacy != "full":
+                rules, hook = load_redaction(settings.redact, settings.redact_hook)
+                self.redaction = Redaction(self.metrics.feature(RedactionMetrics), rules, hook,
+                                           settings.redact_hook_budget, settings.privacy == "metrics-only",
+                                           settings.privacy_keep_token_ids)
             # The token capture mode writes each line's entries with it, on the writer threads.
             segments = None
             if settings.capture_store is not None:  # Writer segments, uploaded (docs/files.md).
@@ -180,6 +192,7 @@ class Sidecar:
             correlation_headers=(settings.session_id_header, settings.assistant_message_id_header),
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
             drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for,
+            line_hooks=(self.redaction.hooks(),) if self.redaction is not None else (),
             refusal=self.ended_rollouts.refusal if self.ended_rollouts is not None else lambda route: None,
             forward=settings.forward,
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)

@@ -132,6 +132,9 @@ class CallContext:
     drain_timeout: float
     #: The hooks of a captured call, chosen when it starts (`CallHooks`); the app sets it.
     hooks_for: Callable[[Route], tuple[CallHooks, ...]] = field(default=lambda route: NO_HOOKS)
+    #: The hooks every captured line takes first, whatever made it (a bridged WebSocket turn too):
+    #: redaction (docs/privacy.md); the app sets them.
+    line_hooks: tuple[CallHooks, ...] = ()
     #: Before anything else, for a captured call: a local reply and its message when it must not
     #: go upstream (its rollout has ended: `proxy.app._ended_rollouts`), else None. One call per
     #: captured call, not a hook: a hook takes part in every phase of the call.

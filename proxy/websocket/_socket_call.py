@@ -83,7 +83,7 @@ class SocketCall:
             return True
         self.exchange.complete()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        submit_line(journal, self.exchange, (SocketFacts(self.facts),), settles(done))
+        submit_line(journal, self.exchange, (*self.ctx.line_hooks, SocketFacts(self.facts)), settles(done))
         return await asyncio.shield(done)
 
 

@@ -49,7 +49,7 @@ TESTS_MAY_IMPORT = {
 CAPTURE_IO = "capture.journal"
 IO_MODULES = {"socket", "subprocess", "fcntl", "mmap", "multiprocessing", "shutil", "tempfile"}
 #: The layers of `proxy`, lowest first: a layer imports only those before it (and other packages).
-PROXY_LAYERS = ("proxy.http", "proxy.call", "proxy.websocket", "proxy.training", "proxy.app")
+PROXY_LAYERS = ("proxy.http", "proxy.call", "proxy.websocket", "proxy.training", "proxy.privacy", "proxy.app")
 
 
 def module_files() -> dict[str, Path]:

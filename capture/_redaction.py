@@ -1,0 +1,214 @@
+"""Redaction of what a capture line keeps (docs/privacy.md), sans-io: rules, a hook, and the walk
+that applies them to every text value of a line before anything is written.
+
+A rule is a name and a regular expression; a match is replaced by ``[REDACTED:<name>:<n>]``, the
+same value by the same placeholder within a rollout (``n`` counts the rule's distinct values
+there), so a conversation stays readable. A hook is a callable ``function(text) -> text`` given
+every text value after the rules. Each text is redacted whole, as rebuilt: a secret a stream
+split across chunks is one string by then.
+
+What cannot be redacted as text is not kept: a logprob entry's token text (a secret spans
+several tokens, so no token holds it whole) is blanked, and the raw stream text is dropped.
+The metrics-only form (`metrics_only`) keeps no content value at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import orjson
+
+#: What stands in a metrics-only line for every content value.
+CONTENT_REMOVED = "[REDACTED]"
+#: Keys whose string values say what happened, not what was said: kept in a metrics-only line.
+_FACT_KEYS = frozenset({
+    "id", "model", "object", "role", "type", "finish_reason", "stop_reason", "status", "dialect", "model_call_id",
+    "response_id", "previous_response_id", "call_id", "tool_call_id", "item_id", "name", "service_tier",
+    "system_fingerprint", "error_category", "reason", "code", "weight_version", "version", "request_id",
+    "stop_sequence", "tool_choice", "response_source", "local_response_reason", "client_session_id",
+    "client_agent_id", "client_parent_agent_id", "client_assistant_message_id", "engine", "engine_version",
+    "weight_version_source", "output_mode",
+})
+#: Line members that hold content: walked (rules) or emptied (metrics-only).
+CONTENT_FIELDS = ("request", "response", "request_raw", "response_raw")
+
+
+class RedactionConfigError(ValueError):
+    """A rules file that cannot be used: said in one sentence, before the sidecar serves."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: "re.Pattern[str]"
+
+
+def load_rules(document: Any, where: str = "the rules") -> tuple[Rule, ...]:
+    """The rules of a parsed YAML document ``{"rules": [{"name": ..., "pattern": ...}, ...]}``;
+    `RedactionConfigError` for anything else (a pattern that does not compile included)."""
+    rules = document.get("rules") if isinstance(document, dict) else None
+    if not isinstance(rules, list) or not rules:
+        raise RedactionConfigError(f"{where}: expected 'rules:' with a list of {{name, pattern}}")
+    loaded, names = [], set()
+    for position, rule in enumerate(rules):
+        if not isinstance(rule, dict) or not isinstance(rule.get("name"), str) or not isinstance(rule.get("pattern"), str):
+            raise RedactionConfigError(f"{where}: rule {position + 1} needs a name and a pattern, both strings")
+        name = rule["name"]
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in names:
+            raise RedactionConfigError(f"{where}: rule name {name!r} must be 1-64 of [A-Za-z0-9_.-] and unique")
+        try:
+            pattern = re.compile(rule["pattern"])
+        except re.error as exc:
+            raise RedactionConfigError(f"{where}: rule {name!r} does not compile: {exc}") from None
+        if pattern.match(""):
+            raise RedactionConfigError(f"{where}: rule {name!r} matches the empty string")
+        names.add(name)
+        loaded.append(Rule(name, pattern))
+    return tuple(loaded)
+
+
+class RolloutPlaceholders:
+    """One rollout's placeholders: the same value, the same ``[REDACTED:<rule>:<n>]``. Values are
+    kept as keyed digests, never as text (a process-random key: nothing on disk or in memory
+    holds a secret in the clear for longer than a call)."""
+
+    _key = secrets.token_bytes(32)
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, dict[bytes, int]] = {}
+
+    def placeholder(self, rule: str, value: str) -> str:
+        seen = self._numbers.setdefault(rule, {})
+        digest = hmac.new(self._key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        number = seen.setdefault(digest, len(seen) + 1)
+        return f"[REDACTED:{rule}:{number}]"
+
+
+class Redactor:
+    """Rules then a hook, over every text value of a line (`redact_line`)."""
+
+    def __init__(self, rules: tuple[Rule, ...] = (), hook: Optional[Callable[[str], str]] = None) -> None:
+        self.rules = rules
+        self.hook = hook
+
+    def redact_line(self, fields: dict[str, Any], placeholders: RolloutPlaceholders) -> dict[str, int]:
+        """``fields`` redacted in place; the values each rule replaced. Raises what the hook raises."""
+        counts: dict[str, int] = {}
+        for key in CONTENT_FIELDS:
+            if key == "response_raw" and fields.get(key) is not None:
+                fields[key] = None  # A stream's text: a secret split across its chunks is in no one chunk.
+                fields["response_raw_dropped"] = "redaction"
+            elif key in fields:
+                fields[key] = self._walk(fields[key], placeholders, counts, None)
+        return counts
+
+    def _walk(self, value: Any, placeholders: RolloutPlaceholders, counts: dict[str, int], key: Optional[str]) -> Any:
+        kind = type(value)
+        if kind is orjson.Fragment:  # A stream's per-token lists, kept as JSON text (`capture.TokenArrays`).
+            value = _parsed(value)
+            kind = type(value)
+        if kind is str:
+            return self._text(value, placeholders, counts)
+        if kind is dict:
+            if _is_logprob_entry(value):
+                return _blank_token_text(value)
+            return {name: self._walk(item, placeholders, counts, name) for name, item in value.items()}
+        if kind is list:
+            return [self._walk(item, placeholders, counts, key) for item in value]
+        return value
+
+    def _text(self, text: str, placeholders: RolloutPlaceholders, counts: dict[str, int]) -> str:
+        for rule in self.rules:
+            def replace(match: "re.Match[str]", rule: Rule = rule) -> str:
+                counts[rule.name] = counts.get(rule.name, 0) + 1
+                return placeholders.placeholder(rule.name, match.group(0))
+            text = rule.pattern.sub(replace, text)
+        if self.hook is not None:
+            redacted = self.hook(text)
+            if type(redacted) is not str:
+                raise TypeError(f"the redaction hook returned {type(redacted).__name__}, not str")
+            if redacted != text:
+                counts["hook"] = counts.get("hook", 0) + 1
+            text = redacted
+        return text
+
+
+def metrics_only(fields: dict[str, Any], keep_token_ids: bool = False) -> None:
+    """``fields`` in metrics-only form, in place: ids, timing, status, usage, cache counts, finish
+    reasons, tool names and counts kept; every other text value of the request and response
+    replaced by `CONTENT_REMOVED`; no raw text; token arrays and logprobs gone, unless
+    ``keep_token_ids`` (``--privacy-keep-token-ids``: ids and logprob numbers, never token texts)."""
+    for key in CONTENT_FIELDS:
+        if key in ("request_raw", "response_raw"):
+            if fields.get(key) is not None:
+                fields[key] = None
+        elif key in fields:
+            fields[key] = _facts(fields[key], None, keep_token_ids)
+
+
+_ID_KEYS = frozenset({"prompt_token_ids", "token_ids", "generation_token_ids"})
+_ARRAY_KEYS = frozenset({"generation_log_probs", "logprobs", "input_messages", "output_messages", "routed_experts",
+                         "sglext", "top_logprobs", "tokens", *_ID_KEYS})
+
+
+def _facts(value: Any, key: Optional[str], keep_token_ids: bool) -> Any:
+    if type(value) is orjson.Fragment:
+        value = _parsed(value)
+    kind = type(value)
+    if kind is str:
+        return value if key in _FACT_KEYS else CONTENT_REMOVED
+    if kind is dict:
+        kept = {}
+        for name, item in value.items():
+            if name not in _ARRAY_KEYS:
+                kept[name] = _facts(item, name, keep_token_ids)
+            elif keep_token_ids and name in _ID_KEYS:
+                kept[name] = item
+            elif keep_token_ids and name in ("logprobs", "generation_log_probs"):
+                kept[name] = _numbers_only(item)
+            else:
+                kept[name] = None
+        return kept
+    if kind is list:
+        return [_facts(item, key, keep_token_ids) for item in value]
+    return value  # Numbers, booleans, null: counts and flags.
+
+
+def _parsed(fragment: Any) -> Any:
+    return orjson.loads(orjson.dumps(fragment))
+
+
+def _numbers_only(value: Any) -> Any:
+    """Logprobs without any token text (`_blank_token_text` on each entry)."""
+    if type(value) is orjson.Fragment:
+        value = _parsed(value)
+    if type(value) is dict:
+        if _is_logprob_entry(value):
+            return _blank_token_text(value)
+        return {name: _numbers_only(item) for name, item in value.items()}
+    if type(value) is list:
+        return [_numbers_only(item) for item in value]
+    return value if type(value) is not str else ""
+
+
+def _is_logprob_entry(value: dict[str, Any]) -> bool:
+    return "logprob" in value and "token" in value
+
+
+def _blank_token_text(entry: dict[str, Any]) -> dict[str, Any]:
+    """A logprob entry without its token's text (ids written as ``token_id:<n>`` stay)."""
+    token = entry.get("token")
+    blanked = dict(entry)
+    if type(token) is str and not token.startswith("token_id:"):
+        blanked["token"] = ""
+        if "bytes" in blanked:
+            blanked["bytes"] = None
+    if isinstance(blanked.get("top_logprobs"), list):
+        blanked["top_logprobs"] = [_blank_token_text(top) if isinstance(top, dict) else top
+                                   for top in blanked["top_logprobs"]]
+    return blanked

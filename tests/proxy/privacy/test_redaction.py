@@ -1,0 +1,202 @@
+"""Redaction that fails closed (docs/privacy.md): secrets planted in what agents send and get back --
+e-mail addresses, an API key's shape, a custom pattern, a value the stream splits across its chunks,
+tool arguments, Anthropic and Responses shapes, a zstd-compressed request body -- go through the
+sidecar with ``--redact`` (and the token capture mode); afterwards every byte of every file the
+sidecar wrote, and every log line, is searched: no secret is there, and the agent's bytes are a
+direct call's. Metrics-only keeps no content and the same counts; a hook that raises or sleeps past
+its budget leaves the line in metrics-only form, marked and counted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import textwrap
+import time
+
+import orjson
+import pytest
+
+from proxy.app import Settings
+from records import read_model_call_records, read_token_entries
+from tests.codecs import COMPRESS
+from tests.scripted_upstream import sse_script
+from tests.wire import fetch, rollout_url
+
+EMAIL = "ada.lovelace@example.com"
+API_KEY = "sk-proj-Q7x2Lm9Vt4Bn8Kd3Hs6Fw1Zr5Pc0Ye7Ju2"
+CUSTOM = "ACME-424242"
+SECRETS = (EMAIL, API_KEY, CUSTOM)
+RULES = textwrap.dedent(r"""
+    rules:
+      - name: email
+        pattern: '[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}'
+      - name: api_key
+        pattern: 'sk-[A-Za-z0-9-]{20,}'
+      - name: acme_id
+        pattern: 'ACME-\d{6}'
+""")
+
+
+@pytest.fixture
+def rules_file(tmp_path):
+    path = tmp_path / "redact.yaml"
+    path.write_text(RULES)
+    return str(path)
+
+
+def every_byte(*directories: str) -> bytes:
+    """Everything under ``directories``, each file's bytes."""
+    found = []
+    for directory in directories:
+        for root, _, names in os.walk(directory):
+            for name in names:
+                with open(os.path.join(root, name), "rb") as handle:
+                    found.append(handle.read())
+    return b"\n".join(found)
+
+
+def assert_no_secret(data: bytes, where: str) -> None:
+    for secret in SECRETS:
+        assert secret.encode() not in data, f"{secret} is in {where}"
+        assert secret.encode().hex().encode() not in data, f"{secret} (hex) is in {where}"
+
+
+async def beside(http, direct_url: str, sidecar_url: str, rollout: str, path: str, body: bytes,
+                 headers: dict | None = None) -> bytes:
+    direct = await fetch(http, "POST", direct_url + path, body, headers=headers)
+    proxied = await fetch(http, "POST", rollout_url(sidecar_url, rollout, path), body, headers=headers)
+    assert (proxied.status, proxied.body) == (direct.status, direct.body), "the agent's bytes are a direct call's"
+    return proxied.body
+
+
+def said(text: str) -> str:
+    return f"Write to {text} now"
+
+
+async def planted_calls(http, stand_in, sidecar, rollout: str, token_mode: bool = False) -> None:
+    """Every shape the issue names, each carrying the secrets (the stand-in echoes what it is told)."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}]}
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(chat))
+    # Streamed, with the token texts of its logprobs.
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions",
+                 orjson.dumps({**chat, "stream": True, "logprobs": True}))
+    # Tool arguments sent back, with the key in them.
+    tool_turn = {"model": "m", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "send", "arguments": orjson.dumps({"key": API_KEY}).decode()}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": f"sent with {API_KEY}"}]}
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(tool_turn))
+    # Anthropic Messages, streamed, and Responses.
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/messages", orjson.dumps({
+        "model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": said(CUSTOM)}]}))
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/responses", orjson.dumps({
+        "model": "m", "input": said(EMAIL), "instructions": f"Never say {API_KEY}"}))
+    # A request body compressed with zstd (Codex CLI's way).
+    packed = COMPRESS["zstd"](orjson.dumps({"model": "m", "input": said(CUSTOM)}))
+    headers = {"Content-Type": "application/json", "Content-Encoding": "zstd"}
+    if token_mode:  # The mode decodes the body to add its fields and sends it identity-encoded (docs/tokens.md).
+        await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/responses"), packed, headers=headers)
+    else:
+        await beside(http, stand_in.url, sidecar.url, rollout, "/v1/responses", packed, headers=headers)
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+async def test_no_planted_secret_is_on_disk_or_in_a_log(http, stand_in, start, capture_dir, store, rules_file, caplog,
+                                                       tokens):
+    caplog.set_level(logging.DEBUG)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, redact=rules_file, capture_tokens=tokens,
+                          capture_raw_stream="always")
+    await planted_calls(http, stand_in, sidecar, "planted", tokens)
+    await sidecar.close()
+    assert_no_secret(every_byte(capture_dir), "the capture directory")
+    assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
+    lines = store.read("planted")
+    assert len(lines) == 6 and all(line["error_category"] is None for line in lines[:5])  # The stand-in refuses zstd.
+    assert lines[5]["redactions"]["acme_id"] >= 1, "the zstd body was decoded and redacted"
+    first = lines[0]
+    assert "[REDACTED:email:1]" in orjson.dumps(first["request"]).decode(), "the rule's placeholder"
+    assert first["redactions"]["email"] >= 2, first["redactions"]
+    # The same value, the same placeholder, across the rollout's calls.
+    assert "[REDACTED:email:1]" in orjson.dumps(lines[4]["request"]).decode()
+    assert lines[1]["response_raw"] is None and lines[1]["response_raw_dropped"] == "redaction"
+    if tokens:
+        entries = read_token_entries(capture_dir, "planted")
+        assert entries and all(entry["generation_token_ids"] for entry in entries), "training arrays kept"
+
+
+async def test_metrics_only_keeps_no_content_and_the_same_counts(http, stand_in, start, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    full_dir, bare_dir = str(tmp_path / "full"), str(tmp_path / "bare")
+    full = await start(stand_in.url, capture_dir=full_dir)
+    bare = await start(stand_in.url, capture_dir=bare_dir, privacy="metrics-only", capture_tokens=True)
+    await planted_calls(http, stand_in, full, "r")
+    await planted_calls(http, stand_in, bare, "r")
+    await full.close()
+    await bare.close()
+    everything = every_byte(bare_dir)
+    assert_no_secret(everything, "the metrics-only directory")
+    for text in (b"Write to", b"Never say", b"Hello from the stand-in", b"sent with"):
+        assert text not in everything, text
+    assert not [name for name in os.listdir(bare_dir) if ".tokens." in name], "no token files"
+    facts = lambda record: (record.dialect, record.status_code, record.tokens_in, record.tokens_out,  # noqa: E731
+                            record.finish_reason, record.error_category, record.tool_calls_count if hasattr(
+                                record, "tool_calls_count") else None)
+    assert [facts(r) for r in read_model_call_records(bare_dir, "r")] == \
+        [facts(r) for r in read_model_call_records(full_dir, "r")]
+    assert all(line["privacy"] == "metrics-only" for line in orjson.loads(b"[" + b",".join(
+        open(os.path.join(bare_dir, "r.capture.jsonl"), "rb").read().splitlines()) + b"]"))
+
+
+def raising_hook(text: str) -> str:
+    raise RuntimeError(f"cannot redact {text}")
+
+
+def sleeping_hook(text: str) -> str:
+    time.sleep(0.6)
+    return text
+
+
+@pytest.mark.parametrize("hook, kind", [("raising_hook", "error"), ("sleeping_hook", "timeout")])
+async def test_a_failing_hook_leaves_the_line_without_content_marked_and_counted(http, stand_in, start, capture_dir,
+                                                                               store, caplog, hook, kind):
+    caplog.set_level(logging.DEBUG)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, redact_hook=f"{__name__}:{hook}",
+                          redact_hook_budget=0.2)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}]})
+    await beside(http, stand_in.url, sidecar.url, "hooked", "/v1/chat/completions", body)
+    (line,) = store.read("hooked")
+    assert line["redaction_failed"] is True and line["request"]["messages"][0]["content"] == "[REDACTED]"
+    assert_no_secret(every_byte(capture_dir), "the capture directory")
+    assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
+    metrics = await fetch(http, "GET", sidecar.url + "/-/metrics")
+    assert f'mcc_redaction_failures_total{{kind="{kind}"}} 1.0'.encode() in metrics.body
+
+
+async def test_a_secret_split_across_chunks_is_found_at_every_split_point(http, upstream, start, capture_dir, store,
+                                                                         rules_file):
+    """The address cut in two at each of its positions, in two SSE chunks (and two reads): the
+    rebuilt text is redacted, never chunk by chunk; the raw stream is not kept."""
+    sidecar = await start(upstream.url, capture_dir=capture_dir, redact=rules_file, capture_raw_stream="always")
+    body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "mail?"}]})
+    for cut in range(1, len(EMAIL)):
+        chunks = [b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+                  + b"\n\n" for text in (f"Write to {EMAIL[:cut]}", f"{EMAIL[cut:]} now")]
+        stream = b"".join(chunks) + b"data: [DONE]\n\n"
+        upstream.scripts["/v1/chat/completions"] = sse_script(stream, pieces=[chunks[0], chunks[1], b"data: [DONE]\n\n"])
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "split", "/v1/chat/completions"), body)
+        assert reply.body == stream, "the agent's bytes are the upstream's"
+    lines = store.read("split")
+    assert len(lines) == len(EMAIL) - 1
+    assert {line["response"]["choices"][0]["message"]["content"] for line in lines} == {"Write to [REDACTED:email:1] now"}
+    assert_no_secret(every_byte(capture_dir), "the capture directory")
+
+
+def test_a_rule_that_does_not_compile_stops_the_start(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: broken\n    pattern: '[unclosed'\n")
+    with pytest.raises(ValueError, match="rule 'broken' does not compile"):
+        Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact=str(bad))
+    with pytest.raises(ValueError, match="--redact-hook nowhere:thing"):
+        Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact_hook="nowhere:thing")
