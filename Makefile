@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ray_store.py
 	$(BIN)/python benchmarks/bench_report.py
 	$(BIN)/python benchmarks/bench_engines.py
+	$(BIN)/python benchmarks/bench_privacy.py
 
 # docs/configuration.md is generated from the settings and the flags' help (tests/project/test_docs.py
 # fails when it is out of date).

@@ -222,6 +222,8 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         if row.system_fingerprint is not None:
             click.echo(f"served by {row.engine or 'an engine'} {row.engine_version or ''} (system_fingerprint "
                        f"{row.system_fingerprint})".replace("  ", " "))
+        for said in privacy_lines(store, rollout_id, call_index):
+            click.echo(said)
         if row.request_body_refused:
             click.echo("\n--- request ---\n(the body was over --max-body-bytes: it was refused unread, and not kept)")
         for title, key in (("request", "request"), ("request (raw)", "request_raw"), ("response", "response"),
@@ -262,8 +264,38 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
                   "tool calls", "error", "training arrays"],
                  [[*_call_cells(r), training.get(r.call_index, "-")] if isinstance(r, CallRow) else
                   [str(r), _UNREADABLE] for r in rows])
-    for said in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows), *_missing_count_lines(store, rollout_id, rows)]:
+    for said in [*agent_lines(rows), *chain_lines(store.capture_dir, rollout_id, rows), *_missing_count_lines(store, rollout_id, rows),
+                 *privacy_lines(store, rollout_id)]:
         click.echo(said)
+
+
+def privacy_lines(store: CaptureStore, rollout_id: str, call_index: Optional[int] = None) -> list[str]:
+    """What redaction did to the rollout's lines (docs/privacy.md), or to one call's: the values
+    each rule replaced, the calls written metrics-only because redaction failed, and the lines
+    kept metrics-only by ``--privacy``; nothing when none was redacted."""
+    replaced: dict[str, int] = {}
+    failed: list[int] = []
+    bare = 0
+    for index, line in store.iter_available(rollout_id):
+        if line is None or (call_index is not None and index != call_index):
+            continue
+        for rule, count in (line.get("redactions") or {}).items():
+            if type(count) is int:
+                replaced[rule] = replaced.get(rule, 0) + count
+        if line.get("redaction_failed") is True:
+            failed.append(index)
+        elif line.get("privacy") == "metrics-only":
+            bare += 1
+    said = []
+    if replaced:
+        said.append("redacted: " + ", ".join(f"{rule} {count:,}" for rule, count in sorted(replaced.items()))
+                    + " value(s) replaced")
+    if failed:
+        said.append(f"redaction failed for call(s) {', '.join(map(str, failed[:20]))}: written without content "
+                    "(metrics-only), see mcc_redaction_failures_total")
+    if bare:
+        said.append(f"privacy metrics-only: {bare:,} line(s) keep no content")
+    return said
 
 
 def _missing_count_lines(store: CaptureStore, rollout_id: str, rows: list[Any]) -> list[str]:

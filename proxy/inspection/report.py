@@ -66,7 +66,7 @@ def write_report(store: CaptureStore, rollout_ids: list[str], output: str,
         calls, bodies, unreadable = _rollout(store, rollout_id)
         summaries.append({"id": rollout_id, "incomplete": store.is_incomplete(rollout_id), "calls": calls, "n": number,
                           "unreadable": unreadable, "chains": _chains(store, rollout_id),
-                          "agents": _agents(store, rollout_id)})
+                          "agents": _agents(store, rollout_id), "privacy": _privacy(store, rollout_id)})
         script = f"window.mccPayloads({embed_json(rollout_id)}, {embed_json(bodies)});\n"
         with open(os.path.join(payloads, f"r{number}.js"), "w", encoding="utf-8") as handle:
             handle.write(script)
@@ -86,6 +86,13 @@ def _agents(store: CaptureStore, rollout_id: str) -> str:
     lines = agent_lines([call_row(rollout_id, index, line) for index, line in store.iter_available(rollout_id)
                          if line is not None])
     return "; ".join(line.strip().rstrip(":") for line in lines)
+
+
+def _privacy(store: CaptureStore, rollout_id: str) -> str:
+    """What redaction did to the rollout, in one phrase (docs/privacy.md); empty when nothing."""
+    from .cli import privacy_lines
+
+    return "; ".join(privacy_lines(store, rollout_id))
 
 
 def _chains(store: CaptureStore, rollout_id: str) -> str:
@@ -470,6 +477,7 @@ function rollout(r) {
   sec.append(h);
   if (r.chains) sec.append(el("div", "meta chains", r.chains));
   if (r.agents) sec.append(el("div", "meta agents", r.agents));
+  if (r.privacy) sec.append(el("div", "meta privacy", r.privacy));
   r.calls.forEach(c => {
     const row = el("div", "call" + (c[F.category] ? " error" : "") + (matches(c) ? "" : " dim")); row.dataset.index = c[F.index];
     row.dataset.kind = klass(c);

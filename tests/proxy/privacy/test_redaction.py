@@ -83,7 +83,8 @@ async def planted_calls(http, stand_in, sidecar, rollout: str, token_mode: bool 
     # Tool arguments sent back, with the key in them.
     tool_turn = {"model": "m", "messages": [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        {"role": "assistant", "content": None, "reasoning_content": f"the key is {API_KEY}",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "send", "arguments": orjson.dumps({"key": API_KEY}).decode()}}]},
         {"role": "tool", "tool_call_id": "c1", "content": f"sent with {API_KEY}"}]}
     await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(tool_turn))
@@ -136,14 +137,16 @@ async def test_metrics_only_keeps_no_content_and_the_same_counts(http, stand_in,
     await bare.close()
     everything = every_byte(bare_dir)
     assert_no_secret(everything, "the metrics-only directory")
+    assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
     for text in (b"Write to", b"Never say", b"Hello from the stand-in", b"sent with"):
         assert text not in everything, text
     assert not [name for name in os.listdir(bare_dir) if ".tokens." in name], "no token files"
     facts = lambda record: (record.dialect, record.status_code, record.tokens_in, record.tokens_out,  # noqa: E731
-                            record.finish_reason, record.error_category, record.tool_calls_count if hasattr(
-                                record, "tool_calls_count") else None)
+                            record.finish_reason, record.error_category,
+                            [call.get("name") if isinstance(call, dict) else call for call in record.tool_calls or ()])
     assert [facts(r) for r in read_model_call_records(bare_dir, "r")] == \
         [facts(r) for r in read_model_call_records(full_dir, "r")]
+    assert all(r.latency_total_ms is not None for r in read_model_call_records(bare_dir, "r")), "timing kept"
     assert all(line["privacy"] == "metrics-only" for line in orjson.loads(b"[" + b",".join(
         open(os.path.join(bare_dir, "r.capture.jsonl"), "rb").read().splitlines()) + b"]"))
 
@@ -200,3 +203,67 @@ def test_a_rule_that_does_not_compile_stops_the_start(tmp_path):
         Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact=str(bad))
     with pytest.raises(ValueError, match="--redact-hook nowhere:thing"):
         Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact_hook="nowhere:thing")
+
+
+async def test_a_bridged_websocket_turn_is_redacted(start, stand_in, capture_dir, rules_file, caplog):
+    """A Responses WebSocket turn bridged to a streamed POST: its line goes through the same
+    redaction; the client's frames are the upstream's events."""
+    from tests.proxy.websocket.test_websocket import lines_of
+    from tests.websockets_wire import RawSocket, create
+    caplog.set_level(logging.DEBUG)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, redact=rules_file)
+    socket = await RawSocket.connect(sidecar.url, "/ng-rollout/socket/v1/responses")
+    assert socket.status == 101, socket.head
+    socket.send_text(create(said(EMAIL), instructions=f"Never say {API_KEY}"))
+    events = await socket.until_ending()
+    socket.close()
+    # What the client receives is untouched (the bridge's bytes are held to a direct call's in
+    # tests/proxy/websocket): its own secret comes back to it.
+    assert EMAIL in orjson.dumps(events).decode() and events[-1]["type"] == "response.completed"
+    (line,) = lines_of(capture_dir, "socket")
+    assert line["websocket"]["mode"] == "bridge" and line["redactions"]["email"] >= 2
+    await sidecar.close()
+    assert_no_secret(every_byte(capture_dir), "the capture directory")
+    assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
+
+
+async def test_in_a_capture_store_neither_the_spool_nor_the_store_holds_a_secret(http, stand_in, start, tmp_path,
+                                                                               rules_file, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    url = f"segments://{tmp_path}/store"
+    sidecar = await start(stand_in.url, capture_dir=str(tmp_path / "spool"), capture_store=url, capture_tokens=True,
+                          redact=rules_file, segment_max_age=0.1)
+    await planted_calls(http, stand_in, sidecar, "stored", token_mode=True)
+    await sidecar.close()  # The drain seals and uploads the segments and ships the token files.
+    from records import Captures
+    assert len(Captures(url).calls("stored")) == 6
+    assert_no_secret(every_byte(str(tmp_path / "spool"), str(tmp_path / "store"), str(tmp_path / "cache")),
+                     "the spool, the store and the readers' cache")
+    assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
+
+
+async def test_show_and_the_report_say_which_rules_replaced_how_many(http, stand_in, start, capture_dir, rules_file,
+                                                                    tmp_path):
+    from click.testing import CliRunner
+
+    from proxy.inspection.cli import show_command
+    from proxy.inspection.report import write_report
+    from records import CaptureStore
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, redact=rules_file)
+    await planted_calls(http, stand_in, sidecar, "shown")
+    await sidecar.close()
+    lines = CaptureStore(capture_dir).read("shown")
+    totals: dict[str, int] = {}
+    for line in lines:
+        for rule, count in (line.get("redactions") or {}).items():
+            totals[rule] = totals.get(rule, 0) + count
+    shown = CliRunner().invoke(show_command, [capture_dir, "shown"])
+    assert shown.exit_code == 0, shown.output
+    expected = "redacted: " + ", ".join(f"{rule} {count:,}" for rule, count in sorted(totals.items()))
+    assert expected in shown.output and set(totals) == {"email", "api_key", "acme_id"}
+    one = CliRunner().invoke(show_command, [capture_dir, "shown", "--call", "0"])
+    assert f"redacted: email {lines[0]['redactions']['email']}" in one.output
+    page = str(tmp_path / "report.html")
+    write_report(CaptureStore(capture_dir), ["shown"], page)
+    assert expected in open(page, encoding="utf-8").read()
