@@ -95,6 +95,9 @@ class Redactor:
     def __init__(self, rules: tuple[Rule, ...] = (), hook: Optional[Callable[[str], str]] = None) -> None:
         self.rules = rules
         self.hook = hook
+        #: Every rule can be looked for in a line's texts joined by NUL (`_may_change`): none is
+        #: anchored or looks around, so a match in one text is a match in the joined texts.
+        self._joinable = all(_joinable(rule.pattern.pattern) for rule in rules)
 
     def redact_line(self, fields: dict[str, Any], placeholders: RolloutPlaceholders) -> dict[str, int]:
         """``fields`` redacted in place; the values each rule replaced. Raises what the hook raises."""
@@ -103,9 +106,21 @@ class Redactor:
             if key == "response_raw" and fields.get(key) is not None:
                 fields[key] = None  # A stream's text: a secret split across its chunks is in no one chunk.
                 fields["response_raw_dropped"] = "redaction"
-            elif key in fields:
+            elif key in fields and self._may_change(fields[key]):
                 fields[key] = self._walk(fields[key], placeholders, counts, None)
         return counts
+
+    def _may_change(self, value: Any) -> bool:
+        """Whether the walk could change ``value``: a hook, a logprob entry or a stream's kept JSON
+        (whose token texts are blanked), or a rule that matches its texts -- each rule looked for
+        once over all of them, joined (most lines hold nothing to redact: no copy is made)."""
+        if self.hook is not None or not self._joinable:
+            return True
+        texts: list[str] = []
+        if _collect(value, texts):
+            return True
+        joined = "\x00".join(texts)
+        return any(rule.pattern.search(joined) is not None for rule in self.rules)
 
     def _walk(self, value: Any, placeholders: RolloutPlaceholders, counts: dict[str, int], key: Optional[str]) -> Any:
         kind = type(value)
@@ -124,9 +139,12 @@ class Redactor:
 
     def _text(self, text: str, placeholders: RolloutPlaceholders, counts: dict[str, int]) -> str:
         for rule in self.rules:
-            def replace(match: "re.Match[str]", rule: Rule = rule) -> str:
-                counts[rule.name] = counts.get(rule.name, 0) + 1
-                return placeholders.placeholder(rule.name, match.group(0))
+            if rule.pattern.search(text) is None:
+                continue
+
+            def replace(match: "re.Match[str]", name: str = rule.name) -> str:
+                counts[name] = counts.get(name, 0) + 1
+                return placeholders.placeholder(name, match.group(0))
             text = rule.pattern.sub(replace, text)
         if self.hook is not None:
             redacted = self.hook(text)
@@ -136,6 +154,33 @@ class Redactor:
                 counts["hook"] = counts.get("hook", 0) + 1
             text = redacted
         return text
+
+
+def _joinable(pattern: str) -> bool:
+    """No anchor and no lookaround (a ``[^...]`` class is neither): matches in a text are matches
+    in texts joined by NUL, which is, like a text's ends, no word character."""
+    plain = pattern.replace("[^", "[")
+    return not any(mark in plain for mark in ("^", "$", "\\A", "\\Z", "(?<", "(?=", "(?!"))
+
+
+def _collect(value: Any, texts: list[str]) -> bool:
+    """``value``'s texts into ``texts``; True at once when it holds what the walk always changes."""
+    kind = type(value)
+    if kind is str:
+        texts.append(value)
+    elif kind is dict:
+        if "logprob" in value and "token" in value:
+            return True
+        for item in value.values():
+            if _collect(item, texts):
+                return True
+    elif kind is list:
+        for item in value:
+            if _collect(item, texts):
+                return True
+    elif kind is orjson.Fragment:
+        return True
+    return False
 
 
 def metrics_only(fields: dict[str, Any], keep_token_ids: bool = False) -> None:

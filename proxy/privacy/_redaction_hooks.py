@@ -127,10 +127,15 @@ class RedactionHooks(CallHooks):
     """Redaction's part in one call: the line phase, first among the call's hooks."""
 
     __slots__ = ("redaction",)
-    line_on_writer_thread = True
 
     def __init__(self, redaction: Redaction) -> None:
         self.redaction = redaction
+
+    @property
+    def line_on_writer_thread(self) -> bool:  # type: ignore[override]  # a property where the base has a class attribute
+        """A hook's call (which may block up to its budget) never runs on the event loop; rules run
+        where the journal builds the line (on the loop for a small call)."""
+        return self.redaction.redactor.hook is not None
 
     def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
         self.redaction.redact(exchange.rollout_id, fields)
