@@ -276,3 +276,20 @@ async def test_show_and_the_report_say_which_rules_replaced_how_many(http, stand
     page = str(tmp_path / "report.html")
     write_report(CaptureStore(capture_dir), ["shown"], page)
     assert expected in open(page, encoding="utf-8").read()
+
+
+async def test_metrics_only_keeps_token_ids_when_told_and_never_a_text(http, stand_in, start, capture_dir, store):
+    """``--privacy-keep-token-ids``: the token capture mode's files are written, with ids and
+    logprob numbers; their output items and the lines keep no content."""
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, privacy="metrics-only", privacy_keep_token_ids=True,
+                          capture_tokens=True)
+    for stream in (False, True):
+        body = {"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}], "stream": stream}
+        await beside(http, stand_in.url, sidecar.url, "ids", "/v1/chat/completions", orjson.dumps(body))
+    await sidecar.close()
+    entries = read_token_entries(capture_dir, "ids")
+    assert len(entries) == 2 and all(e["prompt_token_ids"] and e["generation_token_ids"] and e["generation_log_probs"]
+                                     for e in entries)
+    everything = every_byte(capture_dir)
+    assert_no_secret(everything, "the capture directory")
+    assert b"Hello from the stand-in" not in everything and b"Write to" not in everything
