@@ -67,9 +67,11 @@ class TokenMode:
         new = [name for name in named if name not in self.refused]
         self.refused.update(named)
         if new:
-            log.warning("the upstream %s refused the token capture mode's %s (%d: %s); the agent's own request was "
+            # The refusal's text is not logged: a validator's error may quote the request (FastAPI's
+            # ``input``), and logs never carry content (docs/privacy.md).
+            log.warning("the upstream %s refused the token capture mode's %s (%d); the agent's own request was "
                         "resent and succeeded; %s no longer added for this upstream", upstream, ", ".join(new), status,
-                        _one_line(error_body.decode("utf-8", "replace")), "it is" if len(new) == 1 else "they are",
+                        "it is" if len(new) == 1 else "they are",
                         extra={"upstream": upstream, "fields": new, "status": status})
         return named
 
@@ -103,8 +105,3 @@ def refused_fields(fields: dict[str, Any], error_body: bytes) -> list[str]:
             return [name for name in fields if name == param]
     text = error_body.decode("utf-8", "replace")
     return [name for name in fields if name in text] or list(fields)
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -293,3 +293,24 @@ async def test_metrics_only_keeps_token_ids_when_told_and_never_a_text(http, sta
     everything = every_byte(capture_dir)
     assert_no_secret(everything, "the capture directory")
     assert b"Hello from the stand-in" not in everything and b"Write to" not in everything
+
+
+async def test_a_refusal_that_quotes_the_request_is_not_logged(http, upstream, start, capture_dir, rules_file, caplog):
+    """A validator's 422 may quote the request it refused (FastAPI's ``input``): the token capture
+    mode learns the refused field, and its log names the field, never the refusal's text."""
+    from tests.scripted_upstream import json_script
+    caplog.set_level(logging.DEBUG)
+    chat = {"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}]}
+    refusal = orjson.dumps({"detail": [{"type": "extra_forbidden", "loc": ["body", "return_token_ids"],
+                                        "msg": "Extra inputs are not permitted", "input": chat}]})
+    reply = orjson.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]})
+    upstream.responder = lambda received: json_script(refusal, status=422, reason="Unprocessable Entity") \
+        if b"return_token_ids" in received.body else json_script(reply)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True, redact=rules_file)
+    answer = await fetch(http, "POST", rollout_url(sidecar.url, "refused", "/v1/chat/completions"), orjson.dumps(chat))
+    assert (answer.status, answer.body) == (200, reply)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "refused the token capture mode's return_token_ids (422)" in logged
+    assert_no_secret(logged.encode(), "the logs")
+    assert_no_secret(every_byte(capture_dir), "the capture directory")
