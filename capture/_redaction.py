@@ -127,6 +127,9 @@ class Redactor:
         if kind is orjson.Fragment:  # A stream's per-token lists, kept as JSON text (`capture.TokenArrays`).
             value = _parsed(value)
             kind = type(value)
+            if kind is list:  # Fresh objects: blanked in place, without a copy of each entry.
+                return [_blanked_in_place(item) if type(item) is dict and _is_logprob_entry(item)
+                        else self._walk(item, placeholders, counts, key) for item in value]
         if kind is str:
             return self._text(value, placeholders, counts)
         if kind is dict:
@@ -243,6 +246,21 @@ def _numbers_only(value: Any) -> Any:
 
 def _is_logprob_entry(value: dict[str, Any]) -> bool:
     return "logprob" in value and "token" in value
+
+
+def _blanked_in_place(entry: dict[str, Any]) -> dict[str, Any]:
+    """`_blank_token_text` on an entry nothing else holds (parsed just now): changed in place."""
+    token = entry.get("token")
+    if type(token) is str and not token.startswith("token_id:"):
+        entry["token"] = ""
+        if "bytes" in entry:
+            entry["bytes"] = None
+    tops = entry.get("top_logprobs")
+    if type(tops) is list and tops:
+        for top in tops:
+            if type(top) is dict:
+                _blanked_in_place(top)
+    return entry
 
 
 def _blank_token_text(entry: dict[str, Any]) -> dict[str, Any]:
