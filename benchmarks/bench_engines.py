@@ -99,18 +99,8 @@ def speed_table(rounds: int, seconds: int) -> list[str]:
     workdir = tempfile.mkdtemp(prefix="mcc-engines-wrk-")
     upstream = bench.start_upstream()
     modes = {"token mode": TOKEN_MODE, "token mode + --capture-routed-experts": (*TOKEN_MODE, "--capture-routed-experts")}
-    figures: dict[str, dict[str, list[float]]] = {name: {"json": [], "logprob": []} for name in modes}
     try:
-        for _ in range(rounds):
-            for name, extra in modes.items():
-                capture_dir = tempfile.mkdtemp(prefix="mcc-engines-cap-")
-                target = bench.start_sidecar(name, upstream, capture_dir, extra=extra)
-                try:
-                    figures[name]["json"].append(bench.wrk_rps(target.port, 64, seconds, workdir))
-                    figures[name]["logprob"].append(bench.wrk_events(target.port, 64, seconds, workdir, bench.LOGPROB_BODY))
-                finally:
-                    target.stop()
-                    shutil.rmtree(capture_dir, ignore_errors=True)
+        figures = bench.interleaved_modes(upstream, modes, rounds, seconds, workdir)
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)

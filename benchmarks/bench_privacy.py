@@ -49,20 +49,9 @@ def main() -> None:
         handle.write(TEN_RULES)
     modes = {"capture on, no rules": (), "capture on, ten rules": ("--redact", rules),
              "capture on, metrics-only": ("--privacy", "metrics-only")}
-    figures: dict[str, dict[str, list[float]]] = {name: {"json": [], "logprob": []} for name in modes}
     upstream = bench.start_upstream()
     try:
-        for _ in range(args.rounds):
-            for name, extra in modes.items():
-                capture_dir = tempfile.mkdtemp(prefix="mcc-privacy-cap-")
-                target = bench.start_sidecar(name, upstream, capture_dir, extra=extra)
-                try:
-                    figures[name]["json"].append(bench.wrk_rps(target.port, 64, args.seconds, workdir))
-                    figures[name]["logprob"].append(bench.wrk_events(target.port, 64, args.seconds, workdir,
-                                                                     bench.LOGPROB_BODY))
-                finally:
-                    target.stop()
-                    shutil.rmtree(capture_dir, ignore_errors=True)
+        figures = bench.interleaved_modes(upstream, modes, args.rounds, args.seconds, workdir)
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)

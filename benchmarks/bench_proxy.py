@@ -260,6 +260,25 @@ def wrk_events(port: int, concurrency: int, seconds: int, workdir: str, body: by
     return wrk_rps(port, concurrency, seconds, workdir, body) * STREAM_EVENTS
 
 
+def interleaved_modes(upstream: Target, modes: dict[str, tuple[str, ...]], rounds: int, seconds: int,
+                      workdir: str) -> dict[str, dict[str, list[float]]]:
+    """Each mode's sidecar (its extra flags), started fresh in each of ``rounds`` interleaved rounds
+    in front of ``upstream``: 1 KB JSON requests/s and the logprob stream's events/s at c=64, one
+    value per round under ``"json"`` and ``"logprob"``."""
+    figures: dict[str, dict[str, list[float]]] = {name: {"json": [], "logprob": []} for name in modes}
+    for _ in range(rounds):
+        for name, extra in modes.items():
+            capture_dir = tempfile.mkdtemp(prefix="mcc-modes-cap-")
+            target = start_sidecar(name, upstream, capture_dir, extra=extra)
+            try:
+                figures[name]["json"].append(wrk_rps(target.port, 64, seconds, workdir))
+                figures[name]["logprob"].append(wrk_events(target.port, 64, seconds, workdir, LOGPROB_BODY))
+            finally:
+                target.stop()
+                shutil.rmtree(capture_dir, ignore_errors=True)
+    return figures
+
+
 async def rss_with_open_streams(target: Target, streams: int) -> int:
     clients = []
     for n in range(streams):

@@ -107,7 +107,7 @@ class Redactor:
                 fields[key] = None  # A stream's text: a secret split across its chunks is in no one chunk.
                 fields["response_raw_dropped"] = "redaction"
             elif key in fields and self._may_change(fields[key]):
-                fields[key] = self._walk(fields[key], placeholders, counts, None)
+                fields[key] = self._walk(fields[key], placeholders, counts)
         return counts
 
     def _may_change(self, value: Any) -> bool:
@@ -122,22 +122,22 @@ class Redactor:
         joined = "\x00".join(texts)
         return any(rule.pattern.search(joined) is not None for rule in self.rules)
 
-    def _walk(self, value: Any, placeholders: RolloutPlaceholders, counts: dict[str, int], key: Optional[str]) -> Any:
+    def _walk(self, value: Any, placeholders: RolloutPlaceholders, counts: dict[str, int]) -> Any:
         kind = type(value)
         if kind is orjson.Fragment:  # A stream's per-token lists, kept as JSON text (`capture.TokenArrays`).
             value = _parsed(value)
             kind = type(value)
             if kind is list:  # Fresh objects: blanked in place, without a copy of each entry.
                 return [_blanked_in_place(item) if type(item) is dict and _is_logprob_entry(item)
-                        else self._walk(item, placeholders, counts, key) for item in value]
+                        else self._walk(item, placeholders, counts) for item in value]
         if kind is str:
             return self._text(value, placeholders, counts)
         if kind is dict:
             if _is_logprob_entry(value):
                 return _blank_token_text(value)
-            return {name: self._walk(item, placeholders, counts, name) for name, item in value.items()}
+            return {name: self._walk(item, placeholders, counts) for name, item in value.items()}
         if kind is list:
-            return [self._walk(item, placeholders, counts, key) for item in value]
+            return [self._walk(item, placeholders, counts) for item in value]
         return value
 
     def _text(self, text: str, placeholders: RolloutPlaceholders, counts: dict[str, int]) -> str:
@@ -172,7 +172,7 @@ def _collect(value: Any, texts: list[str]) -> bool:
     if kind is str:
         texts.append(value)
     elif kind is dict:
-        if "logprob" in value and "token" in value:
+        if _is_logprob_entry(value):
             return True
         for item in value.values():
             if _collect(item, texts):
@@ -264,14 +264,9 @@ def _blanked_in_place(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _blank_token_text(entry: dict[str, Any]) -> dict[str, Any]:
-    """A logprob entry without its token's text (ids written as ``token_id:<n>`` stay)."""
-    token = entry.get("token")
-    blanked = dict(entry)
-    if type(token) is str and not token.startswith("token_id:"):
-        blanked["token"] = ""
-        if "bytes" in blanked:
-            blanked["bytes"] = None
-    if isinstance(blanked.get("top_logprobs"), list):
-        blanked["top_logprobs"] = [_blank_token_text(top) if isinstance(top, dict) else top
-                                   for top in blanked["top_logprobs"]]
-    return blanked
+    """A logprob entry without its token's text (ids written as ``token_id:<n>`` stay); ``entry``
+    itself unchanged (`_blanked_in_place` on a copy of it and of its alternatives)."""
+    copy = dict(entry)
+    if type(copy.get("top_logprobs")) is list:
+        copy["top_logprobs"] = [dict(top) if type(top) is dict else top for top in copy["top_logprobs"]]
+    return _blanked_in_place(copy)

@@ -275,19 +275,21 @@ class TokenCapture:
                     extra={"rollout_id": rollout_id, "kind": kind})
 
 
-def _choices(dialect: str, request: dict[str, Any]) -> int:
-    """How many choices the reply has (``n``; generate's is in ``sampling_params``)."""
-    if dialect == "responses":
-        return 1
+def _sampling(dialect: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Where a request's sampling fields are: the request itself, or generate's ``sampling_params``."""
     source = request.get("sampling_params") if dialect == "generate" else request
-    choices = source.get("n") if isinstance(source, dict) else None
+    return source if isinstance(source, dict) else {}
+
+
+def _choices(dialect: str, request: dict[str, Any]) -> int:
+    """How many choices the reply has (``n``)."""
+    choices = _sampling(dialect, request).get("n") if dialect != "responses" else 1
     return choices if type(choices) is int and choices > 1 else 1
 
 
 def _experts_start(dialect: str, request: dict[str, Any]) -> int:
-    """The request's ``routed_experts_prompt_start`` (generate's is in ``sampling_params``), 0 when unset."""
-    source = request.get("sampling_params") if dialect == "generate" else request
-    start = source.get("routed_experts_prompt_start") if isinstance(source, dict) else None
+    """The request's ``routed_experts_prompt_start``, 0 when unset."""
+    start = _sampling(dialect, request).get("routed_experts_prompt_start")
     return start if type(start) is int and start > 0 else 0
 
 
