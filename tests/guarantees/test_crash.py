@@ -16,6 +16,8 @@ import aiohttp
 import orjson
 import pytest
 
+from tests import soak_or
+
 from records import CaptureStore
 
 from tests.processes import SidecarProcess
@@ -44,7 +46,7 @@ async def _client(http: aiohttp.ClientSession, url: str, number: int, acknowledg
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(soak_or(6, 20)))  # `make soak` kills at 20 points.
 async def test_sigkill_mid_load_loses_no_acknowledged_call(seed, stand_in, tmp_path):
     capture_dir = str(tmp_path)
     sidecar = SidecarProcess.start("--upstream", stand_in.url, "--capture-dir", capture_dir)

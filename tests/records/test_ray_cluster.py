@@ -60,14 +60,14 @@ print(json.dumps({"nodes": len(nodes), "cluster_nodes": len(ray.nodes())}))
 
 def _stop(process: subprocess.Popen) -> None:
     """A `ray start --block` and everything it started (its own session): SIGTERM, then SIGKILL,
-    which its gcs_server needs."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    which its gcs_server needs (it outlives a SIGTERM: waiting longer for it only slows the suite)."""
+    for sig, wait in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:  # The whole session is gone.
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(10)
+            process.wait(wait)
 
 
 @pytest.fixture(scope="module")

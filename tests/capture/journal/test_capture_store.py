@@ -266,7 +266,7 @@ async def test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged(tm
     drivers = [asyncio.ensure_future(drive(worker)) for worker in range(6)]
     reader = asyncio.ensure_future(read_all_along())
     try:
-        for _ in range(soak_or(8, 20) if kind == "s3" else soak_or(10, 20)):  # `make soak` kills 20 times.
+        for _ in range(soak_or(5, 20) if kind == "s3" else soak_or(6, 20)):  # `make soak` kills 20 times.
             await asyncio.sleep(rng.uniform(0.05, 0.4))
             index = rng.randrange(3)
             sidecars[index].kill()
