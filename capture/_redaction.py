@@ -1,9 +1,9 @@
 """Redaction of what a capture line keeps (docs/privacy.md), sans-io: rules, a hook, and the walk
 that applies them to every text value of a line before anything is written.
 
-A rule is a name and a regular expression; a match is replaced by ``[REDACTED:<name>:<n>]``, the
-same value by the same placeholder within a rollout (``n`` counts the rule's distinct values
-there), so a conversation stays readable. A hook is a callable ``function(text) -> text`` given
+A rule is a name and a regular expression; a match is replaced by ``[REDACTED:<name>:<tag>]``, the
+same value by the same placeholder within a rollout (the tag is a keyed digest of the value and
+the rollout: `RolloutPlaceholders`), so a conversation stays readable. A hook is a callable ``function(text) -> text`` given
 every text value after the rules. Each text is redacted whole, as rebuilt: a secret a stream
 split across chunks is one string by then.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -73,20 +72,24 @@ def load_rules(document: Any, where: str = "the rules") -> tuple[Rule, ...]:
 
 
 class RolloutPlaceholders:
-    """One rollout's placeholders: the same value, the same ``[REDACTED:<rule>:<n>]``. Values are
-    kept as keyed digests, never as text (a process-random key: nothing on disk or in memory
-    holds a secret in the clear for longer than a call)."""
+    """One rollout's placeholders: the same value, the same ``[REDACTED:<rule>:<tag>]``, where the
+    tag is the first 8 hex digits of HMAC-SHA256(key, rollout, rule, value). Nothing is kept: every
+    process holding the key (a supervisor's workers, sidecars given one ``MCC_REDACT_KEY``) names
+    a value alike, and no value is held in the clear; without the key a tag says nothing of it."""
 
-    _key = secrets.token_bytes(32)
+    __slots__ = ("_key", "_rollout", "_keyed")
 
-    def __init__(self) -> None:
-        self._numbers: dict[str, dict[bytes, int]] = {}
+    def __init__(self, key: bytes, rollout_id: str) -> None:
+        self._key = key
+        self._rollout = rollout_id
+        self._keyed: Optional["hmac.HMAC"] = None  # Keyed with the rollout at the first match, then copied.
 
     def placeholder(self, rule: str, value: str) -> str:
-        seen = self._numbers.setdefault(rule, {})
-        digest = hmac.new(self._key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-        number = seen.setdefault(digest, len(seen) + 1)
-        return f"[REDACTED:{rule}:{number}]"
+        if self._keyed is None:
+            self._keyed = hmac.new(self._key, self._rollout.encode("utf-8", "surrogatepass") + b"\x00", hashlib.sha256)
+        digest = self._keyed.copy()
+        digest.update(rule.encode("utf-8", "surrogatepass") + b"\x00" + value.encode("utf-8", "surrogatepass"))
+        return f"[REDACTED:{rule}:{digest.hexdigest()[:8]}]"
 
 
 class Redactor:

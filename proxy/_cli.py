@@ -141,7 +141,7 @@ class _ServeCommand(click.Command):
               help="MoE routed experts: store each call's routed_experts (vLLM --enable-return-routed-experts) apart from the lines, as an object named by its sha256 beside the token files, its parent's rows not again (off by default; needs --capture-tokens). [MCC_CAPTURE_ROUTED_EXPERTS]")
 @click.option("--engine", type=click.Choice(["auto", "vllm", "sglang"], case_sensitive=False),
               help="The model server the token capture mode asks for token ids: vllm, sglang (its sglext ids, chat), or auto (default: with --capture-tokens, asked of the upstream at start, GET /server_info answers for SGLang; vLLM otherwise). [MCC_ENGINE]")
-@click.option("--redact", metavar="FILE", help="Redaction rules (YAML: rules: [{name, pattern}]): every match in what is captured is replaced by [REDACTED:<name>:<n>] before it is written; a rule that does not compile stops the start (docs/privacy.md). [MCC_REDACT]")
+@click.option("--redact", metavar="FILE", help="Redaction rules (YAML: rules: [{name, pattern}]): every match in what is captured is replaced by [REDACTED:<name>:<tag>] before it is written; a rule that does not compile stops the start (docs/privacy.md). [MCC_REDACT]")
 @click.option("--redact-hook", metavar="MODULE:FUNCTION", help="A callable given every captured text value (after the rules), returning it redacted; one that raises or runs past --redact-hook-budget leaves the line in metrics-only form, marked redaction_failed. [MCC_REDACT_HOOK]")
 @click.option("--redact-hook-budget", type=float, help="Seconds the redaction hook may take per line (default 1). [MCC_REDACT_HOOK_BUDGET]")
 @click.option("--privacy", type=click.Choice(["full", "metrics-only"], case_sensitive=False),

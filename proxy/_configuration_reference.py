@@ -20,6 +20,9 @@ from .app import Settings
 _WITHOUT_FLAG = {
     "session_id_header": "the request header copied to each line as `client_session_id`",
     "assistant_message_id_header": "the request header copied to each line as `client_assistant_message_id`",
+    "redact_key": "the redaction placeholders' key, hex of 32 bytes or more: sidecars given the same key name "
+                  "a rollout's values alike (docs/privacy.md); an environment variable or the YAML file, never "
+                  "a flag that `ps` would show",
 }
 
 _HEAD = """\

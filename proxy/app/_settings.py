@@ -139,13 +139,16 @@ class Settings(BaseModel):
     #: (SGLang answers ``GET /server_info``), vLLM otherwise; said in the log either way.
     engine: str = "auto"
     #: Redaction (docs/privacy.md): a YAML file of rules (``rules: [{name, pattern}]``), each match
-    #: replaced by ``[REDACTED:<name>:<n>]`` in every line before it is written.
+    #: replaced by ``[REDACTED:<name>:<tag>]`` in every line before it is written.
     redact: str | None = None
     #: ``module:function``: a callable given every text value (after the rules), returning its
     #: redacted text; one that raises or runs past ``redact_hook_budget`` seconds leaves the line in
     #: metrics-only form, marked ``redaction_failed``.
     redact_hook: str | None = None
     redact_hook_budget: float = Field(1.0, gt=0, le=60)
+    #: The placeholders' key (hex, 32 bytes or more): sidecars given the same key name a rollout's
+    #: values alike. Without it each sidecar draws its own, shared with its ``--workers``.
+    redact_key: str | None = Field(None, repr=False)
     #: ``full`` (the default), or ``metrics-only``: ids, timing, status, usage, finish reasons and
     #: tool names kept, every content value replaced, no raw text, no token files.
     privacy: str = "full"
@@ -242,6 +245,13 @@ class Settings(BaseModel):
             raise ValueError(f"must be {said}")
         return value.lower()
 
+    @field_validator("redact_key")
+    @classmethod
+    def _a_key(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(?:[0-9a-fA-F]{2}){32,}", value.strip()):
+            raise ValueError("must be hex of 32 bytes or more (`openssl rand -hex 32` makes one)")
+        return None if value is None else value.strip()
+
     @model_validator(mode="after")
     def _has_upstream(self) -> "Settings":
         if self.upstream is None and not self.stand_in:
@@ -329,6 +339,8 @@ def load_settings(
         raise ConfigError(_one_sentence(exc, origins, merged, hints)) from None
 
 
+#: Settings whose values are secrets: an error names them, never quotes them.
+_SECRET_SETTINGS = frozenset({"redact_key"})
 #: Settings the supervisor of ``--workers`` sets for its workers: never suggested to users.
 _INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir", "worker_index", "worker_count"})
 #: Flags whose names are not ``--`` + the setting's name.
@@ -415,6 +427,8 @@ def _one_sentence(exc: ValidationError, origins: Mapping[str, str], values: Mapp
     if error["type"] == "extra_forbidden":
         return f"unknown setting {field!r}."
     origin = origins.get(field) or f"setting {field!r}"
+    if field in _SECRET_SETTINGS:  # A key is never echoed, even a malformed one.
+        return f"invalid {origin}: {message}."
     return f"invalid {origin} {values.get(field)!r}: {message}."
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from functools import partial
 from typing import Any, Awaitable, Optional
 
@@ -169,7 +170,9 @@ class Sidecar:
                 rules, hook = load_redaction(settings.redact, settings.redact_hook)
                 self.redaction = Redaction(self.metrics.feature(RedactionMetrics), rules, hook,
                                            settings.redact_hook_budget, settings.privacy == "metrics-only",
-                                           settings.privacy_keep_token_ids)
+                                           settings.privacy_keep_token_ids,
+                                           bytes.fromhex(settings.redact_key) if settings.redact_key
+                                           else secrets.token_bytes(32))
             # The token capture mode writes each line's entries with it, on the writer threads.
             segments = None
             if settings.capture_store is not None:  # Writer segments, uploaded (docs/files.md).

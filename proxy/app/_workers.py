@@ -27,7 +27,9 @@ exit 2.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -171,6 +173,11 @@ def _supervise(settings: Settings, argv: list[str], metrics_dir: str) -> int:
     command = [sys.executable, "-m", "proxy", *argv, "--workers", "1", "--port", str(port), "--reuse-port",
                "--metrics-dir", metrics_dir, "--worker-count", str(settings.workers)]
     workers = _Workers(command, settings.workers)
+    if settings.redact_key is None and (settings.redact or settings.redact_hook):
+        # One placeholder key for every worker (docs/privacy.md): a rollout's calls land on any of
+        # them, and the same value must read as the same placeholder. In their environment, never
+        # on a command line `ps` shows.
+        os.environ["MCC_REDACT_KEY"] = secrets.token_hex(32)
 
     def share_weight_version(signum: int, frame: object) -> None:
         """A worker declared a weight version in the shared directory: every worker reads it."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import logging
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import yaml
@@ -24,8 +22,6 @@ if TYPE_CHECKING:
     from ..call import CallExchange
 
 log = logging.getLogger("mcc.privacy")
-#: Rollouts whose placeholders stay in memory (digests only).
-_ROLLOUTS_KEPT = 4096
 
 
 class RedactionMetrics:
@@ -64,14 +60,14 @@ class Redaction:
     """The sidecar's redaction: what every line goes through."""
 
     def __init__(self, metrics: RedactionMetrics, rules: tuple[Any, ...], hook: Optional[Callable[[str], str]],
-                 budget: float, metrics_only: bool, keep_token_ids: bool) -> None:
+                 budget: float, metrics_only: bool, keep_token_ids: bool, key: bytes) -> None:
         self.metrics = metrics
         self.redactor = Redactor(rules, hook)
         self.budget = budget
         self.metrics_only = metrics_only
         self.keep_token_ids = keep_token_ids
-        self._placeholders: OrderedDict[str, RolloutPlaceholders] = OrderedDict()
-        self._lock = threading.Lock()
+        #: The placeholders' key (`RolloutPlaceholders`): shared by a supervisor's workers.
+        self._key = key
         #: The hook runs here, so that a hook past its budget is left behind, not waited for.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcc-redact")
 
@@ -79,15 +75,7 @@ class Redaction:
         return RedactionHooks(self)
 
     def placeholders(self, rollout_id: str) -> RolloutPlaceholders:
-        with self._lock:
-            found = self._placeholders.get(rollout_id)
-            if found is None:
-                found = self._placeholders[rollout_id] = RolloutPlaceholders()
-                while len(self._placeholders) > _ROLLOUTS_KEPT:
-                    self._placeholders.popitem(last=False)
-            else:
-                self._placeholders.move_to_end(rollout_id)
-            return found
+        return RolloutPlaceholders(self._key, rollout_id)
 
     def redact(self, rollout_id: str, fields: dict[str, Any]) -> None:
         """``fields`` redacted in place (on a writer thread)."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -19,12 +22,15 @@ import pytest
 from proxy.app import Settings
 from records import read_model_call_records, read_token_entries
 from tests.codecs import COMPRESS
+from tests.processes import read_line
 from tests.scripted_upstream import sse_script
 from tests.wire import fetch, rollout_url
 
 EMAIL = "ada.lovelace@example.com"
 API_KEY = "sk-proj-Q7x2Lm9Vt4Bn8Kd3Hs6Fw1Zr5Pc0Ye7Ju2"
 CUSTOM = "ACME-424242"
+#: The placeholder of the ``email`` rule: its tag, a keyed digest of the value (docs/privacy.md).
+PLACEHOLDER = re.compile(r"\[REDACTED:email:([0-9a-f]{8})\]")
 SECRETS = (EMAIL, API_KEY, CUSTOM)
 RULES = textwrap.dedent(r"""
     rules:
@@ -116,10 +122,10 @@ async def test_no_planted_secret_is_on_disk_or_in_a_log(http, stand_in, start, c
     assert len(lines) == 6 and all(line["error_category"] is None for line in lines[:5])  # The stand-in refuses zstd.
     assert lines[5]["redactions"]["acme_id"] >= 1, "the zstd body was decoded and redacted"
     first = lines[0]
-    assert "[REDACTED:email:1]" in orjson.dumps(first["request"]).decode(), "the rule's placeholder"
+    (tag,) = set(PLACEHOLDER.findall(orjson.dumps(first["request"]).decode()))  # The rule's placeholder.
     assert first["redactions"]["email"] >= 2, first["redactions"]
     # The same value, the same placeholder, across the rollout's calls.
-    assert "[REDACTED:email:1]" in orjson.dumps(lines[4]["request"]).decode()
+    assert set(PLACEHOLDER.findall(orjson.dumps(lines[4]["request"]).decode())) == {tag}
     assert lines[1]["response_raw"] is None and lines[1]["response_raw_dropped"] == "redaction"
     if tokens:
         entries = read_token_entries(capture_dir, "planted")
@@ -202,7 +208,8 @@ async def test_a_secret_split_across_chunks_is_found_at_every_split_point(http, 
         assert reply.body == stream, "the agent's bytes are the upstream's"
     lines = store.read("split")
     assert len(lines) == len(EMAIL) - 1
-    assert {line["response"]["choices"][0]["message"]["content"] for line in lines} == {"Write to [REDACTED:email:1] now"}
+    (said_back,) = {line["response"]["choices"][0]["message"]["content"] for line in lines}
+    assert re.fullmatch(r"Write to \[REDACTED:email:[0-9a-f]{8}\] now", said_back), said_back
     assert_no_secret(every_byte(capture_dir), "the capture directory")
 
 
@@ -315,3 +322,59 @@ async def test_a_refusal_that_quotes_the_request_is_not_logged(http, upstream, s
     assert "refused the token capture mode's return_token_ids (422)" in logged
     assert_no_secret(logged.encode(), "the logs")
     assert_no_secret(every_byte(capture_dir), "the capture directory")
+
+
+def _email_tags(capture_dir: str, rollout: str) -> list[str]:
+    from records import CaptureStore
+    return [tag for line in CaptureStore(capture_dir).read(rollout) for tag in PLACEHOLDER.findall(orjson.dumps(line["request"]).decode())]
+
+
+def test_every_worker_names_a_value_alike(tmp_path, rules_file):
+    """`--workers 2`: a rollout's calls, each on a new connection, land on either worker
+    (SO_REUSEPORT spreads them by their ports: thirty on one worker alone has a chance of 2^-29);
+    the supervisor gives its workers one key, so one value has one placeholder in the rollout."""
+    import urllib.request
+
+    env = {key: value for key, value in os.environ.items() if key != "MCC_REDACT_KEY"}
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--stand-in", "--port", "0", "--workers", "2",
+                                "--capture-dir", str(tmp_path / "c"), "--redact", rules_file],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = read_line(process.stdout).split()[-1]
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}]})
+        for _ in range(30):
+            request = urllib.request.Request(f"{url}/ng-rollout/spread/v1/chat/completions", data=body, method="POST",
+                                             headers={"Connection": "close", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                assert reply.status == 200
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+    errors = process.stderr.read()  # type: ignore[union-attr]
+    assert {line.split("mcc[worker ")[1][:4] for line in errors.splitlines() if "mcc[worker " in line} == {"1/2]", "2/2]"}
+    tags = _email_tags(str(tmp_path / "c"), "spread")
+    assert len(tags) == 30 and len(set(tags)) == 1, set(tags)
+    assert EMAIL not in errors
+
+
+async def test_sidecars_given_one_key_name_a_value_alike_and_another_key_differently(http, stand_in, start, tmp_path,
+                                                                                    rules_file):
+    """``MCC_REDACT_KEY``: several sidecars on one rollout (docs/privacy.md)."""
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": said(EMAIL)}]})
+    tags = []
+    for name, key in (("a", "ab" * 32), ("b", "ab" * 32), ("c", "cd" * 32), ("d", None)):
+        sidecar = await start(stand_in.url, capture_dir=str(tmp_path / name), redact=rules_file, redact_key=key)
+        await beside(http, stand_in.url, sidecar.url, "shared", "/v1/chat/completions", body)
+        await sidecar.close()
+        (tag,) = set(_email_tags(str(tmp_path / name), "shared"))
+        tags.append(tag)
+    assert tags[0] == tags[1] and len(set(tags)) == 3, tags
+    assert "ab" * 32 not in every_byte(str(tmp_path / "a")).decode("utf-8", "replace"), "the key is not written"
+
+
+def test_a_malformed_key_stops_the_start_without_being_echoed(tmp_path, rules_file):
+    env = {**os.environ, "MCC_REDACT_KEY": "not-hex-secret-0123"}
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--stand-in", "--capture-dir", str(tmp_path),
+                           "--redact", rules_file], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and "MCC_REDACT_KEY" in done.stderr and "32 bytes" in done.stderr, done.stderr
+    assert "not-hex-secret" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
