@@ -3,8 +3,8 @@ that applies them to every text value of a line before anything is written.
 
 A rule is a name and a regular expression; a match is replaced by ``[REDACTED:<name>:<tag>]``, the
 same value by the same placeholder within a rollout (the tag is a keyed digest of the value and
-the rollout: `RolloutPlaceholders`), so a conversation stays readable. A hook is a callable ``function(text) -> text`` given
-every text value after the rules. Each text is redacted whole, as rebuilt: a secret a stream
+the rollout: `RolloutPlaceholders`), so a conversation stays readable. A hook is a callable
+``function(text) -> text`` given every text value after the rules. Each text is redacted whole, as rebuilt: a secret a stream
 split across chunks is one string by then.
 
 What cannot be redacted as text is not kept: a logprob entry's token text (a secret spans
