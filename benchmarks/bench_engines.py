@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -104,12 +103,7 @@ def speed_table(rounds: int, seconds: int) -> list[str]:
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    med = {name: {key: statistics.median(values) for key, values in by.items()} for name, by in figures.items()}
-    out = [f"{rounds} interleaved rounds of {seconds} s, wrk at c=64; medians (min - max)", "",
-           "| sidecar | JSON 1 KB req/s | logprob stream events/s |", "|---|---:|---:|"]
-    for name, by in figures.items():
-        out.append(f"| {name} | {med[name]['json']:,.0f} ({min(by['json']):,.0f} - {max(by['json']):,.0f}) | "
-                   f"{med[name]['logprob']:,.0f} ({min(by['logprob']):,.0f} - {max(by['logprob']):,.0f}) |")
+    out, med = bench.modes_table(figures, rounds, seconds)
     on, off = med["token mode + --capture-routed-experts"], med["token mode"]
     out += ["", f"on / off: JSON {on['json'] / off['json']:.2f}, logprob stream {on['logprob'] / off['logprob']:.2f}"]
     return out
@@ -122,11 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = ["## Routed experts on disk", "", *storage_table(), "", "## The token mode with the option on and off", "",
              *speed_table(args.rounds, args.seconds)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "engines.md"), "w", encoding="utf-8") as handle:
-        handle.write(text)
+    bench.publish("engines", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -55,19 +54,8 @@ def main() -> None:
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    med = {name: {key: statistics.median(values) for key, values in by.items()} for name, by in figures.items()}
-    base = med["capture on, no rules"]
-    lines = [f"{args.rounds} interleaved rounds of {args.seconds} s, wrk at c=64; medians (min - max)", "",
-             "| sidecar | JSON 1 KB req/s | x no rules | logprob stream events/s | x no rules |", "|---|---:|---:|---:|---:|"]
-    for name, by in figures.items():
-        lines.append(f"| {name} | {med[name]['json']:,.0f} ({min(by['json']):,.0f} - {max(by['json']):,.0f}) | "
-                     f"{med[name]['json'] / base['json']:.2f} | {med[name]['logprob']:,.0f} ({min(by['logprob']):,.0f} - "
-                     f"{max(by['logprob']):,.0f}) | {med[name]['logprob'] / base['logprob']:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "privacy.md"), "w", encoding="utf-8") as handle:
-        handle.write(text)
+    lines, _ = bench.modes_table(figures, args.rounds, args.seconds, ("capture on, no rules", "no rules"))
+    bench.publish("privacy", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

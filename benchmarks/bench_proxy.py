@@ -279,6 +279,33 @@ def interleaved_modes(upstream: Target, modes: dict[str, tuple[str, ...]], round
     return figures
 
 
+def modes_table(figures: dict[str, dict[str, list[float]]], rounds: int, seconds: int,
+                baseline: tuple[str, str] | None = None) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """`interleaved_modes`' figures as a Markdown table of medians (min - max), with each against
+    ``baseline`` (its mode's name, its label in the header) when given; and the medians."""
+    med = {name: {key: statistics.median(values) for key, values in by.items()} for name, by in figures.items()}
+    ratio = f" x {baseline[1]} |" if baseline else ""
+    lines = [f"{rounds} interleaved rounds of {seconds} s, wrk at c=64; medians (min - max)", "",
+             f"| sidecar | JSON 1 KB req/s |{ratio} logprob stream events/s |{ratio}",
+             "|---|---:|" + ("---:|" if baseline else "") + "---:|" + ("---:|" if baseline else "")]
+    for name, by in figures.items():
+        cells = []
+        for kind in ("json", "logprob"):
+            cells.append(f" {med[name][kind]:,.0f} ({min(by[kind]):,.0f} - {max(by[kind]):,.0f}) |")
+            if baseline:
+                cells.append(f" {med[name][kind] / med[baseline[0]][kind]:.2f} |")
+        lines.append(f"| {name} |" + "".join(cells))
+    return lines, med
+
+
+def publish(name: str, text: str) -> None:
+    """A benchmark's tables, printed and kept as benchmarks/results/<name>.md."""
+    print(text)
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", f"{name}.md"), "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 async def rss_with_open_streams(target: Target, streams: int) -> int:
     clients = []
     for n in range(streams):
