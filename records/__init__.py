@@ -26,6 +26,7 @@ from .contract import (
     RoutedExpertsProblem,
     StoreNotFound,
     TokenRecord,
+    UnknownRollout,
     base_url_for_run,
     rollout_id_from_run,
 )
@@ -46,6 +47,7 @@ from .store import (
     clear_model_call_captures,
     clear_model_call_captures_for_rollouts,
     end_rollout,
+    end_run,
     extract_token_stats,
     merge_model_call_capture_into_record,
     read_model_call_records,
@@ -112,6 +114,7 @@ __all__ = [
     # Ending rollouts and consuming them during the run.
     "RolloutEnd",
     "end_rollout",
+    "end_run",
     "read_rollout_end",
     "Consumer",
     "FinishedGroup",
@@ -125,6 +128,7 @@ __all__ = [
     "StoreNotFound",
     "NothingUploadedYet",
     "RolloutEndConflict",
+    "UnknownRollout",
     "GroupSizeConflict",
     "RoutedExpertsProblem",
 ]

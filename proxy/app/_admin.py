@@ -27,7 +27,7 @@ log = logging.getLogger("mcc")
 _ADMIN_METHODS = ("GET", "HEAD")
 _UNAUTHORIZED = orjson.dumps({"error": "this admin request changes state: it needs Authorization: Bearer <the "
                                        "sidecar's --admin-token>"})
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 405: b"Method Not Allowed", 409: b"Conflict",
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
             501: b"Not Implemented", 503: b"Service Unavailable"}
 
 

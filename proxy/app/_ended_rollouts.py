@@ -20,8 +20,8 @@ import orjson
 
 from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
-    ObjectStore, end_request, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool, write_rollout_end,
-    write_store_end,
+    ObjectStore, UnknownRollout, end_request, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool,
+    wait_until_quiet, write_rollout_end, write_store_end,
 )
 
 from ..call import ROLLOUT_ENDED, LocalReply, Route
@@ -65,25 +65,32 @@ class EndedRollouts:
         """Answer an end's request: 200 once the end is durable, 400 for a bad body, 409 for an
         end that differs from the one there."""
         try:
-            outcome, group, group_size = end_request(body)
+            outcome, group, group_size, allow_empty = end_request(body)
         except ValueError as exc:
             return 400, orjson.dumps({"error": str(exc)})
         self._ending.add(rollout_id)
         try:
-            return await self._end_when_quiet(rollout_id, outcome, group, group_size)
+            return await self._end_when_quiet(rollout_id, outcome, group, group_size, allow_empty)
         finally:
             self._ending.discard(rollout_id)
 
     async def _end_when_quiet(self, rollout_id: str, outcome: Optional[dict[str, object]], group: Optional[str],
-                              group_size: Optional[int]) -> tuple[int, bytes]:
-        """The end written once the rollout's calls under way here have written their lines (for at
-        most `WAIT_FOR_CALLS_S`): a consumer never gets a rollout short of a call made before its end."""
+                              group_size: Optional[int], allow_empty: bool) -> tuple[int, bytes]:
+        """The end written once the rollout's calls under way here, and on the other sidecars of the
+        capture directory, have written their lines (for at most `WAIT_FOR_CALLS_S`): the same wait
+        as `records.end_rollout`'s, so both ends give the same rollout (docs/reading.md)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_FOR_CALLS_S
+        in_flight_here = bool(self.in_flight.get(rollout_id))
         while self.in_flight.get(rollout_id) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        if self.store is None and deadline > loop.time():
+            await loop.run_in_executor(None, wait_until_quiet, self.capture_dir, rollout_id, deadline - loop.time())
         try:
-            end = await loop.run_in_executor(None, self._write_end, rollout_id, outcome, group, group_size)
+            end = await loop.run_in_executor(None, self._write_end, rollout_id, outcome, group, group_size,
+                                             allow_empty or in_flight_here)
+        except UnknownRollout as unknown:
+            return 404, orjson.dumps({"error": str(unknown), "code": "unknown_rollout", "rollout_id": rollout_id})
         except RolloutEndConflict as conflict:
             self._remember(rollout_id)
             return 409, orjson.dumps({"error": str(conflict), "rollout_id": rollout_id,
@@ -99,9 +106,10 @@ class EndedRollouts:
         return 200, orjson.dumps({"rollout_id": end.rollout_id, "ended_at": end.ended_at, "calls": end.calls})
 
     def _write_end(self, rollout_id: str, outcome: Optional[dict[str, object]], group: Optional[str],
-                   group_size: Optional[int]) -> RolloutEnd:
+                   group_size: Optional[int], allow_empty: bool = False) -> RolloutEnd:
         if self.store is None:
-            return write_rollout_end(self.capture_dir, rollout_id, outcome, group, group_size, self.token_dir)[0]
+            return write_rollout_end(self.capture_dir, rollout_id, outcome, group, group_size, self.token_dir,
+                                     allow_empty=allow_empty)[0]
         # Frozen and refused here first (no entry, no call after the end), then the end itself.
         mark_ended_in_spool(self.capture_dir, rollout_id)
         return write_store_end(self.store, rollout_id, outcome, group, group_size)[0]

@@ -18,10 +18,15 @@ from ._fingerprints import assistant_fingerprint, canonical_arguments, conversat
 from ._group_sync import GroupSync, call_syncfs, filesystem_type, load_syncfs, mount_of, sync_filesystem, syncfs_flushes
 from ._lineage import LINE_ROOT, LineLineage, LineageVerdict, RolloutLineage
 from ._object_store import ObjectStore, StoreUnavailable, is_store_url
+from ._calls_in_flight import (
+    IN_FLIGHT_BOUND_SECONDS, IN_FLIGHT_DIR, PUBLISH_SECONDS, SILENT_SECONDS, calls_in_flight, in_flight_readiness,
+    publish_in_flight, read_in_flight, withdraw_in_flight,
+)
 from ._rollout_ends import (
-    END_OBJECTS, END_SUFFIX, GroupSizeConflict, RolloutEnd, RolloutEndConflict, create_exclusively, end_path, end_request,
-    ended_in_spool, group_of, gym_member, is_ended, mark_ended_in_spool, read_end_file, read_end_object, write_rollout_end,
-    write_store_end,
+    END_OBJECTS, END_SUFFIX, RUN_END, GroupSizeConflict, RolloutEnd, RolloutEndConflict, UnknownRollout,
+    create_exclusively, end_path, end_request, ended_in_spool, group_of, gym_member, is_ended, mark_ended_in_spool,
+    read_end_file, read_end_object, read_run_end, read_store_run_end, rollout_is_known, wait_until_quiet,
+    write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
 from ._routed_experts import (
@@ -50,6 +55,24 @@ from ._weight_versions import (
 from ._writer_watermarks import SEEN_SECONDS, WRITER_OBJECTS, read_watermarks, rollout_readiness, writer_object_name
 
 __all__ = [
+    "IN_FLIGHT_BOUND_SECONDS",
+    "IN_FLIGHT_DIR",
+    "PUBLISH_SECONDS",
+    "SILENT_SECONDS",
+    "calls_in_flight",
+    "in_flight_readiness",
+    "publish_in_flight",
+    "read_in_flight",
+    "withdraw_in_flight",
+    "RUN_END",
+    "UnknownRollout",
+    "read_run_end",
+    "read_store_run_end",
+    "rollout_is_known",
+    "wait_until_quiet",
+    "write_run_end",
+    "write_store_run_end",
+
     "CAPTURE_SUFFIX",
     "CORE_KEYS",
     "END_OBJECTS",

@@ -26,7 +26,9 @@ from typing import Any, Optional
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from ._file_contract import capture_path
+from ._calls_in_flight import PUBLISH_SECONDS, SILENT_SECONDS, calls_in_flight, read_in_flight
+from ._errors import RecordsError
+from ._file_contract import INCOMPLETE_SUFFIX, capture_path
 from ._object_store import ObjectStore, create_file_exclusively
 from ._rollout_ids import validate_rollout_id
 
@@ -82,6 +84,18 @@ class GroupSizeConflict(ValueError):
     """Another end declared another size for the same group: nothing changed."""
 
 
+class UnknownRollout(RecordsError, ValueError):
+    """An end names a rollout with no capture, no call in flight and no calls anywhere (a typo, or
+    the wrong directory): nothing was written. End it with ``allow_empty=True`` (HTTP: ``"allow_empty":
+    true``) when it really made no call."""
+
+    def __init__(self, rollout_id: str, where: str) -> None:
+        super().__init__(f"rollout {rollout_id} is unknown in {where}: it has no captured call, no call in flight "
+                         "and no training-token files, so nothing was ended (a typo in the id, or the wrong capture "
+                         "directory?); a rollout that really made no call is ended with allow_empty")
+        self.rollout_id = rollout_id
+
+
 class RolloutEndConflict(ValueError):
     """The rollout was ended before with another outcome, group or size: nothing changed."""
 
@@ -96,21 +110,24 @@ def end_path(capture_dir: str, rollout_id: str) -> str:
     return os.path.join(capture_dir, validate_rollout_id(rollout_id) + END_SUFFIX)
 
 
-def end_request(body: bytes) -> tuple[Optional[dict[str, Any]], Optional[str], Optional[int]]:
-    """The outcome, group and group size of an end's JSON body (empty: none of them); ValueError
-    saying what is wrong otherwise."""
+def end_request(body: bytes) -> tuple[Optional[dict[str, Any]], Optional[str], Optional[int], bool]:
+    """The outcome, group, group size and ``allow_empty`` of an end's JSON body (empty: none of
+    them); ValueError saying what is wrong otherwise."""
     if not body.strip():
-        return None, None, None
+        return None, None, None, False
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"the body is not JSON: {exc}") from None
     if type(parsed) is not dict:
         raise ValueError('the body must be a JSON object: {"outcome": {...}, "group": "<key>", "group_size": G}')
-    unknown = sorted(set(parsed) - {"outcome", "group", "group_size"})
+    unknown = sorted(set(parsed) - {"outcome", "group", "group_size", "allow_empty"})
     if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)}: an end takes outcome, group and group_size")
-    return checked_end(parsed.get("outcome"), parsed.get("group"), parsed.get("group_size"))
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}: an end takes outcome, group, group_size and allow_empty")
+    allow_empty = parsed.get("allow_empty", False)
+    if type(allow_empty) is not bool:
+        raise ValueError("allow_empty must be true or false")
+    return (*checked_end(parsed.get("outcome"), parsed.get("group"), parsed.get("group_size")), allow_empty)
 
 
 def checked_end(outcome: Any, group: Any, group_size: Any) -> tuple[Optional[dict[str, Any]], Optional[str], Optional[int]]:
@@ -143,13 +160,18 @@ def _check_finite(value: Any) -> None:
 
 def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
                       group: Optional[str] = None, group_size: Optional[int] = None,
-                      token_dir: Optional[str] = None) -> tuple[RolloutEnd, bool]:
+                      token_dir: Optional[str] = None, allow_empty: bool = False,
+                      in_flight_here: bool = False) -> tuple[RolloutEnd, bool]:
     """End ``rollout_id`` in ``capture_dir``, durably: the end, and whether this call wrote it
-    (False: the same end was there). `RolloutEndConflict` when another end is there.
-    ``token_dir``: where the training-token files are, when not beside the lines."""
+    (False: the same end was there). `RolloutEndConflict` when another end is there;
+    `UnknownRollout` when the rollout has left no trace (no capture, no call in flight, no token
+    files) and ``allow_empty`` is not given. ``token_dir``: where the training-token files are,
+    when not beside the lines; ``in_flight_here``: the caller (a sidecar) has a call of it under way."""
     outcome, group, group_size = checked_end(outcome, group, group_size)
     path = end_path(capture_dir, rollout_id)
     existing = read_end_file(path)
+    if existing is None and not (allow_empty or in_flight_here or rollout_is_known(capture_dir, rollout_id, token_dir)):
+        raise UnknownRollout(rollout_id, capture_dir)
     if existing is None:
         if group_size is not None:
             _declare_group_size(capture_dir, group_of(rollout_id, group), group_size)
@@ -163,6 +185,33 @@ def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[
     if (existing.outcome, existing.group, existing.group_size) != (outcome, group, group_size):
         raise RolloutEndConflict(existing)
     return existing, False
+
+
+def rollout_is_known(capture_dir: str, rollout_id: str, token_dir: Optional[str] = None) -> bool:
+    """Whether a rollout of a capture directory has left a trace: a capture file (or its incomplete
+    marker), training-token files, or a call in flight on a live sidecar."""
+    base = validate_rollout_id(rollout_id)
+    directories = {capture_dir, token_dir or capture_dir}
+    suffixes = (".capture.jsonl", INCOMPLETE_SUFFIX, ".tokens.intents", ".tokens.jsonl")
+    if any(os.path.exists(os.path.join(directory, base + suffix)) for directory in directories for suffix in suffixes):
+        return True
+    return calls_in_flight(read_in_flight(capture_dir), rollout_id, time.time()) > 0
+
+
+def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float) -> bool:
+    """Wait (at most ``seconds``) until no live sidecar of ``capture_dir`` has a call of the rollout
+    in flight, as each published after this began (Gym's capture quiescence before a freeze): the
+    end that follows freezes nothing a call made before it still had to write. True when quiet."""
+    began = time.time()
+    deadline = began + seconds
+    while True:
+        now = time.time()
+        live = [record for record in read_in_flight(capture_dir) if now - record["at"] < SILENT_SECONDS]
+        if all(record["at"] > began and rollout_id not in record["rollouts"] for record in live):
+            return True
+        if now >= deadline:
+            return False
+        time.sleep(PUBLISH_SECONDS / 2)
 
 
 def write_store_end(store: ObjectStore, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
@@ -271,3 +320,56 @@ def _freeze_token_files(token_dir: str, rollout_id: str) -> None:
     files = TokenFiles(token_dir)
     if os.path.exists(files.path(rollout_id, ".tokens.state.json")) or os.path.exists(files.path(rollout_id)):
         files.freeze(rollout_id)
+
+
+# -- the run's end ---------------------------------------------------------------------------------
+
+#: The run is over: ``run/end.json`` in a capture directory, the object ``run/end.json`` in a store.
+#: Producers write it once every rollout of the run has ended; a consumer's loop ends on it
+#: (`records.Consumer.batches`), and a short group is then handed out partial at once (no member
+#: will come).
+RUN_END = "run/end.json"
+
+
+def run_end_record(info: Optional[dict[str, Any]]) -> dict[str, Any]:
+    if info is not None and type(info) is not dict:
+        raise ValueError(f"a run's end takes a JSON object (what the run did) or nothing, not {type(info).__name__}")
+    if info is not None:
+        _check_finite(info)
+    return {"ended_at": time.time(), "info": info}
+
+
+def write_run_end(capture_dir: str, info: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """End the run of ``capture_dir``, durably (created once: a second end returns the first)."""
+    record = run_end_record(info)
+    os.makedirs(os.path.join(capture_dir, "run"), exist_ok=True)
+    path = os.path.join(capture_dir, RUN_END)
+    if not create_exclusively(path, orjson.dumps(record) + b"\n"):
+        existing = read_run_end(capture_dir)
+        assert existing is not None
+        return existing
+    return record
+
+
+def read_run_end(capture_dir: str) -> Optional[dict[str, Any]]:
+    try:
+        with open(os.path.join(capture_dir, RUN_END), "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    return orjson.loads(data) if data.strip() else None
+
+
+def write_store_run_end(store: ObjectStore, info: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`write_run_end` for a capture store: a conditional put."""
+    record = run_end_record(info)
+    if not store.create(RUN_END, orjson.dumps(record) + b"\n"):
+        existing = read_store_run_end(store)
+        assert existing is not None
+        return existing
+    return record
+
+
+def read_store_run_end(store: ObjectStore) -> Optional[dict[str, Any]]:
+    data = store.get_if_present(RUN_END)
+    return orjson.loads(data) if data else None

@@ -12,7 +12,7 @@ from ._collect import (
     ATTACHMENT_KEY, aggregate_model_call_metrics, attach_model_call_capture, clear_model_call_captures,
     clear_model_call_captures_for_rollouts, merge_model_call_capture_into_record, read_model_call_records,
 )
-from ._ending import end_rollout, read_rollout_end
+from ._ending import end_rollout, end_run, read_rollout_end, read_run_ended
 from ._models import FailureReport, ModelCallRecord, ModelOperationObservation, ModelServerRef, ToolRequestEvidence
 from ._paths import Where, directory_of
 from ._record import aggregate_model_call_records, build_model_call_record, tool_request_evidence
@@ -55,6 +55,7 @@ __all__ = [
     "Where",
     "directory_of",
     "end_rollout",
+    "end_run",
     "extract_token_stats",
     "finish_reason_of",
     "gc_paused",
@@ -64,6 +65,7 @@ __all__ = [
     "plan_segment_reads",
     "read_model_call_records",
     "read_rollout_end",
+    "read_run_ended",
     "read_token_entries",
     "response_shape",
     "store_rollout_sizes",

@@ -6,7 +6,9 @@ Imports `records.contract` and `records.store`.
 
 from __future__ import annotations
 
-from ._consumer import Consumer, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view
+from ._consumer import (
+    Consumer, Fenced, FinishedGroup, FinishedRollout, Lease, LeaseLost, consumer_names, consumer_view,
+)
 from ._consumer_rooms import ExclusiveCreateBroken
 from ._atif import ATIF_SCHEMA_VERSION, to_atif
 from ._datasets import (
@@ -24,6 +26,7 @@ __all__ = [
     "CallLink",
     "CallSpan",
     "Consumer",
+    "Fenced",
     "DriftTracker",
     "ExclusiveCreateBroken",
     "FinishedGroup",

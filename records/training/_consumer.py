@@ -6,6 +6,7 @@ store's objects: `records.training._consumer_rooms`), so nothing else has to run
 
     consumers/<name>/items/<item>.<slot>.json   one item's log: claim, extend, release, ack
     consumers/<name>/log/<seq>.json             the name's log: commit, rewind
+    consumers/<name>/incarnations/<seq>.json    each start of the name (a trainer job; its ranks join it)
 
 Every record is created exclusively (``O_EXCL`` in a directory: the create fails when the name
 exists; a reader that finds a record empty waits for its writer, and one left empty by a writer
@@ -23,6 +24,13 @@ An ack carries the trainer's step and the position of the name's log when it was
 before it final; a ``rewind(T)`` (a trainer restarted from its checkpoint at T) undoes every ack
 at a later step made before it and not yet final: those rollouts are handed out again. An ack
 with no step is final at once.
+
+**A start fences its past.** Each `Consumer` of a name starts an **incarnation** (the next number,
+created exclusively), unless it joins one (``join``: the ranks of one trainer job). A claim carries
+its incarnation; a claim of an earlier incarnation that was not acknowledged is void as soon as a
+later one exists, so a restarted trainer's first take gets its crashed batch back at once, and
+whatever an earlier incarnation says afterwards (take, ack, extend, release, commit, rewind) is
+refused with `Fenced` (a `LeaseLost`). The lease's expiry still covers a holder that stalls.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import orjson
 
@@ -50,7 +58,7 @@ from ._token_records_reading import read_token_records
 from ..contract import RoutedExperts
 from ._routed_experts_reading import read_routed_experts
 from ._trajectories import Trajectory, TrajectoryBuild, trajectories
-from ..contract import version_rank
+from ..contract import IN_FLIGHT_BOUND_SECONDS, version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
 
@@ -79,6 +87,12 @@ class LeaseLost(RuntimeError):
         self.lost: list[Any] = lost or []
 
 
+class Fenced(LeaseLost):
+    """A later incarnation of the consumer name started (a restarted trainer job): this one's leases
+    are void and nothing it says is applied any more. Start a new `Consumer` (or join the new
+    incarnation: ``join=``)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """An item's lease: its epoch (the slot of its claim) and when it runs out (Unix seconds)."""
@@ -104,6 +118,8 @@ class FinishedRollout:
     #: (``Consumer(writer_bound_seconds=...)``): mask it.
     incomplete: bool
     lease: Lease
+    #: Why it is ``incomplete``, when a call in flight or a silent writer made it so (else None).
+    incomplete_reason: Optional[str] = None
     #: What the lease is of: the rollout, or the group it was handed out in.
     item: str = ""
     #: Weight updates between ``weight_versions["start"]`` and `take`'s ``current_version`` (None
@@ -180,6 +196,9 @@ class _Item:
 class _ConsumerView:
     """What a consumer name's state says, read from the captures (nothing written)."""
 
+    #: A rollout with calls and no end counts as ``unended`` once its last call is this old.
+    unended_seconds = 300.0
+
     def __init__(self, room: Room, name: str) -> None:
         self.room = room
         self.name = name
@@ -193,6 +212,16 @@ class _ConsumerView:
         self._group_keys: dict[str, Optional[str]] = {}
         #: Items acknowledged for good, with their ack's flags (`_flags`): never looked at again.
         self._final: dict[str, int] = {}
+        #: The newest incarnation of the name known: claims of earlier ones not acknowledged are void.
+        self._fence = 0
+
+    def _incarnations(self) -> list[int]:
+        return sorted(int(name.split(".")[0]) for name in self.room.names(f"{self._root}/incarnations")
+                      if name[:1].isdigit() and name.endswith(".json"))
+
+    def _read_fence(self) -> int:
+        self._fence = max(self._incarnations(), default=0)
+        return self._fence
 
     # -- counts ------------------------------------------------------------------------------------
 
@@ -202,8 +231,10 @@ class _ConsumerView:
         acknowledged (final or pending): ``dropped``, ``stale`` (handed out stale) and ``partial``
         (handed out in a partial group)."""
         self._read_log()
+        self._read_fence()
         counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
         grouped, ended = self._grouped(), self._ended()
+        counts["unended"] = len(self.unended())
         superseded = _superseded(end.rollout_id for end in ended)
         for end in ended:
             if end.rollout_id not in grouped and end.rollout_id in superseded:
@@ -220,6 +251,16 @@ class _ConsumerView:
                 counts[key] += bool(flags & bit)
         return counts
 
+    def unended(self) -> dict[Optional[str], list[str]]:
+        """Rollouts that made calls and have no end, their last call older than ``unended_seconds``
+        (a runner that crashed, an end sent with a typo'd id), by group key (Gym's task, else None):
+        a group short of a member shows here instead of waiting in silence."""
+        ended = self._ended()
+        found: dict[Optional[str], list[str]] = {}
+        for rollout_id in sorted(self.room.unended({end.rollout_id for end in ended}, self.unended_seconds)):
+            found.setdefault(group_of(rollout_id, None), []).append(rollout_id)
+        return found
+
     def _grouped(self) -> dict[str, str]:
         """Each rollout handed out in a group: its group's item (the members its claims name)."""
         grouped: dict[str, str] = {}
@@ -234,6 +275,7 @@ class _ConsumerView:
     def oldest_waiting(self) -> Optional[RolloutEnd]:
         """The end of the oldest ended rollout nobody of this name holds or has acknowledged."""
         self._read_log()
+        self._read_fence()
         grouped = self._grouped()
         return next((end for end in self._ended()
                      if self._state(self._current(grouped.get(end.rollout_id, end.rollout_id)))[0] == "waiting"), None)
@@ -316,10 +358,12 @@ class _ConsumerView:
         epoch: Optional[int] = None
         expires_at = 0.0
         ack: Optional[dict[str, Any]] = None
+        incarnation = 0
         for slot, record in enumerate(slots, start=1):
             kind = record.get("kind")
             if kind == "claim":
                 epoch, expires_at, ack = slot, record["expires_at"], None
+                incarnation = record.get("incarnation") or 0
             elif record.get("epoch") != epoch:
                 continue  # Written by a holder that lost the race for its slot's predecessor: never so.
             elif kind == "extend":
@@ -332,8 +376,8 @@ class _ConsumerView:
             standing = self._ack_standing(ack)
             if standing != "undone":
                 return f"acked_{standing}", epoch, ack
-        if epoch is not None and expires_at > time.time():
-            return "leased", epoch, None
+        if epoch is not None and expires_at > time.time() and incarnation >= self._fence:
+            return "leased", epoch, None  # (A claim of an incarnation fenced by a restart holds nothing.)
         return "waiting", epoch, None
 
     def _ack_standing(self, ack: dict[str, Any]) -> str:
@@ -364,7 +408,9 @@ class Consumer(_ConsumerView):
     _currency: tuple[Optional[str], Optional[int]] = (None, None)
 
     def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False,
-                 straggler_seconds: float = 600.0, writer_bound_seconds: float = 60.0) -> None:
+                 straggler_seconds: float = 600.0, writer_bound_seconds: float = 60.0,
+                 join: Union[None, bool, int] = None, in_flight_bound_seconds: float = IN_FLIGHT_BOUND_SECONDS,
+                 unended_seconds: float = 300.0) -> None:
         room = _room(captures, "Consumer")
         if isinstance(room, DirectoryRoom) and not os.path.isdir(room.directory):
             raise FileNotFoundError(f"Consumer: no capture directory at {room.directory}")
@@ -385,18 +431,63 @@ class Consumer(_ConsumerView):
         self.straggler_seconds = float(straggler_seconds)
         #: From a store: how long a silent sidecar that may hold a rollout's calls holds it back.
         self.writer_bound_seconds = float(writer_bound_seconds)
+        #: How long a call in flight at its rollout's end holds the rollout back; after it, the
+        #: rollout is handed out ``incomplete``, naming the calls (``incomplete_reason``).
+        self.in_flight_bound_seconds = float(in_flight_bound_seconds)
+        self.unended_seconds = float(unended_seconds)
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         room.prepare(self._root)  # Refuses storage where exclusive create does not hold.
+        #: This process's incarnation of the name: a new one (fencing every earlier one), or the
+        #: one it joins (``join=<number>``, or ``join=True``: the newest).
+        self.incarnation = self._start_incarnation(join)
         self._summarised = 0
         self._read_summaries()
-        #: Ended rollouts a store's watermarks say may be short for good (`_units`).
+        #: Ended rollouts a store's watermarks say may be short for good (`_units`), or that a call
+        #: in flight held back past ``in_flight_bound_seconds`` (with why).
         self._incomplete: set[str] = set()
+        self._incomplete_why: dict[str, str] = {}
+
+    # -- incarnations ----------------------------------------------------------------------------
+
+    def _start_incarnation(self, join: Union[None, bool, int]) -> int:
+        if join is not None and join is not False:
+            newest = self._read_fence()
+            if join is True and newest == 0:  # The first rank of the first start: it starts it.
+                if self.room.create(f"{self._root}/incarnations/{1:010d}.json",
+                                    orjson.dumps({"holder": self.holder, "at": time.time()})):
+                    self.room.barrier()
+                newest = self._read_fence()
+            wanted = newest if join is True else join
+            if type(wanted) is not int or wanted < 0:
+                raise ValueError(f"join takes an incarnation number (a Consumer's .incarnation) or True, not {join!r}")
+            if wanted < 1 or wanted > newest:
+                raise ValueError(f"consumer {self.name}: there is no incarnation {wanted} to join (the newest is {newest})")
+            if wanted < newest:
+                raise Fenced(f"consumer {self.name}: incarnation {wanted} was fenced by incarnation {newest} "
+                             "(a restart of the job): join the new one")
+            return wanted
+        while True:  # The next number, created exclusively: two starts at once get two numbers.
+            number = self._read_fence() + 1
+            record = orjson.dumps({"holder": self.holder, "at": time.time()})
+            if self.room.create(f"{self._root}/incarnations/{number:010d}.json", record):
+                self.room.barrier()  # Durable before anything is taken under it.
+                self._fence = number
+                return number
+
+    def _check_fenced(self, lost: Optional[list[Any]] = None) -> None:
+        """`Fenced` when a later incarnation of the name started: this one may say nothing more."""
+        newest = self._read_fence()
+        if newest > self.incarnation:
+            raise Fenced(f"consumer {self.name}: this process's incarnation {self.incarnation} was fenced by "
+                         f"incarnation {newest} (a restart of the job): its leases are void and nothing it says is "
+                         "applied", list(lost or []))
 
     # -- taking --------------------------------------------------------------------------------
 
-    def take(self, max_rollouts: int = 1, *, wait: float = 0.0, group_size: Optional[int] = None,
+    def take(self, max_items: int = 1, *, wait: float = 0.0, group_size: Optional[int] = None,
              max_staleness: Optional[int] = None, current_version: Optional[str] = None) -> list[Any]:
-        """Up to ``max_rollouts`` items no process of this name holds or has acknowledged for good,
+        """Up to ``max_items`` items (rollouts; **groups** when grouped: ``take(8, group_size=4)`` is
+        up to 8 groups, 32 rollouts) no process of this name holds or has acknowledged for good,
         oldest end first, each leased to this consumer for ``lease_seconds``; waits up to ``wait``
         seconds for at least one. An item is a `FinishedRollout`, or a `FinishedGroup` for
         rollouts in a group whose size is known (declared at their end, else ``group_size``; the
@@ -408,31 +499,52 @@ class Consumer(_ConsumerView):
         staleness (weight updates since its ``start`` version, in the engine's integer order or
         the order the trainer declared them): beyond ``max_staleness`` it is marked ``stale``,
         never withheld; the trainer acknowledges what it drops (``ack(..., dropped=True)``)."""
-        if max_rollouts < 1:
-            raise ValueError("max_rollouts must be at least 1")
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
         if group_size is not None and (type(group_size) is not int or group_size < 1):
             raise ValueError("group_size must be a positive integer or None")
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            taken = self._take(max_rollouts, group_size, (current_version, max_staleness))
+            taken = self._take(max_items, group_size, (current_version, max_staleness))
             if taken or time.monotonic() >= deadline:
                 return taken
             time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
-    def _take(self, max_rollouts: int, group_size: Optional[int], currency: tuple[Optional[str], Optional[int]]
+    def batches(self, max_items: int = 1, *, wait: float = 1.0, **take: Any) -> Iterator[list[Any]]:
+        """`take`'s batches until the run is over: the run's end was said (`records.end_run`, ``POST
+        /-/run/end``) and this name holds or waits for nothing more (every ended rollout acknowledged;
+        a short group is handed out partial at once after the run's end). Never ends on an empty take
+        while rollouts are leased, waiting for their group, or held back by a call in flight."""
+        while True:
+            batch = self.take(max_items, wait=wait, **take)
+            if batch:
+                yield batch
+            elif self.run_over():
+                return
+
+    def run_over(self) -> bool:
+        """The run's end was said and nothing of it is left for this name (none waiting, none
+        leased: acknowledged ones may still wait for a commit)."""
+        if self.room.run_ended() is None:
+            return False
+        counts = self.counts()
+        return counts["waiting"] == 0 and counts["leased"] == 0
+
+    def _take(self, max_items: int, group_size: Optional[int], currency: tuple[Optional[str], Optional[int]]
               ) -> list[Any]:
+        self._check_fenced()
         self._read_log()
         self._currency = currency
         units = [unit for unit in self._units(group_size) if unit.item not in self._final]
-        leases = self._claim_batch(units[:max_rollouts])  # What was read says they wait: claimed at once.
+        leases = self._claim_batch(units[:max_items])  # What was read says they wait: claimed at once.
         for unit in units:
-            if len(leases) >= max_rollouts:
+            if len(leases) >= max_items:
                 break
             if unit.item not in leases:  # Another process wrote its log since (or it is leased): read again.
                 lease = self._claim(unit.item, self._members(unit))
                 if lease is not None:
                     leases[unit.item] = lease
-        claimed = [(unit, leases[unit.item]) for unit in units if unit.item in leases][:max_rollouts]
+        claimed = [(unit, leases[unit.item]) for unit in units if unit.item in leases][:max_items]
         self.room.barrier()  # The claims are durable before the items are handed out.
         if not claimed:
             return []
@@ -453,6 +565,7 @@ class Consumer(_ConsumerView):
         self.room.look()
         ended, final, keys = self._ended(), self._final, self._group_keys
         readiness_of = self.room.readiness
+        run_over = self.room.run_ended() is not None
         for end in ended:
             key = keys[end.rollout_id]
             size = end.group_size or group_size
@@ -466,6 +579,12 @@ class Consumer(_ConsumerView):
                     continue  # Not ended for this consumer yet: some sidecar still ships its calls.
                 if readiness == "incomplete":
                     self._incomplete.add(end.rollout_id)
+                barrier, why = self.room.in_flight(end, self.in_flight_bound_seconds)
+                if barrier == "wait":
+                    continue  # A call of it is still in flight (one write barrier, docs/reading.md).
+                if barrier == "incomplete":
+                    self._incomplete.add(end.rollout_id)
+                    self._incomplete_why[end.rollout_id] = why or "a call in flight past the bound"
             if key is None or size is None:  # Alone (spelt out: mypy narrows key and size by it).
                 units.append(_Unit(end.rollout_id, [end], end.ended_at))
                 continue
@@ -484,11 +603,15 @@ class Consumer(_ConsumerView):
             size, item = sizes[key], _GROUP_ITEM + hashlib.sha256(key.encode()).hexdigest()[:32]
             if len(members) >= size:
                 units.append(_Unit(item, members, members[-1].ended_at, key))
-            elif now - members[0].ended_at >= self.straggler_seconds:
+            elif run_over or now - members[0].ended_at >= self.straggler_seconds:
                 present = {gym_member(end.rollout_id)[1] for end in members if gym_member(end.rollout_id)}  # type: ignore[index]  # members here are Gym ids (checked in the condition)
                 missing = ([f"{key}-{index}" for index in range(size) if index not in present]
                            if all(gym_member(end.rollout_id) for end in members) and members[0].group is None else [])
-                units.append(_Unit(item, members, members[0].ended_at + self.straggler_seconds, key, True, missing))
+                # Members that made calls and never ended are named as they are (a typo'd end, a crashed runner).
+                unended = self.room.unended_members(key, {end.rollout_id for end in ended})
+                missing = sorted(set(unended) | set(missing) - {_task_index(rollout_id) for rollout_id in unended})
+                ready_at = members[0].ended_at + self.straggler_seconds
+                units.append(_Unit(item, members, min(ready_at, now) if run_over else ready_at, key, True, missing))
         return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
 
     @staticmethod
@@ -496,7 +619,8 @@ class Consumer(_ConsumerView):
         return [end.rollout_id for end in unit.members] if unit.group is not None else None
 
     def _claim_record(self, members: Optional[list[str]]) -> dict[str, Any]:
-        record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": time.time() + self.lease_seconds}
+        record: dict[str, Any] = {"kind": "claim", "holder": self.holder, "expires_at": time.time() + self.lease_seconds,
+                                  "incarnation": self.incarnation}
         if members is not None:
             record["members"] = members
         return record
@@ -539,9 +663,13 @@ class Consumer(_ConsumerView):
     def _finished(self, end: RolloutEnd, lease: Lease, item: str, directory: str) -> FinishedRollout:
         incomplete = (end.rollout_id in self._incomplete
                       or os.path.exists(incomplete_marker_path(directory, end.rollout_id)))
+        reason = self._incomplete_why.get(end.rollout_id) or (
+            "a sidecar holding some of its calls went silent past the writer bound" if end.rollout_id in self._incomplete
+            else "a line of it could not be written" if incomplete else None)
         finished = FinishedRollout(rollout_id=end.rollout_id, ended_at=end.ended_at, outcome=end.outcome,
                                    group=end.group, trajectories=trajectories(directory, end.rollout_id),
-                                   incomplete=incomplete, lease=lease, item=item, directory=directory,
+                                   incomplete=incomplete, incomplete_reason=reason, lease=lease, item=item,
+                                   directory=directory,
                                    store_url=self.room.where if isinstance(self.room, StoreRoom) else None,
                                    _declared=self.room.declared_versions)
         current, max_staleness = self._currency
@@ -586,8 +714,9 @@ class Consumer(_ConsumerView):
         """``record(item)`` written for each item whose lease holds, all durable at once; the
         items done, or `LeaseLost` naming those refused once the others are durable."""
         done, lost, said = [], [], []
+        items = list(items)
+        self._check_fenced(items)
         try:
-            items = list(items)
             # Those whose lease holds as read: written at once (`_append_many`); the rest one by one.
             wanted, by_item = {}, {}
             for item in items:
@@ -664,6 +793,7 @@ class Consumer(_ConsumerView):
 
     def commit(self, step: int) -> None:
         """The trainer's checkpoint at ``step`` is durable: every ack at a step <= ``step`` is final."""
+        self._check_fenced()
         self._log_record({"kind": "commit", "step": _step(step)})
         if self.retires:
             members: dict[str, list[str]] = {}
@@ -710,8 +840,10 @@ class Consumer(_ConsumerView):
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
-        commit made final is undone, and those rollouts are handed out again."""
-        self._log_record({"kind": "rewind", "step": _step(step)})
+        commit made final is undone, and those rollouts are handed out again. (The leases earlier
+        incarnations held were void from this consumer's start.)"""
+        self._check_fenced()
+        self._log_record({"kind": "rewind", "step": _step(step), "incarnation": self.incarnation})
 
     def _retire(self, item: str, members: list[str]) -> None:
         """The item's ack is final: its rollouts' token files are retired (``retires``)."""
@@ -746,9 +878,11 @@ def consumer_names(captures: object) -> list[str]:
     return sorted(name for name in found if is_valid_rollout_id(name))
 
 
-def consumer_view(captures: object, name: str) -> _ConsumerView:
-    """A consumer name's state, to look at (`counts`, `oldest_waiting`): nothing is written."""
-    return _ConsumerView(_room(captures, "consumer_view"), name)
+def consumer_view(captures: object, name: str, unended_seconds: float = 300.0) -> _ConsumerView:
+    """A consumer name's state, to look at (`counts`, `unended`, `oldest_waiting`): nothing is written."""
+    view = _ConsumerView(_room(captures, "consumer_view"), name)
+    view.unended_seconds = unended_seconds
+    return view
 
 
 def _room(captures: object, taker: str) -> Room:
@@ -778,6 +912,12 @@ _FLAG_NAMES = ((1, "dropped"), (2, "stale"), (4, "partial"))
 
 def _flags(ack: Optional[dict[str, Any]]) -> int:
     return sum(bit for bit, key in _FLAG_NAMES if ack and ack.get(key))
+
+
+def _task_index(rollout_id: str) -> str:
+    """``<task>-<i>`` of a Gym id (what a partial group's ``missing`` names by index), else the id."""
+    member = gym_member(rollout_id)
+    return f"{member[0]}-{member[1]}" if member is not None else rollout_id
 
 
 def _superseded(rollout_ids: Iterable[str]) -> set[str]:

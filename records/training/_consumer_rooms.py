@@ -31,6 +31,7 @@ from ..contract import ObjectStore
 from ..contract import END_OBJECTS, END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
 from ..contract import declared_versions, declared_versions_in_store
 from ..contract import read_watermarks, rollout_readiness
+from ..contract import CAPTURE_SUFFIX, group_of, in_flight_readiness, read_in_flight, read_run_end, read_store_run_end
 
 
 #: A directory's mtime may lag a create by up to a clock tick: within this of its mtime, list anyway.
@@ -52,11 +53,16 @@ class DirectoryRoom:
         self._syncfs: Any = None
         #: The directory's mtime when its ends were last listed (`read_ends`).
         self._listed_at = -1
+        #: Rollouts with a capture file, as last listed (`read_ends`): an unended one is one of these.
+        self._captured: set[str] = set()
+        #: The sidecars' calls in flight as of the last `look`.
+        self._publications: list[dict[str, Any]] = []
+        self._run_end: Optional[dict[str, Any]] = None
 
     def prepare(self, prefix: str) -> None:
         """Ready to write under ``prefix`` (``consumers/<name>``), with exclusive create checked."""
         root = os.path.join(self.directory, prefix)
-        for part in ("items", "log", "final"):
+        for part in ("items", "log", "final", "incarnations"):
             os.makedirs(os.path.join(root, part), exist_ok=True)
         probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
         try:
@@ -145,6 +151,7 @@ class DirectoryRoom:
         if changed == self._listed_at and time.time_ns() - changed > _MTIME_GRANULARITY_NS:
             return
         self._listed_at = changed
+        captured = set()
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 name = entry.name
@@ -152,6 +159,38 @@ class DirectoryRoom:
                     end = read_end_file(entry.path)
                     if end is not None:
                         known[end.rollout_id] = end
+                elif name.endswith(CAPTURE_SUFFIX):
+                    captured.add(name[:-len(CAPTURE_SUFFIX)])
+        self._captured = captured
+
+    def unended(self, ended: set[str], older_than: float) -> dict[str, float]:
+        """Rollouts with captured calls and no end, whose last line is older than ``older_than``
+        seconds: each with that line's time (`read_ends` listed them)."""
+        found, now = {}, time.time()
+        for rollout_id in self._captured - ended:
+            try:
+                written = os.stat(os.path.join(self.directory, rollout_id + CAPTURE_SUFFIX)).st_mtime
+            except FileNotFoundError:
+                continue
+            if now - written >= older_than:
+                found[rollout_id] = written
+        return found
+
+    def unended_members(self, key: str, ended: set[str]) -> list[str]:
+        """The rollouts of group ``key`` (by their Gym id, or an id ``<key>-...``) with captured calls
+        and no end: what a partial group names as missing."""
+        return sorted(rollout_id for rollout_id in self._captured - ended
+                      if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
+
+    def run_ended(self) -> Optional[dict[str, Any]]:
+        if self._run_end is None:  # Once ended, the run stays ended.
+            self._run_end = read_run_end(self.directory)
+        return self._run_end
+
+    def in_flight(self, end: RolloutEnd, bound: float) -> tuple[str, Optional[str]]:
+        """The write barrier: ``ready``, ``wait`` or ``incomplete`` (with why) for an ended rollout,
+        from the sidecars' publications of their calls in flight (`records.contract._calls_in_flight`)."""
+        return in_flight_readiness(self._publications, end.rollout_id, end.ended_at, time.time(), bound)
 
     def read_many(self, prefix: str, names: list[str]) -> dict[str, bytes]:
         found = {}
@@ -162,7 +201,9 @@ class DirectoryRoom:
         return found
 
     def look(self) -> None:
-        """Before a take's readiness checks (a store reads its writers' watermarks once here)."""
+        """Before a take's readiness checks: the sidecars' calls in flight, read once (a store reads
+        its writers' watermarks once here)."""
+        self._publications = read_in_flight(self.directory)
 
     def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
         return "ready"  # Every line is durable before its terminal, so before the end.
@@ -183,6 +224,7 @@ class StoreRoom:
         self._watermarks: list[dict[str, Any]] = []
         self._versions: dict[str, str] = {}
         self._created = False
+        self._run_end: Optional[dict[str, Any]] = None
 
     def prepare(self, prefix: str) -> None:
         """Exclusive create checked where the consumer writes: a probe created twice must fail the
@@ -238,6 +280,22 @@ class StoreRoom:
 
     def look(self) -> None:
         self._watermarks = read_watermarks(self.store)
+
+    def run_ended(self) -> Optional[dict[str, Any]]:
+        if self._run_end is None:
+            self._run_end = read_store_run_end(self.store)
+        return self._run_end
+
+    def in_flight(self, end: RolloutEnd, bound: float) -> tuple[str, Optional[str]]:
+        """A store's write barrier is its writers' watermarks (`readiness`): a writer holds an ended
+        rollout back while it has lines of it to ship."""
+        return "ready", None
+
+    def unended(self, ended: set[str], older_than: float) -> dict[str, float]:
+        return {}  # Not reported from a store yet (docs/reading.md says so).
+
+    def unended_members(self, key: str, ended: set[str]) -> list[str]:
+        return []
 
     def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
         return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from records import Consumer, LeaseLost, end_rollout
+from records.training import consumer_view
 
 from tests import CHECKOUT
 
@@ -24,14 +25,15 @@ ROOT = CHECKOUT
 def _ended(directory: str, count: int, prefix: str = "r") -> list[str]:
     ids = [f"{prefix}{n:03d}" for n in range(count)]
     for n, rollout_id in enumerate(ids):
-        end_rollout(directory, rollout_id, outcome={"reward": n / count})
+        end_rollout(directory, rollout_id, outcome={"reward": n / count}, allow_empty=True)
     return ids
 
 
 def test_take_hands_out_oldest_end_first_each_to_one_holder_and_names_are_independent(tmp_path):
     directory = str(tmp_path)
     ids = _ended(directory, 5)
-    one, two = Consumer(directory, "trainer"), Consumer(directory, "trainer")
+    one = Consumer(directory, "trainer")
+    two = Consumer(directory, "trainer", join=one.incarnation)  # Two ranks of one job
     first = one.take(2)
     assert [item.rollout_id for item in first] == ids[:2], "oldest end first"
     assert [item.outcome for item in first] == [{"reward": 0.0}, {"reward": 0.2}]
@@ -44,7 +46,8 @@ def test_take_hands_out_oldest_end_first_each_to_one_holder_and_names_are_indepe
 def test_a_stalled_holders_lease_runs_out_and_its_late_ack_is_refused(tmp_path):
     directory = str(tmp_path)
     (rollout_id,) = _ended(directory, 1)
-    stalled, other = Consumer(directory, "trainer", lease_seconds=0.2), Consumer(directory, "trainer")
+    stalled = Consumer(directory, "trainer", lease_seconds=0.2)
+    other = Consumer(directory, "trainer", join=stalled.incarnation)  # A rank of the same job
     (held,) = stalled.take()
     assert other.take() == [], "leased"
     time.sleep(0.3)
@@ -54,7 +57,7 @@ def test_a_stalled_holders_lease_runs_out_and_its_late_ack_is_refused(tmp_path):
     for late in (lambda: stalled.ack([held], step=None), lambda: stalled.extend([held]), lambda: stalled.release([held])):
         with pytest.raises(LeaseLost):
             late()
-    assert other.counts() == {"final": 1, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
+    assert other.counts() == {"final": 1, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0, "unended": 0}
 
 
 def test_a_lease_that_ran_out_holds_while_nobody_took_it_again_and_extend_and_release_work(tmp_path):
@@ -64,7 +67,7 @@ def test_a_lease_that_ran_out_holds_while_nobody_took_it_again_and_extend_and_re
     slow, released = consumer.take(2)
     consumer.extend([slow])
     consumer.release([released])
-    assert [item.rollout_id for item in Consumer(directory, "trainer").take(5)] == [released.rollout_id]
+    assert [item.rollout_id for item in Consumer(directory, "trainer", join=True).take(5)] == [released.rollout_id]
     time.sleep(0.3)
     consumer.ack([slow], step=None)  # Ran out, but no later epoch: still its holder's.
 
@@ -81,15 +84,16 @@ def test_acks_follow_the_trainers_checkpoint(tmp_path):
     trainer.ack([items[ids[1]]], step=2)
     trainer.ack([items[ids[2]]], step=3, dropped=True)
     trainer.ack([items[ids[3]]], step=None)
-    assert trainer.counts() == {"final": 1, "pending": 3, "leased": 2, "waiting": 0, "dropped": 1, "stale": 0, "partial": 0}
+    assert trainer.counts() == {"final": 1, "pending": 3, "leased": 2, "waiting": 0, "dropped": 1, "stale": 0, "partial": 0, "unended": 0}
     trainer.commit(2)
     assert trainer.counts()["final"] == 3 and trainer.counts()["pending"] == 1
     trainer.rewind(2)  # Restarted from the checkpoint at step 2: step 3's ack is undone.
     restarted = Consumer(directory, "trainer")
-    assert [item.rollout_id for item in restarted.take(6)] == [ids[2]]
-    assert restarted.counts() == {"final": 3, "pending": 0, "leased": 3, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
+    # The restart fences the old incarnation: what it held and never acknowledged comes back at once.
+    assert [item.rollout_id for item in restarted.take(6)] == [ids[2], ids[4], ids[5]]
+    assert restarted.counts() == {"final": 3, "pending": 0, "leased": 3, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0, "unended": 0}
     with pytest.raises(ValueError):
-        trainer.ack([items[ids[4]]], step=-1)
+        restarted.ack([items[ids[4]]], step=-1)
 
 
 # -- real processes, SIGKILLed ---------------------------------------------------------------------
@@ -169,8 +173,8 @@ def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_c
     assert kills >= 4, "the trainer was killed at random points several times"
     trained = [rollout_id for _, rollout_id in json.load(open(checkpoint))["trained"]]
     assert sorted(trained) == ids, "every ended rollout exactly once as of the checkpoint: none lost, none twice"
-    assert Consumer(directory, "trainer").counts() == {"final": 60, "pending": 0, "leased": 0, "waiting": 0,
-                                                       "dropped": 0, "stale": 0, "partial": 0}
+    assert consumer_view(directory, "trainer").counts() == {"final": 60, "pending": 0, "leased": 0, "waiting": 0,
+                                                       "dropped": 0, "stale": 0, "partial": 0, "unended": 0}
     assert len(Consumer(directory, "another").take(100)) == 60
 
 
@@ -184,7 +188,7 @@ async def test_a_consumer_that_retires_marks_gyms_state_only_once_its_ack_is_fin
     await converse(http, sidecar, "tok-a", ["hi", "more"])
     await converse(http, sidecar, "tok-b", ["hi"])
     for rollout_id in ("tok-a", "tok-b"):
-        end_rollout(capture_dir, rollout_id, outcome={"reward": 1})
+        end_rollout(capture_dir, rollout_id, outcome={"reward": 1}, allow_empty=True)
     trainer = Consumer(capture_dir, "trainer", retires=True)
     first, second = trainer.take(2)
     assert first.trajectories.chains and not first.trajectories.masked and len(first.calls) == 2
@@ -228,12 +232,12 @@ def test_groups_are_handed_out_sealed_as_one_item(tmp_path):
     from records import FinishedGroup, FinishedRollout
 
     directory = str(tmp_path)
-    end_rollout(directory, "alone", outcome={"reward": 1})
+    end_rollout(directory, "alone", outcome={"reward": 1}, allow_empty=True)
     for member in ("a", "b", "c"):
-        end_rollout(directory, f"g1-{member}", outcome={"reward": 0.5}, group="g1", group_size=3)
-    end_rollout(directory, "g2-a", group="g2", group_size=3)
+        end_rollout(directory, f"g1-{member}", outcome={"reward": 0.5}, group="g1", group_size=3, allow_empty=True)
+    end_rollout(directory, "g2-a", group="g2", group_size=3, allow_empty=True)
     for rollout_id in ("17-0", "17-1", "17-1-a1", "18-0"):
-        end_rollout(directory, rollout_id)
+        end_rollout(directory, rollout_id, allow_empty=True)
     trainer = Consumer(directory, "trainer")
     items = trainer.take(10, group_size=2)
     assert [type(item) for item in items] == [FinishedRollout, FinishedGroup, FinishedGroup]
@@ -242,16 +246,16 @@ def test_groups_are_handed_out_sealed_as_one_item(tmp_path):
     assert g1.group == "g1" and [r.rollout_id for r in g1.rollouts] == ["g1-a", "g1-b", "g1-c"] and not g1.partial
     assert task17.group == "17" and sorted(r.rollout_id for r in task17.rollouts) == ["17-0", "17-1-a1"], "latest attempt"
     assert all(r.lease == g1.lease for r in g1.rollouts)
-    assert Consumer(directory, "trainer").take(10, group_size=2) == [], "g2 and task 18 are short; the rest are leased"
+    assert Consumer(directory, "trainer", join=True).take(10, group_size=2) == [], "g2 and task 18 are short; the rest are leased"
     trainer.ack([g1, task17], step=None)
     trainer.ack([alone])
-    assert trainer.counts() == {"final": 6, "pending": 0, "leased": 0, "waiting": 2, "dropped": 0, "stale": 0, "partial": 0}, "17-1 is superseded"
+    assert trainer.counts() == {"final": 6, "pending": 0, "leased": 0, "waiting": 2, "dropped": 0, "stale": 0, "partial": 0, "unended": 0}, "17-1 is superseded"
 
 
 def test_a_short_group_is_handed_out_partial_after_the_straggler_bound_naming_who_is_missing(tmp_path):
     directory = str(tmp_path)
-    end_rollout(directory, "18-0")
-    end_rollout(directory, "18-2")
+    end_rollout(directory, "18-0", allow_empty=True)
+    end_rollout(directory, "18-2", allow_empty=True)
     trainer = Consumer(directory, "trainer", straggler_seconds=0.3)
     assert trainer.take(5, group_size=4) == []
     (group,) = trainer.take(5, group_size=4, wait=2.0)
@@ -264,14 +268,14 @@ def test_a_groups_lease_runs_out_as_one_and_two_ends_of_one_group_agree_on_its_s
     from records import GroupSizeConflict
 
     directory = str(tmp_path)
-    end_rollout(directory, "g-0", group="g", group_size=2)
+    end_rollout(directory, "g-0", group="g", group_size=2, allow_empty=True)
     with pytest.raises(GroupSizeConflict):
-        end_rollout(directory, "g-1", group="g", group_size=3)
-    end_rollout(directory, "g-1", group="g", group_size=2)
+        end_rollout(directory, "g-1", group="g", group_size=3, allow_empty=True)
+    end_rollout(directory, "g-1", group="g", group_size=2, allow_empty=True)
     stalled = Consumer(directory, "trainer", lease_seconds=0.2)
     (held,) = stalled.take()
     time.sleep(0.3)
-    (again,) = Consumer(directory, "trainer").take()
+    (again,) = Consumer(directory, "trainer", join=True).take()
     assert again.lease.epoch > held.lease.epoch and [r.rollout_id for r in again.rollouts] == ["g-0", "g-1"]
     with pytest.raises(LeaseLost):
         stalled.ack([held])
@@ -293,7 +297,7 @@ async def test_staleness_after_three_declared_versions_per_member(http, upstream
         for rollout_id in rollouts:
             await converse(http, sidecar, rollout_id, ["hi"])
     for rollout_id in ("5-0", "5-1", "solo-b", "solo-c"):
-        end_rollout(capture_dir, rollout_id, outcome={"reward": 1})
+        end_rollout(capture_dir, rollout_id, outcome={"reward": 1}, allow_empty=True)
     trainer = Consumer(capture_dir, "trainer")
     items = trainer.take(10, group_size=2, current_version="v3", max_staleness=1)
     by_id = {}
@@ -318,7 +322,7 @@ def test_an_ack_of_several_applies_every_held_lease_and_names_the_lost_ones(tmp_
     holder.extend([kept])
     time.sleep(0.35)
     holder.extend([kept])
-    (retaken,) = Consumer(directory, "trainer").take(5)
+    (retaken,) = Consumer(directory, "trainer", join=True).take(5)
     assert retaken.rollout_id == lost.rollout_id
     with pytest.raises(LeaseLost) as refused:
         holder.ack([kept, lost], step=None)
@@ -334,7 +338,7 @@ def test_a_record_left_empty_by_a_writer_that_died_stands_for_nothing(tmp_path):
     consumer = Consumer(directory, "trainer")
     empty = os.path.join(directory, "consumers", "trainer", "items", f"{rollout_id}.{1:010d}.json")
     open(empty, "wb").close()
-    assert Consumer(directory, "trainer").take() == [], "being written"
+    assert Consumer(directory, "trainer", join=True).take() == [], "being written"
     old = time.time() - 60
     os.utime(empty, (old, old))
     (item,) = consumer.take()

@@ -87,7 +87,7 @@ def save(path, value):
 checkpoint, pending = os.path.join(shared, "checkpoint.json"), os.path.join(shared, "pending.json")
 # Two ranks of one trainer: each takes on its own; the step, the ack and the checkpoint are taken
 # in turn under a lock (a data-parallel trainer's steps are global and advance in order).
-consumer = Consumer(captures, name, lease_seconds=2.0)
+consumer = Consumer(captures, name, lease_seconds=2.0, join=True)  # The ranks join the job's incarnation
 while True:
     items = consumer.take(rng.randint(1, 4), wait=0.2)
     ids = [item.rollout_id for item in items]

@@ -48,8 +48,11 @@ async def test_an_end_is_durable_answered_once_and_never_changed(http, upstream,
     assert open(os.path.join(capture_dir, "r1.end.json"), "rb").read() == file_before, "nothing changed"
     # The capture file keeps its shape: two lines, read as before.
     assert [record.status_code for record in read_model_call_records(capture_dir, "r1")] == [200, 200]
-    # A rollout with no calls can be ended, with no body at all.
-    empty = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"))
+    # A rollout with no trace is refused (a typo'd id); one that really made no call says so.
+    unknown = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"))
+    assert unknown.status == 404 and orjson.loads(unknown.body)["code"] == "unknown_rollout"
+    assert read_rollout_end(capture_dir, "nothing-yet") is None
+    empty = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"), b'{"allow_empty": true}')
     assert empty.status == 200 and orjson.loads(empty.body)["calls"] == 0
     assert read_rollout_end(capture_dir, "nothing-yet").outcome is None
 
@@ -84,7 +87,7 @@ async def test_a_call_after_the_end_is_refused_in_its_dialect_and_recorded(http,
     assert all(line["response_source"] == "local" and line["local_response_reason"] == "rollout_ended"
                and line["error_category"] == "client_error" for line in lines[1:])
     # Ended from Python, seen by the sidecar at its next call.
-    end_rollout(capture_dir, "python-ended", outcome={"reward": 1})
+    end_rollout(capture_dir, "python-ended", outcome={"reward": 1}, allow_empty=True)
     assert (await fetch(http, "POST", rollout_url(two.url, "python-ended", path), request_body)).status == 409
     assert read_rollout_end(store, "python-ended").outcome == {"reward": 1}
 
@@ -147,14 +150,14 @@ async def test_the_admin_token_guards_every_state_change_and_never_a_model_call(
 
 def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
     directory = str(tmp_path)
-    first = end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=2)
+    first = end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=2, allow_empty=True)
     assert end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=2) == first
     with pytest.raises(RolloutEndConflict):
-        end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=3)
+        end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=3, allow_empty=True)
     with pytest.raises(ValueError, match="outcome must be a JSON object"):
-        end_rollout(directory, "r2", outcome=[1])  # type: ignore[arg-type]
+        end_rollout(directory, "r2", outcome=[1], allow_empty=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not finite"):
-        end_rollout(directory, "r2", outcome={"reward": float("nan")})
+        end_rollout(directory, "r2", outcome={"reward": float("nan")}, allow_empty=True)
     # The same on a capture store (segments:// here; S3 in tests/records/test_handoff_store.py): an object of its own.
     store = f"segments://{tmp_path / 'store'}"
     on_store = end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2)
@@ -184,12 +187,12 @@ def test_a_sidecar_beyond_loopback_without_an_admin_token_says_so_once(tmp_path,
 
 
 async def test_two_ends_declaring_different_sizes_for_one_group_the_second_is_409(http, sidecar, capture_dir):
-    first = await fetch(http, "POST", _end_url(sidecar.url, "7-0"), orjson.dumps({"group_size": 4}))
+    first = await fetch(http, "POST", _end_url(sidecar.url, "7-0"), orjson.dumps({"group_size": 4, "allow_empty": True}))
     assert first.status == 200
-    second = await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 2}))
+    second = await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 2, "allow_empty": True}))
     assert second.status == 409 and "size 4" in orjson.loads(second.body)["error"]
     assert read_rollout_end(capture_dir, "7-1") is None, "nothing changed"
-    assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4}))).status == 200
+    assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4, "allow_empty": True}))).status == 200
 
 
 @pytest.mark.slow
