@@ -149,3 +149,16 @@ def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: s
             open(os.path.join(path, f"{rollout_id}.capture.incomplete"), "wb").close()
             with open(os.path.join(path, f"{rollout_id}-a1.capture.jsonl"), "wb") as handle:
                 handle.write(b"".join(lines))
+
+
+def remove_live_capture_dir(path: str) -> None:
+    """Remove a capture directory that running sidecars write into (each publishes its calls in
+    flight there ten times a second: `proxy.app._in_flight`), as an operator's ``rm -rf`` would,
+    retried until it is gone."""
+    import shutil
+
+    for _ in range(100):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+    raise AssertionError(f"{path} could not be removed")

@@ -41,6 +41,7 @@ from ..training import (
 from ..privacy import Redaction, RedactionMetrics, load_redaction
 from ..websocket import WebSocketMetrics, serve_websocket
 from ._admin import AdminEndpoints
+from ._in_flight import InFlightPublisher
 from ._capture_dirs import prepare_capture_dirs
 from ._ended_rollouts import EndedRollouts
 from ._settings import Settings
@@ -92,6 +93,8 @@ class Sidecar:
         self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
         #: The rollouts' ends (``/-/rollouts/<id>/end``), with capture on a capture directory.
         self.ended_rollouts: Optional[EndedRollouts] = None
+        #: The calls in flight, published for the hand-off's write barrier (capture on a directory).
+        self.in_flight: Optional[InFlightPublisher] = None
 
     @property
     def cut_by_drain(self) -> bool:
@@ -128,6 +131,8 @@ class Sidecar:
             self._server.close()
             raise
         await self._choose_engine(settings)
+        if self.in_flight is not None:
+            self.in_flight.start()
         await self._server.start_serving()
         self._snapshot_metrics()
         port = self._server.sockets[0].getsockname()[1]
@@ -201,6 +206,9 @@ class Sidecar:
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
         if self.ended_rollouts is not None:  # An end waits for its rollout's calls under way here.
             self.ended_rollouts.in_flight = self.calls.rollouts_in_flight
+        if settings.capture_on and settings.capture_store is None:
+            assert settings.capture_dir is not None
+            self.in_flight = InFlightPublisher(settings.capture_dir, self.calls.rollouts_in_flight)
 
     def handle(self, request: ServerRequest, client: ReplyWriter) -> Awaitable[None]:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited
@@ -249,6 +257,8 @@ class Sidecar:
         self.upstream.close()
         if self.journal is not None:
             await self.journal.close()  # Seals the open segments, with a capture store.
+        if self.in_flight is not None:  # Every call is done and its line written.
+            self.in_flight.stop()
         if self.uploader is not None:  # Then what it holds goes to the store, within the drain's time.
             await asyncio.get_running_loop().run_in_executor(None, self.uploader.stop, max(5.0, timeout))
         if self.settings.metrics_dir is not None:  # And what the drain counted: nothing is lost.

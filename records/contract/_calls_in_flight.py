@@ -42,8 +42,11 @@ def publish_in_flight(directory: str, instance: str, at: float, rollouts: dict[s
     data = orjson.dumps({"instance": instance, "at": at, "pid": os.getpid(), "rollouts": rollouts})
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except FileNotFoundError:  # Its directory first (never the capture directory: a removed one stays a fault).
+        try:
+            os.mkdir(os.path.dirname(path), 0o700)
+        except FileExistsError:
+            pass
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         os.write(fd, data)

@@ -198,6 +198,10 @@ def rollout_is_known(capture_dir: str, rollout_id: str, token_dir: Optional[str]
     return calls_in_flight(read_in_flight(capture_dir), rollout_id, time.time()) > 0
 
 
+#: How long `wait_until_quiet` waits for a sidecar's publication made after it began.
+_FRESH_SECONDS = 1.0
+
+
 def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float) -> bool:
     """Wait (at most ``seconds``) until no live sidecar of ``capture_dir`` has a call of the rollout
     in flight, as each published after this began (Gym's capture quiescence before a freeze): the
@@ -207,7 +211,11 @@ def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float) -> bool:
     while True:
         now = time.time()
         live = [record for record in read_in_flight(capture_dir) if now - record["at"] < SILENT_SECONDS]
-        if all(record["at"] > began and rollout_id not in record["rollouts"] for record in live):
+        # Quiet: no live sidecar names it, as each published since this began (a call that started
+        # just before is in its next publication); one that has not published within a second
+        # (a busy loop) is taken at its last word.
+        if all(rollout_id not in record["rollouts"] and (record["at"] > began or now - began > _FRESH_SECONDS)
+               for record in live):
             return True
         if now >= deadline:
             return False

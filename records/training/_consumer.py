@@ -256,9 +256,13 @@ class _ConsumerView:
         (a runner that crashed, an end sent with a typo'd id), by group key (Gym's task, else None):
         a group short of a member shows here instead of waiting in silence."""
         ended = self._ended()
+        keys = {key for key in self._group_keys.values() if key is not None}
         found: dict[Optional[str], list[str]] = {}
         for rollout_id in sorted(self.room.unended({end.rollout_id for end in ended}, self.unended_seconds)):
-            found.setdefault(group_of(rollout_id, None), []).append(rollout_id)
+            key = group_of(rollout_id, None)
+            if key is None:  # Its group is named at its end; an id "<group>-..." of a known group is taken as one.
+                key = next((known for known in sorted(keys) if rollout_id.startswith(known + "-")), None)
+            found.setdefault(key, []).append(rollout_id)
         return found
 
     def _grouped(self) -> dict[str, str]:

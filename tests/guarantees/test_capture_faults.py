@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import urllib.request
 
 import pytest
 
+from tests.capture_dirs import remove_live_capture_dir
 from tests.processes import SidecarProcess
 from tests.scripted_upstream import sse_script
 from tests.proxy.app.test_metrics_and_logs import scrape, value
@@ -87,7 +87,7 @@ async def test_full_filesystem(http, upstream, start, tmpfs, caplog):
 
 async def test_capture_dir_removed_while_running(http, upstream, sidecar, capture_dir, caplog):
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
-    shutil.rmtree(capture_dir)
+    remove_live_capture_dir(capture_dir)
     with caplog.at_level(logging.ERROR, logger="mcc.capture"):
         await _calls_keep_their_bytes(http, upstream, sidecar, "gone-1", 3)
     assert len(_failure_logs(caplog, "gone-1")) == 1

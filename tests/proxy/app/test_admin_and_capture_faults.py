@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import orjson
 
 from capture import REASSEMBLERS, ChatReassembler
 from proxy.app import free_port
 
+from tests.capture_dirs import remove_live_capture_dir
 from tests.scripted_upstream import json_script, split_every, sse_script
 from tests.proxy.app.test_metrics_and_logs import scrape, value
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
@@ -50,7 +50,7 @@ async def test_still_ready_when_the_capture_dir_is_gone_or_read_only(http, upstr
     finally:
         os.chmod(capture_dir, 0o755)
     assert ready.status == again.status == 200 and body["status"] == "ready"
-    shutil.rmtree(capture_dir)
+    remove_live_capture_dir(capture_dir)
     with caplog.at_level(logging.WARNING, logger="mcc"):
         gone = await fetch(http, "GET", sidecar.url + "/-/ready")
     assert gone.status == 200 and orjson.loads(gone.body)["capture"] == "failing"
@@ -69,7 +69,7 @@ async def test_removed_capture_dir_never_changes_the_reply_and_capture_resumes(h
     """With the directory gone calls still get the upstream's bytes; one log line; capture resumes when it is back."""
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM)
     direct = await fetch(http, "POST", upstream.url + CHAT, CHAT_REQUEST)
-    shutil.rmtree(capture_dir)
+    remove_live_capture_dir(capture_dir)
     with caplog.at_level(logging.ERROR, logger="mcc.capture"):
         for _ in range(3):
             assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_REQUEST))

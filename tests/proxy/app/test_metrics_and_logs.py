@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import free_port
 
+from tests.capture_dirs import remove_live_capture_dir
 from tests.processes import read_line
 from tests.scripted_upstream import json_script, sse_script
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM
@@ -71,7 +71,7 @@ async def test_failures_are_counted_by_kind(http, upstream, start, capture_dir):
 
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
-    shutil.rmtree(capture_dir)
+    remove_live_capture_dir(capture_dir)
     await fetch(http, "POST", rollout_url(sidecar.url, "f2", CHAT), CHAT_JSON_REQUEST)
     os.mkdir(capture_dir)
     assert value(await scrape(http, sidecar), "mcc_capture_failures_total", kind="ENOENT") == 1
