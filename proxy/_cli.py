@@ -51,10 +51,19 @@ def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
 
 
+def _no_secret_flag(value: Any) -> None:
+    """``--admin-token TOKEN`` is refused: a secret on the command line shows in ``ps``."""
+    if value is not None:
+        raise click.BadParameter("a token on the command line shows in ps (for the supervisor and every worker): "
+                                 "set MCC_ADMIN_TOKEN, or put it in a file and pass --admin-token-file FILE",
+                                 param_hint="--admin-token")
+
+
 #: `mcc serve --help` and docs/configuration.md show the options in these groups, in this order
 #: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
 SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "forward", "admin_token", "config")),
+    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "forward", "admin_token_file",
+                            "open_admin", "config")),
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
                  "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
@@ -152,7 +161,9 @@ class _ServeCommand(click.Command):
               help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
 @click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
 @click.option("--affinity-header", metavar="NAME", help="Send each captured call upstream with this header set to its rollout id (unless the agent sent it), for a router that places sessions by a header: x-session-id (vllm-router), x-smg-routing-key (SGLang), X-Dynamo-Session-ID (Dynamo). [MCC_AFFINITY_HEADER]")
-@click.option("--admin-token", metavar="TOKEN", help="Require Authorization: Bearer TOKEN on admin requests that change state (POST /-/rollouts/<id>/end, POST /-/weight-version); model calls never need it (unset by default). [MCC_ADMIN_TOKEN]")
+@click.option("--admin-token-file", metavar="FILE", help="A file holding the runner's and trainer's token (or set MCC_ADMIN_TOKEN; never a flag: it would show in ps): admin requests that change state (POST /-/rollouts/<id>/end, POST /-/run/end, POST /-/weight-version) need Authorization: Bearer <token>; model calls never do. Without a token they are refused. [MCC_ADMIN_TOKEN_FILE]")
+@click.option("--open-admin/--no-open-admin", default=None, help="Let whatever reaches the port end rollouts and declare weight versions with no token: an agent could post its own reward (a trusted single-user setup only; off by default). [MCC_OPEN_ADMIN]")
+@click.option("--admin-token", hidden=True, expose_value=False, callback=lambda context, parameter, value: _no_secret_flag(value))
 @click.option("--capture-store", metavar="URL", help="Write-once storage past one node: segments:///path, s3://bucket/prefix, gs://..., az://...; the capture dir is then the local spool (off by default). [MCC_CAPTURE_STORE]")
 @click.option("--segment-max-bytes", type=int, help="Seal (and upload) a writer segment at this size (default 64 MiB). [MCC_SEGMENT_MAX_BYTES]")
 @click.option("--segment-max-age", type=float, help="Seal (and upload) a writer segment this many seconds after it opened (default 60). [MCC_SEGMENT_MAX_AGE]")

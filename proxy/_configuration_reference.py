@@ -23,6 +23,10 @@ _WITHOUT_FLAG = {
     "redact_key": "the redaction placeholders' key, hex of 32 bytes or more: sidecars given the same key name "
                   "a rollout's values alike (docs/privacy.md); an environment variable or the YAML file, never "
                   "a flag that `ps` would show",
+    "admin_token": "the runner's and the trainer's token: admin requests that change state (POST "
+                   "`/-/rollouts/<id>/end`, POST /-/run/end, POST /-/weight-version) need `Authorization: Bearer "
+                   "<token>`, and without one they are refused (docs/operations.md, \"Who may change state\"); an "
+                   "environment variable (a Kubernetes Secret), the YAML file or `--admin-token-file`, never a flag",
 }
 
 _HEAD = """\

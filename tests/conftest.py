@@ -12,6 +12,7 @@ from proxy import RunningServer, Settings, start_sidecar, start_stand_in
 from records import CaptureStore, ModelCallRecord, build_model_call_record
 
 from .scripted_upstream import ScriptedUpstream
+from .wire import RUNNER_TOKEN
 
 SHARED_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
 
@@ -81,7 +82,8 @@ async def start() -> AsyncIterator[StartSidecar]:
     running: list[RunningServer] = []
 
     async def _start(upstream_url: str, **overrides: Any) -> RunningServer:
-        settings = Settings(**{"upstream": upstream_url, "port": 0, **overrides})
+        # The runner's admin token (`tests.wire.RUNNER`) unless the test says otherwise.
+        settings = Settings(**{"upstream": upstream_url, "port": 0, "admin_token": RUNNER_TOKEN, **overrides})
         server = await start_sidecar(settings)
         running.append(server)
         return server

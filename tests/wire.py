@@ -23,6 +23,12 @@ class Reply:
         return next((value for key, value in self.headers if key.lower() == name.lower()), None)
 
 
+#: The admin token the tests' sidecars are started with (`tests.conftest.start`), as the runner and
+#: the trainer hold it; an agent never does (docs/operations.md, "Who may change state").
+RUNNER_TOKEN = "runner-token-for-tests"
+RUNNER = {"Authorization": f"Bearer {RUNNER_TOKEN}"}
+
+
 async def fetch(session: aiohttp.ClientSession, method: str, url: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None) -> Reply:
     """One request; the reply body is read chunk by chunk as it arrives."""

@@ -14,10 +14,10 @@ import orjson
 from capture.journal import Journal, UploaderProcess
 from records.contract import note_declared_version, note_declared_version_in_store
 
-from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable, forward
+from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable
 from ..http import ReplyWriter, ServerRequest, UpstreamPool, upstream_problem
 from ..training import DeclaredWeightVersions, declared_version
-from ._ended_rollouts import EndedRollouts, authorized, end_target
+from ._ended_rollouts import EndedRollouts, admin_refusal, end_target
 from ._settings import Settings
 from ._shared_metrics import merged_exposition, write_snapshot
 
@@ -25,8 +25,6 @@ log = logging.getLogger("mcc")
 
 #: A readiness probe must answer quickly even when the upstream is down.
 _ADMIN_METHODS = ("GET", "HEAD")
-_UNAUTHORIZED = orjson.dumps({"error": "this admin request changes state: it needs Authorization: Bearer <the "
-                                       "sidecar's --admin-token>"})
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
             501: b"Not Implemented", 503: b"Service Unavailable"}
 
@@ -62,20 +60,29 @@ class AdminEndpoints:
             status, body = await self.end_rollout(request, rollout_id)
             client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
             return
+        if path == b"/-/run/end":
+            status, body = await self.end_run(request)
+            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
+            return
         if path == b"/-/weight-version":
             status, body = await self.weight_version(request)
             client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
                          b"" if request.method == "HEAD" else body)
             return
-        if request.method in _ADMIN_METHODS:
-            admin = {b"/-/healthy": self.healthy, b"/-/health": self.healthy, b"/-/ready": self.ready,
-                     b"/-/metrics": self.metrics}.get(path)  # /-/health: what people type for /-/healthy.
-            if admin is not None:
-                status, content_type, body = await admin()
-                client.reply(status, b"OK" if status == 200 else b"Service Unavailable",
-                             [(b"Content-Type", content_type)], b"" if request.method == "HEAD" else body)
-                return
-        await forward(self.sidecar.calls, request, client)
+        admin = {b"/-/healthy": self.healthy, b"/-/health": self.healthy, b"/-/ready": self.ready,
+                 b"/-/metrics": self.metrics}.get(path)  # /-/health: what people type for /-/healthy.
+        if admin is not None and request.method in _ADMIN_METHODS:
+            status, content_type, body = await admin()
+            client.reply(status, b"OK" if status == 200 else b"Service Unavailable",
+                         [(b"Content-Type", content_type)], b"" if request.method == "HEAD" else body)
+            return
+        # ``/-/`` is the sidecar's own, never forwarded (docs/wire.md): a path that is not one of its
+        # endpoints (a typo: /-/rollout/x/end) or a method it does not take says what there is.
+        status = 405 if admin is not None else 404
+        client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], orjson.dumps({
+            "error": f"{request.method} {path.decode('latin-1')} is not an endpoint of this sidecar; /-/ is its own "
+                     "and is never forwarded. Its endpoints: " + ", ".join(ADMIN_PATHS),
+            "paths": list(ADMIN_PATHS)}))
 
 
     async def weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
@@ -86,8 +93,9 @@ class AdminEndpoints:
             return 200, orjson.dumps(self.sidecar.weight_versions.state())
         if request.method != "POST":
             return 405, orjson.dumps({"error": "GET reads the declared weight version; POST {\"version\": \"<label>\"} sets it"})
-        if not authorized(self.sidecar.settings.admin_token, request.fields.get(b"authorization")):
-            return 401, _UNAUTHORIZED
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         version, problem = declared_version(request.body)
         if version is None:
             return 400, orjson.dumps({"error": problem})
@@ -116,8 +124,9 @@ class AdminEndpoints:
         if request.method != "POST":
             return 405, orjson.dumps({"error": "POST ends the rollout, with an optional body: "
                                                '{"outcome": {...}, "group": "<key>", "group_size": G}'})
-        if not authorized(self.sidecar.settings.admin_token, request.fields.get(b"authorization")):
-            return 401, _UNAUTHORIZED
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         if not rollout_id:
             return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
                                                "starting with a letter or digit"})
@@ -125,6 +134,26 @@ class AdminEndpoints:
             return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no rollout "
                                                "to end"})
         return await self.sidecar.ended_rollouts.end(rollout_id, request.body)
+
+    def _refusal(self, request: ServerRequest) -> Optional[tuple[int, bytes]]:
+        """A state-changing request's refusal unless it carries the admin token (docs/operations.md,
+        "Who may change state"): what an agent holds (the port, its headers, a model API key)
+        never suffices."""
+        settings = self.sidecar.settings
+        return admin_refusal(settings.admin_token, settings.open_admin, request.fields.get(b"authorization"))
+
+    async def end_run(self, request: ServerRequest) -> tuple[int, bytes]:
+        """``POST /-/run/end``, body optional (any JSON object): the run is over (`records.end_run`);
+        200 ``{"ended_at", "info"}`` once durable."""
+        if request.method != "POST":
+            return 405, orjson.dumps({"error": "POST ends the run (every rollout of it has ended), with an optional "
+                                               "JSON object describing it"})
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        if self.sidecar.ended_rollouts is None:
+            return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no run to end"})
+        return await self.sidecar.ended_rollouts.end_run(request.body)
 
     async def healthy(self) -> tuple[int, bytes, bytes]:
         """Liveness: the process is up and serving."""
@@ -172,5 +201,9 @@ class AdminEndpoints:
         checks["status"] = "ready" if upstream_ok else "not ready"
         return (200 if upstream_ok else 503), b"application/json", orjson.dumps(checks)
 
+
+#: The sidecar's own endpoints, as a 404 under ``/-/`` names them.
+ADMIN_PATHS = ("GET /-/healthy", "GET /-/ready", "GET /-/metrics", "GET|POST /-/weight-version",
+               "POST /-/rollouts/<rollout_id>/end", "POST /-/run/end")
 
 __all__ = ["AdminEndpoints"]

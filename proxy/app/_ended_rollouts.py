@@ -21,7 +21,7 @@ import orjson
 from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
     ObjectStore, UnknownRollout, end_request, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool,
-    wait_until_quiet, write_rollout_end, write_store_end,
+    wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
 
 from ..call import ROLLOUT_ENDED, LocalReply, Route
@@ -114,6 +114,24 @@ class EndedRollouts:
         mark_ended_in_spool(self.capture_dir, rollout_id)
         return write_store_end(self.store, rollout_id, outcome, group, group_size)[0]
 
+    async def end_run(self, body: bytes) -> tuple[int, bytes]:
+        """Answer ``POST /-/run/end``: 200 once the run's end is durable, 400 for a bad body."""
+        try:
+            info = orjson.loads(body) if body.strip() else None
+        except orjson.JSONDecodeError as exc:
+            return 400, orjson.dumps({"error": f"the body is not JSON: {exc}"})
+        store = self.store
+        try:
+            if store is not None:
+                record = await asyncio.get_running_loop().run_in_executor(None, write_store_run_end, store, info)
+            else:
+                record = await asyncio.get_running_loop().run_in_executor(None, write_run_end, self.capture_dir, info)
+        except ValueError as exc:
+            return 400, orjson.dumps({"error": str(exc)})
+        except Exception as exc:  # A disk's or a store's refusal: nothing was ended.
+            return 503, orjson.dumps({"error": f"the run's end could not be written: {type(exc).__name__}: {exc}"[:500]})
+        return 200, orjson.dumps(record)
+
     def refusal(self, route: Route) -> Optional[tuple[LocalReply, str]]:
         """A captured call's refusal when its rollout has ended (`CallContext.refusal`)."""
         rollout_id = route.rollout_id
@@ -132,12 +150,26 @@ def end_target(path: bytes) -> Optional[str]:
     return rollout_id if is_valid_rollout_id(rollout_id) else ""
 
 
-def authorized(token: Optional[str], authorization: Optional[bytes]) -> bool:
-    """Whether a state-changing admin request may go ahead: no token set, or ``Bearer <token>``
-    (compared in constant time)."""
+_NO_TOKEN = orjson.dumps({
+    "code": "admin_token_required",
+    "error": "this request changes what the trainer is told (an end, the run's end, a weight version), and this "
+             "sidecar has no admin token: only the runner and the trainer may do it, never an agent, which holds the "
+             "model port and its API key (docs/operations.md, \"Who may change state\"). Start the sidecar with "
+             "MCC_ADMIN_TOKEN (or --admin-token-file FILE) and send Authorization: Bearer <token>, or end from the "
+             "capture directory with records.end_rollout"})
+_WRONG_TOKEN = orjson.dumps({
+    "code": "admin_token_required",
+    "error": "this admin request changes state: it needs Authorization: Bearer <the sidecar's admin token "
+             "(MCC_ADMIN_TOKEN)>"})
+
+
+def admin_refusal(token: Optional[str], open_admin: bool, authorization: Optional[bytes]) -> Optional[tuple[int, bytes]]:
+    """Why a state-changing admin request may not go ahead (403 with no token set, 401 without
+    ``Bearer <token>``, compared in constant time), or None when it may."""
     if token is None:
-        return True
-    if authorization is None:
-        return False
-    scheme, _, given = authorization.decode("latin-1").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+        return None if open_admin else (403, _NO_TOKEN)
+    if authorization is not None:
+        scheme, _, given = authorization.decode("latin-1").strip().partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+            return None
+    return 401, _WRONG_TOKEN

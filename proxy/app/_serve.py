@@ -97,10 +97,13 @@ async def serve_forever(settings: Settings, log_format: str = "text",
     if settings.worker_index is not None:  # The log line's prefix names the worker.
         startup = f"pid {os.getpid()}: {startup}"
     log.info("%s", startup)
-    if settings.admin_token is None and settings.host not in ("127.0.0.1", "::1", "localhost") \
-            and settings.worker_index in (None, 0):  # Once, once it listens (by the first worker).
-        log.warning("listening on %s without --admin-token (MCC_ADMIN_TOKEN): whatever reaches the port may end "
-                    "rollouts (POST /-/rollouts/<id>/end) and declare weight versions", settings.host)
+    if settings.worker_index in (None, 0):  # Once, once it listens (by the first worker).
+        if settings.open_admin and settings.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("listening on %s with --open-admin: whatever reaches the port (an agent too) may end "
+                        "rollouts with any outcome and declare weight versions", settings.host)
+        elif settings.admin_token is None and not settings.open_admin and settings.capture_on:
+            log.info("no admin token (MCC_ADMIN_TOKEN or --admin-token-file): ending rollouts over HTTP is refused; "
+                     "end them with records.end_rollout on the capture directory, or set a token for the runner")
     freeze_startup_objects()
     print(ready_line(sidecar.url, log_format), flush=True)
     await stop.wait()

@@ -166,10 +166,18 @@ class Settings(BaseModel):
     #: A segment is sealed (and uploaded) at this size, or this many seconds after its first line.
     segment_max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     segment_max_age: float = Field(60.0, gt=0)
-    #: When set, every admin request that changes state (``POST /-/rollouts/<id>/end``,
-    #: ``POST /-/weight-version``) needs ``Authorization: Bearer <token>``, else 401; model calls
-    #: never do. Without one, whatever reaches the port may end rollouts.
-    admin_token: str | None = None
+    #: The runner's and the trainer's token: every admin request that changes state (``POST
+    #: /-/rollouts/<id>/end``, ``POST /-/run/end``, ``POST /-/weight-version``) needs
+    #: ``Authorization: Bearer <token>``; model calls never do. Without one (and without
+    #: ``open_admin``) such requests are refused: an agent, which holds only the model port and
+    #: its API key, never changes what the trainer is told (docs/operations.md, "Who may change
+    #: state"). From ``MCC_ADMIN_TOKEN``, the YAML file or ``--admin-token-file``; never a flag
+    #: (a flag shows in ``ps``).
+    admin_token: str | None = Field(None, repr=False)
+    #: A file holding the admin token (a Kubernetes Secret mounted as a file), read at start.
+    admin_token_file: str | None = None
+    #: Let whatever reaches the port change state with no token (a trusted single-user setup only).
+    open_admin: bool = False
     #: Who may read what the sidecar writes (capture files, spools, token files, directories):
     #: ``private`` (files 0600, directories 0700: the sidecar's user only; lines hold whole prompts
     #: and replies) or ``group`` (0640 / 0750: also the directories' group, e.g. a collector that
@@ -251,6 +259,33 @@ class Settings(BaseModel):
         if value is not None and not re.fullmatch(r"(?:[0-9a-fA-F]{2}){32,}", value.strip()):
             raise ValueError("must be hex of 32 bytes or more (`openssl rand -hex 32` makes one)")
         return None if value is None else value.strip()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _admin_token_from_its_file(cls, data: Any) -> Any:
+        """``--admin-token-file``: the token read at start (a Secret mounted as a file)."""
+        path = data.get("admin_token_file") if isinstance(data, dict) else None
+        if path is None:
+            return data
+        if data.get("admin_token") is not None:
+            raise ValueError("the admin token is given twice (MCC_ADMIN_TOKEN and --admin-token-file): give one")
+        try:
+            with open(str(path), encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--admin-token-file {path}: {exc.strerror or exc}") from None
+        if not token:
+            raise ValueError(f"--admin-token-file {path} is empty")
+        return {**data, "admin_token": token}
+
+    @model_validator(mode="after")
+    def _one_admin_token(self) -> "Settings":
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError("the admin token (MCC_ADMIN_TOKEN) is empty")
+        if self.admin_token is not None and self.open_admin:
+            raise ValueError("--open-admin (MCC_OPEN_ADMIN) lets anyone change state, and an admin token is set: "
+                             "give one or the other")
+        return self
 
     @model_validator(mode="after")
     def _has_upstream(self) -> "Settings":
@@ -340,7 +375,7 @@ def load_settings(
 
 
 #: Settings whose values are secrets: an error names them, never quotes them.
-_SECRET_SETTINGS = frozenset({"redact_key"})
+_SECRET_SETTINGS = frozenset({"redact_key", "admin_token"})
 #: Settings the supervisor of ``--workers`` sets for its workers: never suggested to users.
 _INTERNAL_SETTINGS = frozenset({"reuse_port", "metrics_dir", "worker_index", "worker_count"})
 #: Flags whose names are not ``--`` + the setting's name.

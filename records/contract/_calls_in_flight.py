@@ -31,6 +31,11 @@ SILENT_SECONDS = 10.0
 IN_FLIGHT_BOUND_SECONDS = 60.0
 
 
+#: A live sidecar publishes within `PUBLISH_SECONDS`; one that has not looked again this long after an
+#: end is taken at its last word (the window it leaves: a call begun in the 0.1 s before the end).
+_LATE_SECONDS = 2.0
+
+
 def publication_path(directory: str, instance: str) -> str:
     return os.path.join(directory, IN_FLIGHT_DIR, f"{instance}.json")
 
@@ -41,13 +46,13 @@ def publish_in_flight(directory: str, instance: str, at: float, rollouts: dict[s
     temporary = path + ".tmp"
     data = orjson.dumps({"instance": instance, "at": at, "pid": os.getpid(), "rollouts": rollouts})
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     except FileNotFoundError:  # Its directory first (never the capture directory: a removed one stays a fault).
         try:
-            os.mkdir(os.path.dirname(path), 0o700)
+            os.mkdir(os.path.dirname(path))  # (modes: the sidecar's umask, --capture-permissions)
         except FileExistsError:
             pass
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         os.write(fd, data)
     finally:
@@ -65,7 +70,7 @@ def withdraw_in_flight(directory: str, instance: str) -> None:
 
 def read_in_flight(directory: str) -> list[dict[str, Any]]:
     """Every sidecar's publication in ``directory`` (unreadable ones left out: being replaced)."""
-    found = []
+    found: list[dict[str, Any]] = []
     try:
         names = os.listdir(os.path.join(directory, IN_FLIGHT_DIR))
     except FileNotFoundError:
@@ -100,8 +105,11 @@ def in_flight_readiness(publications: list[dict[str, Any]], rollout_id: str, end
     for record in publications:
         at = record["at"]
         named = record["rollouts"].get(rollout_id)
-        if named is None and (at > ended_at or now - at >= SILENT_SECONDS):
-            continue  # Looked after the end and has nothing of it; or dead before it, holding nothing of it.
+        if named is None and (at > ended_at or now - at >= SILENT_SECONDS or now - ended_at > _LATE_SECONDS):
+            # Looked after the end and has nothing of it; dead before it, holding nothing of it; or
+            # not looked again within `_LATE_SECONDS` of the end (a loop blocked that long finishes
+            # no call either): taken at its last word.
+            continue
         if now - ended_at < bound:
             return "wait", None
         if named is not None:

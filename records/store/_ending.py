@@ -12,10 +12,10 @@ from ..contract import (
     RolloutEnd, end_path, read_end_file, read_end_object, read_run_end, read_store_run_end,
     wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
+from ._store import capture_store
 
 #: How long `end_rollout` waits for the rollout's calls in flight (as the sidecar's end does).
 END_WAITS_SECONDS = 30.0
-from ._store import capture_store
 
 
 def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, Any]] = None,

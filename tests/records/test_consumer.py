@@ -4,6 +4,7 @@ SIGKILLed at random points lose nothing and train nothing twice."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -189,8 +190,10 @@ async def test_a_consumer_that_retires_marks_gyms_state_only_once_its_ack_is_fin
     await converse(http, sidecar, "tok-b", ["hi"])
     for rollout_id in ("tok-a", "tok-b"):
         end_rollout(capture_dir, rollout_id, outcome={"reward": 1}, allow_empty=True)
+    await asyncio.sleep(0.3)  # The sidecar publishes, after the ends, that no call is in flight (the write barrier).
     trainer = Consumer(capture_dir, "trainer", retires=True)
-    first, second = trainer.take(2)
+    loop = asyncio.get_running_loop()  # (taken on a thread: the sidecar runs on this loop)
+    first, second = await loop.run_in_executor(None, trainer.take, 2)
     assert first.trajectories.chains and not first.trajectories.masked and len(first.calls) == 2
     files = TokenFiles(capture_dir)
     trainer.ack([first], step=1)
@@ -287,19 +290,22 @@ async def test_staleness_after_three_declared_versions_per_member(http, upstream
     withheld; a group's members each marked; the trainer acknowledges what it drops."""
     from tests.proxy.training.test_token_files import converse, serve_model
     from tests.vllm_chat_model import TinyChatModel
-    from tests.wire import fetch
+    from tests.wire import RUNNER, fetch
 
     serve_model(upstream, TinyChatModel())
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     for version, rollouts in (("v1", ["5-0"]), ("v2", ["5-1", "solo-b"]), ("v3", ["solo-c"])):
-        declared = await fetch(http, "POST", sidecar.url + "/-/weight-version", orjson.dumps({"version": version}))
+        declared = await fetch(http, "POST", sidecar.url + "/-/weight-version", orjson.dumps({"version": version}),
+                               headers=RUNNER)
         assert declared.status == 200
         for rollout_id in rollouts:
             await converse(http, sidecar, rollout_id, ["hi"])
     for rollout_id in ("5-0", "5-1", "solo-b", "solo-c"):
         end_rollout(capture_dir, rollout_id, outcome={"reward": 1}, allow_empty=True)
+    await asyncio.sleep(0.3)  # The sidecar publishes, after the ends, that no call is in flight (the write barrier).
     trainer = Consumer(capture_dir, "trainer")
-    items = trainer.take(10, group_size=2, current_version="v3", max_staleness=1)
+    items = await asyncio.get_running_loop().run_in_executor(  # (on a thread: the sidecar runs on this loop)
+        None, lambda: trainer.take(10, group_size=2, current_version="v3", max_staleness=1))
     by_id = {}
     for item in items:
         for rollout in getattr(item, "rollouts", [item]):

@@ -5,7 +5,6 @@ barrier whichever way the end came. Real processes and a real sidecar on loopbac
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -111,7 +110,9 @@ def _readme_trainer_code() -> str:
     section = text.split("## Recipe: an async trainer", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     imports = code.split("\n", 1)[0]
-    return imports + "\n" + code.split("# The trainer", 1)[1].split("\n", 1)[1]
+    trainer = code.split("# The trainer", 1)[1].split("\n", 1)[1]
+    # The user's own functions (load_checkpoint, save_checkpoint, train) are the test's.
+    return imports + "\n" + "\n".join(line for line in trainer.splitlines() if not line.startswith("def "))
 
 
 def test_the_readmes_loop_trains_every_rollout_and_ends_only_after_the_runs_end(tmp_path):
@@ -139,7 +140,7 @@ def test_the_readmes_loop_trains_every_rollout_and_ends_only_after_the_runs_end(
 
     def train(batch):
         trained.extend((len(checkpoints) + 1, rollout.rollout_id, rollout.outcome["reward"])
-                       for group in batch for rollout in group.rollouts)
+                       for item in batch for rollout in getattr(item, "rollouts", [item]))
 
     namespace = {"load_checkpoint": lambda: 0, "save_checkpoint": checkpoints.append, "train": train}
     code = _readme_trainer_code().replace("/data/model-calls", directory)
@@ -213,7 +214,7 @@ async def test_a_call_in_flight_at_end_rollout_is_whole_in_the_rollout_as_with_t
         await asyncio.sleep(0.3)                     # the second call is in flight
         if how == "python":
             end = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: end_rollout(capture_dir, rollout_id, outcome={"reward": 1.0}))
+                None, lambda rollout_id=rollout_id: end_rollout(capture_dir, rollout_id, outcome={"reward": 1.0}))
         else:
             answer = await fetch(http, "POST", f"{sidecar.url}/-/rollouts/{rollout_id}/end",
                                  b'{"outcome": {"reward": 1.0}}', headers={"Authorization": "Bearer runner-token"})
@@ -222,7 +223,7 @@ async def test_a_call_in_flight_at_end_rollout_is_whole_in_the_rollout_as_with_t
         assert call.done() and (await call).status == 200, "the end waited for the call in flight"
         assert end.calls == 2
         trainer = Consumer(capture_dir, f"trainer-{how}")  # (taken on a thread: the sidecar runs on this loop)
-        (taken,) = await asyncio.get_running_loop().run_in_executor(None, lambda: trainer.take(1, wait=3.0))
+        (taken,) = await asyncio.get_running_loop().run_in_executor(None, lambda trainer=trainer: trainer.take(1, wait=3.0))
         assert not taken.incomplete and len(taken.calls) == 2
         shapes[how] = (len(taken.calls), taken.trajectories.model_dump(exclude={"rollout_id", "links"}),
                        taken.trajectories.masked)

@@ -65,11 +65,13 @@ def test_a_store_whose_sidecars_have_not_uploaded_yet_says_so_with_the_seal_inte
 async def _call_and_end(url: str) -> None:
     import aiohttp
 
+    from tests.wire import RUNNER
+
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/ng-rollout/r1/v1/chat/completions",
                              json={"model": "m", "messages": [{"role": "user", "content": "a secret prompt"}]}) as reply:
             assert reply.status == 200
-        async with http.post(f"{url}/-/rollouts/r1/end", json={"outcome": {"reward": 1}}) as reply:
+        async with http.post(f"{url}/-/rollouts/r1/end", json={"outcome": {"reward": 1}}, headers=RUNNER) as reply:
             assert reply.status == 200
 
 
@@ -97,6 +99,7 @@ async def test_every_file_and_directory_the_sidecar_creates_is_private_by_defaul
     import stat
 
     from tests.processes import SidecarProcess
+    from tests.wire import RUNNER_TOKEN
 
     where = (["--capture-dir", str(tmp_path / "captures")] if layout == "directory" else
              ["--capture-dir", str(tmp_path / "spool"), "--capture-store", f"segments://{tmp_path / 'store'}",
@@ -104,7 +107,8 @@ async def test_every_file_and_directory_the_sidecar_creates_is_private_by_defaul
     extra = ["--capture-permissions", permissions] if permissions else []
     saved = os.umask(0o002)  # A permissive umask, as a shell's often is: the sidecar's own wins.
     try:
-        sidecar = SidecarProcess.start("--stand-in", "--capture-tokens", *where, *extra)
+        sidecar = SidecarProcess.start("--stand-in", "--capture-tokens", *where, *extra,
+                                       env={"MCC_ADMIN_TOKEN": RUNNER_TOKEN})
     finally:
         os.umask(saved)
     try:

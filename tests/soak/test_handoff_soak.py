@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from records import Consumer, end_rollout
+from records import end_rollout
 from records.training import consumer_view
+
 from tests.records.test_consumer import _TRAINER, ROOT
 
 pytestmark = pytest.mark.soak

@@ -18,7 +18,7 @@ from tests.scripted_upstream import json_script
 from tests.proxy.training.test_token_files import converse, serve_model
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, MESSAGES_REQUEST
 from tests.vllm_chat_model import TinyChatModel
-from tests.wire import fetch, rollout_url
+from tests.wire import RUNNER, fetch, rollout_url
 
 CHAT = "/v1/chat/completions"
 OUTCOME = {"reward": 0.75, "metrics": {"passed": 3, "failed": 1}}
@@ -33,26 +33,26 @@ async def test_an_end_is_durable_answered_once_and_never_changed(http, upstream,
     for _ in range(2):
         assert (await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST)).status == 200
     body = orjson.dumps({"outcome": OUTCOME, "group": "task-7", "group_size": 4})
-    first = await fetch(http, "POST", _end_url(sidecar.url, "r1"), body)
+    first = await fetch(http, "POST", _end_url(sidecar.url, "r1"), body, headers=RUNNER)
     assert first.status == 200, first.body
     answer = orjson.loads(first.body)
     assert answer["rollout_id"] == "r1" and answer["calls"] == 2 and answer["ended_at"] > 0
     end = read_rollout_end(capture_dir, "r1")
     assert end is not None and (end.outcome, end.group, end.group_size, end.calls) == (OUTCOME, "task-7", 4, 2)
     assert end.ended_at == answer["ended_at"]
-    again = await fetch(http, "POST", _end_url(sidecar.url, "r1"), body)
+    again = await fetch(http, "POST", _end_url(sidecar.url, "r1"), body, headers=RUNNER)
     assert again.status == 200 and orjson.loads(again.body)["ended_at"] == answer["ended_at"], "the first end again"
     file_before = open(os.path.join(capture_dir, "r1.end.json"), "rb").read()
-    other = await fetch(http, "POST", _end_url(sidecar.url, "r1"), orjson.dumps({"outcome": {"reward": 0.0}}))
+    other = await fetch(http, "POST", _end_url(sidecar.url, "r1"), orjson.dumps({"outcome": {"reward": 0.0}}), headers=RUNNER)
     assert other.status == 409 and orjson.loads(other.body)["ended_at"] == answer["ended_at"]
     assert open(os.path.join(capture_dir, "r1.end.json"), "rb").read() == file_before, "nothing changed"
     # The capture file keeps its shape: two lines, read as before.
     assert [record.status_code for record in read_model_call_records(capture_dir, "r1")] == [200, 200]
     # A rollout with no trace is refused (a typo'd id); one that really made no call says so.
-    unknown = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"))
+    unknown = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"), headers=RUNNER)
     assert unknown.status == 404 and orjson.loads(unknown.body)["code"] == "unknown_rollout"
     assert read_rollout_end(capture_dir, "nothing-yet") is None
-    empty = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"), b'{"allow_empty": true}')
+    empty = await fetch(http, "POST", _end_url(sidecar.url, "nothing-yet"), b'{"allow_empty": true}', headers=RUNNER)
     assert empty.status == 200 and orjson.loads(empty.body)["calls"] == 0
     assert read_rollout_end(capture_dir, "nothing-yet").outcome is None
 
@@ -70,7 +70,7 @@ async def test_a_call_after_the_end_is_refused_in_its_dialect_and_recorded(http,
     one = await start(upstream.url, capture_dir=capture_dir)
     two = await start(upstream.url, capture_dir=capture_dir)
     assert (await fetch(http, "POST", rollout_url(one.url, "ends", path), request_body)).status == 200
-    assert (await fetch(http, "POST", _end_url(one.url, "ends"), orjson.dumps({"outcome": OUTCOME}))).status == 200
+    assert (await fetch(http, "POST", _end_url(one.url, "ends"), orjson.dumps({"outcome": OUTCOME}), headers=RUNNER)).status == 200
     received_before = len(upstream.received)
     for sidecar in (one, two):
         refused = await fetch(http, "POST", rollout_url(sidecar.url, "ends", path), request_body)
@@ -100,7 +100,7 @@ async def test_an_ended_rollout_takes_no_token_entry_and_its_trajectory_is_what_
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     await converse(http, sidecar, "tok", ["hi", "more"])
     before = trajectories(capture_dir, "tok")
-    assert (await fetch(http, "POST", _end_url(sidecar.url, "tok"), orjson.dumps({"outcome": OUTCOME}))).status == 200
+    assert (await fetch(http, "POST", _end_url(sidecar.url, "tok"), orjson.dumps({"outcome": OUTCOME}), headers=RUNNER)).status == 200
     assert TokenFiles(capture_dir).state("tok")["frozen"] is True
     late = await fetch(http, "POST", rollout_url(sidecar.url, "tok", CHAT),
                        orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "late"}]}))
@@ -121,14 +121,14 @@ async def test_an_ended_rollout_takes_no_token_entry_and_its_trajectory_is_what_
 ])
 async def test_a_bad_end_is_refused_with_a_reason_and_writes_nothing(http, sidecar, capture_dir, method, target, body,
                                                                      status):
-    reply = await fetch(http, method, sidecar.url + target, body)
+    reply = await fetch(http, method, sidecar.url + target, body, headers=RUNNER)
     assert reply.status == status and orjson.loads(reply.body)["error"]
     assert not [name for name in os.listdir(capture_dir) if name.endswith(".end.json")]
 
 
 async def test_without_capture_there_is_nothing_to_end(http, upstream, start):
     sidecar = await start(upstream.url)
-    reply = await fetch(http, "POST", _end_url(sidecar.url, "r1"))
+    reply = await fetch(http, "POST", _end_url(sidecar.url, "r1"), headers=RUNNER)
     assert reply.status == 400 and "captures nothing" in orjson.loads(reply.body)["error"]
 
 
@@ -173,26 +173,28 @@ def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
     assert read_rollout_end(directory, "r2") is None
 
 
-@pytest.mark.parametrize("host, token, warned", [("0.0.0.0", None, True), ("0.0.0.0", "t0ken", False),
-                                                 ("127.0.0.1", None, False)])
-def test_a_sidecar_beyond_loopback_without_an_admin_token_says_so_once(tmp_path, host, token, warned):
+@pytest.mark.parametrize("host, args, token, warned", [("0.0.0.0", ["--open-admin"], None, True),
+                                                       ("0.0.0.0", [], "t0ken", False),
+                                                       ("127.0.0.1", ["--open-admin"], None, False)])
+def test_a_sidecar_beyond_loopback_with_open_admin_says_so_once(tmp_path, host, args, token, warned):
     from tests.processes import SidecarProcess
 
     env = {"MCC_ADMIN_TOKEN": token} if token else None
-    sidecar = SidecarProcess.start("--stand-in", "--host", host, "--port", "0", "--capture-dir", str(tmp_path / "c"), env=env)
+    sidecar = SidecarProcess.start("--stand-in", "--host", host, "--port", "0", "--capture-dir", str(tmp_path / "c"),
+                                   *args, env=env)
     assert sidecar.terminate() == 0
-    said = [line for line in sidecar.stderr_lines if "without --admin-token" in line]
+    said = [line for line in sidecar.stderr_lines if "with --open-admin" in line]
     assert len(said) == (1 if warned else 0), sidecar.stderr_lines
     assert token is None or not any(token in line for line in sidecar.stderr_lines), "the token is never logged"
 
 
 async def test_two_ends_declaring_different_sizes_for_one_group_the_second_is_409(http, sidecar, capture_dir):
-    first = await fetch(http, "POST", _end_url(sidecar.url, "7-0"), orjson.dumps({"group_size": 4, "allow_empty": True}))
+    first = await fetch(http, "POST", _end_url(sidecar.url, "7-0"), orjson.dumps({"group_size": 4, "allow_empty": True}), headers=RUNNER)
     assert first.status == 200
-    second = await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 2, "allow_empty": True}))
+    second = await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 2, "allow_empty": True}), headers=RUNNER)
     assert second.status == 409 and "size 4" in orjson.loads(second.body)["error"]
     assert read_rollout_end(capture_dir, "7-1") is None, "nothing changed"
-    assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4, "allow_empty": True}))).status == 200
+    assert (await fetch(http, "POST", _end_url(sidecar.url, "7-1"), orjson.dumps({"group_size": 4, "allow_empty": True}), headers=RUNNER)).status == 200
 
 
 @pytest.mark.slow
@@ -209,7 +211,7 @@ async def test_an_end_waits_for_its_rollouts_call_under_way_and_refuses_new_ones
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     streaming = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "busy", CHAT), CHAT_REQUEST))
     await asyncio.sleep(0.3)  # The stream is under way.
-    ending = asyncio.ensure_future(fetch(http, "POST", _end_url(sidecar.url, "busy"), orjson.dumps({"outcome": OUTCOME})))
+    ending = asyncio.ensure_future(fetch(http, "POST", _end_url(sidecar.url, "busy"), orjson.dumps({"outcome": OUTCOME}), headers=RUNNER))
     await asyncio.sleep(0.1)
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
     meanwhile = await fetch(http, "POST", rollout_url(sidecar.url, "busy", CHAT), CHAT_JSON_REQUEST)

@@ -15,9 +15,10 @@ from capture import SSEParser
 from proxy import start_stand_in
 from records import read_token_entries, read_token_records
 from tests.scripted_upstream import Script
-from tests.wire import fetch, rollout_url
+from tests.wire import RUNNER, fetch, rollout_url
 
 _JSON = {"Content-Type": "application/json"}
+_ADMIN = {**_JSON, **RUNNER}  # What the trainer sends: the runner's admin token
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "Count slowly to twenty, please."}], "stream": True}
 #: Seconds between the stand-in's chunks: a generation's pace, so an update lands mid-stream.
 _PACE = "0.03"
@@ -78,7 +79,7 @@ async def test_a_declared_update_splits_a_stream_where_it_fell(http, upstream, s
     try:
         sidecar = await start(stand_in.url, capture_dir=capture_dir)
         declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
-                                        orjson.dumps({"version": version}), headers=_JSON)
+                                        orjson.dumps({"version": version}), headers=_ADMIN)
         assert (await declare("step-1")).status == 200
         asked = {**_CHAT, "return_token_ids": True}  # The agent's own ids: the sidecar can count a stream.
 
@@ -109,7 +110,7 @@ async def test_a_non_streamed_reply_across_a_declared_update_is_marked_unplaced(
         delay_head=0.5)
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
-                                    orjson.dumps({"version": version}), headers=_JSON)
+                                    orjson.dumps({"version": version}), headers=_ADMIN)
     await declare("a")
     call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "flat", "/v1/chat/completions"),
                                        orjson.dumps({"model": "m", "messages": []}), headers=_JSON))
@@ -144,7 +145,7 @@ async def test_the_admin_endpoint_says_what_is_wrong_with_a_bad_declaration(http
     url = sidecar.url + "/-/weight-version"
     assert orjson.loads((await fetch(http, "GET", url)).body) == {"version": None, "declared_at": None}
     for bad in (b"not json", b'{"version": ""}', b'{"version": 3}', b"[]"):
-        reply = await fetch(http, "POST", url, bad, headers=_JSON)
+        reply = await fetch(http, "POST", url, bad, headers=_ADMIN)
         assert reply.status == 400 and "version" in orjson.loads(reply.body)["error"], bad
     assert (await fetch(http, "PUT", url, b"{}")).status == 405
     assert orjson.loads((await fetch(http, "GET", url)).body)["version"] is None, "nothing was declared"
@@ -180,7 +181,7 @@ async def test_an_aborted_call_is_its_own_category_and_the_call_resuming_it_is_s
     sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     url = rollout_url(sidecar.url, "resumed", "/v1/chat/completions")
     declare = lambda version: fetch(http, "POST", sidecar.url + "/-/weight-version",  # noqa: E731
-                                    orjson.dumps({"version": version}), headers=_JSON)
+                                    orjson.dumps({"version": version}), headers=_ADMIN)
     await declare("v1")
     await fetch(http, "POST", url, orjson.dumps({"model": "m", "messages": question}), headers=_JSON)
     await declare("v2")
