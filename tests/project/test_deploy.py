@@ -135,7 +135,11 @@ def test_sidecar_probes_volume_and_grace_period_fit_together():
     sidecar = _sidecar_container(manifests["deployment.yaml"])
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/-/ready"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
-    env = {item["name"]: item["value"] for item in sidecar["env"]}
+    env = {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
+    # The admin token comes from a Secret (never a flag, never a literal in the manifest).
+    (token,) = [item for item in sidecar["env"] if item["name"] == "MCC_ADMIN_TOKEN"]
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "model-call-capture-admin"
+    assert not any("admin-token" in argument for argument in sidecar.get("args", []) + sidecar.get("command", []))
     settings = load_settings(environ=env)
     assert settings.capture_on and pod["terminationGracePeriodSeconds"] > settings.drain_timeout
     assert pod["enableServiceLinks"] is False
