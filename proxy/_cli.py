@@ -67,7 +67,8 @@ SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
                  "capture_permissions")),
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
-    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine")),
+    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine",
+                            "policy_model")),
     ("Privacy", ("redact", "redact_hook", "redact_hook_budget", "privacy", "privacy_keep_token_ids")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
                                  "trace_context", "affinity_header")),
@@ -141,6 +142,7 @@ class _ServeCommand(click.Command):
               help="Who may read what the sidecar writes: private (files 0600, directories 0700; default: lines hold whole prompts and replies) or group (0640 / 0750, e.g. a collector in the pod's fsGroup). [MCC_CAPTURE_PERMISSIONS]")
 @click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
               help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
+@click.option("--policy-model", metavar="NAME", help="The model being trained: a call of a rollout for another model is a side call, captured whole, marked side_call and never trained on (default: the model of each rollout's first call). [MCC_POLICY_MODEL]")
 @click.option("--token-dir", metavar="DIR", help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
 @click.option("--capture-tokens/--no-capture-tokens", default=None,
               help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")

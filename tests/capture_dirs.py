@@ -151,6 +151,16 @@ def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: s
                 handle.write(b"".join(lines))
 
 
+#: What a sidecar keeps in its capture directory of its own, beside the rollouts' files: its calls
+#: in flight (`proxy.app._in_flight`).
+SIDECAR_OWN = ("inflight",)
+
+
+def rollout_files(capture_dir: str) -> list[str]:
+    """The names in a capture directory but the sidecar's own (`SIDECAR_OWN`)."""
+    return sorted(name for name in os.listdir(capture_dir) if name not in SIDECAR_OWN)
+
+
 def remove_live_capture_dir(path: str) -> None:
     """Remove a capture directory that running sidecars write into (each publishes its calls in
     flight there ten times a second: `proxy.app._in_flight`), as an operator's ``rm -rf`` would,

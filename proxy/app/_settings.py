@@ -75,6 +75,9 @@ class Settings(BaseModel):
     #: NeMo Gym's ``observability_enabled``: capture is on only when this and a directory are set.
     capture_enabled: bool = True
     model_name: str | None = None
+    #: The rollouts' policy model (the model trained): a captured call for another model is a side
+    #: call, marked and never trained on; unset: the model of each rollout's first call.
+    policy_model: str | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
     connect_timeout: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     read_timeout: float = Field(DEFAULT_READ_TIMEOUT_S, gt=0, le=MAX_READ_TIMEOUT_S)

@@ -32,6 +32,7 @@ from ..http import KEEPALIVE_IDLE_SECONDS, Http1Connection, ReplyWriter, ServerR
 from ..training import (
     DeclaredWeightVersions,
     PrefixSupply,
+    SideCalls,
     TokenCapture,
     TokenModeMetrics,
     TokenTraining,
@@ -93,6 +94,8 @@ class Sidecar:
         self.weight_versions.reread()  # A worker (re)started after a declaration takes it.
         #: The rollouts' ends (``/-/rollouts/<id>/end``), with capture on a capture directory.
         self.ended_rollouts: Optional[EndedRollouts] = None
+        #: Side calls (not the policy's turns), marked on their lines; with capture on.
+        self.side_calls: Optional[SideCalls] = None
         #: The calls in flight, published for the hand-off's write barrier (capture on a directory).
         self.in_flight: Optional[InFlightPublisher] = None
 
@@ -107,6 +110,8 @@ class Sidecar:
         redaction = self.redaction
         if redaction is not None:  # First: every later hook, and the line, see the redacted fields.
             hooks = self.calls.line_hooks
+        if self.side_calls is not None:  # Marked before the token capture mode decides to take part.
+            hooks += (self.side_calls.hooks(),)
         training = self.token_training
         if training is not None and (training.every_call or route.training_tokens) \
                 and (redaction is None or not redaction.metrics_only or redaction.keep_token_ids):
@@ -167,10 +172,11 @@ class Sidecar:
             self.admin.capture_dir_was_writable = prepare_capture_dirs(settings)
             token_dir = settings.token_dir or settings.capture_dir
             token_metrics = self.metrics.feature(TokenModeMetrics)
+            self.side_calls = SideCalls(settings.policy_model, self.metrics)
             self.token_training = TokenTraining(token_metrics, TokenCapture(token_dir, token_metrics,
                                                                                   settings.capture_routed_experts),
                                                 settings.capture_tokens,
-                                                PrefixSupply() if settings.supply_prefix else None)
+                                                PrefixSupply() if settings.supply_prefix else None, self.side_calls)
             if settings.redact or settings.redact_hook or settings.privacy != "full":
                 rules, hook = load_redaction(settings.redact, settings.redact_hook)
                 self.redaction = Redaction(self.metrics.feature(RedactionMetrics), rules, hook,

@@ -100,6 +100,9 @@ class CallExchange:
     added_request_fields: dict[str, Any] | None = None
     #: The request body already parsed on the way in (the token capture mode reads it): not parsed twice.
     parsed_request: dict[str, Any] | None = None
+    #: Why the call is a side call (not the policy's turn: another model, a harness's title or
+    #: quota call; `proxy.training._side_calls`), "" when decided it is a turn, None until decided.
+    side_call: str | None = None
     #: The earlier call of the rollout this one repeats (an SDK retry, a resend): byte for byte,
     #: noted as the call opens, or equal as JSON (`note_json_retry`).
     retry_of: str | None = None

@@ -11,11 +11,14 @@ from ._engine import probe_engine
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
 from ._metrics import TokenModeMetrics
 from ._renderer import PrefixSupply, SuppliedPrefix
+from ._side_calls import SideCallHooks, SideCalls
 from ._token_hooks import TokenHooks, TokenTraining
 from ._token_mode import REFUSAL_STATUSES, TokenMode, refused_fields
 from ._weight_hooks import WeightVersionHooks
 
 __all__ = [
+    "SideCallHooks",
+    "SideCalls",
     "DECLARATION_FILE",
     "DeclaredWeightVersions",
     "PrefixSupply",

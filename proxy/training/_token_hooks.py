@@ -36,6 +36,8 @@ from ._token_mode import REFUSAL_STATUSES, TokenMode
 if TYPE_CHECKING:
     from capture.journal import Built
 
+    from ._side_calls import SideCalls
+
     from ..call import CallExchange, CallView
 
     from ._metrics import TokenModeMetrics
@@ -45,7 +47,7 @@ class TokenTraining:
     """The token capture mode of one sidecar: what every call it covers shares."""
 
     def __init__(self, metrics: "TokenModeMetrics", token_capture: TokenCapture, every_call: bool,
-                 prefix_supply: Optional[PrefixSupply] = None) -> None:
+                 prefix_supply: Optional[PrefixSupply] = None, side_calls: Optional["SideCalls"] = None) -> None:
         self.metrics = metrics
         self.mode = TokenMode()
         self.token_capture = token_capture
@@ -53,6 +55,8 @@ class TokenTraining:
         self.every_call = every_call
         #: --supply-prefix (docs/tokens.md): the renderer round trips and what they taught.
         self.prefix_supply = prefix_supply
+        #: Side calls take no part: no fields added, no intent, no entry (`proxy.training._side_calls`).
+        self.side_calls = side_calls
 
     def covers(self, training_path: bool) -> bool:
         return self.every_call or training_path
@@ -90,6 +94,8 @@ class TokenHooks(CallHooks):
     # -- phase: request body ---------------------------------------------------------------------
 
     async def request_body(self, call: "CallView", body: bytes) -> bytes:
+        if self._side_call(call):
+            return body  # Never trained on: the agent's request goes as it came, and no entry is written.
         body = self._add_fields(call, body)
         # The call's lineage and its intent (docs/tokens.md) are prepared while the request goes
         # upstream, and awaited before the agent gets a byte of the reply (issue 34); prefix
@@ -99,6 +105,16 @@ class TokenHooks(CallHooks):
             await self._planned()
             body = await self._supply_prefix(call, body)
         return body
+
+    def _side_call(self, call: "CallView") -> bool:
+        """Whether the call is a side call (decided here, before it is dispatched: its intent would be)."""
+        exchange, rule = call.exchange, self.training.side_calls
+        if rule is None or exchange is None:
+            return False
+        if exchange.side_call is None:
+            request = parse_json_object(call.request.body) if not call.request.fields.get(b"content-encoding") else None
+            exchange.side_call = (rule.reason(exchange.rollout_id, request) if request else None) or ""
+        return bool(exchange.side_call)
 
     def _add_fields(self, call: "CallView", body: bytes) -> bytes:
         """The body to send: the agent's own, or with the mode's fields added. A compressed body

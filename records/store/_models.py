@@ -110,6 +110,9 @@ class ModelCallRecord(BaseModel):
     response_raw: Optional[str] = None
     response_source: Optional[Literal["upstream", "local"]] = None
     response_status: Optional[str] = None
+    #: Not in Gym's record: why the call is a **side call** (not the policy's turn: ``other_model``,
+    #: ``title``, ``quota``), captured whole and left out of every trajectory; None for a turn.
+    side_call: Optional[str] = None
     started_at: Optional[float] = None
     status_code: Optional[int] = None
     #: Not in the seed's list: a 2xx stream that ended without its terminal event (docs/files.md).

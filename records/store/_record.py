@@ -100,6 +100,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "response_raw": v if type(v := get("response_raw")) is str else None,
         "response_source": source if source == "upstream" or source == "local" else None,
         "response_status": facts.status,
+        "side_call": _side_call(get("side_call")),
         "started_at": float(started) if type(started) in _NUMBERS else None,
         "status_code": _status_code(get("status_code")),
         "stream_truncated": v if type(v := get("stream_truncated")) is bool else None,
@@ -257,3 +258,7 @@ def _percentile(values: list[Optional[float]], p: float) -> Optional[float]:
     return present[min(rank, len(present)) - 1]
 
 
+def _side_call(marked: Any) -> Optional[str]:
+    """The reason a line was marked a side call (``side_call: {"reason": ...}``), else None."""
+    reason = marked.get("reason") if type(marked) is dict else None
+    return reason if type(reason) is str else None

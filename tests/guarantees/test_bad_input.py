@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from tests.capture_dirs import rollout_files
 from tests.scripted_upstream import json_script, sse_script
 
 CHAT = "/v1/chat/completions"
@@ -97,5 +98,5 @@ async def test_bad_input(case, upstream, sidecar, http, capture_dir, tmp_path):
     assert (await http.get(sidecar.url + "/-/healthy")).status == 200, "the sidecar stays up"
     outside = {name for name in _files_under(tmp_path) if not name.startswith("captures" + os.sep)}
     assert outside == set(), f"files written outside the capture dir: {outside}"
-    for name in os.listdir(capture_dir):
+    for name in rollout_files(capture_dir):
         assert name in ("b1.capture.jsonl", "b2.capture.jsonl"), name

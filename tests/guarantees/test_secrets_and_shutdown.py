@@ -12,6 +12,7 @@ import aiohttp
 
 from proxy.app import free_port
 
+from tests.capture_dirs import rollout_files
 from tests.conftest import SECRET_MARKER
 from tests.processes import SidecarProcess
 from tests.scripted_upstream import json_script, split_every, sse_script
@@ -39,7 +40,7 @@ async def test_no_credential_reaches_the_disk(http, upstream, start, capture_dir
     for server, path, body in calls:
         async with http.post(f"{server.url}/ng-rollout/secret{path}{SECRET_QUERY}", data=body, headers=SECRET_HEADERS) as reply:
             await reply.read()
-    written = b"".join(open(os.path.join(capture_dir, name), "rb").read() for name in os.listdir(capture_dir))
+    written = b"".join(open(os.path.join(capture_dir, name), "rb").read() for name in rollout_files(capture_dir))
     assert written.count(b"\n") == 4, "every call was captured"
     assert SECRET_MARKER.encode() not in written
     assert upstream.received[0].header("Authorization") == SECRET_HEADERS["Authorization"], "still forwarded"

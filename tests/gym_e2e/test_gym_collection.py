@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import pytest
 
 from records import CaptureStore, merge_model_call_capture_into_record
+from tests.capture_dirs import rollout_files
 from tests.gym_conformance.agreement import compare_rollout, run_gym
 from tests.gym_conformance.gym_venv import GymUnavailable, gym_python
 
@@ -205,11 +206,11 @@ def collection(tmp_path_factory) -> Iterator[Collection]:
         collecting = services.start("collect", collect)
         # Killed once a rollout has its row, not merely its line: a line is durable before its reply is
         # released, so a kill at the fourth line could still cut all four replies (a CI run lost every one).
-        wait_until(lambda: (len(os.listdir(capture_dir)) >= 4 and _complete_lines(str(work / "rollouts.jsonl")) >= 1)
+        wait_until(lambda: (len(rollout_files(capture_dir)) >= 4 and _complete_lines(str(work / "rollouts.jsonl")) >= 1)
                    or collecting.poll() is not None,
                    "four rollouts' calls are on disk and one rollout has its row", 300, services, "collect")
         services.stop("sidecar", signal.SIGKILL)  # Mid-collection, calls in flight.
-        files_at_kill = sorted(os.listdir(capture_dir))
+        files_at_kill = rollout_files(capture_dir)
         assert collecting.wait(300) == 0, services.log("collect")[-3000:]
         services.processes.pop("collect")
         first_pass_rows = _jsonl(str(work / "rollouts.jsonl"))

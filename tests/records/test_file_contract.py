@@ -11,6 +11,7 @@ import pytest
 
 from records.contract import CORE_KEYS
 
+from tests.capture_dirs import rollout_files
 from tests.scripted_upstream import json_script, split_every, sse_script
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, RESPONSES_REQUEST, RESPONSES_STREAM
 from tests.wire import fetch, rollout_url
@@ -39,9 +40,10 @@ async def test_secret_headers_never_reach_the_disk(http, upstream, sidecar, capt
     secrets = {"Authorization": "Bearer sk-SECRET1", "x-api-key": "SECRET2", "api-key": "SECRET3", "Cookie": "s=SECRET4"}
     await fetch(http, "POST", rollout_url(sidecar.url, "r1", CHAT), CHAT_JSON_REQUEST, secrets)
     assert upstream.received[-1].header("x-api-key") == "SECRET2"
-    for name in os.listdir(capture_dir):
-        with open(os.path.join(capture_dir, name), "rb") as handle:
-            assert b"SECRET" not in handle.read()
+    for directory, _, names in os.walk(capture_dir):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as handle:
+                assert b"SECRET" not in handle.read()
 
 
 async def test_correlation_headers_are_recorded_only_when_unambiguous(http, upstream, sidecar, store):
@@ -158,7 +160,7 @@ async def test_invalid_rollout_id_gets_400_and_touches_nothing(http, upstream, s
     assert reply.status == 400
     body = orjson.loads(reply.body)
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert upstream.received == [] and os.listdir(capture_dir) == [] and sorted(os.listdir(tmp_path)) == before
+    assert upstream.received == [] and rollout_files(capture_dir) == [] and sorted(os.listdir(tmp_path)) == before
 
 
 async def test_invalid_rollout_id_on_openai_path_uses_openai_shape(http, upstream, sidecar):

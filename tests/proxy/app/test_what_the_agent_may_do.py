@@ -93,7 +93,7 @@ def test_an_agent_cannot_end_its_rollout_or_touch_the_trainers_state_and_the_run
 def test_a_token_on_the_command_line_is_refused_and_a_token_file_works(tmp_path):
     from click.testing import CliRunner
 
-    from proxy._cli import main
+    from proxy import main
 
     said = CliRunner().invoke(main, ["serve", "--stand-in", "--admin-token", "s3cret"], prog_name="mcc")
     assert said.exit_code == 2 and "shows in ps" in said.output and "MCC_ADMIN_TOKEN" in said.output
