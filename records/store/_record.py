@@ -26,7 +26,7 @@ RAW_PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_
 #: Record fields NeMo Gym 0.7.0's record does not have (the seed's newer ones, and ours): an
 #: attached call leaves them out unless asked (``extended=True``), so it has Gym's shape.
 EXTENDED_CALL_FIELDS = frozenset({"client_agent_id", "client_assistant_message_id", "client_parent_agent_id",
-                                  "failure_report", "model_operations", "stream_truncated", "token_counts",
+                                  "failure_report", "model_operations", "side_call", "stream_truncated", "token_counts",
                                   *PROVENANCE_FIELDS})
 _UNSUCCESSFUL_STATUSES = frozenset({"failed", "cancelled"})
 
