@@ -21,6 +21,8 @@ ERROR_CATEGORIES = frozenset(
         "aborted",
         "stream_truncated",
         "capture_parse_error",
+        # A call that came after its rollout's end: refused by the sidecar (409), never a turn.
+        "rollout_ended",
     }
 )
 

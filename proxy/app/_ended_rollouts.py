@@ -17,6 +17,7 @@ from typing import Optional
 from urllib.parse import unquote
 
 import orjson
+from prometheus_client import CollectorRegistry, Counter
 
 from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
@@ -38,8 +39,13 @@ class EndedRollouts:
     (``store``), ``capture_dir`` is the sidecar's spool and the ends are the store's objects
     (``ends/<rollout_id>.json``), which its uploader copies into the spool as it sees them."""
 
-    def __init__(self, capture_dir: str, token_dir: Optional[str] = None, store: Optional[ObjectStore] = None) -> None:
+    def __init__(self, capture_dir: str, token_dir: Optional[str] = None, store: Optional[ObjectStore] = None,
+                 registry: Optional[CollectorRegistry] = None) -> None:
         self.capture_dir = capture_dir
+        #: Calls refused because their rollout had ended (recorded ``rollout_ended``; not turns).
+        self.calls_after_end = Counter("mcc_calls_after_end_total", "Calls refused (409) because their rollout had "
+                                       "ended: recorded with error_category rollout_ended, never a turn.",
+                                       registry=registry)
         self.token_dir = token_dir
         self.store = store
         self._ended: set[str] = set()
@@ -136,6 +142,7 @@ class EndedRollouts:
         """A captured call's refusal when its rollout has ended (`CallContext.refusal`)."""
         rollout_id = route.rollout_id
         if rollout_id and self.ended(rollout_id):
+            self.calls_after_end.inc()
             return ROLLOUT_ENDED, (f"rollout {rollout_id} has ended (POST /-/rollouts/{rollout_id}/end): it takes no "
                                    "more calls; start a new rollout id")
         return None

@@ -197,7 +197,8 @@ class Sidecar:
                 self.uploader.start()  # What a restart found sealed in the spool goes first.
             # With a store, ends are its objects; the uploader copies those it sees into the spool.
             self.ended_rollouts = EndedRollouts(settings.capture_dir, settings.token_dir,
-                                                ObjectStore(settings.capture_store) if settings.capture_store else None)
+                                                ObjectStore(settings.capture_store) if settings.capture_store else None,
+                                                self.metrics.registry)
             self.metrics.capture_dir = settings.capture_dir
         self.calls = CallContext(
             upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,

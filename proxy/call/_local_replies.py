@@ -33,7 +33,7 @@ BODY_TOO_LARGE = LocalReply(413, "body_too_large", "invalid_request_error", "req
 UPSTREAM_UNREACHABLE = LocalReply(502, "upstream_unreachable", "upstream_error", "api_error", "connection")
 UPSTREAM_TIMEOUT = LocalReply(504, "upstream_timeout", "timeout", "timeout_error", "timeout")
 #: A call for a rollout that has ended (docs/wire.md, "Ending a rollout"): Gym's freeze.
-ROLLOUT_ENDED = LocalReply(409, "rollout_ended", "invalid_request_error", "invalid_request_error", "client_error")
+ROLLOUT_ENDED = LocalReply(409, "rollout_ended", "invalid_request_error", "invalid_request_error", "rollout_ended")
 #: A path outside the model API with ``--forward model-api`` (docs/operations.md).
 NOT_FORWARDED = LocalReply(404, "not_forwarded", "invalid_request_error", "not_found_error", "client_error")
 

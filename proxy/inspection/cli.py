@@ -499,6 +499,7 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_e
                                    if stats.cache_hit_ratio is not None else "not reported by any call"),
         f"tool calls          {stats.tool_calls:,} ({stats.tool_calls_with_invalid_arguments:,} with arguments that are not valid JSON)",
         "turns per rollout   " + _pcts({k: None if v is None else round(v) for k, v in stats.turns_per_rollout.items()}),
+        _not_turns(stats),
         (f"training arrays     {stats.usable_generations:,} of {stats.generations_with_token_ids:,} generations with token "
          f"ids usable" + (" (not: " + ", ".join(f"{k} {v:,}" for k, v in stats.unusable_reasons.items()) + ")"
                            if stats.unusable_reasons else "")
@@ -521,6 +522,17 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_e
         if stats.calls_by_engine_fingerprint else "",
     ]
     click.echo("\n".join(line for line in lines if line))
+
+
+def _not_turns(stats: Any) -> str:
+    """The calls captured that are not turns (side calls, calls after their rollout's end), or ""."""
+    parts = []
+    if stats.side_calls:
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(stats.side_calls.items()))
+        parts.append(f"side calls {sum(stats.side_calls.values()):,} ({reasons})")
+    if stats.calls_after_end:
+        parts.append(f"calls after their rollout's end {stats.calls_after_end:,}")
+    return ("not turns           " + ", ".join(parts) + " (captured, never trained on)") if parts else ""
 
 
 def _calls(count: int) -> str:

@@ -141,6 +141,10 @@ class DirectoryStats:
     #: the rollouts whose calls more than one fingerprint served (an engine changed mid-rollout).
     calls_by_engine_fingerprint: dict[str, int] = field(default_factory=dict)
     rollouts_with_several_engines: list[str] = field(default_factory=list)
+    #: Calls that are not turns (issue 71): side calls by reason (another model, a harness's title
+    #: or quota call), and calls refused because their rollout had ended (``rollout_ended``).
+    side_calls: dict[str, int] = field(default_factory=dict)
+    calls_after_end: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +198,8 @@ class _StatsAccumulator:
         self.token_arrays: "_LazyTokenArrays | None" = None
         #: The engine fingerprints of the current rollout's calls.
         self.fingerprints: set[str] = set()
+        #: The current rollout's calls that are not turns (side calls, calls after its end).
+        self.not_turns = 0
 
     def add_line(self, line: dict[str, Any], call_index: int = 0) -> None:
         # One flat function: at 100,000 lines/s every method call and attribute store shows.
@@ -245,6 +251,13 @@ class _StatsAccumulator:
         if type(category) is str:
             errors = self.errors
             errors[category] = errors.get(category, 0) + 1
+            if category == "rollout_ended":
+                stats.calls_after_end += 1
+                self.not_turns += 1
+        side = get("side_call")
+        if type(side) is dict and type(side.get("reason")) is str:
+            stats.side_calls[side["reason"]] = stats.side_calls.get(side["reason"], 0) + 1
+            self.not_turns += 1
         if finish:
             finishes = self.finishes
             finishes[finish] = finishes.get(finish, 0) + 1
@@ -282,7 +295,8 @@ class _StatsAccumulator:
         self.stats.rollouts += 1
         self.stats.unreadable_lines += unreadable
         self.stats.incomplete_rollouts += incomplete
-        self.turns.append(float(lines))
+        self.turns.append(float(lines - self.not_turns))  # Side calls and calls after the end are no turns.
+        self.not_turns = 0
 
     def finish(self) -> DirectoryStats:
         stats = self.stats

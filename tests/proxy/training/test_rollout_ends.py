@@ -85,7 +85,7 @@ async def test_a_call_after_the_end_is_refused_in_its_dialect_and_recorded(http,
     lines = store.read("ends")
     assert [line["status_code"] for line in lines] == [200, 409, 409]
     assert all(line["response_source"] == "local" and line["local_response_reason"] == "rollout_ended"
-               and line["error_category"] == "client_error" for line in lines[1:])
+               and line["error_category"] == "rollout_ended" for line in lines[1:])
     # Ended from Python, seen by the sidecar at its next call.
     end_rollout(capture_dir, "python-ended", outcome={"reward": 1}, allow_empty=True)
     assert (await fetch(http, "POST", rollout_url(two.url, "python-ended", path), request_body)).status == 409
