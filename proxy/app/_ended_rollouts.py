@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
+from collections import OrderedDict
 from typing import Optional
 from urllib.parse import unquote
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
@@ -32,6 +34,9 @@ _PREFIX, _SUFFIX = b"/-/rollouts/", b"/end"
 WAIT_FOR_CALLS_S = 30.0
 #: Ends remembered by one sidecar (a set of ids; older ones are looked up again: one stat).
 _REMEMBERED = 100_000
+#: A rollout with calls and no end is unended once its last call here is this old (`records.Consumer`'s
+#: ``unended_seconds`` default too).
+UNENDED_AFTER_S = 300.0
 
 
 class EndedRollouts:
@@ -53,6 +58,14 @@ class EndedRollouts:
         self._ending: set[str] = set()
         #: Captured calls under way by rollout (the calls' context's: `CallContext.rollouts_in_flight`).
         self.in_flight: dict[str, int] = {}
+        #: Rollouts that made calls here and had no end then: when each last did (oldest first), and
+        #: when its end was last looked for (`unended`).
+        self._idle: OrderedDict[str, float] = OrderedDict()
+        self._looked: dict[str, float] = {}
+        self.unended_after = UNENDED_AFTER_S
+        Gauge("mcc_rollouts_unended", "Rollouts this sidecar process served calls for that have no end and made no "
+              f"call for {UNENDED_AFTER_S:g} s (a crashed runner, an end sent with a typo'd id).",
+              registry=registry).set_function(self.unended)
 
     def ended(self, rollout_id: str) -> bool:
         if rollout_id in self._ended or rollout_id in self._ending:
@@ -62,7 +75,35 @@ class EndedRollouts:
             return True
         return False
 
+    def _called(self, rollout_id: str) -> None:
+        """A call of the rollout came (and it has no end)."""
+        self._idle[rollout_id] = time.time()
+        self._idle.move_to_end(rollout_id)
+        if len(self._idle) > _REMEMBERED:
+            forgotten, _ = self._idle.popitem(last=False)
+            self._looked.pop(forgotten, None)
+
+    def unended(self) -> int:
+        """How many rollouts idle here for over ``unended_after`` have no end: each looked up (one
+        ``stat``) at most once a minute, a bounded number per scrape."""
+        now, looks, count = time.time(), 0, 0
+        for rollout_id, at in list(self._idle.items()):
+            if now - at < self.unended_after:
+                break  # Oldest first: the rest called later.
+            if self.in_flight.get(rollout_id):
+                continue  # A long call under way.
+            if now - self._looked.get(rollout_id, 0.0) >= 60.0 and looks < 1000:
+                looks += 1
+                self._looked[rollout_id] = now
+                if self.ended(rollout_id):  # (Forgotten here: `_remember`.)
+                    self._idle.pop(rollout_id, None)
+                    self._looked.pop(rollout_id, None)
+                    continue
+            count += 1
+        return count
+
     def _remember(self, rollout_id: str) -> None:
+        self._idle.pop(rollout_id, None)
         if len(self._ended) >= _REMEMBERED:
             self._ended.clear()
         self._ended.add(rollout_id)
@@ -141,11 +182,14 @@ class EndedRollouts:
     def refusal(self, route: Route) -> Optional[tuple[LocalReply, str]]:
         """A captured call's refusal when its rollout has ended (`CallContext.refusal`)."""
         rollout_id = route.rollout_id
-        if rollout_id and self.ended(rollout_id):
-            self.calls_after_end.inc()
-            return ROLLOUT_ENDED, (f"rollout {rollout_id} has ended (POST /-/rollouts/{rollout_id}/end): it takes no "
-                                   "more calls; start a new rollout id")
-        return None
+        if not rollout_id:
+            return None
+        if not self.ended(rollout_id):
+            self._called(rollout_id)
+            return None
+        self.calls_after_end.inc()
+        return ROLLOUT_ENDED, (f"rollout {rollout_id} has ended (POST /-/rollouts/{rollout_id}/end): it takes no "
+                               "more calls; start a new rollout id")
 
 
 def end_target(path: bytes) -> Optional[str]:

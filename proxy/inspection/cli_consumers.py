@@ -12,7 +12,8 @@ import orjson
 
 from records import Consumer, FinishedGroup, FinishedRollout
 from records.training import consumer_names, consumer_view
-from records.contract import is_store_url
+from records.contract import CAPTURE_SUFFIX, is_store_url
+from records.store import read_run_ended
 
 from .cli import OneSentence, _print_table
 
@@ -27,19 +28,19 @@ def _directory(directory: str) -> str:
 
 @click.command("consumers")
 @click.argument("directory", metavar="CAPTURES")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per consumer name.")
-def consumers_command(directory: str, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per consumer name, then one for the run.")
+@click.option("--unended-after", type=float, default=300.0, show_default=True,
+              help="A rollout with calls and no end counts as unended once its last call is this many seconds old.")
+def consumers_command(directory: str, as_json: bool, unended_after: float) -> None:
     """Per consumer name of CAPTURES (a capture directory or a store URL): ended rollouts
     acknowledged (final, and pending a commit), leased, waiting, dropped, stale, partial, and
-    the age of the oldest waiting end."""
+    the age of the oldest waiting end; then the run: whether it ended, its unended rollouts (calls
+    and no end: a crashed runner, a typo'd end) by group, and its side calls (never trained on)."""
     directory = _directory(directory)
     names = consumer_names(directory)
-    if not names:
-        click.echo(f"mcc: no consumer has taken anything from {directory} yet", err=True)
-        return
     rows = []
     for name in names:
-        view = consumer_view(directory, name)
+        view = consumer_view(directory, name, unended_after)
         counts = view.counts()
         oldest = view.oldest_waiting()
         age = round(time.time() - oldest.ended_at, 1) if oldest is not None else None
@@ -48,9 +49,51 @@ def consumers_command(directory: str, as_json: bool) -> None:
         rows.append([name, *(str(counts[key]) for key in ("final", "pending", "leased", "waiting", "dropped", "stale",
                                                           "partial")),
                      "-" if age is None else f"{age:g}s"])
-    if not as_json:
+    run = _run_state(directory, unended_after)
+    if as_json:
+        click.echo(orjson.dumps({"run": run}).decode())
+        return
+    if rows:
         _print_table(["consumer", "acked", "pending commit", "leased", "waiting", "dropped", "stale", "partial",
                       "oldest waiting"], rows)
+    else:
+        click.echo(f"no consumer has taken anything from {directory} yet: {run['ended_rollouts']:,} ended rollout(s) "
+                   f"wait" + (f", the oldest ended {run['oldest_end_age_s']:g}s ago" if run["oldest_end_age_s"] else ""))
+    click.echo(f"run: {'ended' if run['run_ended_at'] else 'going on'}; {run['ended_rollouts']:,} rollout(s) ended, "
+               f"{sum(len(ids) for ids in run['unended'].values()):,} unended (calls, no end, idle over "
+               f"{unended_after:g}s)" + _by_group(run["unended"])
+               + ("" if run["side_calls"] is None else f"; {run['side_calls']:,} side call(s) captured, never trained on"))
+
+
+def _run_state(directory: str, unended_after: float) -> dict[str, object]:
+    """What the run's captures say, whatever the consumers: ends, the run's end, unended rollouts
+    by group, side calls (counted in a directory's lines: a byte search; None for a store)."""
+    view = consumer_view(directory, "mcc-consumers-run-view", unended_after)  # A name nobody uses: nothing held.
+    counts = view.counts()
+    oldest = view.oldest_waiting()
+    run_end = read_run_ended(directory)
+    return {"ended_rollouts": counts["waiting"], "run_ended_at": run_end["ended_at"] if run_end else None,
+            "oldest_end_age_s": round(time.time() - oldest.ended_at, 1) if oldest is not None else None,
+            "unended": {key or "-": ids for key, ids in view.unended().items()},
+            "side_calls": None if is_store_url(directory) else _side_calls_in(directory)}
+
+
+def _side_calls_in(directory: str) -> int:
+    """Lines marked side calls in a capture directory (``"side_call":{`` as the sidecar writes it)."""
+    found = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(CAPTURE_SUFFIX):
+                with open(entry.path, "rb") as handle:
+                    found += handle.read().count(b'"side_call":{')
+    return found
+
+
+def _by_group(unended: dict[str, list[str]]) -> str:
+    if not unended:
+        return ""
+    shown = [f"{group}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}" for group, ids in sorted(unended.items())[:5]]
+    return " (" + "; ".join(shown) + (" ..." if len(unended) > 5 else "") + ")"
 
 
 def _rollout_fields(item: FinishedRollout) -> dict[str, object]:

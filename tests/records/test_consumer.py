@@ -219,12 +219,13 @@ def test_mcc_consumers_and_feed(tmp_path):
     assert [line["rollout_id"] for line in lines] == ids[:2] and lines[0]["outcome"] == {"reward": 0.0}
     listed = CliRunner().invoke(main, ["consumers", directory, "--json"], prog_name="mcc")
     assert listed.exit_code == 0, listed.output
-    by_name = {row["consumer"]: row for row in map(orjson.loads, listed.output.splitlines())}
+    by_name = {row["consumer"]: row for row in map(orjson.loads, listed.output.splitlines()) if "consumer" in row}
     assert (by_name["eval"]["final"], by_name["eval"]["waiting"]) == (2, 1)
     assert (by_name["trainer"]["pending"], by_name["trainer"]["waiting"]) == (1, 2)
     assert by_name["trainer"]["oldest_waiting_age_s"] >= 0
     table = CliRunner().invoke(main, ["consumers", directory], prog_name="mcc")
     assert table.output.splitlines()[0].split()[:2] == ["consumer", "acked"]
+    assert table.output.splitlines()[-1].startswith("run: going on; 3 rollout(s) ended, 0 unended")
     bad = CliRunner().invoke(main, ["feed", directory, "--consumer", "no spaces"], prog_name="mcc")
     assert bad.exit_code == 2 and bad.output.startswith("mcc: ") and "consumer name" in bad.output
 

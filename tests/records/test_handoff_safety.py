@@ -243,3 +243,48 @@ async def test_a_call_that_never_finishes_holds_its_rollout_back_then_it_is_hand
     (taken,) = await loop.run_in_executor(None, lambda: trainer.take(1, wait=5.0))
     assert taken.incomplete and "in flight" in taken.incomplete_reason
     call.cancel()
+
+
+def test_mcc_consumers_before_any_take_says_what_waits_and_names_unended_rollouts_and_side_calls(tmp_path):
+    from click.testing import CliRunner
+
+    from proxy import main
+    from records.contract import encode_capture_line
+
+    directory = str(tmp_path)
+    for rollout_id in ("7-0", "7-1", "7-2"):
+        with open(os.path.join(directory, f"{rollout_id}.capture.jsonl"), "wb") as handle:
+            handle.write(encode_capture_line({"model_call_id": "a" * 32, "dialect": "chat", "status_code": 200}))
+            if rollout_id == "7-1":
+                handle.write(encode_capture_line({"model_call_id": "b" * 32, "dialect": "chat", "status_code": 200,
+                                                  "side_call": {"reason": "title"}}))
+    end_rollout(directory, "7-0")
+    end_rollout(directory, "7-1")
+    said = CliRunner().invoke(main, ["consumers", directory, "--unended-after", "0"], prog_name="mcc")
+    assert said.exit_code == 0, said.output
+    first, run = said.output.splitlines()
+    assert first.startswith("no consumer has taken anything from") and "2 ended rollout(s) wait" in first
+    assert run.startswith("run: going on; 2 rollout(s) ended, 1 unended") and "7: 7-2" in run and "1 side call(s)" in run
+    end_run(directory)
+    (run_json,) = map(json_loads, CliRunner().invoke(main, ["consumers", directory, "--json", "--unended-after", "0"],
+                                                     prog_name="mcc").output.splitlines())
+    assert run_json["run"]["run_ended_at"] and run_json["run"]["unended"] == {"7": ["7-2"]}
+
+
+def json_loads(text: str):
+    return orjson.loads(text)
+
+
+async def test_the_sidecar_counts_rollouts_that_made_calls_and_never_ended(http, upstream, start, capture_dir):
+    from tests.proxy.app.test_metrics_and_logs import scrape, value
+    from tests.wire import RUNNER
+
+    upstream.scripts[CHAT] = json_script(CHAT_JSON)
+    server = await start(upstream.url, capture_dir=capture_dir)
+    server.sidecar.ended_rollouts.unended_after = 0.2  # (300 s by default)
+    for rollout_id in ("kept-0", "kept-1", "kept-2"):
+        assert (await fetch(http, "POST", rollout_url(server.url, rollout_id, CHAT), CHAT_JSON_REQUEST)).status == 200
+    assert (await fetch(http, "POST", f"{server.url}/-/rollouts/kept-0/end", b"", headers=RUNNER)).status == 200
+    await asyncio.sleep(0.5)  # Idle past the bound (published as idle within 0.1 s).
+    await asyncio.get_running_loop().run_in_executor(None, lambda: end_rollout(capture_dir, "kept-1"))
+    assert value(await scrape(http, server), "mcc_rollouts_unended") == 1, "kept-2: calls, no end"

@@ -432,7 +432,8 @@ def test_mcc_feed_and_consumers_on_a_store_url(tmp_path, monkeypatch):
             for group in groups] == [("task0", ["task0-0", "task0-1"], False), ("task1", ["task1-0", "task1-1"], False)]
     listed = CliRunner().invoke(main, ["consumers", store, "--json"], prog_name="mcc")
     assert listed.exit_code == 0, listed.output
-    (row,) = map(orjson.loads, listed.output.splitlines())
+    row, run = map(orjson.loads, listed.output.splitlines())
+    assert run["run"]["ended_rollouts"] == 4 and run["run"]["side_calls"] is None, "(a store's lines are not scanned)"
     assert (row["consumer"], row["final"], row["waiting"], row["stale"], row["partial"]) == ("eval", 4, 0, 0, 0)
     table = CliRunner().invoke(main, ["consumers", store], prog_name="mcc")
     assert table.output.splitlines()[0].split()[-4:] == ["stale", "partial", "oldest", "waiting"]
