@@ -110,6 +110,11 @@ def base_url_mistake(upstream_target: str) -> str | None:
     Heuristic and only ever logged: the reply itself is forwarded unchanged (bytes are sacred).
     """
     path = _path_of(upstream_target)
+    if path == "/inference/v1/generate":
+        # vLLM serves its token-in, token-out endpoint (and /render, /derender) only when started with
+        # --enable-scale-out (vLLM #54579, #55176): a 404 here is that flag missing, not a wrong URL.
+        return ("vLLM serves /inference/v1/generate only when started with --enable-scale-out: restart vLLM with "
+                "that flag (the chat and completions APIs need none)")
     if path.startswith("//") and "/" + path.lstrip("/").removeprefix("v1/") in _API_PATHS:
         return ("the path begins with '//': the client's base_url ends in '/' before the SDK's own /v1 "
                 "(http://sidecar/ng-rollout/<id>/ + /v1/...): drop the trailing '/' from the base_url")

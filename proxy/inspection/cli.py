@@ -149,7 +149,8 @@ def _print_table(headers: list[str], rows: list[list[str]]) -> None:
               "uploaded) as an empty run instead of failing (a collector that may start first).")
 def ls_command(directory: str, pattern: Optional[str], category: Optional[str], sort_key: str, reverse: bool, as_json: bool,
                allow_empty: bool) -> None:
-    """One row per rollout: calls, tokens in / out / cached, errors, first and last call, incomplete.
+    """One row per rollout: calls, turns (calls but side calls and calls after its end), tokens in / out /
+    cached, errors, first and last call, incomplete.
 
     A token count no call reported is shown as - (null with --json), never as 0.
     """
@@ -175,9 +176,9 @@ def ls_command(directory: str, pattern: Optional[str], category: Optional[str], 
         return
     if not rows:
         return  # Nothing to list (said on stderr when the directory is empty): no header alone.
-    _print_table(["rollout", "calls", "in", "out", "cached", "errors", "unreadable", "first call (UTC)", "last call (UTC)",
-                  "incomplete"],
-                 [[_cut(r.rollout_id, ID_WIDTH), _n(r.calls), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
+    _print_table(["rollout", "calls", "turns", "in", "out", "cached", "errors", "unreadable", "first call (UTC)",
+                  "last call (UTC)", "incomplete"],
+                 [[_cut(r.rollout_id, ID_WIDTH), _n(r.calls), _n(r.turns), _n(r.tokens_in), _n(r.tokens_out), _n(r.cached_tokens),
                    _errors(r), _n(r.unreadable_lines) if r.unreadable_lines else "", _time(r.first_call_at),
                    _time(r.last_call_at), "yes" if r.incomplete else ""] for r in rows])
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Optional
 import orjson
 
 from records.store import (
+    read_model_call_records,
     CallRow, call_row, finish_reason_of, gc_paused, invalid_arguments, response_shape, tool_calls_of, usage_counts,
 )
 from records import CaptureStore
@@ -46,6 +47,8 @@ class RolloutRow:
 
     rollout_id: str
     calls: int = 0
+    #: The calls that are the policy's turns: not side calls, not calls refused after the rollout's end.
+    turns: int = 0
     #: Sums over the calls that reported them; None (shown ``-``) when none did, never a made-up 0.
     tokens_in: Optional[int] = None
     tokens_out: Optional[int] = None
@@ -72,9 +75,14 @@ def rollout_row(store: CaptureStore, rollout_id: str) -> RolloutRow:
     result = store.read_available(rollout_id)
     row.unreadable_lines = result.malformed
     categories: Counter[str] = Counter()
+    uncounted: dict[int, tuple[bool, bool]] = {}  # call index -> (in missing, out missing)
     for index, line in zip(result.call_indexes, result.lines):
         call = call_row(rollout_id, index, line)
         row.calls += 1
+        side = line.get("side_call")
+        row.turns += not (isinstance(side, dict) and side.get("reason")) and line.get("error_category") != "rollout_ended"
+        if call.tokens_in is None or call.tokens_out is None:
+            uncounted[index] = (call.tokens_in is None, call.tokens_out is None)
         row.tokens_in = _add(row.tokens_in, call.tokens_in)
         row.tokens_out = _add(row.tokens_out, call.tokens_out)
         row.cached_tokens = _add(row.cached_tokens, call.cached_tokens)
@@ -87,6 +95,12 @@ def rollout_row(store: CaptureStore, rollout_id: str) -> RolloutRow:
             row.last_call_at = max(row.last_call_at or call.started_at, call.started_at)
     row.errors = sum(categories.values())
     row.error_categories = dict(categories)
+    if uncounted:  # A stream that reported no usage: counted as `mcc show` counts it (the token mode's arrays).
+        for record in read_model_call_records(store, rollout_id):
+            missing_in, missing_out = uncounted.get(record.call_index, (False, False))
+            if record.token_counts == "counted":
+                row.tokens_in = _add(row.tokens_in, record.tokens_in) if missing_in else row.tokens_in
+                row.tokens_out = _add(row.tokens_out, record.tokens_out) if missing_out else row.tokens_out
     return row
 
 

@@ -74,6 +74,8 @@ class TokenCapture:
         self._metrics = metrics
         #: --capture-routed-experts: each call's routed experts stored apart (docs/tokens.md).
         self.routed_experts = routed_experts
+        #: A reply without routed experts under --capture-routed-experts was said (once).
+        self._said_no_experts = False
         self._lineages: OrderedDict[str, tuple[RolloutLineage, threading.Lock]] = OrderedDict()
         #: Guards the index of lineages; each lineage has its own lock (`_lineage`), so calls of
         #: other rollouts resolve at once (each reads its own files).
@@ -195,6 +197,12 @@ class TokenCapture:
         choice = choices[position] if isinstance(choices, list) and position < len(choices) else None
         encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
         if not isinstance(encoded, str):
+            if isinstance(choice, dict) and not self._said_no_experts:  # Said once: every reply will lack them.
+                self._said_no_experts = True
+                log.warning("--capture-routed-experts: the upstream's reply (call %s of rollout %s) carries no "
+                            "routed_experts, so none are stored; start vLLM with --enable-return-routed-experts "
+                            "(a MoE model), or drop --capture-routed-experts", entry["model_call_id"], plan.rollout_id,
+                            extra={"rollout_id": plan.rollout_id, "kind": "routed_experts"})
             return
         sequence = entry["cum_len"]
         prompt_stored = len(entry["prompt_token_ids"])

@@ -10,6 +10,10 @@ first request carried that no captured reply produced is kept as agent steps mar
 ``is_copied_context``. Calls of another agent of the harness (its sub-agents: the
 ``client_agent_id`` / ``client_parent_agent_id`` headers) are documents of their own, in
 ``subagent_trajectories``.
+
+An ended rollout's outcome (`records.end_rollout`: reward, metrics) is the root's ``extra``
+(``{"outcome", "ended_at", "group"}``): ATIF's place for custom root-level metadata, as ATIF has no
+reward field; a document of a rollout with no end has none.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from ..contract import TokenRecord
-from ..store import ModelCallRecord, capture_store, read_model_call_records
+from ..store import ModelCallRecord, capture_store, read_model_call_records, read_rollout_end
 from ._token_records_reading import read_token_records
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.7"
@@ -42,6 +46,10 @@ def to_atif(captures: object, rollout_id: str, *, agent_name: str = DEFAULT_AGEN
         raise ValueError(f"to_atif: rollout {rollout_id!r} has no readable call")
     main_agent = _agent_of(calls[0], calls)
     document = _trajectory(rollout_id, rollout_id, groups.pop(main_agent), tokens, agent_name, agent_version)
+    end = read_rollout_end(store, rollout_id)
+    if end is not None:
+        document["extra"] = {key: value for key, value in
+                             (("outcome", end.outcome), ("ended_at", end.ended_at), ("group", end.group)) if value is not None}
     if groups:
         document["subagent_trajectories"] = [
             _trajectory(rollout_id, f"{rollout_id}/{agent}", group, tokens, f"{agent_name}/{agent}", agent_version)

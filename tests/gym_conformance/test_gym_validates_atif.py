@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from records import to_atif
+from records import end_rollout, to_atif
 
 from tests.records.atif_runs import make_atif_dir
 
@@ -32,8 +32,10 @@ print(json.dumps(verdicts))
 
 def test_every_document_is_valid_under_gyms_atif_models(gym, tmp_path):
     ids = make_atif_dir(str(tmp_path))
+    end_rollout(str(tmp_path), ids[0], outcome={"reward": 1.0, "metrics": {"passed": 3}})  # Its outcome: the root's extra.
     documents = [to_atif(str(tmp_path), rollout_id) for rollout_id in ids]
     assert any(document.get("subagent_trajectories") for document in documents)
+    assert documents[0]["extra"]["outcome"] == {"reward": 1.0, "metrics": {"passed": 3}}
     done = subprocess.run([gym, "-c", _GYM_SCRIPT], input="".join(json.dumps(d) + "\n" for d in documents),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -84,3 +84,13 @@ def test_a_rollout_with_no_readable_call_says_so(tmp_path):
     (tmp_path / "empty.capture.jsonl").write_bytes(b'{"torn')
     with pytest.raises(ValueError, match="no readable call"):
         to_atif(str(tmp_path), "empty")
+
+
+def test_an_ended_rollouts_outcome_is_the_documents_root_extra(run):
+    from records import end_rollout
+
+    assert "extra" not in to_atif(run, "rl-00000"), "no end, no outcome"
+    end = end_rollout(run, "rl-00000", outcome={"reward": 0.5, "metrics": {"passed": 2}}, group="task-rl")
+    document = to_atif(run, "rl-00000")
+    assert document["extra"] == {"outcome": {"reward": 0.5, "metrics": {"passed": 2}}, "ended_at": end.ended_at,
+                                 "group": "task-rl"}

@@ -147,3 +147,13 @@ async def test_the_stand_ins_messages_reply_thinks_only_when_asked(http, stand_i
     assert answered["usage"]["output_tokens"] < thought["usage"]["output_tokens"]
     streamed = (await fetch(http, "POST", url, orjson.dumps({**plain, "stream": True}))).body
     assert b'"thinking"' not in streamed and b'"text_delta"' in streamed
+
+
+async def test_an_admin_path_that_does_not_exist_is_a_404_naming_the_endpoints_never_forwarded(http, upstream, sidecar):
+    for method, path, status in (("POST", "/-/rollout/r1/end", 404), ("GET", "/-/rollouts", 404),
+                                 ("GET", "/-/consumers/trainer", 404), ("POST", "/-/ready", 405)):
+        reply = await fetch(http, method, sidecar.url + path, b"{}" if method == "POST" else None)
+        assert reply.status == status, (path, reply.body)
+        said = orjson.loads(reply.body)
+        assert "POST /-/rollouts/<rollout_id>/end" in said["paths"] and "never forwarded" in said["error"]
+    assert upstream.received == [], "/-/ is the sidecar's own: never forwarded"

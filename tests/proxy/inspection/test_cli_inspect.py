@@ -311,8 +311,8 @@ def test_tables_mark_unreadable_lines_cut_long_ids_and_separate_thousands(captur
     assert [r["call_index"] for r in rows] == list(range(22))
     assert rows[1] == {"rollout_id": "rollout-0001", "call_index": 1, "unreadable": True}
     listed = run("ls", captures).splitlines()
-    assert listed[0].split()[:7] == ["rollout", "calls", "in", "out", "cached", "errors", "unreadable"]
-    assert listed[2].split()[1:4] == ["20", "1,800", "180"] and listed[2].split()[7] == "2"
+    assert listed[0].split()[:8] == ["rollout", "calls", "turns", "in", "out", "cached", "errors", "unreadable"]
+    assert listed[2].split()[1:5] == ["20", "20", "1,800", "180"] and listed[2].split()[8] == "2"
     long_id = "sdk-" + "x" * 120 + "-end"
     with open(os.path.join(captures, long_id + ".capture.jsonl"), "wb") as handle:
         handle.write(b"".join(chat_line(i, status=500 if i < 3 else 429, error="upstream_error" if i < 3 else "rate_limit")

@@ -49,7 +49,7 @@ def test_unreported_tokens_are_dashes_and_nulls_not_zeros(mixed):
     assert rows["r"]["tokens_in"] == 4 * 100 + 7
     table = run("ls", mixed)
     none_row = next(line for line in table.splitlines() if line.startswith("none"))
-    assert none_row.split()[1:5] == ["1", "-", "-", "-"]
+    assert none_row.split()[1:6] == ["1", "1", "-", "-", "-"]  # calls, turns, in, out, cached
 
 
 def test_the_cache_hit_ratio_says_its_denominator(mixed):

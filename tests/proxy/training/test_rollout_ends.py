@@ -86,6 +86,12 @@ async def test_a_call_after_the_end_is_refused_in_its_dialect_and_recorded(http,
     assert [line["status_code"] for line in lines] == [200, 409, 409]
     assert all(line["response_source"] == "local" and line["local_response_reason"] == "rollout_ended"
                and line["error_category"] == "rollout_ended" for line in lines[1:])
+    from click.testing import CliRunner
+
+    from proxy import main
+    (row,) = [orjson.loads(line) for line in CliRunner().invoke(main, ["ls", capture_dir, "--json", "--rollout", "ends"])
+              .output.splitlines()]
+    assert (row["calls"], row["turns"]) == (3, 1), "a call after the end is no turn"
     # Ended from Python, seen by the sidecar at its next call.
     end_rollout(capture_dir, "python-ended", outcome={"reward": 1}, allow_empty=True)
     assert (await fetch(http, "POST", rollout_url(two.url, "python-ended", path), request_body)).status == 409

@@ -229,3 +229,20 @@ def test_clearing_a_rollout_removes_its_objects(tmp_path):
     assert os.path.exists(experts_path(str(tmp_path), "gone", reference["sha256"]))
     TokenFiles(str(tmp_path)).delete("gone")
     assert not os.path.exists(os.path.join(tmp_path, "gone.experts"))
+
+
+async def test_an_upstream_whose_replies_carry_no_routed_experts_is_said_once(http, upstream, start, capture_dir, caplog):
+    """--capture-routed-experts in front of a server started without --enable-return-routed-experts
+    (or a dense model): the calls are captured as ever, and the log says why nothing is stored, once."""
+    import logging
+
+    from tests.proxy.training.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True, capture_routed_experts=True)
+    with caplog.at_level(logging.WARNING):
+        await converse(http, sidecar, "dense", ["hi", "more", "thanks"])
+    said = [r.getMessage() for r in caplog.records if "carries no routed_experts" in r.getMessage()]
+    assert len(said) == 1 and "--enable-return-routed-experts" in said[0]
+    assert len(read_token_entries(capture_dir, "dense")) == 3, "the calls' entries are written as ever"

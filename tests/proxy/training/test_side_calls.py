@@ -82,6 +82,9 @@ async def test_a_call_for_another_model_is_kept_marked_counted_and_never_in_a_ch
     stats = orjson.loads(CliRunner().invoke(main, ["stats", capture_dir, "--json"]).output)
     assert stats["side_calls"] == {"other_model": 1}
     assert stats["turns_per_rollout"]["max"] == 2, "a side call is not a turn"
+    listed = {row["rollout_id"]: row for row in map(orjson.loads, CliRunner().invoke(main, ["ls", capture_dir, "--json"])
+                                                  .output.splitlines())}
+    assert (listed["aside"]["calls"], listed["aside"]["turns"]) == (3, 2)
 
 
 async def test_claude_codes_title_and_quota_calls_as_recorded_are_side_calls(http, upstream, start, capture_dir, store):
