@@ -23,6 +23,7 @@ sampled tokens), ``logprobs`` (None on prompt tokens) and ``calls`` (each call's
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..store import directory_of
 from ..store import CaptureStore
 from ..contract import RESOLVED, ROOT, UNRESOLVED, token_digest
-from ..contract import TokenFiles
+from ..contract import TokenFiles, calls_in_flight, read_in_flight
 from ..contract import resolved_spans, token_versions
 
 
@@ -139,6 +140,13 @@ def trajectories(directory: Union[str, "os.PathLike[str]", CaptureStore], rollou
     written = {entry["model_call_id"] for entry in entries}
     lost = [call_id for call_id in files.intents(rollout_id) if call_id not in written]
     build = build_trajectories(rollout_id, entries)
+    if lost and calls_in_flight(read_in_flight(files.directory), rollout_id, time.time()):
+        # Its calls are still under way on a live sidecar (docs/reading.md, "One write barrier"): not lost.
+        build.masked = True
+        build.notes["call_in_flight"] = True
+        build.mask_reason = (f"call in flight: {len(lost)} call(s) dispatched and not finished yet "
+                             f"({', '.join(lost[:3])}); read it again once they are")
+        return build
     if not entries:
         build.mask_reason = "no training-token entries"
     elif state.get("incomplete") or lost:

@@ -288,3 +288,33 @@ async def test_the_sidecar_counts_rollouts_that_made_calls_and_never_ended(http,
     await asyncio.sleep(0.5)  # Idle past the bound (published as idle within 0.1 s).
     await asyncio.get_running_loop().run_in_executor(None, lambda: end_rollout(capture_dir, "kept-1"))
     assert value(await scrape(http, server), "mcc_rollouts_unended") == 1, "kept-2: calls, no end"
+
+
+async def test_a_rollout_read_while_its_call_is_in_flight_says_so_not_lost(http, upstream, start, capture_dir):
+    from records import trajectories
+    from tests.proxy.training.test_token_files import SYSTEM, converse
+    from tests.scripted_upstream import Script
+    from tests.vllm_chat_model import TinyChatModel
+
+    model = TinyChatModel()
+
+    def respond(received):
+        request = orjson.loads(received.body)
+        reply = model.body(request)
+        slow = request["messages"][-1]["content"] == "more"  # The second turn takes its time.
+        return Script(headers=[("Content-Type", "application/json"), ("Content-Length", str(len(reply)))],
+                      pieces=[reply], delay_head=1.5 if slow else 0.0)
+
+    upstream.responder = respond
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    (first,) = await converse(http, sidecar, "slow", ["hi"])
+    messages = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": first["content"]},
+                {"role": "user", "content": "more"}]
+    call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "slow", CHAT),
+                                       orjson.dumps({"model": "m", "messages": messages})))
+    await asyncio.sleep(0.6)
+    during = await asyncio.get_running_loop().run_in_executor(None, trajectories, capture_dir, "slow")
+    assert during.masked and during.mask_reason.startswith("call in flight"), during.mask_reason
+    assert (await call).status == 200
+    after = trajectories(capture_dir, "slow")
+    assert not after.masked and len(after.main.calls) == 2
