@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_trajectories.py
 	$(BIN)/python benchmarks/bench_handoff.py
+	$(BIN)/python benchmarks/bench_restart.py
 	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py
 	$(BIN)/python benchmarks/bench_ray_store.py

@@ -59,8 +59,13 @@ while seen < expected:
 '''
 
 
+#: The runner's admin token, given to the sidecar in its environment (ends over HTTP need it).
+ADMIN_TOKEN = "bench-admin-token"
+
+
 def post(url: str, body: bytes = b"") -> bytes:
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_TOKEN}"})
     with urllib.request.urlopen(request, timeout=30) as reply:
         return reply.read()
 
@@ -123,7 +128,8 @@ def measure(layout: str, args: argparse.Namespace, work: str) -> dict[str, list[
              else ["--capture-dir", os.path.join(work, "spool"), "--capture-store", captures])
     port = bench.free_port()
     sidecar = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--stand-in", "--port", str(port), *where,
-                                "--capture-tokens", "--log-level", "error"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                "--capture-tokens", "--log-level", "error"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "MCC_ADMIN_TOKEN": ADMIN_TOKEN})
     figures: dict[str, list[float]] = {"end": [], "read": [], "read_held": [], "take": [], "latency": []}
     try:
         assert sidecar.stdout.readline().startswith("listening on")  # type: ignore[union-attr]
