@@ -29,8 +29,8 @@ from typing import Any, Optional
 import orjson
 
 from records.contract import (
-    EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name, incomplete_name,
-    manifest_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, SILENT_SECONDS, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name,
+    incomplete_name, manifest_name, read_in_flight, segment_name, segment_order, token_bundle_name, token_manifest_name,
 )
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
@@ -39,6 +39,9 @@ from ._watermark import Watermark
 log = logging.getLogger("mcc.capture")
 #: Pauses after a refused upload, growing to the last.
 _BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: How long a round waits for its sidecar's publication of calls in flight to be newer than its
+#: listing of the ends (a live sidecar publishes every 0.1 s).
+_FRESH_PUBLICATION_WAIT = 0.3
 #: The lag past which the log says so (once a minute).
 LAG_WARN_SECONDS = 300.0
 
@@ -159,9 +162,22 @@ class Uploader:
         unshipped = {rollout_id for rollout_id, stamped in changed.items()
                      if self._tokens_shipped.get(rollout_id) != stamped[:-1]}
         watermark.holding = watermark.ended(watermark.in_open_segments() | watermark.in_sealed_segments(
-            sealed_segments(self.spool_dir)) | unshipped)
+            sealed_segments(self.spool_dir)) | unshipped | self._in_flight_here(watermark.watermark))
         watermark.publish()
         return sent
+
+    def _in_flight_here(self, since: float) -> set[str]:
+        """The rollouts this spool's sidecar processes have a call of in flight (they publish them:
+        `records.contract._calls_in_flight`), as each published after ``since`` (the round's listing
+        of the ends; waited for a moment): a call in flight at its rollout's end holds the rollout
+        as its lines would, until its line is in the spool (docs/reading.md, "One write barrier")."""
+        deadline = time.monotonic() + _FRESH_PUBLICATION_WAIT
+        while True:
+            now = time.time()
+            live = [record for record in read_in_flight(self.spool_dir) if now - record["at"] < SILENT_SECONDS]
+            if all(record["at"] >= since for record in live) or time.monotonic() >= deadline:
+                return {rollout_id for record in live for rollout_id in record["rollouts"]}
+            time.sleep(0.02)
 
     def upload_all(self, ship_now: Optional[set[str]] = None,
                    changed: Optional[dict[str, tuple[Any, ...]]] = None) -> int:

@@ -213,7 +213,7 @@ class Sidecar:
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
         if self.ended_rollouts is not None:  # An end waits for its rollout's calls under way here.
             self.ended_rollouts.in_flight = self.calls.rollouts_in_flight
-        if settings.capture_on and settings.capture_store is None:
+        if settings.capture_on:  # (With a store, in the spool: its uploader holds such rollouts back.)
             assert settings.capture_dir is not None
             self.in_flight = InFlightPublisher(settings.capture_dir, self.calls.rollouts_in_flight)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import click
 import orjson
@@ -65,7 +65,7 @@ def consumers_command(directory: str, as_json: bool, unended_after: float) -> No
                + ("" if run["side_calls"] is None else f"; {run['side_calls']:,} side call(s) captured, never trained on"))
 
 
-def _run_state(directory: str, unended_after: float) -> dict[str, object]:
+def _run_state(directory: str, unended_after: float) -> dict[str, Any]:
     """What the run's captures say, whatever the consumers: ends, the run's end, unended rollouts
     by group, side calls (counted in a directory's lines: a byte search; None for a store)."""
     view = consumer_view(directory, "mcc-consumers-run-view", unended_after)  # A name nobody uses: nothing held.

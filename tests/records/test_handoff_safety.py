@@ -318,3 +318,22 @@ async def test_a_rollout_read_while_its_call_is_in_flight_says_so_not_lost(http,
     assert (await call).status == 200
     after = trajectories(capture_dir, "slow")
     assert not after.masked and len(after.main.calls) == 2
+
+
+async def test_on_a_store_a_call_in_flight_at_the_end_holds_its_rollout_until_its_line_ships(
+        http, upstream, start, tmp_path, monkeypatch):
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    store = f"segments://{tmp_path / 'store'}"
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM, ending="hang", hang_for=2.5)
+    sidecar = await start(upstream.url, capture_dir=str(tmp_path / "spool"), capture_store=store, segment_max_age=0.2)
+    loop = asyncio.get_running_loop()
+    assert (await fetch(http, "POST", rollout_url(sidecar.url, "held", CHAT), CHAT_REQUEST)).status == 200
+    call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "held", CHAT), CHAT_REQUEST))
+    await asyncio.sleep(0.3)
+    await loop.run_in_executor(None, lambda: end_rollout(store, "held", outcome={"reward": 1.0}))
+    trainer = Consumer(store, "trainer")
+    early = await loop.run_in_executor(None, lambda: trainer.take(1, wait=1.0))
+    assert early == [], "held back while its call is in flight"
+    assert (await call).status == 200
+    (taken,) = await loop.run_in_executor(None, lambda: trainer.take(1, wait=15.0))
+    assert len(taken.calls) == 2 and not taken.incomplete, "whole: the call in flight at the end is in it"
