@@ -63,6 +63,8 @@ class EndedRollouts:
         self._idle: OrderedDict[str, float] = OrderedDict()
         self._looked: dict[str, float] = {}
         self.unended_after = UNENDED_AFTER_S
+        #: This process's own publication of its calls in flight (its end knows them already).
+        self.own_instance: Optional[str] = None
         Gauge("mcc_rollouts_unended", "Rollouts this sidecar process served calls for that have no end and made no "
               f"call for {UNENDED_AFTER_S:g} s (a crashed runner, an end sent with a typo'd id).",
               registry=registry).set_function(self.unended)
@@ -132,7 +134,8 @@ class EndedRollouts:
         while self.in_flight.get(rollout_id) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         if self.store is None and deadline > loop.time():
-            await loop.run_in_executor(None, wait_until_quiet, self.capture_dir, rollout_id, deadline - loop.time())
+            await loop.run_in_executor(None, wait_until_quiet, self.capture_dir, rollout_id, deadline - loop.time(),
+                                       self.own_instance)
         try:
             end = await loop.run_in_executor(None, self._write_end, rollout_id, outcome, group, group_size,
                                              allow_empty or in_flight_here)

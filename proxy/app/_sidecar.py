@@ -216,6 +216,8 @@ class Sidecar:
         if settings.capture_on:  # (With a store, in the spool: its uploader holds such rollouts back.)
             assert settings.capture_dir is not None
             self.in_flight = InFlightPublisher(settings.capture_dir, self.calls.rollouts_in_flight)
+            if self.ended_rollouts is not None:
+                self.ended_rollouts.own_instance = self.in_flight.instance
 
     def handle(self, request: ServerRequest, client: ReplyWriter) -> Awaitable[None]:
         """The request's handler: an admin endpoint's, else the forwarded call. Returned, not awaited

@@ -202,15 +202,17 @@ def rollout_is_known(capture_dir: str, rollout_id: str, token_dir: Optional[str]
 _FRESH_SECONDS = 1.0
 
 
-def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float) -> bool:
+def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float, exclude: Optional[str] = None) -> bool:
     """Wait (at most ``seconds``) until no live sidecar of ``capture_dir`` has a call of the rollout
     in flight, as each published after this began (Gym's capture quiescence before a freeze): the
-    end that follows freezes nothing a call made before it still had to write. True when quiet."""
+    end that follows freezes nothing a call made before it still had to write. True when quiet.
+    ``exclude``: a sidecar process's own publication (it knows its own calls in flight already)."""
     began = time.time()
     deadline = began + seconds
     while True:
         now = time.time()
-        live = [record for record in read_in_flight(capture_dir) if now - record["at"] < SILENT_SECONDS]
+        live = [record for record in read_in_flight(capture_dir)
+                if now - record["at"] < SILENT_SECONDS and record.get("instance") != exclude]
         # Quiet: no live sidecar names it, as each published since this began (a call that started
         # just before is in its next publication); one that has not published within a second
         # (a busy loop) is taken at its last word.

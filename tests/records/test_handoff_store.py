@@ -27,6 +27,7 @@ import pytest
 from records import Consumer, trajectories
 from records.training import ExclusiveCreateBroken
 from tests.processes import SidecarProcess
+from tests.wire import RUNNER, RUNNER_TOKEN
 
 from tests import CHECKOUT, soak_or
 
@@ -204,7 +205,7 @@ async def _rollout(http: aiohttp.ClientSession, sidecars: list, index: int, rng:
     while True:
         try:
             async with http.post(f"{rng.choice(sidecars).url}/-/rollouts/{rollout}/end",
-                                 json={"outcome": {"reward": reward}}) as reply:
+                                 json={"outcome": {"reward": reward}}, headers=RUNNER) as reply:
                 if reply.status == 200:
                     ended[rollout] = reward
                     return
@@ -227,7 +228,7 @@ async def test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollou
     else:
         captures = str(tmp_path / "captures")
     monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
-    env = dict(os.environ)
+    env = {**os.environ, "MCC_ADMIN_TOKEN": RUNNER_TOKEN}  # The runner's token: ends go over HTTP.
 
     def start(index: int) -> SidecarProcess:
         where = (["--capture-dir", captures] if layout == "directory" else

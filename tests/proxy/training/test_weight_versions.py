@@ -261,10 +261,14 @@ def test_every_worker_takes_a_declaration_made_to_one(tmp_path):
     from records import CaptureStore
     from tests.processes import SidecarProcess, post_chat
 
-    sidecar = SidecarProcess.start("--stand-in", "--workers", "2", "--capture-dir", str(tmp_path))
+    from tests.wire import RUNNER_TOKEN
+
+    # The token reaches every worker in its environment (never on a command line: `ps`).
+    sidecar = SidecarProcess.start("--stand-in", "--workers", "2", "--capture-dir", str(tmp_path),
+                                   env={"MCC_ADMIN_TOKEN": RUNNER_TOKEN})
     try:
         request = urllib.request.Request(sidecar.url + "/-/weight-version", data=b'{"version": "step-3"}',
-                                         headers=_JSON, method="POST")
+                                         headers=_ADMIN, method="POST")
         with urllib.request.urlopen(request, timeout=30) as reply:
             assert orjson.loads(reply.read())["version"] == "step-3"
         time.sleep(0.5)  # The supervisor's signal, then each worker's read: milliseconds.
