@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from records.contract import PUBLISH_SECONDS, publish_in_flight, withdraw_in_flight
+from records.contract import PUBLISH_SECONDS, publish_in_flight, sweep_dead_publications, withdraw_in_flight
 
 log = logging.getLogger("mcc")
 
@@ -38,6 +38,10 @@ class InFlightPublisher:
         self._failed = False
 
     def start(self) -> None:
+        try:
+            sweep_dead_publications(self.directory)  # Those SIGKILLed sidecars left, long dead.
+        except OSError:
+            pass
         self._publish()
 
     def _publish(self) -> None:

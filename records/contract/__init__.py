@@ -20,7 +20,7 @@ from ._lineage import LINE_ROOT, LineLineage, LineageVerdict, RolloutLineage
 from ._object_store import ObjectStore, StoreUnavailable, is_store_url
 from ._calls_in_flight import (
     IN_FLIGHT_BOUND_SECONDS, IN_FLIGHT_DIR, PUBLISH_SECONDS, SILENT_SECONDS, calls_in_flight, in_flight_readiness,
-    publish_in_flight, read_in_flight, withdraw_in_flight,
+    publish_in_flight, read_in_flight, sweep_dead_publications, withdraw_in_flight,
 )
 from ._rollout_ends import (
     END_OBJECTS, END_SUFFIX, RUN_END, GroupSizeConflict, RolloutEnd, RolloutEndConflict, UnknownRollout,
@@ -64,6 +64,7 @@ __all__ = [
     "publish_in_flight",
     "read_in_flight",
     "withdraw_in_flight",
+    "sweep_dead_publications",
     "RUN_END",
     "UnknownRollout",
     "read_run_end",

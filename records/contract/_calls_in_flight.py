@@ -17,6 +17,7 @@ sidecar's, and a rollout it names was cut mid-call (its agent never saw the repl
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 import orjson
@@ -60,6 +61,22 @@ def publish_in_flight(directory: str, instance: str, at: float, rollouts: dict[s
     os.replace(temporary, path)
 
 
+def sweep_dead_publications(directory: str, older_than: float = 600.0) -> None:
+    """Remove the publications of sidecars dead for ``older_than`` seconds (a SIGKILL leaves its last)."""
+    folder = os.path.join(directory, IN_FLIGHT_DIR)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    cutoff = time.time() - older_than
+    for name in names:
+        try:
+            if os.stat(os.path.join(folder, name)).st_mtime < cutoff:
+                os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
+
+
 def withdraw_in_flight(directory: str, instance: str) -> None:
     """A sidecar that drained and stopped: nothing of it is in flight."""
     try:
@@ -98,28 +115,31 @@ def calls_in_flight(publications: list[dict[str, Any]], rollout_id: str, now: fl
 def in_flight_readiness(publications: list[dict[str, Any]], rollout_id: str, ended_at: float, now: float,
                         bound: float) -> tuple[str, Optional[str]]:
     """Whether an ended rollout may be handed out, and why not: ``ready``; ``wait`` (a call of it
-    is in flight, or a live sidecar has not looked since its end: it publishes within
-    `PUBLISH_SECONDS`); ``incomplete`` once ``bound`` seconds passed since the end with a call still
-    named (the call never finished, or its sidecar died mid-call), with what names it."""
+    is in flight on a live sidecar, or a live sidecar has not looked since its end: it publishes
+    within `PUBLISH_SECONDS`); ``incomplete`` once ``bound`` seconds passed since the end with a
+    call still in flight on a live sidecar (it never finished), with what names it. A sidecar
+    silent for `SILENT_SECONDS` is dead and not waited for: a call it had in flight was cut, never
+    acknowledged to its agent (a line is durable before its agent sees the reply's end)."""
     verdict: tuple[str, Optional[str]] = ("ready", None)
     for record in publications:
         at = record["at"]
+        if now - at >= SILENT_SECONDS:
+            continue  # A dead sidecar: the calls it had in flight died with it (their agents saw them fail).
         named = record["rollouts"].get(rollout_id)
-        if named is None and (at > ended_at or now - at >= SILENT_SECONDS or now - ended_at > _LATE_SECONDS):
-            # Looked after the end and has nothing of it; dead before it, holding nothing of it; or
-            # not looked again within `_LATE_SECONDS` of the end (a loop blocked that long finishes
-            # no call either): taken at its last word.
+        if named is None and (at > ended_at or now - ended_at > _LATE_SECONDS):
+            # Looked after the end and has nothing of it; or not looked again within `_LATE_SECONDS`
+            # of the end (a loop blocked that long finishes no call either): taken at its last word.
             continue
         if now - ended_at < bound:
             return "wait", None
         if named is not None:
-            state = "dead" if now - at >= SILENT_SECONDS else "live"
             verdict = ("incomplete", f"{named.get('calls', 1)} call(s) in flight on sidecar {record.get('instance')} "
-                                     f"({state}) since {named.get('since')}, {bound:.0f} s after the end")
+                                     f"since {named.get('since')}, still {bound:.0f} s after the end")
     return verdict
 
 
 __all__ = [
     "IN_FLIGHT_BOUND_SECONDS", "IN_FLIGHT_DIR", "PUBLISH_SECONDS", "SILENT_SECONDS", "calls_in_flight",
-    "in_flight_readiness", "publication_path", "publish_in_flight", "read_in_flight", "withdraw_in_flight",
+    "in_flight_readiness", "publication_path", "publish_in_flight", "read_in_flight", "sweep_dead_publications",
+    "withdraw_in_flight",
 ]

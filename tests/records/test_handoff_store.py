@@ -371,7 +371,7 @@ async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_i
     that call; a rollout it held nothing of and that ended after it went silent past the bound is
     not held. A sidecar that comes back within the bound ships the call: complete."""
     captures = f"segments://{tmp_path / 'store'}"
-    env = {"MCC_STORE_CACHE": str(tmp_path / "cache")}
+    env = {"MCC_STORE_CACHE": str(tmp_path / "cache"), "MCC_ADMIN_TOKEN": RUNNER_TOKEN}
     monkeypatch.setenv("MCC_STORE_CACHE", env["MCC_STORE_CACHE"])
     one, two = (SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / f"spool-{i}"), "--capture-store",
                                      captures, env=env) for i in range(2))
@@ -383,7 +383,7 @@ async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_i
                     assert reply.status == 200
             await asyncio.sleep(1.0)  # Both have put their watermarks.
             one.kill()
-            async with http.post(f"{two.url}/-/rollouts/held/end", json={}) as reply:
+            async with http.post(f"{two.url}/-/rollouts/held/end", json={}, headers=RUNNER) as reply:
                 assert reply.status == 200
             consumer = Consumer(captures, "trainer", writer_bound_seconds=3.0)
             started = time.monotonic()
@@ -397,7 +397,7 @@ async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_i
             async with http.post(f"{two.url}/ng-rollout/later/v1/chat/completions",
                                  json={"model": "m", "messages": [{"role": "user", "content": "y"}]}) as reply:
                 assert reply.status == 200
-            async with http.post(f"{two.url}/-/rollouts/later/end", json={}) as reply:
+            async with http.post(f"{two.url}/-/rollouts/later/end", json={}, headers=RUNNER) as reply:
                 assert reply.status == 200
             later = consumer.take(1, wait=5.0)
             assert [item.rollout_id for item in later] == ["later"] and not later[0].incomplete
