@@ -118,6 +118,10 @@ async def test_idle_capture_files_are_closed_so_moving_them_frees_the_disk(http,
     upstream.scripts["/v1/chat/completions"] = json_script(REPLY)
     captures = small_disk / "captures"
     sidecar = await start(upstream.url, capture_dir=str(captures))
+    for _ in range(100):  # The sidecar's own publication of its calls in flight (a block of its own) first.
+        if list(captures.glob("inflight/*.json")):
+            break
+        await asyncio.sleep(0.02)
     before = free_bytes(small_disk)
     for index in range(4):
         await fetch(http, "POST", rollout_url(sidecar.url, f"r{index}", "/v1/chat/completions"),
