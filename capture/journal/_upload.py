@@ -30,7 +30,7 @@ import orjson
 
 from records.contract import (
     EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, SILENT_SECONDS, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name,
-    incomplete_name, manifest_name, read_in_flight, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    incomplete_name, manifest_name, read_in_flight, rollout_marker_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
 )
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
@@ -42,6 +42,8 @@ _BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: How long a round waits for its sidecar's publication of calls in flight to be newer than its
 #: listing of the ends (a live sidecar publishes every 0.1 s).
 _FRESH_PUBLICATION_WAIT = 0.3
+#: Rollout markers remembered as put (older ones are put again: an empty object).
+_MARKED_REMEMBERED = 200_000
 #: The lag past which the log says so (once a minute).
 LAG_WARN_SECONDS = 300.0
 
@@ -86,6 +88,8 @@ class Uploader:
         self._tokens_shipped: dict[str, tuple[Any, ...]] = {}
         #: Routed-expert objects already in the store, by sha256 (`_ship_routed_experts`).
         self._experts_shipped: set[str] = set()
+        #: The rollouts whose marker (``rollouts/<rollout_id>``) this uploader has put.
+        self._marked: set[str] = set()
         self.store = ObjectStore(store_url)
         self._interval = interval
         self._wake = threading.Event()
@@ -161,8 +165,10 @@ class Uploader:
         sent = self.upload_all(ship_now=watermark.ended(set(changed)), changed=changed)
         unshipped = {rollout_id for rollout_id, stamped in changed.items()
                      if self._tokens_shipped.get(rollout_id) != stamped[:-1]}
-        watermark.holding = watermark.ended(watermark.in_open_segments() | watermark.in_sealed_segments(
-            sealed_segments(self.spool_dir)) | unshipped | self._in_flight_here(watermark.watermark))
+        pending = watermark.in_open_segments() | watermark.in_sealed_segments(sealed_segments(self.spool_dir)) \
+            | self._in_flight_here(watermark.watermark)
+        watermark.holding = watermark.ended(pending | unshipped)
+        watermark.pending = pending  # Every rollout with lines or a call here not in the store yet: an end finds it.
         watermark.publish()
         return sent
 
@@ -287,6 +293,12 @@ class Uploader:
         if order is None:  # Its whole lines, as every reader takes them (the torn tail of a crash, a part-write).
             order = segment_order(data)
         name = segment_name(writer_id, sha)
+        for rollout_id in rollouts:  # Its marker first: an end finds the rollout at one request.
+            if rollout_id not in self._marked:
+                self.store.put(rollout_marker_name(rollout_id), b"")
+                if len(self._marked) >= _MARKED_REMEMBERED:
+                    self._marked.clear()  # Put again at worst: an empty object, idempotent.
+                self._marked.add(rollout_id)
         self.store.put(name, data)
         # Each rollout's lines' completed_at: readers place every line of this segment in its rollout
         # from the manifests alone (records.store.plan_segment_reads: a read task per segment), by them.

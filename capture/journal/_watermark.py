@@ -53,6 +53,8 @@ class Watermark:
         self._sealed: dict[str, list[str]] = {}
         self.watermark = 0.0
         self.holding: set[str] = set()
+        #: Every rollout (ended or not) with lines in the spool not uploaded, or a call in flight.
+        self.pending: set[str] = set()
 
     def follow_ends(self) -> list[str]:
         """List the store's ends (the watermark is when the listing began); mark the new ones in
@@ -148,7 +150,7 @@ class Watermark:
         seen = sorted(rollout_id for rollout_id, at in self._seen.items() if now - at <= SEEN_SECONDS)
         self.store.put(writer_object_name(self.spool_id), orjson.dumps(
             {"spool": self.spool_id, "watermark": self.watermark, "holding": sorted(self.holding), "seen": seen,
-             "stopped": stopped, "at": now}))
+             "pending": sorted(self.pending), "stopped": stopped, "at": now}))
 
 
 def _listdir(path: str) -> list[str]:

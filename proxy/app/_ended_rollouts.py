@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
-    ObjectStore, UnknownRollout, end_request, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool,
+    ObjectStore, UnknownRollout, end_request, read_end_object, require_store_rollout, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool,
     wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
 
@@ -160,9 +160,13 @@ class EndedRollouts:
         if self.store is None:
             return write_rollout_end(self.capture_dir, rollout_id, outcome, group, group_size, self.token_dir,
                                      allow_empty=allow_empty)[0]
-        # Frozen and refused here first (no entry, no call after the end), then the end itself.
+        # Known (its calls came here, or a writer names it) before anything is frozen; then frozen and
+        # refused here (no entry, no call after the end), then the end itself.
+        known_here = rollout_id in self._idle or bool(self.in_flight.get(rollout_id))
+        if not (allow_empty or known_here or read_end_object(self.store, rollout_id) is not None):
+            require_store_rollout(self.store, rollout_id)
         mark_ended_in_spool(self.capture_dir, rollout_id)
-        return write_store_end(self.store, rollout_id, outcome, group, group_size)[0]
+        return write_store_end(self.store, rollout_id, outcome, group, group_size, allow_empty=True)[0]
 
     async def end_run(self, body: bytes) -> tuple[int, bytes]:
         """Answer ``POST /-/run/end``: 200 once the run's end is durable, 400 for a bad body."""

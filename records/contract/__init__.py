@@ -23,9 +23,10 @@ from ._calls_in_flight import (
     publish_in_flight, read_in_flight, sweep_dead_publications, withdraw_in_flight,
 )
 from ._rollout_ends import (
-    END_OBJECTS, END_SUFFIX, RUN_END, GroupSizeConflict, RolloutEnd, RolloutEndConflict, UnknownRollout,
+    END_OBJECTS, END_SUFFIX, ROLLOUT_MARKERS, RUN_END, GroupSizeConflict, RolloutEnd, RolloutEndConflict, UnknownRollout,
     create_exclusively, end_path, end_request, ended_in_spool, group_of, gym_member, is_ended, mark_ended_in_spool,
-    read_end_file, read_end_object, read_run_end, read_store_run_end, rollout_is_known, wait_until_quiet,
+    read_end_file, read_end_object, read_run_end, read_store_run_end, rollout_is_known, rollout_marker_name,
+    require_store_rollout, store_rollout_is_known, wait_until_quiet,
     write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
 from ._rollout_ids import is_valid_rollout_id, validate_rollout_id
@@ -65,6 +66,10 @@ __all__ = [
     "read_in_flight",
     "withdraw_in_flight",
     "sweep_dead_publications",
+    "ROLLOUT_MARKERS",
+    "rollout_marker_name",
+    "store_rollout_is_known",
+    "require_store_rollout",
     "RUN_END",
     "UnknownRollout",
     "read_run_end",

@@ -224,14 +224,52 @@ def wait_until_quiet(capture_dir: str, rollout_id: str, seconds: float, exclude:
         time.sleep(PUBLISH_SECONDS / 2)
 
 
+#: In a capture store: ``rollouts/<rollout_id>``, an empty object each writer puts before the first
+#: segment it uploads with lines of the rollout: that it has calls in the store, at one request.
+ROLLOUT_MARKERS = "rollouts"
+#: A store's end of a rollout no writer has named yet looks again for this long (writers say what
+#: their spools hold twice a second) before it is refused as unknown.
+_STORE_LOOK_SECONDS = 1.5
+
+
+def rollout_marker_name(rollout_id: str) -> str:
+    return f"{ROLLOUT_MARKERS}/{validate_rollout_id(rollout_id)}"
+
+
+def store_rollout_is_known(store: ObjectStore, rollout_id: str) -> bool:
+    """Whether a capture store's rollout has left a trace: lines uploaded (its marker), or lines
+    or a call in flight in a sidecar's spool (its writer's ``pending``)."""
+    from ._writer_watermarks import read_watermarks  # (The writers' objects: a listing and a read each.)
+
+    if store.get_if_present(rollout_marker_name(rollout_id)) is not None:
+        return True
+    return any(rollout_id in (writer.get("pending") or ()) for writer in read_watermarks(store))
+
+
+def require_store_rollout(store: ObjectStore, rollout_id: str) -> None:
+    """`UnknownRollout` unless the store's rollout has left a trace (`store_rollout_is_known`),
+    looked for `_STORE_LOOK_SECONDS` (a first call in flight is named within a writer's round)."""
+    deadline = time.monotonic() + _STORE_LOOK_SECONDS
+    while not store_rollout_is_known(store, rollout_id):
+        if time.monotonic() >= deadline:
+            raise UnknownRollout(rollout_id, store.url)
+        time.sleep(0.25)
+
+
 def write_store_end(store: ObjectStore, rollout_id: str, outcome: Optional[dict[str, Any]] = None,
                     group: Optional[str] = None, group_size: Optional[int] = None,
-                    ended_at: Optional[float] = None) -> tuple[RolloutEnd, bool]:
+                    ended_at: Optional[float] = None, allow_empty: bool = False,
+                    known_here: bool = False) -> tuple[RolloutEnd, bool]:
     """`write_rollout_end` for a capture store: the end object created with a conditional put (of
-    two sidecars ending one rollout at once, exactly one wins), durable when this returns."""
+    two sidecars ending one rollout at once, exactly one wins), durable when this returns.
+    `UnknownRollout` when no writer has a trace of the rollout (`store_rollout_is_known`, looked
+    for `_STORE_LOOK_SECONDS`) and ``allow_empty`` is not given; ``known_here``: the caller (a
+    sidecar) served calls of it."""
     outcome, group, group_size = checked_end(outcome, group, group_size)
     name = end_object_name(rollout_id)
     existing = read_end_object(store, rollout_id)
+    if existing is None and not (allow_empty or known_here):
+        require_store_rollout(store, rollout_id)
     if existing is None:
         key = group_of(rollout_id, group)
         if group_size is not None and key is not None:

@@ -31,7 +31,8 @@ def end_rollout(captures: object, rollout_id: str, outcome: Optional[dict[str, A
     it; a rollout with no trace (no capture, no call in flight, no token files) is refused with
     `UnknownRollout` unless ``allow_empty``."""
     if isinstance(captures, str) and is_store_url(captures):
-        return write_store_end(ObjectStore(captures), rollout_id, outcome, group, group_size)[0]
+        return write_store_end(ObjectStore(captures), rollout_id, outcome, group, group_size,
+                               allow_empty=allow_empty)[0]
     directory = directory_of(capture_store(captures, "end_rollout"), "end_rollout")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"end_rollout: no capture directory at {directory}")

@@ -292,10 +292,18 @@ class StoreRoom:
         return "ready", None
 
     def unended(self, ended: set[str], older_than: float) -> dict[str, float]:
-        return {}  # Not reported from a store yet (docs/reading.md says so).
+        """Rollouts of the store's view with calls and no end, their last line completed more than
+        ``older_than`` seconds ago (the view brought up to date: only what is new is rebuilt)."""
+        directory, now, found = self.view([]), time.time(), {}
+        for rollout_id in _captured_in(directory) - ended:
+            last = _last_completed_at(os.path.join(directory, rollout_id + CAPTURE_SUFFIX))
+            if last is not None and now - last >= older_than:
+                found[rollout_id] = last
+        return found
 
     def unended_members(self, key: str, ended: set[str]) -> list[str]:
-        return []
+        return sorted(rollout_id for rollout_id in _captured_in(self.view([])) - ended
+                      if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
 
     def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
         return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)
@@ -337,6 +345,31 @@ def _create_linked(paths: dict[str, str], records: dict[str, dict[str, Any]]) ->
     finally:
         os.unlink(temporary)
     return created
+
+
+def _captured_in(directory: str) -> set[str]:
+    try:
+        return {name[:-len(CAPTURE_SUFFIX)] for name in os.listdir(directory) if name.endswith(CAPTURE_SUFFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def _last_completed_at(path: str) -> Optional[float]:
+    """The ``completed_at`` of a capture file's last whole line (its tail read), or None."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
+            tail = handle.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        try:
+            value = orjson.loads(line).get("completed_at")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+    return os.stat(path).st_mtime  # A last line longer than the tail read: when the view last changed.
 
 
 def record_of(name: str, parsed: Any) -> Any:

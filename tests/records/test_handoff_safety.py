@@ -337,3 +337,50 @@ async def test_on_a_store_a_call_in_flight_at_the_end_holds_its_rollout_until_it
     assert (await call).status == 200
     (taken,) = await loop.run_in_executor(None, lambda: trainer.take(1, wait=15.0))
     assert len(taken.calls) == 2 and not taken.incomplete, "whole: the call in flight at the end is in it"
+
+
+def test_on_a_store_an_end_finds_its_rollout_in_a_spool_or_uploaded_and_a_typo_is_refused(tmp_path, monkeypatch):
+    """Two sidecar processes on one store: a rollout whose lines wait in one sidecar's spool is
+    found by an end sent to the other (the writer's pending list), one whose lines shipped by its
+    marker; a typo'd id is refused there and from Python; the rollout with calls and no end reads
+    as unended from the store."""
+    import urllib.error
+    import urllib.request
+
+    from tests.processes import SidecarProcess, post_chat
+    from tests.wire import RUNNER, RUNNER_TOKEN
+
+    store = f"segments://{tmp_path / 'store'}"
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    env = {"MCC_STORE_CACHE": str(tmp_path / "cache"), "MCC_ADMIN_TOKEN": RUNNER_TOKEN}
+    holding = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "spool-a"), "--capture-store", store,
+                                   "--segment-max-age", "30", env=env)
+    other = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "spool-b"), "--capture-store", store,
+                                 "--segment-max-age", "30", env=env)
+
+    def end(sidecar, rollout_id: str, body: bytes = b"") -> int:
+        request = urllib.request.Request(f"{sidecar.url}/-/rollouts/{rollout_id}/end", data=body, method="POST",
+                                         headers=RUNNER)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    try:
+        for rollout_id in ("spooled-0", "spooled-1", "left-2"):
+            assert post_chat(holding.url, rollout_id)[0] == 200
+        assert end(other, "spooled-0") == 200, "its lines are in the other sidecar's spool: found there"
+        assert end(other, "spooled-9") == 404, "a typo"
+        with pytest.raises(UnknownRollout):
+            end_rollout(store, "spooled-9")
+        assert end(other, "spooled-9", b'{"allow_empty": true}') == 200
+        assert holding.terminate() == 0  # Drained: its spool shipped, the markers put.
+        holding = None
+        assert end_rollout(store, "spooled-1").rollout_id == "spooled-1", "found by its marker"
+        trainer = Consumer(store, "trainer", unended_seconds=0.0)
+        assert trainer.unended() == {"left": ["left-2"]}
+    finally:
+        for sidecar in (holding, other):
+            if sidecar is not None:
+                sidecar.terminate()
