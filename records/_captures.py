@@ -104,9 +104,10 @@ class Captures:
         return read_routed_experts(self.token_dir or self, rollout_id, of)
 
     def end(self, rollout_id: str, outcome: Optional[dict[str, Any]] = None, group: Optional[str] = None,
-            group_size: Optional[int] = None) -> RolloutEnd:
-        """End the rollout with its outcome, durably (`end_rollout`)."""
-        return end_rollout(self.where, rollout_id, outcome, group, group_size)
+            group_size: Optional[int] = None, *, allow_empty: bool = False) -> RolloutEnd:
+        """End the rollout with its outcome, durably (`end_rollout`: an id that made no call is
+        refused unless ``allow_empty``)."""
+        return end_rollout(self.where, rollout_id, outcome, group, group_size, allow_empty=allow_empty)
 
     def ended(self, rollout_id: str) -> Optional[RolloutEnd]:
         """The rollout's end, or None while it has none (`read_rollout_end`)."""
