@@ -95,9 +95,11 @@ def _harness_side_call(request: dict[str, Any]) -> Optional[str]:
     if request.get("max_tokens") == _QUOTA_MAX_TOKENS and isinstance(messages, list) and len(messages) == 1 \
             and _text(messages[0].get("content") if isinstance(messages[0], dict) else None).strip().lower() == _QUOTA_TEXT:
         return "quota"
+    if request.get("tools"):
+        return None  # A harness's title call offers no tools; its turns do (Claude Code: 25).
     system = _text(request.get("system")).lower()
-    if not system and isinstance(messages, list):  # Chat: the system message.
-        system = " ".join(_text(message.get("content")) for message in messages
+    if not system and isinstance(messages, list):  # Chat: the system message leads.
+        system = " ".join(_text(message.get("content")) for message in messages[:2]
                           if isinstance(message, dict) and message.get("role") in ("system", "developer")).lower()
     if system and any(marker in system for marker in _TITLE_MARKERS):
         return "title"
