@@ -9,6 +9,7 @@ Python 3.13 found, installed with ``--ignore-requires-python`` when that Python 
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import shutil
@@ -24,10 +25,21 @@ class GymUnavailable(Exception):
 
 
 def gym_python() -> str:
-    """The venv's interpreter, building the venv first when it is missing."""
+    """The venv's interpreter, building the venv first when it is missing. One builder at a time:
+    pytest-xdist's workers each ask at once on a fresh machine, and a second builder would remove
+    the venv the first is installing into (seen: "No module named 'orjson'" in Gym's reader)."""
     python = os.path.join(VENV, "bin", "python")
     if os.path.exists(_STAMP):
         return python
+    os.makedirs(os.path.dirname(VENV), exist_ok=True)
+    with open(VENV + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes, also when this process dies.
+        if os.path.exists(_STAMP):  # Another worker built it while this one waited.
+            return python
+        return _build(python)
+
+
+def _build(python: str) -> str:
     base = _python313()
     shutil.rmtree(VENV, ignore_errors=True)
     _run([base, "-m", "venv", VENV], "create the venv")
