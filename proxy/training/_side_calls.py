@@ -48,6 +48,7 @@ class SideCalls:
         self.counted = Counter("mcc_side_calls_total", "Captured calls marked side calls (not the policy's turns: "
                                "captured whole, left out of every trajectory), by reason.", ["reason"],
                                registry=metrics.registry)
+        self._hooks = SideCallHooks(self)
 
     def reason(self, rollout_id: str, request: Any) -> Optional[str]:
         """Why the call of ``request`` (its parsed body) is a side call, or None when it is a turn."""
@@ -68,12 +69,14 @@ class SideCalls:
         return "other_model" if model != policy else None
 
     def hooks(self) -> "SideCallHooks":
-        return SideCallHooks(self)
+        """The calls' hooks: one for every call (a call's mark is its exchange's ``side_call``)."""
+        return self._hooks
 
 
 class SideCallHooks(CallHooks):
-    """One call's mark: decided from its request when its line is made (or earlier, by the token
-    capture mode, which must know before the call is dispatched)."""
+    """A call's mark: decided from its request when its line is made (or earlier, by the token
+    capture mode, which must know before the call is dispatched), kept on the call's exchange; no
+    state of its own, so one serves every call."""
 
     __slots__ = ("rule",)
 
