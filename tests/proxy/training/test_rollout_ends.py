@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from records import (
-    GroupSizeConflict, RolloutEndConflict, end_rollout, read_model_call_records, read_rollout_end, read_token_entries,
-    trajectories,
+    GroupSizeConflict, RolloutEndConflict, UnknownRollout, end_rollout, read_model_call_records, read_rollout_end,
+    read_token_entries, trajectories,
 )
 from records.contract import TokenFiles
 from tests.scripted_upstream import json_script
@@ -166,14 +166,16 @@ def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
         end_rollout(directory, "r2", outcome={"reward": float("nan")}, allow_empty=True)
     # The same on a capture store (segments:// here; S3 in tests/records/test_handoff_store.py): an object of its own.
     store = f"segments://{tmp_path / 'store'}"
-    on_store = end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2)
+    on_store = end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2, allow_empty=True)
     assert on_store.calls is None and read_rollout_end(store, "r1") == on_store
     assert end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2) == on_store
     with pytest.raises(RolloutEndConflict):
         end_rollout(store, "r1", outcome={"reward": 2.0}, group="g", group_size=2)
     with pytest.raises(GroupSizeConflict):
-        end_rollout(store, "r3", group="g", group_size=3)
+        end_rollout(store, "r3", group="g", group_size=3, allow_empty=True)
     assert read_rollout_end(store, "r3") is None
+    with pytest.raises(UnknownRollout):
+        end_rollout(store, "r4")  # Nothing of it anywhere in the store: a typo.
     with pytest.raises(FileNotFoundError):
         end_rollout(str(tmp_path / "missing"), "r2")
     assert read_rollout_end(directory, "r2") is None
