@@ -84,6 +84,9 @@ class CallRow:
     #: Prompt tokens written to the engine's prefix cache, and multimodal prompt tokens.
     created_cache_tokens: Optional[int] = None
     multimodal_tokens: Optional[int] = None
+    #: vLLM's multimodal prompt tokens by modality, and its per-request metrics, as JSON text.
+    multimodal_tokens_by_modality: Optional[str] = None
+    engine_metrics: Optional[str] = None
     #: The reply's answer text: filled only when asked for (``mcc export --output-text``; it is large).
     output_text: Optional[str] = None
 
@@ -133,6 +136,8 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
         cache_creation_tokens=stats["cache_creation_tokens"], stream=(request or {}).get("stream") is True,
         system_fingerprint=served["system_fingerprint"], engine=served["engine"], engine_version=served["engine_version"],
         created_cache_tokens=served["created_cache_tokens"], multimodal_tokens=served["multimodal_tokens"],
+        multimodal_tokens_by_modality=_json(served["multimodal_tokens_by_modality"]),
+        engine_metrics=_json(served["engine_metrics"]),
     )
 
 
@@ -162,7 +167,8 @@ CALL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("client_agent_id", "string"), ("client_parent_agent_id", "string"),
     ("added_request_fields", "string"), ("cache_creation_tokens", "int64"), ("stream", "bool"),
     ("system_fingerprint", "string"), ("engine", "string"), ("engine_version", "string"),
-    ("created_cache_tokens", "int64"), ("multimodal_tokens", "int64"),
+    ("created_cache_tokens", "int64"), ("multimodal_tokens", "int64"), ("multimodal_tokens_by_modality", "string"),
+    ("engine_metrics", "string"),
 )
 
 
@@ -173,6 +179,10 @@ def with_arrow_times(values: dict[str, Any]) -> dict[str, Any]:
         if values.get(key) is not None:
             values[key] = datetime.fromtimestamp(values[key], tz=timezone.utc)
     return values
+
+
+def _json(value: Any) -> Optional[str]:
+    return None if value is None else orjson.dumps(value).decode()
 
 
 def _str(value: Any) -> Optional[str]:

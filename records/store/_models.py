@@ -100,8 +100,11 @@ class ModelCallRecord(BaseModel):
     model_call_id: Optional[str] = None
     model_operations: list[ModelOperationObservation] | None = None
     model_ref: Optional[ModelServerRef] = None
-    #: Not in Gym's record: multimodal prompt tokens (``usage.prompt_tokens_details.multimodal_tokens``).
+    #: Not in Gym's record: multimodal prompt tokens (``usage.prompt_tokens_details.multimodal_tokens``;
+    #: the sum of vLLM's mapping by modality).
     multimodal_tokens: Optional[int] = None
+    #: Not in Gym's record: vLLM's multimodal prompt tokens by modality (``{"image": 576}``), as it sent them.
+    multimodal_tokens_by_modality: Optional[dict[str, int]] = None
     reasoning_content: Optional[str] = None
     request: Optional[dict[str, Any]] = None
     request_raw: Optional[str] = None

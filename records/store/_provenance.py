@@ -2,10 +2,12 @@
 in the bytes we already parse, so an engine upgraded mid-run shows up as such, not as unexplained
 drift.
 
-- ``system_fingerprint``: vLLM's is ``vllm-<version>-<config hash>`` (``vllm-0.32.0-870eb8ba``);
-  the engine and its version are read from it where it has that shape.
+- ``system_fingerprint``: vLLM's is ``vllm-<version>[-<parallelism>...]-<config hash>``
+  (``vllm-0.32.0-870eb8ba``; a tensor-parallel deployment: ``vllm-0.24.0-tp4-6d31f84d``); the
+  engine and its version are read from it where it has that shape.
 - ``usage.prompt_tokens_details``: ``created_cache_tokens`` (prompt tokens the call wrote to the
-  engine's prefix cache) and ``multimodal_tokens``.
+  engine's prefix cache) and ``multimodal_tokens``: a count, or vLLM's mapping by modality
+  (``{"image": 576}``), kept as that mapping (``multimodal_tokens_by_modality``) beside its sum.
 - ``metrics``: vLLM's per-request metrics object (``--enable-per-request-metrics``: queue time,
   time to first token, inter-token latency), kept as the engine wrote it.
 
@@ -19,12 +21,13 @@ import re
 from functools import lru_cache
 from typing import Any, Optional
 
-#: ``<engine>-<version>[-<config hash>]``: vLLM's form (``vllm/entrypoints/openai``'s
-#: ``get_system_fingerprint``); an engine name is letters, a version starts with a digit.
-_FINGERPRINT = re.compile(r"^([A-Za-z][A-Za-z_]*)-(\d[0-9A-Za-z.+]*?)(?:-([0-9a-f]{6,}))?$")
+#: ``<engine>-<version>[-<parallelism>...][-<config hash>]``: vLLM's form (``vllm/entrypoints/openai``'s
+#: ``get_system_fingerprint``); an engine name is letters, a version starts with a digit, a
+#: parallelism tag is letters then a size (``tp4``, ``pp2``, ``dp8``).
+_FINGERPRINT = re.compile(r"^([A-Za-z][A-Za-z_]*)-(\d[0-9A-Za-z.+]*?)((?:-[a-z]+\d+)*)(?:-([0-9a-f]{6,}))?$")
 
 PROVENANCE_FIELDS = ("system_fingerprint", "engine", "engine_version", "created_cache_tokens", "multimodal_tokens",
-                     "engine_metrics")
+                     "multimodal_tokens_by_modality", "engine_metrics")
 
 
 @lru_cache(maxsize=256)
@@ -52,6 +55,11 @@ def provenance_of(response: Optional[dict[str, Any]]) -> dict[str, Any]:
             value = details.get(name)
             if type(value) is int and value >= 0:
                 found[name] = value
+        by_modality = details.get("multimodal_tokens")
+        if type(by_modality) is dict and by_modality and all(
+                type(count) is int and count >= 0 for count in by_modality.values()):
+            found["multimodal_tokens_by_modality"] = by_modality
+            found["multimodal_tokens"] = sum(by_modality.values())
     if type(metrics) is dict:
         found["engine_metrics"] = metrics
     return found

@@ -92,6 +92,7 @@ def build_model_call_record(exchange: dict[str, Any], call_index: int) -> ModelC
         "model_operations": facts.operations,
         "model_ref": _model_ref(get("model_ref")),
         "multimodal_tokens": served["multimodal_tokens"],
+        "multimodal_tokens_by_modality": served["multimodal_tokens_by_modality"],
         "reasoning_content": facts.reasoning,
         "request": request,
         "request_raw": v if type(v := get("request_raw")) is str else None,

@@ -45,3 +45,31 @@ def test_a_chat_reply_recorded_by_vllm_reads_the_same_without_the_sidecar():
     case = CASES_BY_NAME["chat"]
     record = build_model_call_record({"response": orjson.loads(case.asked.body), "dialect": "chat"}, 0)
     assert (record.engine, record.engine_version, record.created_cache_tokens) == ("vllm", "0.32.0", 0)
+
+
+def test_every_recorded_fingerprint_names_its_engine_where_it_has_vllms_shape():
+    """Every ``system_fingerprint`` in the recorded replies (../shared/fixtures): vLLM's shapes
+    (``vllm-0.32.0-870eb8ba``, and a tensor-parallel deployment's ``vllm-0.24.0-tp4-6d31f84d``)
+    name the engine and its version; OpenAI's (``fp_...``) name none."""
+    import os
+    import re
+
+    from records import build_model_call_record
+
+    from .fixtures import FIXTURES_DIR
+
+    if not os.path.isdir(FIXTURES_DIR):
+        pytest.skip("the recorded replies (../shared/fixtures) are not beside this checkout")
+    seen = set()
+    for directory, _, names in os.walk(FIXTURES_DIR):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as handle:
+                seen.update(re.findall(rb'"system_fingerprint": ?"([^"]+)"', handle.read()))
+    assert b"vllm-0.24.0-tp4-6d31f84d" in seen and b"vllm-0.32.0-870eb8ba" in seen
+    for fingerprint in sorted(seen):
+        record = build_model_call_record({"response": {"object": "chat.completion", "choices": [],
+                                                       "system_fingerprint": fingerprint.decode()}}, 0)
+        if fingerprint.startswith(b"vllm-"):
+            assert record.engine == "vllm" and record.engine_version == fingerprint.decode().split("-")[1], fingerprint
+        else:
+            assert (record.engine, record.engine_version) == (None, None), fingerprint

@@ -166,6 +166,7 @@ def test_the_attachment_has_gyms_shape_unless_more_is_asked(tmp_path):
                                                           "client_assistant_message_id", "failure_report",
                                                           "model_operations", "stream_truncated", "token_counts",
                                                           "system_fingerprint", "engine", "engine_version", "engine_metrics",
-                                                          "created_cache_tokens", "multimodal_tokens", "side_call"}
+                                                          "created_cache_tokens", "multimodal_tokens", "multimodal_tokens_by_modality",
+                                                          "side_call"}
     assert {"num_errors", "error_categories", "num_tool_calls"} <= set(ours["metrics"])
     assert attach_model_call_capture(RUN, str(tmp_path))["ng_model_call_capture"] == gyms

@@ -66,6 +66,8 @@ def test_parquet_has_the_provenance_columns(upgraded, tmp_path):
 
 @pytest.mark.parametrize("fingerprint, engine, version", [
     ("vllm-0.32.0-870eb8ba", "vllm", "0.32.0"),
+    ("vllm-0.24.0-tp4-6d31f84d", "vllm", "0.24.0"),  # A tensor-parallel deployment (a recorded fixture's).
+    ("vllm-0.24.0-tp4-pp2-6d31f84d", "vllm", "0.24.0"),
     ("vllm-0.11.0rc2.dev5+g1a2b3c-0123abcd", "vllm", "0.11.0rc2.dev5+g1a2b3c"),
     ("fp_44709d6fcb", None, None),  # OpenAI's: a fingerprint, no engine named.
     ("", None, None),
@@ -84,3 +86,16 @@ def test_vllms_per_request_metrics_are_kept_as_the_engine_wrote_them():
                                                        "created_cache_tokens": -1, "multimodal_tokens": 5}}}}, 0)
     assert record.engine_metrics == metrics
     assert (record.created_cache_tokens, record.multimodal_tokens) == (None, 5), "a negative count is not a count"
+
+
+def test_vllms_multimodal_tokens_by_modality_are_kept_as_the_mapping_beside_their_sum():
+    from records.store import call_row
+
+    usage = {"prompt_tokens": 700, "prompt_tokens_details": {"multimodal_tokens": {"image": 576, "audio": 40}}}
+    line = {"response": {"object": "chat.completion", "choices": [], "usage": usage,
+                         "metrics": {"queue_time": 0.002}}}
+    record = build_model_call_record(line, 0)
+    assert record.multimodal_tokens_by_modality == {"image": 576, "audio": 40} and record.multimodal_tokens == 616
+    row = call_row("r", 0, line)
+    assert orjson.loads(row.multimodal_tokens_by_modality) == {"image": 576, "audio": 40}
+    assert orjson.loads(row.engine_metrics) == {"queue_time": 0.002}, "a Parquet column of its own"
