@@ -58,7 +58,7 @@ from ._token_records_reading import read_token_records
 from ..contract import RoutedExperts
 from ._routed_experts_reading import read_routed_experts
 from ._trajectories import Trajectory, TrajectoryBuild, trajectories
-from ..contract import IN_FLIGHT_BOUND_SECONDS, version_rank
+from ..contract import IN_FLIGHT_BOUND_SECONDS, resolved_spans, token_versions, version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
 
@@ -152,8 +152,9 @@ class FinishedRollout:
     @property
     def weight_versions(self) -> Optional[dict[str, Any]]:
         """Which weights generated its tokens: ``start`` (the oldest version that generated any,
-        in `records.contract.version_rank`'s order), ``min``, ``max``, and ``tokens`` per version; None
-        when its calls name no version."""
+        in `records.contract.version_rank`'s order), ``min``, ``max``, ``tokens`` per version, and
+        ``source``: ``token_records`` (the token capture mode's), else ``lines`` (the versions on its
+        capture lines: the engine's, or those the trainer declared); None when its calls name no version."""
         if self._weight_versions is _UNREAD:
             self._weight_versions = _weight_versions_of(self.directory, self.rollout_id,
                                                         self._declared() if self._declared is not None else [])
@@ -897,17 +898,51 @@ def _room(captures: object, taker: str) -> Room:
 
 
 def _weight_versions_of(directory: str, rollout_id: str, declared: list[str]) -> Optional[dict[str, Any]]:
+    """Which weights generated the rollout's tokens: from its token records (the token capture
+    mode), else from the versions on its capture lines (the engine's, or those the trainer
+    declared), with the source said (``token_records`` / ``lines``)."""
     tokens: dict[str, int] = {}
     for record in read_token_records(directory, rollout_id):
         for version in record.token_weight_versions or ():
             if version is not None:
                 tokens[version] = tokens.get(version, 0) + 1
+    source = "token_records"
+    if not tokens:
+        tokens, source = _line_weight_versions(directory, rollout_id), "lines"
     if not tokens:
         return None
     rank = version_rank(tokens, declared)
     placed = sorted((version for version in tokens if version in rank), key=rank.__getitem__)
     return {"start": placed[0] if placed else None, "min": placed[0] if placed else None,
-            "max": placed[-1] if placed else None, "tokens": tokens}
+            "max": placed[-1] if placed else None, "tokens": tokens, "source": source}
+
+
+def _line_weight_versions(directory: str, rollout_id: str) -> dict[str, int]:
+    """Tokens per version from the capture lines' ``weight_versions`` (per choice, spans over its
+    output; an open span closed at the reply's output count, else counted as one token), side
+    calls left out."""
+    from ..store import CaptureStore  # (The lines, read whole once: only when no token record said.)
+
+    tokens: dict[str, int] = {}
+    for line in CaptureStore(directory).read_available(rollout_id).lines:
+        per_choice = line.get("weight_versions")
+        if type(per_choice) is not list or line.get("side_call"):
+            continue
+        usage = (line.get("response") or {}).get("usage") if type(line.get("response")) is dict else None
+        generated = None
+        if type(usage) is dict:
+            generated = usage.get("completion_tokens", usage.get("output_tokens"))
+        for spans in per_choice:
+            closed = resolved_spans(spans, generated if type(generated) is int and len(per_choice) == 1 else None)
+            if closed is not None:
+                for version in token_versions(closed, closed[-1]["end"] if closed else 0):
+                    if version is not None:
+                        tokens[version] = tokens.get(version, 0) + 1
+            elif type(spans) is list:  # The output's length unknown: each version that generated some, once.
+                for span in spans:
+                    if type(span) is dict and type(span.get("version")) is str:
+                        tokens[span["version"]] = tokens.get(span["version"], 0) + 1
+    return tokens
 
 
 #: An ack's flags as kept for a final item (in summaries): dropped, handed out stale, in a partial group.

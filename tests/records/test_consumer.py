@@ -350,3 +350,32 @@ def test_a_record_left_empty_by_a_writer_that_died_stands_for_nothing(tmp_path):
     os.utime(empty, (old, old))
     (item,) = consumer.take()
     assert item.rollout_id == rollout_id and item.lease.epoch == 2
+
+
+async def test_staleness_without_the_token_mode_comes_from_the_lines_declared_versions(http, upstream, start,
+                                                                                       capture_dir):
+    """No token records: the versions the trainer declared, on each line, say which weights
+    generated a rollout, and its staleness is counted from them (the source said: ``lines``)."""
+    from tests.proxy.training.test_token_files import converse, serve_model
+    from tests.vllm_chat_model import TinyChatModel
+    from tests.wire import RUNNER, fetch
+
+    serve_model(upstream, TinyChatModel())
+    sidecar = await start(upstream.url, capture_dir=capture_dir)  # Capture on, no token mode.
+    for version, rollout_id in (("v1", "old"), ("v2", "newer"), ("v3", None)):
+        declared = await fetch(http, "POST", sidecar.url + "/-/weight-version", orjson.dumps({"version": version}),
+                               headers=RUNNER)
+        assert declared.status == 200
+        if rollout_id:
+            await converse(http, sidecar, rollout_id, ["hi", "more"])
+    loop = asyncio.get_running_loop()
+    for rollout_id in ("old", "newer"):
+        await loop.run_in_executor(None, lambda rollout_id=rollout_id: end_rollout(capture_dir, rollout_id))
+    trainer = Consumer(capture_dir, "trainer")
+    items = await loop.run_in_executor(None, lambda: trainer.take(2, wait=3.0, current_version="v3", max_staleness=1))
+    items += await loop.run_in_executor(None, lambda: trainer.take(2, wait=1.0 if len(items) < 2 else 0.0,
+                                                                   current_version="v3", max_staleness=1))
+    by_id = {item.rollout_id: item for item in items}
+    assert {rollout_id: (item.staleness, item.stale) for rollout_id, item in by_id.items()} == {
+        "old": (2, True), "newer": (1, False)}
+    assert by_id["old"].weight_versions["source"] == "lines" and by_id["old"].weight_versions["start"] == "v1"
