@@ -133,6 +133,15 @@ class TokenRecord(BaseModel):
         return tuple(dict.fromkeys(span["version"] for span in self.weight_versions or ()))
 
     @property
+    def first_token_weight_version(self) -> Optional[str]:
+        """The version that sampled the generation's first token (what vLLM's RFC #54443 asks the
+        engine to report), or None when none is known: the span that covers token 0."""
+        for span in self.weight_versions or ():
+            if span.get("start", 0) <= 0 and (span.get("end") is None or span["end"] > 0):
+                return span["version"]
+        return None
+
+    @property
     def spans_weight_update(self) -> bool:
         """More than one weight version sampled this generation (or an update fell in it unplaced)."""
         return self.weight_versions_unplaced or len({span["version"] for span in self.weight_versions or ()}) > 1

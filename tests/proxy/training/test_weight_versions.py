@@ -193,6 +193,7 @@ async def test_an_aborted_call_is_its_own_category_and_the_call_resuming_it_is_s
     first, second = read_token_records(store, "resumed")
     assert not first.usable and "abort" in first.unusable_reason
     assert second.usable and second.resumes == aborted.model_call_id
+    assert (first.first_token_weight_version, second.first_token_weight_version) == ("v1", "v2")
     build = trajectories(capture_dir, "resumed")
     assert not build.masked, build.mask_reason
     assert build.main.token_ids == [1, 2, 3, 11, 12, 13, 14]
