@@ -21,6 +21,7 @@ is new.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import os
 import uuid
@@ -60,6 +61,17 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
     cache = cache_root() / hashlib.sha1(store.url.encode()).hexdigest()[:16]
     target = Path(directory) if directory is not None else cache / "view"
     target.mkdir(parents=True, exist_ok=True)
+    # One rebuilder of a view at a time, across processes (a trainer's ranks share the cache): two at
+    # once could rename a rollout's file built from fewer manifests over one built from more, after
+    # the other had said those manifests applied, and the view would stay short of lines.
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "rebuild.lock", "w") as lock:  # (In the store's cache: never in a compacted directory.)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes (or the process dies).
+        return _store_view_locked(store, cache, target, rollout_ids, allow_empty)
+
+
+def _store_view_locked(store: ObjectStore, cache: Path, target: Path, rollout_ids: Optional[Iterable[str]],
+                       allow_empty: bool) -> str:
     wanted = set(rollout_ids) if rollout_ids is not None else None
     names = store.names(MANIFESTS)
     token_names = store.names(TOKEN_MANIFESTS)
