@@ -28,7 +28,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 
+import bench_proxy as bench  # noqa: E402
 from records import Consumer, end_rollout  # noqa: E402
 
 GROUPS, GROUP_SIZE = 8, 4
@@ -93,11 +95,6 @@ def measure(captures: str, restarts: int, history: int) -> dict[str, list[float]
     return figures
 
 
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--restarts", type=int, default=20)
@@ -120,17 +117,13 @@ def main() -> None:
             figures = measure(captures, args.restarts, args.history)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        ms = lambda values, p: f"{pct(values, p) * 1000:,.0f}"  # noqa: E731
+        ms = lambda values, p: f"{bench.pct(values, p) * 1000:,.0f}"  # noqa: E731
         lines.append(f"| {layout} | {ms(figures['restart'], 50)} / {ms(figures['restart'], 99)} "
                      f"| {ms(figures['take'], 50)} / {ms(figures['take'], 99)} | 300,000 (lease_seconds) |")
         print(f"{layout}: median {statistics.median(figures['restart']) * 1000:,.0f} ms", file=sys.stderr)
     lines += ["", "The restarted process's time includes starting Python and importing `records`; the lease "
               "(`lease_seconds`) still covers a holder that stalls without dying."]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "restart.md"), "w", encoding="utf-8") as handle:
-        handle.write(table)
+    bench.publish("restart", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
