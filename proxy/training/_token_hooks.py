@@ -113,6 +113,8 @@ class TokenHooks(CallHooks):
             return False
         if exchange.side_call is None:
             request = parse_json_object(call.request.body) if not call.request.fields.get(b"content-encoding") else None
+            if request:
+                exchange.parsed_request = request  # Parsed once: the fields' plan and the line read it.
             exchange.side_call = (rule.reason(exchange.rollout_id, request) if request else None) or ""
         return bool(exchange.side_call)
 
@@ -137,7 +139,8 @@ class TokenHooks(CallHooks):
             self.agent_request = parse_json_object(body) or {}
             if self.agent_request:
                 exchange.parsed_request = self.agent_request  # type: ignore[union-attr]  # the call has an exchange in this phase
-        plan = self.training.mode.plan(exchange.dialect, headers, body)  # type: ignore[union-attr]  # token mode is on in this hook
+        plan = self.training.mode.plan(exchange.dialect, headers, body,  # type: ignore[union-attr]  # token mode is on in this hook
+                                       exchange.parsed_request)  # type: ignore[union-attr]
         if plan is None:
             return own
         self.sent_identity = coding is not None

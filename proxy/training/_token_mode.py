@@ -34,17 +34,20 @@ class TokenMode:
         self.engine = engine
         self._said_compressed = False
 
-    def plan(self, dialect: str, headers: Headers, body: bytes) -> Optional[tuple[dict[str, Any], dict[str, Any], bytes]]:
+    def plan(self, dialect: str, headers: Headers, body: bytes, request: Optional[dict[str, Any]] = None
+             ) -> Optional[tuple[dict[str, Any], dict[str, Any], bytes]]:
         """(fields added, the agent's request parsed, the body to send), or None to send the agent's own.
+        ``request``: ``body`` already parsed (not parsed twice).
 
         A body that is compressed or not a JSON object is sent as it came: the mode never guesses.
         """
         if header_value(headers, b"content-encoding") not in (None, b"identity"):
             return None
-        try:
-            request = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
+        if request is None:
+            try:
+                request = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return None
         if type(request) is not dict:
             return None
         fields = token_fields_to_add(dialect, request, frozenset(self.refused), self.engine)
