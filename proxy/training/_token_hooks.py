@@ -139,8 +139,8 @@ class TokenHooks(CallHooks):
             self.agent_request = parse_json_object(body) or {}
             if self.agent_request:
                 exchange.parsed_request = self.agent_request  # type: ignore[union-attr]  # the call has an exchange in this phase
-        plan = self.training.mode.plan(exchange.dialect, headers, body,  # type: ignore[union-attr]  # token mode is on in this hook
-                                       exchange.parsed_request)  # type: ignore[union-attr]
+        parsed = exchange.parsed_request if exchange is not None else None  # (The side-call check's parse.)
+        plan = self.training.mode.plan(exchange.dialect, headers, body, parsed)  # type: ignore[union-attr]  # token mode is on in this hook
         if plan is None:
             return own
         self.sent_identity = coding is not None
