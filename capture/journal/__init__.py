@@ -13,6 +13,7 @@ from ._repeats import RepeatLimiter
 from ._segments import SegmentFiles, SegmentPolicy, seal_leftovers, sealed_segments
 from ._upload import UploadLag, Uploader
 from ._upload_process import UploaderProcess
+from ._watermark import announce_writer
 from ._writer import BUILD_ON_LOOP_BYTES, ENCODE_IN_PROCESS_BYTES, Built, Journal, JournalMetrics, failure_kind, settles
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "UploadLag",
     "Uploader",
     "UploaderProcess",
+    "announce_writer",
     "encode_pickled_fields",
     "failure_kind",
     "frame_line",

@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from typing import Any, Optional
 
 import orjson
@@ -34,7 +33,7 @@ from records.contract import (
 )
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
-from ._watermark import Watermark
+from ._watermark import Watermark, spool_id
 
 log = logging.getLogger("mcc.capture")
 #: Pauses after a refused upload, growing to the last.
@@ -256,22 +255,8 @@ class Uploader:
 
     @property
     def spool_id(self) -> str:
-        """This spool's own id, kept in it: its token files' name in the store across restarts."""
-        path = os.path.join(self.spool_dir, ".spool-id")
-        try:
-            with open(path, encoding="ascii") as handle:
-                return handle.read().strip()
-        except FileNotFoundError:
-            identity = uuid.uuid4().hex[:16]
-            with open(path + ".part", "w", encoding="ascii") as handle:
-                handle.write(identity)
-            try:
-                os.link(path + ".part", path)  # The first to name it wins; the others read its name.
-            except FileExistsError:
-                pass
-            os.unlink(path + ".part")
-            with open(path, encoding="ascii") as handle:
-                return handle.read().strip()
+        """This spool's own id (`spool_id`)."""
+        return spool_id(self.spool_dir)
 
     def upload(self, path: str) -> None:
         """One sealed segment: the object, then its manifest, then out of the spool."""

@@ -17,6 +17,11 @@ those sidecars' spools for the next segment seal. So each sidecar's uploader, on
    ``seen`` names the ends first seen in the last `SEEN_SECONDS` (an end put just before the
    listing began may be missing from it: ``seen`` is what vouches for those).
 
+A writer is known before its sidecar takes a call: the sidecar puts the spool's writer object
+(`announce_writer`: watermark 0, nothing seen) before it serves, so a consumer waits for this
+writer's first round instead of handing out a rollout whose lines it has not shipped yet (before,
+a rollout ended within a new sidecar's first second went out short of that sidecar's calls).
+
 A consumer takes a rollout ended at ``E`` once, for every writer, it is not in ``holding`` and it
 is in ``seen`` or the watermark is past ``E + SEEN_SECONDS`` (`records.contract.rollout_readiness`): the writer has seen its end and
 shipped all it held of it. Clocks of the sidecars' nodes are taken to agree within seconds.
@@ -25,7 +30,10 @@ shipped all it held of it. Clocks of the sidecars' nodes are taken to agree with
 from __future__ import annotations
 
 import os
+import threading
 import time
+import uuid
+from typing import Optional
 
 import orjson
 
@@ -153,6 +161,52 @@ class Watermark:
              "pending": sorted(self.pending), "stopped": stopped, "at": now}))
 
 
+def spool_id(spool_dir: str) -> str:
+    """The spool's own id, kept in it (``.spool-id``): its writer object's and token files' name in
+    the store, across restarts on the same spool."""
+    path = os.path.join(spool_dir, ".spool-id")
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        pass
+    part = f"{path}.{uuid.uuid4().hex}.part"  # Each process its own: several workers share a spool.
+    with open(part, "w", encoding="ascii") as handle:
+        handle.write(uuid.uuid4().hex[:16])
+    try:
+        os.link(part, path)  # The first to name it wins; the others read its name.
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(part)
+    with open(path, encoding="ascii") as handle:
+        return handle.read().strip()
+
+
+def announce_writer(spool_dir: str, store_url: str, timeout: float) -> Optional[str]:
+    """Put the spool's writer object as a writer that has seen nothing yet (watermark 0): every
+    consumer waits on it for any end until its uploader's first round says what it holds. Called
+    before the sidecar serves. Within ``timeout`` seconds (a store that is down never stops the
+    sidecar from serving); what went wrong, or None."""
+    outcome: dict[str, Optional[str]] = {"problem": "the store did not answer within %g s" % timeout}
+
+    def put() -> None:
+        try:
+            now = time.time()
+            identity = spool_id(spool_dir)
+            ObjectStore(store_url).put(writer_object_name(identity), orjson.dumps(
+                {"spool": identity, "watermark": 0.0, "holding": [], "seen": [], "pending": [], "stopped": False,
+                 "at": now}))
+            outcome["problem"] = None
+        except Exception as exc:  # The store's refusal: said by the caller, never a failed start.
+            outcome["problem"] = f"{type(exc).__name__}: {exc}"[:500]
+
+    thread = threading.Thread(target=put, name="mcc-announce-writer", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome["problem"]
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
@@ -160,4 +214,4 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-__all__ = ["Watermark"]
+__all__ = ["Watermark", "announce_writer", "spool_id"]

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, Awaitable, Optional
 
 
-from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess
+from capture.journal import Journal, RepeatLimiter, SegmentPolicy, UploaderProcess, announce_writer
 from records.contract import ObjectStore
 
 from ..call import (
@@ -50,6 +50,8 @@ from ._shared_metrics import SNAPSHOT_INTERVAL_S, write_snapshot
 from ._upload_metrics import UploadMetrics
 
 log = logging.getLogger("mcc")
+#: How long the start waits for the store to take this spool's writer object (never a failed start).
+_ANNOUNCE_SECONDS = 5.0
 
 class Sidecar:
     """One sidecar process's proxy: start it with `start`, stop it with `close`."""
@@ -191,6 +193,12 @@ class Sidecar:
                 self.uploader = UploaderProcess(settings.capture_dir, settings.capture_store,
                                                 token_idle=settings.segment_max_age)
                 self.metrics.feature(UploadMetrics).upload_lag = self.uploader.lag
+                # Known to every consumer before the first call (capture/journal/_watermark.py).
+                problem = announce_writer(settings.capture_dir, settings.capture_store, _ANNOUNCE_SECONDS)
+                if problem is not None:
+                    log.warning("cannot put this spool's writer object in %s before serving: %s; until its uploader "
+                                "reaches the store, a consumer may hand out a rollout ended now without the lines "
+                                "of its calls made here", settings.capture_store, problem)
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
                                    process=not settings.capture_tokens, segments=segments)
             if self.uploader is not None:

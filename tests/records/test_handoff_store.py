@@ -25,6 +25,7 @@ import orjson
 import pytest
 
 from records import Consumer, trajectories
+from records.contract import ObjectStore, read_watermarks, rollout_readiness
 from records.training import ExclusiveCreateBroken
 from tests.processes import SidecarProcess
 from tests.wire import RUNNER, RUNNER_TOKEN
@@ -412,6 +413,24 @@ async def test_a_silent_sidecar_holding_a_rollouts_calls_holds_it_back_then_it_i
     finally:
         one.terminate()
         two.terminate()
+
+
+def test_a_sidecar_is_a_known_writer_before_its_first_call(tmp_path, monkeypatch):
+    """A sidecar with a store puts its spool's writer object before it serves (watermark 0, nothing
+    seen): a rollout ended the moment it is up waits for its first round. Before, a consumer that
+    knew no writer of a new sidecar handed out a rollout without the calls made there (seen in the
+    three-sidecars run as the first rollout trained with 1 of its 3 acknowledged calls)."""
+    store = tmp_path / "store"
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    sidecar = SidecarProcess.start("--stand-in", "--capture-dir", str(tmp_path / "spool"), "--capture-store",
+                                   f"segments://{store}")
+    try:
+        watermarks = read_watermarks(ObjectStore(f"segments://{store}"))  # At once: no call made, no round waited for.
+        assert [writer["spool"] for writer in watermarks] == [open(tmp_path / "spool" / ".spool-id").read()]
+        now = time.time()
+        assert rollout_readiness(watermarks, "r1", ended_at=now, now=now, writer_bound=60.0) == "wait"
+    finally:
+        sidecar.terminate()
 
 
 def test_mcc_feed_and_consumers_on_a_store_url(tmp_path, monkeypatch):
