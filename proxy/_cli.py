@@ -147,7 +147,7 @@ class _ServeCommand(click.Command):
 @click.option("--capture-tokens/--no-capture-tokens", default=None,
               help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")
 @click.option("--supply-prefix/--no-supply-prefix", default=None,
-              help="Prefix supply: send each chat turn whose parent call is known on the parent's exact token ids (vLLM kv_transfer_params.prompt_token_ids), so no turn drifts; changes what the model samples (off by default; needs --capture-tokens). [MCC_SUPPLY_PREFIX]")
+              help="Prefix supply: send each chat turn whose parent call is known on the parent's exact token ids (vLLM kv_transfer_params.prompt_token_ids), so no turn drifts; changes what the model samples (on by default with --capture-tokens where the upstream renders: /tokenize; --no-supply-prefix turns it off). [MCC_SUPPLY_PREFIX]")
 @click.option("--capture-routed-experts/--no-capture-routed-experts", default=None,
               help="MoE routed experts: store each call's routed_experts (vLLM --enable-return-routed-experts) apart from the lines, as an object named by its sha256 beside the token files, its parent's rows not again (off by default; needs --capture-tokens). [MCC_CAPTURE_ROUTED_EXPERTS]")
 @click.option("--engine", type=click.Choice(["auto", "vllm", "sglang"], case_sensitive=False),

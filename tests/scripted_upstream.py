@@ -126,9 +126,10 @@ class ScriptedUpstream:
         if request is None:
             return False
         path = request.target.partition("?")[0]
-        if not (request.method == "GET" and path == "/server_info" and path not in self.scripts):
-            # The token capture mode's engine probe at start (docs/tokens.md, "SGLang") is answered
-            # 404, as vLLM does, and not kept among the calls a test inspects.
+        if not ((request.method, path) in _START_PROBES and path not in self.scripts):
+            # The token capture mode's probes at start (docs/tokens.md: the engine, "SGLang"; the
+            # renderer, "Prefix supply") are answered 404, as an upstream without them does, and
+            # not kept among the calls a test inspects.
             self.received.append(request)
         script = self.responder(request) if self.responder is not None else None
         if script is None:
@@ -183,6 +184,10 @@ async def _watch_for_close(reader: asyncio.StreamReader, writer: asyncio.StreamW
         return
     if not data or writer.transport.is_closing():
         raise ConnectionResetError
+
+
+#: The token capture mode's probes at start: ``GET /server_info`` and ``POST /tokenize``.
+_START_PROBES = {("GET", "/server_info"), ("POST", "/tokenize")}
 
 
 async def _read_request(reader: asyncio.StreamReader) -> ReceivedRequest | None:

@@ -130,8 +130,9 @@ class Settings(BaseModel):
     #: Prefix supply (docs/tokens.md, issue 32): a chat call whose lineage resolved a parent is sent
     #: with ``kv_transfer_params.prompt_token_ids`` = the parent's prompt + generation ids + the new
     #: turn's ids (the upstream's own renderer), so its prompt extends the parent exactly. Applies
-    #: to the calls the token capture mode covers.
-    supply_prefix: bool = False
+    #: to the calls the token capture mode covers. Unset: on with ``--capture-tokens`` (issue 72:
+    #: without it a multi-turn rollout on a real vLLM drifts and is masked); ``False`` turns it off.
+    supply_prefix: bool | None = None
     #: MoE routed experts (docs/tokens.md): each call's ``routed_experts`` (vLLM with
     #: ``--enable-return-routed-experts``) stored apart, beside the token files, as an object named
     #: by its sha256 (its parent's rows not again); the token entry and the line name it. Applies
@@ -307,7 +308,7 @@ class Settings(BaseModel):
         if self.capture_store is not None and self.token_dir is not None and self.token_dir != self.capture_dir:
             raise ValueError("--capture-store (MCC_CAPTURE_STORE) ships the training-token files from the spool: "
                              "leave --token-dir (MCC_TOKEN_DIR) unset, or set it to the capture dir")
-        if self.supply_prefix and not self.capture_on:
+        if self.supply_prefix is True and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
         if (self.redact or self.redact_hook or self.privacy != "full") and not self.capture_on:
@@ -328,6 +329,11 @@ class Settings(BaseModel):
     @property
     def capture_on(self) -> bool:
         return self.capture_enabled and self.capture_dir is not None
+
+    @property
+    def supplies_prefix(self) -> bool:
+        """Whether prefix supply is on: as set, else with the token capture mode (``--capture-tokens``)."""
+        return self.capture_on and (self.supply_prefix if self.supply_prefix is not None else self.capture_tokens)
 
     @property
     def model_ref_name(self) -> str:

@@ -38,6 +38,7 @@ from ..training import (
     TokenTraining,
     WeightVersionHooks,
     probe_engine,
+    probe_renderer,
 )
 from ..privacy import Redaction, RedactionMetrics, load_redaction
 from ..websocket import WebSocketMetrics, serve_websocket
@@ -52,6 +53,24 @@ from ._upload_metrics import UploadMetrics
 log = logging.getLogger("mcc")
 #: How long the start waits for the store to take this spool's writer object (never a failed start).
 _ANNOUNCE_SECONDS = 5.0
+
+def _say_prefix_supply(supply: PrefixSupply, engine: str, renders: Optional[bool], answered: str) -> None:
+    """What the start learnt of prefix supply (docs/tokens.md, "Prefix supply"), kept and said."""
+    if engine == "sglang":
+        supply.unavailable = "engine_sglang"
+        log.info("prefix supply: off: SGLang takes no prompt ids for a chat call; turns go as the agent wrote them "
+                 "and each line says why (prefix_not_supplied: engine_sglang)")
+    elif renders is False:
+        supply.unavailable = "no_renderer"
+        log.warning("prefix supply: off: the upstream has no renderer (%s); turns go as the agent wrote them, a turn "
+                    "whose text re-tokenizes differently drifts and its rollout is masked (docs/tokens.md, \"Prefix "
+                    "supply\")", answered)
+    elif renders:
+        log.info("prefix supply: on (%s): each chat turn goes on its parent's exact token ids; --no-supply-prefix "
+                 "turns it off", answered)
+    else:
+        log.info("prefix supply: on; whether the upstream renders is learnt at the first turn (%s)", answered)
+
 
 class Sidecar:
     """One sidecar process's proxy: start it with `start`, stop it with `close`."""
@@ -149,20 +168,30 @@ class Sidecar:
 
     async def _choose_engine(self, settings: Settings) -> None:
         """The token capture mode's engine (docs/tokens.md): as set, or with ``--capture-tokens``
-        and ``--engine auto``, asked of the upstream (`probe_engine`); said in the log."""
+        and ``--engine auto``, asked of the upstream (`probe_engine`); and whether prefix supply is
+        possible there (`probe_renderer`, asked beside it); both said in the log."""
         training = self.token_training
         if training is None or not self.upstream_url:
             return
+        loop = asyncio.get_running_loop()
+        supply = training.prefix_supply
+        rendering = loop.run_in_executor(None, probe_renderer, self.upstream_url, settings.upstream_ca) \
+            if supply is not None else None  # Beside the engine probe: one wait at start, not two.
         engine, why = settings.engine, "--engine"
         if engine == "auto":
-            if not settings.capture_tokens:
-                training.mode.engine = "vllm"
-                return
-            loop = asyncio.get_running_loop()
-            engine, why = await loop.run_in_executor(None, probe_engine, self.upstream_url, settings.upstream_ca)
+            if settings.capture_tokens:
+                engine, why = await loop.run_in_executor(None, probe_engine, self.upstream_url, settings.upstream_ca)
+            else:
+                engine, why = "vllm", ""
         training.mode.engine = engine
-        log.info("token capture mode: the upstream is %s (%s)", "SGLang" if engine == "sglang" else "vLLM", why,
-                 extra={"engine": engine})
+        if why:
+            log.info("token capture mode: the upstream is %s (%s)", "SGLang" if engine == "sglang" else "vLLM", why,
+                     extra={"engine": engine})
+        if rendering is not None and supply is not None:
+            _say_prefix_supply(supply, engine, *await rendering)
+        elif settings.capture_tokens:
+            log.info("prefix supply: off (--no-supply-prefix): turns go as the agent wrote them; a turn whose text "
+                     "re-tokenizes differently drifts and its rollout is masked (docs/tokens.md, \"Prefix supply\")")
 
     def _prepare(self, settings: Settings) -> None:
         """What serving needs, once the port is bound: the upstream pool, the capture dirs and the
@@ -178,7 +207,7 @@ class Sidecar:
             self.token_training = TokenTraining(token_metrics, TokenCapture(token_dir, token_metrics,
                                                                                   settings.capture_routed_experts),
                                                 settings.capture_tokens,
-                                                PrefixSupply() if settings.supply_prefix else None, self.side_calls)
+                                                PrefixSupply() if settings.supplies_prefix else None, self.side_calls)
             if settings.redact or settings.redact_hook or settings.privacy != "full":
                 rules, hook = load_redaction(settings.redact, settings.redact_hook)
                 self.redaction = Redaction(self.metrics.feature(RedactionMetrics), rules, hook,

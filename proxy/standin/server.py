@@ -74,6 +74,8 @@ def create_stand_in_app(delay: float = 0.0, template: str = "chain", force_inclu
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/inference/v1/generate", _generate)
+    if engine == "vllm":  # vLLM's renderer (prefix supply asks it: docs/tokens.md); SGLang's differs.
+        app.router.add_post("/tokenize", _tokenize)
     if engine == "sglang":
         app.router.add_get("/server_info", _server_info)
     app.router.add_get("/v1/models", _models)
@@ -129,10 +131,18 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     messages = body.get("messages") or []
     resuming = body.get("continue_final_message") is True and bool(messages) and isinstance(messages[-1], dict) \
         and messages[-1].get("role") == "assistant"
+    prompt = chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request), resuming)
+    # vLLM 0.32 takes ``kv_transfer_params.prompt_token_ids`` as the prompt itself (prefix supply):
+    # the reply is what that prompt gets, the same as without the field when it is the rendered one.
+    kv = body.get("kv_transfer_params")
+    supplied = kv.get("prompt_token_ids") if isinstance(kv, dict) else None
+    if isinstance(supplied, list) and supplied and all(_integer(token) for token in supplied):
+        if supplied == prompt:
+            raw = orjson.dumps({key: value for key, value in orjson.loads(raw).items() if key != "kv_transfer_params"})
+        prompt = supplied
     plan = make_plan(len(raw), _last_user_text(messages),
                      _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
-                     any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw),
-                     chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request), resuming))
+                     any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw), prompt)
     # X-Stand-In-Abort: after-reasoning stops a text reply after its reasoning, as vLLM aborts around a
     # weight update; the agent resumes it (``continue_final_message``): the rest, its text, comes then.
     aborted = request.headers.get("X-Stand-In-Abort") == "after-reasoning" and plan.text is not None and not resuming
@@ -154,6 +164,20 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         sequence = [*prompt, *(token_id_of(piece) for piece in generated_pieces(plan))]
         reply["choices"][0]["routed_experts"] = routing.encoded(sequence, _experts_start(body, len(prompt)))
     return _json_reply(request, reply)
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize`` of a chat (``messages``, ``add_generation_prompt``,
+    ``continue_final_message``): the stand-in template's ids, as a chat call's prompt is rendered."""
+    body, _ = await _json_body(request)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _bad_request("the stand-in renders chats only: give messages")
+    resuming = body.get("continue_final_message") is True
+    ids = chat_prompt_ids(messages, _text_of, _template(request), resuming)
+    if not resuming and body.get("add_generation_prompt", True) is False:
+        ids = ids[:-2]  # No generation prompt: the template's last two ids open the assistant's turn.
+    return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None})
 
 
 async def _sglang_chat(request: web.Request, body: dict[str, Any], plan: Plan, serial: int,

@@ -10,7 +10,7 @@ from ._declared_versions import DECLARATION_FILE, DeclaredWeightVersions, Weight
 from ._engine import probe_engine
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
 from ._metrics import TokenModeMetrics
-from ._renderer import PrefixSupply, SuppliedPrefix
+from ._renderer import PrefixSupply, SuppliedPrefix, probe_renderer
 from ._side_calls import SideCallHooks, SideCalls
 from ._token_hooks import TokenHooks, TokenTraining
 from ._token_mode import REFUSAL_STATUSES, TokenMode, refused_fields
@@ -35,5 +35,6 @@ __all__ = [
     "WeightWatch",
     "declared_version",
     "probe_engine",
+    "probe_renderer",
     "refused_fields",
 ]

@@ -31,15 +31,21 @@ class ToyVllm:
     """Chat and ``/tokenize`` as vLLM 0.32 answers them: ``kv_transfer_params.prompt_token_ids``
     replaces the rendered prompt; the reply's ``prompt_token_ids`` is the prompt used."""
 
-    def __init__(self, tokenize_status: int = 200, refuse_kv: bool = False) -> None:
+    def __init__(self, tokenize_status: int = 200, refuse_kv: bool = False, down_at_start: bool = False) -> None:
         self.tokenize_status, self.refuse_kv = tokenize_status, refuse_kv
+        #: The sidecar's renderer probe at start gets no HTTP answer (a model server still starting).
+        self.down_at_start = down_at_start
         self.chats: list[dict[str, Any]] = []
         self.renders = 0
 
     def __call__(self, request) -> Optional[Script]:
+        if request.target == "/server_info":
+            return None  # 404: not SGLang.
         body = orjson.loads(request.body)
         if request.target == "/tokenize":
             self.renders += 1
+            if self.down_at_start and self.renders == 1:
+                return Script(garbage=b"\x00")
             if self.tokenize_status != 200:
                 return _json(b'{"detail":"Not Found"}', self.tokenize_status)
             return _json(orjson.dumps({"count": 0, "max_model_len": 4096, "tokens": render(
@@ -96,26 +102,59 @@ async def test_a_drifting_turn_is_sent_on_its_parents_exact_ids_with_proof(http,
     entries = read_token_entries(capture_dir, "fed")
     assert [(e["prefix_requested"], e["prefix_supplied"], e["prompt_is_delta"]) for e in entries] == [
         (False, False, False), (True, True, True), (True, True, True)]
-    assert model.renders == 6, "three renders a supplied turn, sent at once"
+    assert model.renders == 1 + 6, "the probe at start, then three renders a supplied turn, sent at once"
 
     plain = upstream.responder = ToyVllm()
-    natural = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    natural = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)
     await _turns(http, natural, "natural", 2)
     _, drifting = read_token_records(store, "natural")
     assert drifting.drift_at == len(parent) - 4 and drifting.prefix_supplied is None, "the reasoning token is gone"
     assert plain.renders == 0 and "kv_transfer_params" not in plain.chats[1]
 
 
-async def test_an_upstream_without_a_renderer_is_learnt_once(http, upstream, start, capture_dir, store):
+async def test_supply_is_on_by_default_in_the_token_mode_and_off_when_told(http, upstream, start, capture_dir, store,
+                                                                             caplog):
+    """Issue 72: ``--capture-tokens`` alone supplies each turn's prefix where the upstream renders
+    (learnt at start, said in the log); ``--no-supply-prefix`` sends turns as written, and says so."""
+    model = upstream.responder = ToyVllm()
+    with caplog.at_level("INFO", logger="mcc"):
+        sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    assert any(record.getMessage().startswith("prefix supply: on (POST /tokenize renders the chat template)")
+               for record in caplog.records), [record.getMessage() for record in caplog.records]
+    await _turns(http, sidecar, "default", 2)
+    assert [record.prefix_supplied for record in read_token_records(store, "default")] == [None, True]
+    caplog.clear()
+    plain = upstream.responder = ToyVllm()
+    with caplog.at_level("INFO", logger="mcc"):
+        off = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)
+    assert any(record.getMessage().startswith("prefix supply: off (--no-supply-prefix)") for record in caplog.records)
+    await _turns(http, off, "off", 2)
+    assert plain.renders == 0 and all("kv_transfer_params" not in chat for chat in plain.chats)
+    assert [line.get("prefix_not_supplied") for line in store.read("off")] == [None, None]
+
+
+async def test_an_upstream_without_a_renderer_is_learnt_at_start(http, upstream, start, capture_dir, store, caplog):
     model = upstream.responder = ToyVllm(tokenize_status=404)
-    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=True)
+    with caplog.at_level("INFO", logger="mcc"):
+        sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
+    said = [record for record in caplog.records if record.getMessage().startswith("prefix supply: off")]
+    assert [record.levelname for record in said] == ["WARNING"] and "POST /tokenize answered 404" in said[0].getMessage()
     await _turns(http, sidecar, "bare", 3)
-    assert model.renders == 3, "one round of three renders, never again"
+    assert model.renders == 1, "the probe at start only: never asked again"
     assert all("kv_transfer_params" not in chat for chat in model.chats)
     lines = store.read("bare")
     assert [line.get("prefix_not_supplied") for line in lines] == [None, "no_renderer", "no_renderer"]
     metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
     assert 'mcc_prefix_supply_total{outcome="no_renderer"} 2.0' in metrics
+
+
+async def test_an_upstream_not_answering_at_start_is_learnt_at_the_first_turn(http, upstream, start, capture_dir, store):
+    model = upstream.responder = ToyVllm(tokenize_status=404, down_at_start=True)
+    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)  # The probe's answer: garbage.
+    await _turns(http, sidecar, "late", 3)
+    assert model.renders == 1 + 3, "the probe, then one round of three renders, never again"
+    lines = store.read("late")
+    assert [line.get("prefix_not_supplied") for line in lines] == [None, "no_renderer", "no_renderer"]
 
 
 async def test_a_refused_prefix_is_resent_as_the_agents_own_request_and_learnt(http, upstream, start, capture_dir, store):

@@ -128,3 +128,20 @@ async def test_the_engine_is_said_as_set_or_as_the_upstream_answers(http, sglang
     said = [record.getMessage() for record in caplog.records if "token capture mode: the upstream" in record.getMessage()]
     assert said[0].startswith("token capture mode: the upstream is vLLM (GET /server_info answered 404")
     assert said[1] == "token capture mode: the upstream is SGLang (--engine)"
+
+
+async def test_prefix_supply_is_off_on_sglang_and_each_turn_says_why(sglang, http, start, capture_dir, store, caplog):
+    """SGLang takes no prompt ids for a chat call: with the token mode's defaults supply is off
+    there, said once at start, and each turn that could have had a prefix says why."""
+    with caplog.at_level("INFO", logger="mcc"):
+        sidecar = await start(sglang.url, capture_dir=capture_dir, capture_tokens=True)
+    assert [record.getMessage() for record in caplog.records if record.getMessage().startswith("prefix supply")] == [
+        "prefix supply: off: SGLang takes no prompt ids for a chat call; turns go as the agent wrote them and each "
+        "line says why (prefix_not_supplied: engine_sglang)"]
+    messages: list = [SYSTEM, {"role": "user", "content": "hi"}]
+    for turn in range(2):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "sg", "/v1/chat/completions"),
+                            orjson.dumps({"model": "m", "messages": messages}), headers={"Content-Type": "application/json"})
+        content = orjson.loads(reply.body)["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"more {turn}"}]
+    assert [line.get("prefix_not_supplied") for line in store.read("sg")] == [None, "engine_sglang"]
