@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The demo needs only the SDKs it drives, not the test tools (pytest, pyarrow, kubernetes-validate).
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: demo test test-quick soak bench clean install docs gym-conformance gym-e2e vllm-conformance harness-e2e
+.PHONY: demo test test-quick soak bench clean install docs gym-conformance gym-e2e vllm-conformance trainer-agreement harness-e2e
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ test: $(STAMP)
 
 # The inner loop: everything but the tests marked slow (under 2 minutes on 2 cores).
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal -m 'not slow and not soak and not vllm and not gym_e2e and not harness_e2e'
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal -m 'not slow and not soak and not vllm and not gym_e2e and not harness_e2e and not trainer_agreement'
 
 # NeMo Gym 0.7.0's own reader against records (also part of `make test`); builds its cached venv
 # (~/.cache/model-call-capture/nemo-gym-0.7.0, about 90 s the first time).
@@ -56,6 +56,13 @@ gym-e2e: $(STAMP)
 # reason, where vLLM cannot be installed. MCC_VLLM_URL=http://host:port uses a running vLLM.
 vllm-conformance: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -m vllm tests/vllm_conformance
+
+# The trainer's agreement (issue 72): the vLLM tier's real vLLM and tiny model (its cached venv), the
+# sidecar in the token mode with its defaults, multi-turn rollouts through the openai SDK taken by a
+# Consumer; transformers recomputes every trained token's logprob from the same weights (within
+# 1e-4). Skips, with the reason, where vLLM cannot be installed; prints the figures.
+trainer-agreement: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -s -m trainer_agreement tests/trainer_agreement
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak -s tests/soak

@@ -101,6 +101,12 @@ HARNESS_SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
 HARNESS_AGENT_HEADERS = ("x-claude-code-agent-id",)
 HARNESS_PARENT_AGENT_HEADERS = ("x-claude-code-parent-agent-id", "x-dynamo-parent-session-id")
 
+#: vLLM's scale-out endpoints, served only with ``--enable-scale-out`` (vLLM #54579, #55176; 0.29 and
+#: later): the token-in path, the renderers (#36166, #50195) and the derenderers (#43606).
+SCALE_OUT_PATHS = frozenset({
+    "/inference/v1/generate", "/v1/chat/completions/render", "/v1/completions/render", "/v1/responses/render",
+    "/v1/chat/completions/derender", "/v1/completions/derender"})
+
 _API_PATHS = ("/chat/completions", "/responses", "/messages", "/completions", "/embeddings", "/models")
 
 
@@ -110,11 +116,11 @@ def base_url_mistake(upstream_target: str) -> str | None:
     Heuristic and only ever logged: the reply itself is forwarded unchanged (bytes are sacred).
     """
     path = _path_of(upstream_target)
-    if path == "/inference/v1/generate":
-        # vLLM serves its token-in, token-out endpoint (and /render, /derender) only when started with
+    if path in SCALE_OUT_PATHS:
+        # vLLM serves its token-in, token-out endpoint, /render and /derender only when started with
         # --enable-scale-out (vLLM #54579, #55176): a 404 here is that flag missing, not a wrong URL.
-        return ("vLLM serves /inference/v1/generate only when started with --enable-scale-out: restart vLLM with "
-                "that flag (the chat and completions APIs need none)")
+        return (f"vLLM serves {path} only when started with --enable-scale-out (as /inference/v1/generate, /render "
+                "and /derender): restart vLLM with that flag (the chat and completions APIs need none)")
     if path.startswith("//") and "/" + path.lstrip("/").removeprefix("v1/") in _API_PATHS:
         return ("the path begins with '//': the client's base_url ends in '/' before the SDK's own /v1 "
                 "(http://sidecar/ng-rollout/<id>/ + /v1/...): drop the trailing '/' from the base_url")

@@ -223,6 +223,12 @@ def show_command(directory: str, rollout_id: str, call_index: Optional[int], as_
         if row.system_fingerprint is not None:
             click.echo(f"served by {row.engine or 'an engine'} {row.engine_version or ''} (system_fingerprint "
                        f"{row.system_fingerprint})".replace("  ", " "))
+        if row.multimodal_tokens is not None:
+            by_modality = orjson.loads(row.multimodal_tokens_by_modality) if row.multimodal_tokens_by_modality else {}
+            click.echo(f"multimodal prompt tokens {row.multimodal_tokens:,}"
+                       + (" (" + ", ".join(f"{k} {v:,}" for k, v in by_modality.items()) + ")" if by_modality else ""))
+        if row.engine_metrics is not None:
+            click.echo("engine metrics " + ", ".join(f"{k} {v}" for k, v in orjson.loads(row.engine_metrics).items()))
         for said in privacy_lines(store, rollout_id, call_index):
             click.echo(said)
         if row.request_body_refused:
@@ -521,6 +527,11 @@ def stats_command(directory: str, pattern: Optional[str], as_json: bool, allow_e
             f"(an engine changed mid-rollout: its prompts may render differently): "
             + ", ".join(stats.rollouts_with_several_engines[:5]) if stats.rollouts_with_several_engines else ""))
         if stats.calls_by_engine_fingerprint else "",
+        ("multimodal tokens   " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.multimodal_tokens_by_modality.items()))
+         + " prompt tokens") if stats.multimodal_tokens_by_modality else "",
+        (f"engine metrics      {stats.calls_with_engine_metrics:,} calls; mean "
+         + ", ".join(f"{k} {v / stats.calls_with_engine_metrics:.4g}" for k, v in stats.engine_metric_sums.items()))
+        if stats.calls_with_engine_metrics else "",
     ]
     click.echo("\n".join(line for line in lines if line))
 

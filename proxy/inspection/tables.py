@@ -155,6 +155,12 @@ class DirectoryStats:
     #: the rollouts whose calls more than one fingerprint served (an engine changed mid-rollout).
     calls_by_engine_fingerprint: dict[str, int] = field(default_factory=dict)
     rollouts_with_several_engines: list[str] = field(default_factory=list)
+    #: Multimodal prompt tokens by modality (vLLM's ``prompt_tokens_details.multimodal_tokens``
+    #: mapping; a bare count is ``unnamed``), and the engine's per-request metrics (``metrics``,
+    #: vLLM's ``--enable-per-request-metrics``): the calls that had them and each numeric one's sum.
+    multimodal_tokens_by_modality: dict[str, int] = field(default_factory=dict)
+    calls_with_engine_metrics: int = 0
+    engine_metric_sums: dict[str, float] = field(default_factory=dict)
     #: Calls that are not turns (issue 71): side calls by reason (another model, a harness's title
     #: or quota call), and calls refused because their rollout had ended (``rollout_ended``).
     side_calls: dict[str, int] = field(default_factory=dict)
@@ -229,6 +235,9 @@ class _StatsAccumulator:
             usage = response.get("usage")
             if type(usage) is dict and usage:
                 stats.calls_with_usage += 1
+                details = usage.get("prompt_tokens_details")
+                if type(details) is dict and "multimodal_tokens" in details:
+                    self._add_multimodal(details["multimodal_tokens"])
                 tokens_in, tokens_out, tokens_reasoning, cached = usage_counts(usage)
                 # The totals are ints until `finish` (None there: nothing reported).
                 if tokens_in is not None:
@@ -243,6 +252,9 @@ class _StatsAccumulator:
                     self.cache_hits += cached > 0
                     stats.cached_tokens += cached  # type: ignore[operator]  # an int until finish
                     self.prompt_tokens_with_cache += tokens_in or 0
+            metrics = response.get("metrics")
+            if type(metrics) is dict and metrics:
+                self._add_engine_metrics(metrics)
             shape = response_shape(response)
             finish = finish_reason_of(response, shape)
             status = response.get("status")
@@ -275,6 +287,23 @@ class _StatsAccumulator:
         if finish:
             finishes = self.finishes
             finishes[finish] = finishes.get(finish, 0) + 1
+
+    def _add_multimodal(self, found: Any) -> None:
+        by = self.stats.multimodal_tokens_by_modality
+        if type(found) is int and found > 0:
+            by["unnamed"] = by.get("unnamed", 0) + found
+        elif type(found) is dict:
+            for modality, count in found.items():
+                if type(count) is int and count > 0:
+                    by[modality] = by.get(modality, 0) + count
+
+    def _add_engine_metrics(self, metrics: dict[str, Any]) -> None:
+        stats = self.stats
+        stats.calls_with_engine_metrics += 1
+        sums = stats.engine_metric_sums
+        for name, value in metrics.items():
+            if type(value) in (int, float):
+                sums[name] = sums.get(name, 0.0) + value
 
     def _add_generations(self, line: dict[str, Any], call_index: int) -> None:
         stats = self.stats

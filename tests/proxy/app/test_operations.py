@@ -407,19 +407,21 @@ async def test_a_port_in_use_fails_before_anything_is_made(tmp_path):
         await sidecar.close()
 
 
-async def test_a_404_from_vllms_generate_endpoint_says_to_start_vllm_with_scale_out(http, upstream, sidecar, caplog):
-    """vLLM serves /inference/v1/generate only with --enable-scale-out (vLLM #54579): its 404 is
-    forwarded unchanged and the log says which flag is missing, once."""
+@pytest.mark.parametrize("path", ["/inference/v1/generate", "/v1/chat/completions/render", "/v1/responses/render",
+                                  "/v1/completions/derender"])
+async def test_a_404_from_vllms_scale_out_endpoints_says_to_start_vllm_with_scale_out(http, upstream, sidecar, caplog,
+                                                                                      path):
+    """vLLM serves /inference/v1/generate, /render and /derender only with --enable-scale-out (vLLM
+    #54579, #55176): their 404 is forwarded unchanged and the log says which flag is missing, once."""
     import logging
 
     from tests.scripted_upstream import json_script
     from tests.wire import assert_same_reply, fetch, rollout_url
-    upstream.scripts["/inference/v1/generate"] = json_script(b'{"detail": "Not Found"}', status=404, reason="Not Found")
+    upstream.scripts[path] = json_script(b'{"detail": "Not Found"}', status=404, reason="Not Found")
     body = b'{"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}'
     with caplog.at_level(logging.WARNING, logger="mcc"):
         for _ in range(2):
-            direct = await fetch(http, "POST", upstream.url + "/inference/v1/generate", body)
-            assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "g", "/inference/v1/generate"),
-                                                  body))
+            direct = await fetch(http, "POST", upstream.url + path, body)
+            assert_same_reply(direct, await fetch(http, "POST", rollout_url(sidecar.url, "g", path), body))
     (hint,) = [r.getMessage() for r in caplog.records if "404" in r.getMessage()]
-    assert "--enable-scale-out" in hint
+    assert "--enable-scale-out" in hint and path in hint

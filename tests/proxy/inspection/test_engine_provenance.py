@@ -99,3 +99,34 @@ def test_vllms_multimodal_tokens_by_modality_are_kept_as_the_mapping_beside_thei
     row = call_row("r", 0, line)
     assert orjson.loads(row.multimodal_tokens_by_modality) == {"image": 576, "audio": 40}
     assert orjson.loads(row.engine_metrics) == {"queue_time": 0.002}, "a Parquet column of its own"
+
+
+@pytest.fixture
+def multimodal(tmp_path) -> str:
+    """Two calls with vLLM's mapping by modality and its per-request metrics, one with a bare count."""
+    lines = []
+    for index, (found, metrics) in enumerate([({"image": 576, "audio": 40}, {"queue_time": 0.002, "ttft": 0.03}),
+                                              (12, {"queue_time": 0.004, "ttft": 0.05})]):
+        line = orjson.loads(chat_line(index))
+        line["response"]["usage"]["prompt_tokens_details"]["multimodal_tokens"] = found
+        line["response"]["metrics"] = metrics
+        lines.append(encode_capture_line(line))
+    with open(os.path.join(tmp_path, "mm.capture.jsonl"), "wb") as handle:
+        handle.write(b"".join(lines))
+    return str(tmp_path)
+
+
+def test_show_says_the_multimodal_tokens_by_modality_and_the_engines_metrics(multimodal):
+    said = run("show", multimodal, "mm", "--call", "0")
+    assert "multimodal prompt tokens 616 (image 576, audio 40)" in said
+    assert "engine metrics queue_time 0.002, ttft 0.03" in said
+    assert "multimodal prompt tokens 12\n" in run("show", multimodal, "mm", "--call", "1")
+
+
+def test_stats_sums_the_multimodal_tokens_by_modality_and_means_the_engines_metrics(multimodal):
+    said = run("stats", multimodal)
+    assert "multimodal tokens   audio 40, image 576, unnamed 12 prompt tokens" in said
+    assert "engine metrics      2 calls; mean queue_time 0.003, ttft 0.04" in said
+    totals = orjson.loads(run("stats", multimodal, "--json"))
+    assert totals["multimodal_tokens_by_modality"] == {"image": 576, "audio": 40, "unnamed": 12}
+    assert totals["calls_with_engine_metrics"] == 2
