@@ -28,6 +28,10 @@ class MessagesReassembler(Reassembler):
         self._blocks: list[dict[str, Any] | None] = []
         self._partial_json: dict[int, list[str]] = {}
         self._error: Any = None
+        #: Ended at the stop reason (`ends_when_whole`) and ``message_stop`` not yet seen: a later
+        #: ``message_delta`` of the same read still counts (`_fold_after_whole`).
+        self._after_whole = False
+        self._stopped = False
         self._handlers = {
             "message_start": self._on_message_start,
             "content_block_start": self._on_content_block_start,
@@ -115,7 +119,47 @@ class MessagesReassembler(Reassembler):
         if block is not None and index in self._partial_json:
             block["input"] = _parse_input("".join(self._partial_json.pop(index)))
 
+    def feed_data(self, event_type: str, data: bytes) -> None:
+        if self.terminal and self._after_whole:
+            self._fold_after_whole(event_type, data)
+            return
+        super().feed_data(event_type, data)
+
+    def feed_event(self, event: Any) -> None:
+        if self.terminal and self._after_whole:
+            self._fold_after_whole(event.event, event.data.encode())
+            return
+        super().feed_event(event)
+
+    def feed_payload(self, event_type: str, payload: dict[str, Any]) -> None:
+        if self.terminal and self._after_whole:
+            self._fold_after_whole(event_type, orjson.dumps(payload))
+            return
+        super().feed_payload(event_type, payload)
+
+    def _fold_after_whole(self, event_type: str, data: bytes) -> None:
+        """An event in the read that ended the reply at its stop reason, after it: a later
+        ``message_delta`` (a gateway updating the usage) is folded as the SDK folds it, the latest
+        counts winning, since the line is made from this read; ``message_stop`` closes. Events of
+        later reads are not folded: the line is durable by then (docs/wire.md, "Durable before the
+        agent's end")."""
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        kind = payload.get("type") if type(payload) is dict and event_type == "message" else event_type
+        if kind == "message_delta" and type(payload) is dict:
+            self._apply_delta(payload)
+        elif kind in ("message_stop", "error"):
+            self._after_whole = False
+
     def _on_message_delta(self, payload: dict[str, Any]) -> None:
+        self._apply_delta(payload)
+        self._ended_if_whole()
+        if self.terminal and self.ends_when_whole and not self._stopped:
+            self._after_whole = True  # Ended at the stop reason: what this read still holds is folded.
+
+    def _apply_delta(self, payload: dict[str, Any]) -> None:
         if self._message is None:
             self._message = {"type": "message"}
         if isinstance(payload.get("delta"), dict):
@@ -127,7 +171,6 @@ class MessagesReassembler(Reassembler):
             merged = dict(earlier) if isinstance(earlier, dict) else {}
             merged.update({key: value for key, value in usage.items() if value is not None})
             self._message["usage"] = merged
-        self._ended_if_whole()
 
     def seen_whole(self) -> bool:
         """The ``message_delta`` with the stop reason has come: ``message_stop`` only follows."""
@@ -135,7 +178,7 @@ class MessagesReassembler(Reassembler):
         return self.terminal or (self._error is None and message is not None and message.get("stop_reason") is not None)
 
     def _on_message_stop(self, payload: dict[str, Any]) -> None:
-        self.terminal = True
+        self.terminal = self._stopped = True
 
     def _on_error(self, payload: dict[str, Any]) -> None:
         self.terminal = True

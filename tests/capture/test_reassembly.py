@@ -214,3 +214,47 @@ def test_long_text_deltas_join_to_the_whole_text():
 
 def event_chunks(body: bytes) -> list[bytes]:
     return [part + b"\n\n" for part in body.split(b"\n\n")[:-1]]
+
+
+def _event(name: str, payload: dict) -> bytes:
+    import orjson
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+#: A Messages stream whose gateway updates the usage after the stop reason: a second
+#: ``message_delta`` before ``message_stop`` (issue 72, point 6).
+_UPDATED_AFTER_STOP = b"".join([
+    _event("message_start", {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+    _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+    _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                             "usage": {"output_tokens": 5}}),
+    _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                             "usage": {"output_tokens": 7, "input_tokens": 12, "cache_read_input_tokens": 4}}),
+    _event("message_stop", {"type": "message_stop"}),
+])
+
+
+def test_a_later_message_delta_counts_as_the_sdk_counts_it_when_it_comes_with_the_stop_reason():
+    """Read whole (no end at the stop reason) the reply is the anthropic SDK's accumulation: the last
+    usage counts. Ended at the first stop reason (through the sidecar, durable before the agent's end),
+    a later ``message_delta`` in the same read still counts; one in a later read does not (the line
+    is durable by then: docs/wire.md). Every split point, each rule."""
+    sdk = SDK_ORACLES["messages"]([_UPDATED_AFTER_STOP])
+    assert sdk["usage"] == {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 4}
+    assert VIEWS["messages"](reassemble("messages", [_UPDATED_AFTER_STOP]).response) == sdk
+    first = _UPDATED_AFTER_STOP.index(b"event: message_delta")
+    second = _UPDATED_AFTER_STOP.index(b"event: message_delta", first + 1)
+    first_end = _UPDATED_AFTER_STOP.index(b"\n\n", first) + 2  # Where the first stop reason's event is whole.
+    second_end = _UPDATED_AFTER_STOP.index(b"\n\n", second) + 2
+    for cut in range(1, len(_UPDATED_AFTER_STOP)):
+        tap = StreamTap("messages", expect={})  # Ends at the stop reason, as through the sidecar.
+        ended = [tap.feed(_UPDATED_AFTER_STOP[:cut]), tap.feed(_UPDATED_AFTER_STOP[cut:])]
+        usage = tap.finish(200).response["usage"]
+        if first_end <= cut < second_end:  # The stop reason's read ends before the update is whole.
+            assert ended == [True, False] and usage == {"input_tokens": 10, "output_tokens": 5}, cut
+        else:
+            assert usage == sdk["usage"], cut
