@@ -143,7 +143,9 @@ def _print_captures(store: CaptureStore) -> int:
     for rollout in ("demo-rl", "demo-rl-drift", "demo-completions"):
         for token_record in read_token_records(store, rollout):
             arrays += token_record.usable
-            drift = (f"extends #{token_record.extends}" if token_record.extends is not None else
+            drift = (f"extends #{token_record.extends}" + (", sent on its exact ids: prefix supply"
+                                                           if token_record.prefix_supplied else "")
+                     if token_record.extends is not None else
                      f"prompt drifts at token {token_record.drift_at} from #{token_record.drift_from}"
                      if token_record.drift_at is not None else "first turn")
             print(f"  {rollout} #{token_record.call_index}: source={token_record.source} "
@@ -157,8 +159,10 @@ def _print_captures(store: CaptureStore) -> int:
         shape = (f"{len(main.calls)} call(s), {len(main.token_ids):,} ids, {sum(main.loss_mask):,} trained"
                  if main is not None else "no chain")
         print(f"  {rollout:14} {shape}; " + ("masked: " + (build.mask_reason or "") if build.masked else "trainable"))
-    print("  (demo-rl-drift's template drops the first turn's reasoning, as Qwen3's does: its second prompt\n"
-          "   does not begin with the first call's ids, so its chain breaks and the rollout is masked)")
+    print("  (demo-rl-drift's template drops the first turn's reasoning, as Qwen3's does: rendered as the agent\n"
+          "   sent it, its second prompt would not begin with the first call's ids and the rollout would be\n"
+          "   masked; prefix supply, on by default in the token mode, sent it on those ids: trainable.\n"
+          "   --no-supply-prefix shows the drift: docs/tokens.md, \"Prefix supply\")")
     directory = store.capture_dir
     print(f"""
 next, on these captures:
@@ -169,7 +173,9 @@ next, on these captures:
   .venv/bin/mcc report {directory} -o report.html   # one HTML page to open in a browser
   .venv/bin/python -m records {directory}           # one JSON summary line per rollout""")
     clean, drifted = chains["demo-rl"], chains["demo-rl-drift"]
-    return 0 if count >= 13 and arrays == 5 and not clean.masked and drifted.masked else 1
+    supplied = [record.prefix_supplied for record in read_token_records(store, "demo-rl-drift")]
+    return 0 if count >= 13 and arrays == 5 and not clean.masked and not drifted.masked and supplied == [None, True] \
+        else 1
 
 
 def directory_of(store: CaptureStore) -> str:

@@ -187,7 +187,7 @@ async def test_an_agent_loop_with_tools_a_retry_and_a_drifting_turn(gym, http, s
     drops the model's reasoning. Gym's builder and ours agree on both, call by call."""
     from tests.wire import fetch, rollout_url
 
-    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)  # The drift shows without supply.
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
 
     async def loop(rollout_id: str, drop_on_turn: int | None) -> None:

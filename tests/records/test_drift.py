@@ -59,7 +59,7 @@ def test_the_other_choices_of_one_call_are_not_earlier_turns(tmp_path):
 async def test_the_stand_in_shows_drift_in_show_stats_and_report(http, stand_in, start, capture_dir, store, tmp_path):
     """The stand-in's drop-reasoning template leaves out the reasoning of earlier turns (as Qwen3's
     does): a second turn departs from the first where its reasoning began, and every view says so."""
-    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)  # The drift shows without supply.
     drops = {"X-Stand-In-Template": "drop-reasoning"}
     first = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     reply = await fetch(http, "POST", rollout_url(sidecar.url, "talk", "/v1/chat/completions"), orjson.dumps(first),
@@ -131,7 +131,7 @@ async def test_the_stand_ins_default_template_chains_turns(http, stand_in, start
     (a tool call and its result included), so every turn extends the last and the rollout is one
     unmasked trajectory."""
     from records import trajectories
-    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)  # The template alone chains.
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     for _ in range(3):

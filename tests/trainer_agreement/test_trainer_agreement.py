@@ -181,7 +181,7 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
                 await _token_in_rollout(http, vllm_url, sidecar.url, rollout, seed)
             rewards[rollout] = float(member)
             ended = await fetch(http, "POST", f"{sidecar.url}/-/rollouts/{rollout}/end",
-                                orjson.dumps({"outcome": {"reward": rewards[rollout]}}), headers={**_JSON, **RUNNER})
+                                orjson.dumps({"outcome": {"reward": rewards[rollout]}, "group": kind}), headers={**_JSON, **RUNNER})
             assert ended.status == 200, ended.body
     await asyncio.to_thread(end_run, capture_dir)
 

@@ -247,9 +247,11 @@ def test_the_demo_runs_and_ends_with_what_to_try_next(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "13 calls captured in 7 rollouts" in done.stdout and "source=token_file" in done.stdout
     assert "(!!" not in done.stdout, "the agent never sees the token data the sidecar added"
-    assert "demo-rl #1: " in done.stdout and "usable=True (extends #0)" in done.stdout
-    assert "usable=True (prompt drifts at token 73 from #0)" in done.stdout
-    assert "demo-rl        2 call(s)" in done.stdout and "trainable" in done.stdout
+    assert "demo-rl #1: " in done.stdout and "usable=True (extends #0, sent on its exact ids: prefix supply)" in done.stdout
+    # The template that drops the reasoning would drift; prefix supply (the token mode's default) holds it.
+    drifting = done.stdout[done.stdout.index("demo-rl-drift #1: "):].splitlines()[0]
+    assert drifting.endswith("usable=True (extends #0, sent on its exact ids: prefix supply)"), drifting
+    assert "demo-rl        2 call(s)" in done.stdout and "demo-rl-drift  2 call(s), 117 ids, 34 trained; trainable" in done.stdout
     tail = done.stdout[done.stdout.index("next, on these captures:"):]
     assert f"mcc ls {tmp_path}" in tail and f"mcc report {tmp_path} -o report.html" in tail
     listing = CliRunner().invoke(main, ["ls", str(tmp_path)])

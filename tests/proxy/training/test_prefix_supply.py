@@ -116,7 +116,7 @@ async def test_supply_is_on_by_default_in_the_token_mode_and_off_when_told(http,
                                                                              caplog):
     """Issue 72: ``--capture-tokens`` alone supplies each turn's prefix where the upstream renders
     (learnt at start, said in the log); ``--no-supply-prefix`` sends turns as written, and says so."""
-    model = upstream.responder = ToyVllm()
+    upstream.responder = ToyVllm()
     with caplog.at_level("INFO", logger="mcc"):
         sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
     assert any(record.getMessage().startswith("prefix supply: on (POST /tokenize renders the chat template)")
