@@ -8,6 +8,7 @@ import json
 import subprocess
 
 
+from tests.gym_conformance.gym_token_capture import FINDER
 from records.contract import assistant_fingerprint, conversation_digest
 
 
@@ -53,9 +54,10 @@ CONVERSATIONS = {
 #: vLLM 0.32's `chat-tools-bigint` shape: an integer past 64 bits, which Gym's orjson refuses.
 _BIG = 173231922049322000000424173031616488132980432643411327825177819722106464602787833241280021910033315808048588533240102217150307991017899993215
 
-_GYM_SCRIPT = """
+_GYM_SCRIPT = FINDER + """
 import json, sys
-from nemo_gym.token_id_capture.fingerprint import assistant_fingerprint, conversation_digest
+_fingerprint = gym_token_capture("fingerprint")
+assistant_fingerprint, conversation_digest = _fingerprint.assistant_fingerprint, _fingerprint.conversation_digest
 out = {}
 for name, messages in json.load(sys.stdin).items():
     try:

@@ -1,5 +1,5 @@
 """NeMo Gym 0.7.0 reads the training-token files the sidecar writes (issue 31, point 1): its own
-``TokenCaptureStore(dir).freeze_now`` takes the snapshot and ``consumer.trajectories_for_rollout``
+``TokenCaptureStore(dir).freeze_now`` (found where the installed Gym keeps it: `gym_token_capture`) takes the snapshot and ``consumer.trajectories_for_rollout``
 builds the chain (``prefix_merging``), in Gym's venv, on files written through an agent loop."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from records import read_token_entries
+from tests.gym_conformance.gym_token_capture import FINDER
 from tests.conformance.vllm_recordings import CASES_BY_NAME, Replay, normalised, requires_vllm_recordings
 from tests.scripted_upstream import json_script
 from tests.wire import fetch, rollout_url
@@ -18,11 +19,11 @@ from tests.proxy.training.test_token_files import SYSTEM, converse, serve_model
 from tests.vllm_chat_model import TinyChatModel
 
 
-_GYM_SCRIPT = """
+_GYM_SCRIPT = FINDER + """
 import json, sys
 from pathlib import Path
-from nemo_gym.token_id_capture.store import TokenCaptureStore
-from nemo_gym.token_id_capture.consumer import trajectories_for_rollout
+TokenCaptureStore = gym_token_capture("store").TokenCaptureStore
+trajectories_for_rollout = gym_token_capture("consumer").trajectories_for_rollout
 directory, rollouts = sys.argv[1], sys.argv[2:]
 out = {}
 for rollout in rollouts:
