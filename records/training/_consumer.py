@@ -571,6 +571,9 @@ class Consumer(_ConsumerView):
         ended, final, keys = self._ended(), self._final, self._group_keys
         readiness_of = self.room.readiness
         run_over = self.room.run_ended() is not None
+        #: Groups with a member that ended and is held back (a sidecar still ships its calls, or one
+        #: is in flight): never handed out partial without it, not even after the run's end.
+        held_back: set[str] = set()
         for end in ended:
             key = keys[end.rollout_id]
             size = end.group_size or group_size
@@ -581,11 +584,15 @@ class Consumer(_ConsumerView):
             else:  # Whole yet? (From a store: every writer's watermark.)
                 readiness = readiness_of(end, self.writer_bound_seconds)
                 if readiness == "wait":
+                    if key is not None:
+                        held_back.add(key)
                     continue  # Not ended for this consumer yet: some sidecar still ships its calls.
                 if readiness == "incomplete":
                     self._incomplete.add(end.rollout_id)
                 barrier, why = self.room.in_flight(end, self.in_flight_bound_seconds)
                 if barrier == "wait":
+                    if key is not None:
+                        held_back.add(key)
                     continue  # A call of it is still in flight (one write barrier, docs/reading.md).
                 if barrier == "incomplete":
                     self._incomplete.add(end.rollout_id)
@@ -606,8 +613,16 @@ class Consumer(_ConsumerView):
                     latest[slot] = end
             members = sorted(latest.values(), key=lambda end: (end.ended_at, end.rollout_id))
             size, item = sizes[key], _GROUP_ITEM + hashlib.sha256(key.encode()).hexdigest()[:32]
+            taken = self._handed_out_members(item)
+            if taken is not None:  # Handed out already (partial): a member that came after goes on its own.
+                units += [_Unit(_GROUP_ITEM + hashlib.sha256(f"{key}\0{end.rollout_id}".encode()).hexdigest()[:32],
+                                [end], end.ended_at, key, True, sorted(taken))
+                          for end in members if end.rollout_id not in taken]
+                continue
             if len(members) >= size:
                 units.append(_Unit(item, members, members[-1].ended_at, key))
+            elif key in held_back:
+                continue  # A member ended and is on its way: the group waits for it (bounded by the barriers).
             elif run_over or now - members[0].ended_at >= self.straggler_seconds:
                 present = {gym_member(end.rollout_id)[1] for end in members if gym_member(end.rollout_id)}  # type: ignore[index]  # members here are Gym ids (checked in the condition)
                 missing = ([f"{key}-{index}" for index in range(size) if index not in present]
@@ -618,6 +633,14 @@ class Consumer(_ConsumerView):
                 ready_at = members[0].ended_at + self.straggler_seconds
                 units.append(_Unit(item, members, min(ready_at, now) if run_over else ready_at, key, True, missing))
         return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
+
+    def _handed_out_members(self, item: str) -> Optional[set[str]]:
+        """The members a group's item was handed out with, as its log was read (no read: a log not
+        read yet is read by the claim that finds it taken), or None while it waits to be."""
+        slots = self._known(item)
+        if not slots or self._state(slots)[0] == "waiting":
+            return None
+        return {member for record in slots if record.get("kind") == "claim" for member in record.get("members", ())}
 
     @staticmethod
     def _members(unit: _Unit) -> Optional[list[str]]:

@@ -168,6 +168,48 @@ def test_after_the_runs_end_a_short_group_is_handed_out_partial_at_once(tmp_path
     assert list(trainer.batches(5, group_size=4, wait=0.1)) == []
 
 
+def test_a_member_that_ends_after_its_group_went_partial_is_handed_out_on_its_own_and_the_loop_ends(tmp_path):
+    """A group handed out partial at the run's end, then its last member ends (a late runner): the
+    member is handed out alone, as a partial group naming who went before, and `batches` ends --
+    never a take that waits for it for good."""
+    directory = str(tmp_path)
+    end_rollout(directory, "7-0", allow_empty=True)
+    end_run(directory)
+    trainer = Consumer(directory, "trainer")
+    (group,) = trainer.take(5, group_size=2)
+    assert [r.rollout_id for r in group.rollouts] == ["7-0"] and group.partial and group.missing == ["7-1"]
+    trainer.ack([group])
+    end_rollout(directory, "7-1", allow_empty=True)
+    assert not trainer.run_over()
+    (late,) = trainer.take(5, group_size=2)
+    assert [r.rollout_id for r in late.rollouts] == ["7-1"] and late.partial and late.missing == ["7-0"]
+    assert late.group == "7"
+    trainer.ack([late])
+    assert trainer.run_over() and trainer.counts()["final"] == 2
+    assert list(trainer.batches(5, group_size=2, wait=0.1)) == []
+
+
+async def test_after_the_runs_end_a_group_waits_for_a_member_whose_call_is_in_flight(http, upstream, start, capture_dir):
+    """The run's end hands a short group out at once only when no member is on its way: a member
+    that ended with a call in flight holds its group (as it holds itself), then it goes whole,
+    that member ``incomplete`` past the bound. (Seen in the trainer-agreement tier: the run's end
+    said 1 ms after the last rollout's end, its group handed out partial without it, for good.)"""
+    upstream.scripts[CHAT] = sse_script(CHAT_STREAM[:200], ending="hang", hang_for=12.0)
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: end_rollout(capture_dir, "9-0", allow_empty=True))
+    call = asyncio.ensure_future(fetch(http, "POST", rollout_url(sidecar.url, "9-1", CHAT), CHAT_REQUEST))
+    await asyncio.sleep(0.3)
+    await loop.run_in_executor(None, lambda: end_rollout(capture_dir, "9-1", wait_seconds=0.3))
+    await loop.run_in_executor(None, end_run, capture_dir)
+    trainer = Consumer(capture_dir, "trainer", in_flight_bound_seconds=3.0)
+    assert await loop.run_in_executor(None, lambda: trainer.take(5, group_size=2)) == [], "9-1 is on its way"
+    (group,) = await loop.run_in_executor(None, lambda: trainer.take(5, group_size=2, wait=6.0))
+    assert sorted(r.rollout_id for r in group.rollouts) == ["9-0", "9-1"] and not group.partial
+    assert [r.rollout_id for r in group.rollouts if r.incomplete] == ["9-1"]
+    call.cancel()
+
+
 # -- 3. an end names a real rollout -----------------------------------------------------------------
 
 async def test_a_typod_end_is_refused_and_its_group_is_handed_out_partial_naming_the_unended_member(
