@@ -10,7 +10,9 @@ from ._completions import CompletionsReassembler
 from ._cutting_tap import CuttingStreamTap
 from ._decoding import MAX_DECODED_BYTES, DecodedTooLarge, UnsupportedContentEncoding, as_evidence, decodable, make_decoder
 from ._messages import MessagesReassembler
-from ._prefix_supply import PrefixRenders, proves_prefix, render_requests, tokenized_ids
+from ._prefix_supply import (
+    PrefixRenders, proves_prefix, render_requests, reported_prompt_ids, responses_render_request, tokenized_ids,
+)
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
@@ -53,6 +55,8 @@ __all__ = [
     "parse_json_object",
     "proves_prefix",
     "render_requests",
+    "reported_prompt_ids",
+    "responses_render_request",
     "reply_expectations",
     "token_fields_to_add",
     "CONTENT_REMOVED",

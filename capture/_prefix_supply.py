@@ -87,6 +87,133 @@ def render_requests(request: dict[str, Any]) -> Optional[PrefixRenders]:
     return PrefixRenders(request, turn) if turn is not None else None
 
 
+#: Responses items the model wrote: the parent's turn, sent back (its reasoning, text and calls).
+_MODEL_AUTHORED_TYPES = frozenset({"reasoning", "function_call", "custom_tool_call"})
+#: Roles a Responses input message may have after the parent's turn (a new turn's own).
+_INPUT_ROLES = frozenset({"user", "system", "developer"})
+
+
+def responses_render_request(request: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A Responses request as the chat request its renders are asked as (vLLM renders a Responses
+    request by building chat messages from its items, ``responses/utils.py``
+    ``construct_input_messages``, and ``/tokenize`` renders chat messages), or None when it cannot
+    have a prefix: no item the model wrote, ``previous_response_id`` (vLLM adds the stored turn),
+    the agent's own ``kv_transfer_params``, a non-function tool, or a new turn holding anything but
+    text messages and function-call outputs.
+
+    The parent's turn -- the last run of items the model wrote -- becomes one assistant message
+    (which `render_requests` replaces by its stand-ins); what comes before it is rendered the same
+    in all three renders, so only the new turn's items must be what vLLM builds, and for text
+    messages and function-call outputs they are (a message as itself, an output as a tool message)."""
+    items = request.get("input")
+    if type(items) is not list or "kv_transfer_params" in request or request.get("previous_response_id") \
+            or request.get("background"):
+        return None
+    last = None
+    for index, item in enumerate(items):
+        if type(item) is not dict:
+            return None
+        if _model_authored(item):
+            last = index
+    if last is None:
+        return None
+    first = last
+    while first > 0 and _model_authored(items[first - 1]):
+        first -= 1
+    tools = _chat_tools(request.get("tools"))
+    after = _input_messages(items[last + 1:])
+    if tools is None or after is None:
+        return None
+    before = [message for message in (_loose_message(item) for item in items[:first]) if message is not None]
+    instructions = request.get("instructions")
+    system = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    chat: dict[str, Any] = {"messages": [*system, *before, {"role": "assistant", "content": ""}, *after]}
+    if tools:
+        chat["tools"] = tools
+    for name in ("model", "chat_template_kwargs"):
+        if name in request:
+            chat[name] = request[name]
+    return chat
+
+
+def _model_authored(item: dict[str, Any]) -> bool:
+    return item.get("type") in _MODEL_AUTHORED_TYPES or (item.get("role") == "assistant"
+                                                         and item.get("type") in (None, "message"))
+
+
+def _text_of(content: Any) -> Optional[str]:
+    """A message's text: a string, or its text parts joined; None when a part is not text."""
+    if isinstance(content, str):
+        return content
+    if type(content) is not list:
+        return None
+    texts = []
+    for part in content:
+        if type(part) is not dict or part.get("type") not in ("input_text", "output_text", "text") \
+                or not isinstance(part.get("text"), str):
+            return None
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _input_messages(items: list[Any]) -> Optional[list[dict[str, Any]]]:
+    """A new turn's items as vLLM's chat messages, or None when one is not plain."""
+    messages = []
+    for item in items:
+        if item.get("type") == "function_call_output" and isinstance(item.get("output"), str):
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item["output"]})
+            continue
+        text = _text_of(item.get("content"))
+        if item.get("type") not in (None, "message") or item.get("role") not in _INPUT_ROLES or text is None:
+            return None
+        messages.append({"role": item["role"], "content": text})
+    return messages
+
+
+def _loose_message(item: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """An item before the parent's turn, near enough: all three renders share it."""
+    if item.get("type") == "function_call_output":
+        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output") or "")}
+    if item.get("type") in _MODEL_AUTHORED_TYPES:
+        return {"role": "assistant", "content": ""}
+    role = item.get("role")
+    return {"role": role, "content": _text_of(item.get("content")) or ""} if isinstance(role, str) else None
+
+
+def _chat_tools(tools: Any) -> Optional[list[dict[str, Any]]]:
+    """Responses function tools as chat tools (what the template renders), None for other tools."""
+    if tools is None:
+        return []
+    if type(tools) is not list:
+        return None
+    found = []
+    for tool in tools:
+        if type(tool) is not dict or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            return None
+        found.append({"type": "function", "function": {
+            key: tool[key] for key in ("name", "description", "parameters") if key in tool}})
+    return found
+
+
+def reported_prompt_ids(response: Any) -> Any:
+    """The prompt ids a reply reports: chat's ``prompt_token_ids``, or vLLM's Responses
+    ``input_messages[*].tokens`` (``enable_response_messages``) joined."""
+    if type(response) is not dict:
+        return None
+    if response.get("prompt_token_ids") is not None:
+        return response["prompt_token_ids"]
+    messages = response.get("input_messages")
+    if type(messages) is not list or not messages:
+        return None
+    ids: list[Any] = []
+    for message in messages:
+        tokens = message.get("tokens") if type(message) is dict else None
+        if type(tokens) is not list:
+            return None
+        ids += tokens
+    return ids
+
+
 def tokenized_ids(body: Any) -> Optional[list[int]]:
     """The ids of a ``/tokenize`` reply (``{"count", "max_model_len", "tokens"}``), else None."""
     tokens = body.get("tokens") if type(body) is dict else None

@@ -112,10 +112,11 @@ async def _responses(request: web.Request) -> web.StreamResponse:
             "param": "previous_response_id", "code": 404}}).decode(), content_type="application/json")
     # The prompt's ids as vLLM renders a Responses request: its items as chat messages, then the template.
     messages = responses_messages(body, *(stored[earlier] if earlier is not None else (None, None)))
+    prompt, raw = _supplied_prompt(body, raw, chat_prompt_ids(messages, _text_of, _template(request)))
     serial = _serial(raw)
     plan = make_plan(len(raw), _last_user_text(items), _first_tool_name(body, lambda tool: tool.get("name")),
                      any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items),
-                     serial, chat_prompt_ids(messages, _text_of, _template(request)))
+                     serial, prompt)
     reply = responses_reply(plan, serial, STAND_IN_CREATED, ResponsesTokenOptions.from_request(body))
     if body.get("store", True) is not False:  # vLLM keeps each stored response's messages and output.
         if len(stored) >= _STORED_MAX:
@@ -131,15 +132,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     messages = body.get("messages") or []
     resuming = body.get("continue_final_message") is True and bool(messages) and isinstance(messages[-1], dict) \
         and messages[-1].get("role") == "assistant"
-    prompt = chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of, _template(request), resuming)
-    # vLLM 0.32 takes ``kv_transfer_params.prompt_token_ids`` as the prompt itself (prefix supply):
-    # the reply is what that prompt gets, the same as without the field when it is the rendered one.
-    kv = body.get("kv_transfer_params")
-    supplied = kv.get("prompt_token_ids") if isinstance(kv, dict) else None
-    if isinstance(supplied, list) and supplied and all(_integer(token) for token in supplied):
-        if supplied == prompt:
-            raw = orjson.dumps({key: value for key, value in orjson.loads(raw).items() if key != "kv_transfer_params"})
-        prompt = supplied
+    prompt, raw = _supplied_prompt(body, raw, chat_prompt_ids(messages if isinstance(messages, list) else [], _text_of,
+                                                              _template(request), resuming))
     plan = make_plan(len(raw), _last_user_text(messages),
                      _first_tool_name(body, lambda tool: (tool.get("function") or {}).get("name")),
                      any(isinstance(m, dict) and m.get("role") == "tool" for m in messages), _serial(raw), prompt)
@@ -164,6 +158,20 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         sequence = [*prompt, *(token_id_of(piece) for piece in generated_pieces(plan))]
         reply["choices"][0]["routed_experts"] = routing.encoded(sequence, _experts_start(body, len(prompt)))
     return _json_reply(request, reply)
+
+
+def _supplied_prompt(body: dict[str, Any], raw: bytes, rendered: list[int]) -> tuple[list[int], bytes]:
+    """The prompt and the bytes the reply is derived from: vLLM 0.32 takes
+    ``kv_transfer_params.prompt_token_ids`` as the prompt itself (prefix supply, chat and
+    Responses), so the reply is what that prompt gets -- the same as without the field when it
+    is the rendered one."""
+    kv = body.get("kv_transfer_params")
+    supplied = kv.get("prompt_token_ids") if isinstance(kv, dict) else None
+    if not (isinstance(supplied, list) and supplied and all(_integer(token) for token in supplied)):
+        return rendered, raw
+    if supplied == rendered:
+        raw = orjson.dumps({key: value for key, value in orjson.loads(raw).items() if key != "kv_transfer_params"})
+    return supplied, raw
 
 
 async def _tokenize(request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@ class TokenModeMetrics:
         self.routed_experts_bytes = Counter("mcc_routed_experts_bytes_total", "Bytes of MoE routed experts stored "
                                             "apart (--capture-routed-experts), each call's new rows once.",
                                             registry=registry)
-        self.prefix_supply = Counter("mcc_prefix_supply_total", "Chat calls with a resolved parent under --supply-prefix, "
+        self.prefix_supply = Counter("mcc_prefix_supply_total", "Chat and Responses calls with a resolved parent under prefix supply (on by default in the token mode), "
                                      "by outcome: proved (the upstream's prompt ids begin with the supplied ones), "
                                      "unproved (sent, not proved: recorded as drift), or why nothing was supplied.",
                                      ["outcome"], registry=registry)

@@ -23,7 +23,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Optional
 
-from capture import AddedFieldCutter, add_request_fields, decodable, make_decoder, parse_json_object, proves_prefix
+from capture import (
+    AddedFieldCutter, add_request_fields, decodable, make_decoder, parse_json_object, proves_prefix, reported_prompt_ids,
+    responses_render_request,
+)
 
 from ..call import CallHooks
 from ..http import Headers, UpstreamBroke, UpstreamReply, WholeBody
@@ -187,7 +190,7 @@ class TokenHooks(CallHooks):
         call whose lineage resolved a parent; else ``body`` (docs/tokens.md, issue 32)."""
         exchange, supply, metrics = call.exchange, self.training.prefix_supply, self.training.metrics
         plan = self.plan
-        if exchange is None or supply is None or exchange.dialect != "chat" or plan is None \
+        if exchange is None or supply is None or exchange.dialect not in ("chat", "responses") or plan is None \
                 or not plan.verdict.resolved or not plan.verdict.parent_sequence:
             return body
         if "kv_transfer_params" in self.training.mode.refused:
@@ -195,6 +198,12 @@ class TokenHooks(CallHooks):
             self.prefix_not_supplied = "refused_before"
             return body
         request = self.agent_request or parse_json_object(call.request.body) or {}
+        if exchange.dialect == "responses":  # Rendered as the chat messages vLLM builds from its items.
+            request = responses_render_request(request) or {}
+            if not request:
+                metrics.prefix_supply.labels("responses_items_not_plain").inc()
+                self.prefix_not_supplied = "responses_items_not_plain"
+                return body
         prefix, why = await supply.prepare(call, request, plan.verdict.parent_call_id or "", plan.verdict.parent_sequence)
         sent = add_request_fields(body, {"kv_transfer_params": {"prompt_token_ids": prefix.prompt_token_ids}}) \
             if prefix is not None else None
@@ -310,8 +319,7 @@ class TokenHooks(CallHooks):
                 fields["prefix_not_supplied"] = self.prefix_not_supplied
         else:
             response = fields.get("response")
-            proved = isinstance(response, dict) and proves_prefix(response.get("prompt_token_ids"),
-                                                                  supplied.prompt_token_ids)
+            proved = proves_prefix(reported_prompt_ids(response), supplied.prompt_token_ids)
             fields["prefix_supplied"] = self.prefix_proof = proved
             self.training.metrics.prefix_supply.labels("proved" if proved else "unproved").inc()
         if self.plan is not None:

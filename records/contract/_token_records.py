@@ -92,9 +92,9 @@ class TokenRecord(BaseModel):
     drift_from: Optional[int] = None
     #: The ``model_call_id`` of the earlier call this one repeated byte for byte (a retry), if any.
     retry_of: Optional[str] = None
-    #: Prefix supply (``--supply-prefix``): True when the prompt was sent as the parent's exact ids
-    #: and the upstream's reported prompt proves it, False when sent but not proved (then this is
-    #: drift like any other), None when none was supplied.
+    #: Prefix supply (the token mode's default; ``--no-supply-prefix`` turns it off): True when the
+    #: prompt was sent as the parent's exact ids and the upstream's reported prompt proves it, False
+    #: when sent but not proved (then this is drift like any other), None when none was supplied.
     prefix_supplied: Optional[bool] = None
     #: The weight versions that sampled the generation: ``{"version", "start", "end"}`` over
     #: generation token indexes (``end`` None: to the end), from ``weight_version_source``

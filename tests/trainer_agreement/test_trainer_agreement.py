@@ -204,14 +204,26 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
         "sequences": [{"id": rollout, "token_ids": main.token_ids} for rollout, main in mains.items()],
         "conversations": [{"id": rollout, "messages": messages, "tools": tools.get(rollout)}
                           for rollout, messages in conversations.items()]}, tmp_path)
-    trained, largest, ratio_off, where = 0, 0.0, 0.0, ""
+    # A call sampled under a grammar (``tool_choice: required``: vLLM's structured outputs) reports
+    # the constrained distribution's logprobs (the grammar's mask is on the logits before vLLM reads
+    # them), which is what was sampled from; the model alone gives each forced token less. Those
+    # tokens are counted apart and must differ (docs/tokens.md, "Logprobs under a grammar").
+    constrained_calls = {line["model_call_id"] for rollout in rewards for line in store.read(rollout)
+                         if (line.get("request") or {}).get("tool_choice") not in (None, "auto", "none")}
+    trained, largest, ratio_off, where, constrained, constrained_largest = 0, 0.0, 0.0, "", 0, 0.0
     for rollout, main in mains.items():
         assert len(main.token_ids) == len(main.loss_mask) == len(main.logprobs)
         ours = recomputed["logprobs"][rollout]
+        under_grammar = {position for span in main.calls if span.model_call_id in constrained_calls
+                         for position in range(span.start, span.end)}
         for position, (mask, captured) in enumerate(zip(main.loss_mask, main.logprobs)):
             if not mask:
                 continue
             assert position > 0 and captured is not None, f"{rollout}: trained token {position} has no captured logprob"
+            if position in under_grammar:
+                constrained += 1
+                constrained_largest = max(constrained_largest, abs(ours[position] - captured))
+                continue
             trained += 1
             difference = abs(ours[position] - captured)
             if difference > largest:
@@ -224,10 +236,13 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
     supplied = sum(1 for rollout in rewards for line in store.read(rollout) if line.get("prefix_supplied") is True)
     print(f"\ntrainer agreement: {len(items)} rollouts ({', '.join(_KINDS)}; 2 each, {_TURNS} turns), none masked; "
           f"{trained} trained tokens, every one with a captured logprob; largest |recomputed - captured| = "
-          f"{largest:.3g} ({where}); largest |importance ratio - 1| at step 0 = {ratio_off:.3g}; "
+          f"{largest:.3g} ({where}); largest |importance ratio - 1| at step 0 = {ratio_off:.3g}; {constrained} "
+          f"more sampled under a grammar (tool_choice required), where the captured (constrained) logprobs "
+          f"differ from the model's alone by up to {constrained_largest:.3g}; "
           f"{supplied} calls sent on a supplied prefix ({'; '.join(supply) or 'no supply outcome counted'}); "
           f"a trainer re-rendering the final conversation would have trained on other ids in "
           f"{len(rerendered_wrong)} of {len(conversations)} chat rollouts {rerendered_wrong}")
-    assert trained > 0
+    assert trained > 0 and constrained > 0
+    assert constrained_largest > TOLERANCE, "a grammar's forced tokens: the captured logprobs are the constrained ones"
     assert largest <= TOLERANCE, f"{largest} at {where}"
     assert ratio_off <= TOLERANCE, ratio_off

@@ -330,11 +330,12 @@ def _chunks(body: bytes) -> list[dict[str, Any]]:
 
 
 async def test_prefix_supply_makes_a_drifting_session_extend_every_turn(vllm_url, http, start, capture_dir, store):
-    """Issue 32: without --supply-prefix the tiny model's session drifts (the records say where);
-    with it every later turn is sent on its parent's exact ids, vLLM reports exactly those ids as
+    """Issue 32: with --no-supply-prefix the tiny model's session drifts (the records say where);
+    with supply (the token mode's default, issue 72) every later turn is sent on its parent's exact ids, vLLM reports exactly those ids as
     the prompt (the proof), the turn extends its parent, and the trajectory's ids are vLLM's."""
     from records import read_token_entries, trajectories
-    plain = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, capture_raw_stream="always")
+    plain = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False,
+                        capture_raw_stream="always")
     await _drifting_session(http, plain.url, "natural", 4)
     natural = read_token_records(store, "natural")
     assert any(record.drift_at is not None for record in natural[1:]), "the natural session no longer drifts"
@@ -368,7 +369,10 @@ async def test_a_websocket_session_of_ten_responses_is_bridged_to_vllm(vllm_url,
     stream's; in the token mode each has its training arrays and the agent's events are unchanged."""
     from tests.websockets_wire import RawSocket, create
 
-    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=mode == "token-capture")
+    # Each line is compared with its request sent again over HTTP as a rollout of its own, where no
+    # turn has a parent: prefix supply (which sends a socket's later turns on their parents' ids) off.
+    sidecar = await start(vllm_url, capture_dir=capture_dir, capture_tokens=mode == "token-capture",
+                          supply_prefix=False)
     socket = await RawSocket.connect(sidecar.url, f"/ng-rollout/ws-{mode}/v1/responses")
     assert socket.status == 101, socket.head
     previous, answered = None, []

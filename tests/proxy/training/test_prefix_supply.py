@@ -193,3 +193,60 @@ def test_render_requests_take_the_last_assistant_turn_and_keep_what_renders():
     resumed = render_requests({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
                                "continue_final_message": True})
     assert resumed is not None and resumed.resumes_in_place and resumed.prompt([1, 2], [], [], []) == ([1, 2], "")
+
+
+def test_a_responses_request_is_rendered_as_the_chat_messages_vllm_builds():
+    """The parent's turn (its last run of model-written items) becomes one assistant message; the new
+    turn's text messages and function-call outputs become what vLLM builds of them; the rest is
+    shared by the three renders. What cannot be rendered so is None."""
+    from capture import responses_render_request
+
+    items = [{"role": "user", "content": "hi"},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+             {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+             {"role": "user", "content": [{"type": "input_text", "text": "and "}, {"type": "input_text", "text": "now?"}]}]
+    chat = responses_render_request({"model": "m", "instructions": "be terse", "input": items,
+                                     "tools": [{"type": "function", "name": "look", "parameters": {"type": "object"}}]})
+    assert chat == {"model": "m", "tools": [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}],
+                    "messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi"},
+                                 {"role": "assistant", "content": ""},
+                                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                                 {"role": "user", "content": "and now?"}]}
+    assert render_requests(chat).turn == 2
+    assert responses_render_request({"input": "hi"}) is None, "no turn of the model's"
+    assert responses_render_request({"input": items[:1]}) is None
+    assert responses_render_request({"input": items, "previous_response_id": "resp_1"}) is None
+    assert responses_render_request({"input": items, "tools": [{"type": "web_search"}]}) is None
+    image = {"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}
+    assert responses_render_request({"input": [*items, image]}) is None
+
+
+async def test_a_responses_turn_sent_back_is_supplied_and_proved_on_the_stand_in(http, stand_in, start, capture_dir,
+                                                                                store):
+    """Responses turns, the output items sent back, under the stand-in's template that drops the
+    reasoning (drift without supply): with the token mode's defaults every later turn is sent on its
+    parent's exact ids, proved by the reply's ``input_messages``, and the rollout is one chain."""
+    from records import trajectories
+
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    headers = {**_JSON, "X-Stand-In-Template": "drop-reasoning"}
+    items: list[Any] = [{"role": "user", "content": "Write a haiku."}]
+    for turn in range(3):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "resp", "/v1/responses"),
+                            orjson.dumps({"model": "m", "input": items}), headers=headers)
+        response = orjson.loads(reply.body)
+        assert response.get("input_messages") is None, "the agent's view: what the mode added is cut"
+        items += [*response["output"], {"role": "user", "content": f"Again ({turn})."}]
+    records = read_token_records(store, "resp")
+    assert [record.prefix_supplied for record in records] == [None, True, True]
+    assert [record.extends for record in records] == [None, 0, 1]
+    build = trajectories(capture_dir, "resp")
+    assert not build.masked, build.mask_reason
+    plain = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)
+    items = [{"role": "user", "content": "Write a haiku."}]
+    for turn in range(2):
+        reply = await fetch(http, "POST", rollout_url(plain.url, "resp-plain", "/v1/responses"),
+                            orjson.dumps({"model": "m", "input": items}), headers=headers)
+        items += [*orjson.loads(reply.body)["output"], {"role": "user", "content": f"Again ({turn})."}]
+    assert trajectories(capture_dir, "resp-plain").masked, "without supply the dropped reasoning drifts"
