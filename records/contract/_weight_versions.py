@@ -7,7 +7,8 @@ sampled it. Two sources, the engine's first:
   each choice ``weight_versions: [{"version", "start", "end"}]``, half-open ranges over its output
   token indexes (``vllm/outputs.py`` ``WeightVersionSpan``; streamed, on the choice's last chunk).
   SGLang 0.5.23 puts ``metadata.weight_version`` on every chat response: one version for the whole
-  output.
+  output; newer SGLang (``weight_version_spans.py``, sgl-project/sglang #35926) adds
+  ``metadata.weight_versions``, the same spans over the output's token indexes, taken as they are.
 - ``declared``: the trainer tells the sidecar (``POST /-/weight-version``) which version it has
   just loaded; the sidecar knows how many generated ids of each stream in flight had passed at
   that moment and splits the stream's span there. A non-streamed reply (or a stream without token
@@ -111,6 +112,10 @@ def engine_weight_versions(response: Any) -> Optional[list[Optional[list[dict[st
                     return spans
                 break
     metadata = response.get("metadata")
+    if type(metadata) is dict and metadata.get("weight_versions") is not None:
+        spans_of_all = _spans(metadata.get("weight_versions"))  # SGLang's per-token spans: its one choice's.
+        if spans_of_all is not None:
+            return [spans_of_all for _ in range(count)]
     version = metadata.get("weight_version") if type(metadata) is dict else None
     if type(version) is str and version:
         return [[{"version": version, "start": 0, "end": None}] for _ in range(count)]

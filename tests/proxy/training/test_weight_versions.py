@@ -140,6 +140,28 @@ async def test_sglangs_metadata_version_is_read_as_it_passes(http, upstream, sta
     assert not record.spans_weight_update
 
 
+async def test_sglangs_per_token_spans_are_passed_through(http, upstream, start, capture_dir, store):
+    """Newer SGLang (sgl-project/sglang #35926) sends ``metadata.weight_versions``: the spans over
+    the output's tokens an update fell inside; the records take them as they came, with the first
+    token's version and the ordered versions (vLLM RFC #54443's two asks)."""
+    spans = [{"version": "v7", "start": 0, "end": 2}, {"version": "v8", "start": 2, "end": 3}]
+    body = orjson.dumps({"id": "c", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi!"}, "finish_reason": "stop",
+         "logprobs": {"content": [{"token": t, "logprob": -0.5} for t in ("h", "i", "!")]}}],
+        "prompt_token_ids": [1, 2], "metadata": {"weight_version": "v8", "weight_versions": spans}}).replace(
+        b'"finish_reason"', b'"token_ids":[9,10,11],"finish_reason"')
+    upstream.scripts["/v1/chat/completions"] = Script(
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(body)))], pieces=[body])
+    sidecar = await start(upstream.url, capture_dir=capture_dir)
+    reply = await fetch(http, "POST", rollout_url(sidecar.url, "sg-spans", "/v1/chat/completions"), b'{"model":"m"}',
+                        headers=_JSON)
+    assert reply.body == body
+    (record,) = read_token_records(store, "sg-spans")
+    assert record.weight_version_source == "engine" and record.token_weight_versions == ["v7", "v7", "v8"]
+    assert record.spans_weight_update and record.first_token_weight_version == "v7"
+    assert list(record.weight_version_labels) == ["v7", "v8"]
+
+
 async def test_the_admin_endpoint_says_what_is_wrong_with_a_bad_declaration(http, upstream, start, capture_dir):
     sidecar = await start(upstream.url, capture_dir=capture_dir)
     url = sidecar.url + "/-/weight-version"
