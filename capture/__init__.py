@@ -18,7 +18,7 @@ from ._responses import ResponsesReassembler
 from ._sse import DEFAULT_MAX_EVENT_BYTES, EventBlock, ServerSentEvent, SSEParser
 from ._tap import REASSEMBLERS, BodyTap, StreamTap, TapOutcome, parse_json_object, reply_expectations
 from ._redaction import (
-    CONTENT_REMOVED, RedactionConfigError, Redactor, RolloutPlaceholders, Rule, load_rules, metrics_only,
+    CONTENT_FIELDS, CONTENT_REMOVED, SIDECAR_FIELDS, RedactionConfigError, Redactor, RolloutPlaceholders, Rule, load_rules, metrics_only,
 )
 from ._token_cutter import REMOVE_MEMBER, AddedFieldCutter
 from ._token_request import SGLANG_TOKEN_FIELDS, TOKEN_FIELDS, add_request_fields, token_fields_to_add, vllm_bool
@@ -59,7 +59,9 @@ __all__ = [
     "responses_render_request",
     "reply_expectations",
     "token_fields_to_add",
+    "CONTENT_FIELDS",
     "CONTENT_REMOVED",
+    "SIDECAR_FIELDS",
     "RedactionConfigError",
     "Redactor",
     "RolloutPlaceholders",

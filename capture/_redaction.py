@@ -29,12 +29,24 @@ _FACT_KEYS = frozenset({
     "id", "model", "object", "role", "type", "finish_reason", "stop_reason", "status", "dialect", "model_call_id",
     "response_id", "previous_response_id", "call_id", "tool_call_id", "item_id", "name", "service_tier",
     "system_fingerprint", "error_category", "reason", "code", "weight_version", "version", "request_id",
-    "stop_sequence", "tool_choice", "response_source", "local_response_reason", "client_session_id",
-    "client_agent_id", "client_parent_agent_id", "client_assistant_message_id", "engine", "engine_version",
+    "stop_sequence", "tool_choice", "response_source", "local_response_reason", "engine", "engine_version",
     "weight_version_source", "output_mode",
 })
 #: Line members that hold content: walked (rules) or emptied (metrics-only).
 CONTENT_FIELDS = ("request", "response", "request_raw", "response_raw")
+#: Line members the sidecar writes from what it alone knows (its ids, clocks, counts, verdicts, the
+#: operator's model name): never walked. Every other member -- the ids copied from the agent's
+#: headers (``client_session_id``, ...), a failure's text, and any member added later -- is walked
+#: by the rules and the hook, and emptied under metrics-only, as content is (issue 73: a header's id
+#: escaped the rules while they covered only the content members).
+SIDECAR_FIELDS = frozenset({
+    "model_call_id", "dialect", "model_ref", "started_at", "completed_at", "latency_ms", "latency_ttft_ms",
+    "status_code", "upstream_status_code", "upstream_attempted", "response_source", "local_response_reason",
+    "error_category", "stream_truncated", "added_request_fields", "retry_of", "token_entries", "prefix_supplied",
+    "prefix_not_supplied", "weight_versions", "weight_version_source", "weight_versions_unplaced", "resumes",
+    "side_call", "websocket", "privacy", "redactions", "redaction_failed", "response_raw_dropped",
+    "request_body_refused", "routed_experts", "capture_failed",
+})
 
 
 class RedactionConfigError(ValueError):
@@ -111,6 +123,10 @@ class Redactor:
                 fields["response_raw_dropped"] = "redaction"
             elif key in fields and self._may_change(fields[key]):
                 fields[key] = self._walk(fields[key], placeholders, counts)
+        for key in [key for key in fields if key not in SIDECAR_FIELDS and key not in CONTENT_FIELDS]:
+            value = fields[key]  # Copied from the agent's headers, or said by the upstream (most calls: none).
+            if value is not None and self._may_change(value):
+                fields[key] = self._walk(value, placeholders, counts)
         return counts
 
     def _may_change(self, value: Any) -> bool:
@@ -200,6 +216,17 @@ def metrics_only(fields: dict[str, Any], keep_token_ids: bool = False) -> None:
                 fields[key] = None
         elif key in fields:
             fields[key] = _facts(fields[key], None, keep_token_ids)
+    for key in [key for key in fields if key not in SIDECAR_FIELDS and key not in CONTENT_FIELDS]:
+        value = fields[key]  # The agent's headers' ids, a failure's text: no text kept either.
+        if key == "failure" and type(value) is dict:  # Its stage, category and type are the sidecar's words.
+            fields[key] = {name: item if name in _FAILURE_FACTS or type(item) is not str else CONTENT_REMOVED
+                           for name, item in value.items()}
+        elif value is not None:
+            fields[key] = _facts(value, None, keep_token_ids)
+
+
+#: A failure's members that say what happened in the sidecar's own words (docs/files.md ``failure``).
+_FAILURE_FACTS = frozenset({"stage", "category", "exception_type", "retryable"})
 
 
 _ID_KEYS = frozenset({"prompt_token_ids", "token_ids", "generation_token_ids"})

@@ -106,6 +106,10 @@ async def planted_calls(http, stand_in, sidecar, rollout: str, token_mode: bool 
         await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/responses"), packed, headers=headers)
     else:
         await beside(http, stand_in.url, sidecar.url, rollout, "/v1/responses", packed, headers=headers)
+    # The ids copied from the agent's headers to the line (issue 73: they escaped the rules).
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(chat), headers={
+        "Content-Type": "application/json", "x-session-id": f"sess-{EMAIL}", "x-assistant-message-id": API_KEY,
+        "x-claude-code-agent-id": CUSTOM, "x-claude-code-parent-agent-id": f"parent-{CUSTOM}"})
 
 
 @pytest.mark.parametrize("tokens", [False, True])
@@ -119,7 +123,7 @@ async def test_no_planted_secret_is_on_disk_or_in_a_log(http, stand_in, start, c
     assert_no_secret(every_byte(capture_dir), "the capture directory")
     assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
     lines = store.read("planted")
-    assert len(lines) == 6 and all(line["error_category"] is None for line in lines[:5])  # The stand-in refuses zstd.
+    assert len(lines) == 7 and all(line["error_category"] is None for line in lines[:5])  # The stand-in refuses zstd.
     assert lines[5]["redactions"]["acme_id"] >= 1, "the zstd body was decoded and redacted"
     first = lines[0]
     (tag,) = set(PLACEHOLDER.findall(orjson.dumps(first["request"]).decode()))  # The rule's placeholder.
@@ -127,6 +131,10 @@ async def test_no_planted_secret_is_on_disk_or_in_a_log(http, stand_in, start, c
     # The same value, the same placeholder, across the rollout's calls.
     assert set(PLACEHOLDER.findall(orjson.dumps(lines[4]["request"]).decode())) == {tag}
     assert lines[1]["response_raw"] is None and lines[1]["response_raw_dropped"] == "redaction"
+    headers = lines[6]  # The headers' ids: the same rules, the same placeholders.
+    assert re.fullmatch(r"\[REDACTED:email:[0-9a-f]{8}\]", headers["client_session_id"])  # "sess-" is in the match.
+    assert re.fullmatch(r"\[REDACTED:api_key:[0-9a-f]{8}\]", headers["client_assistant_message_id"])
+    assert re.fullmatch(r"parent-\[REDACTED:acme_id:[0-9a-f]{8}\]", headers["client_parent_agent_id"])
     if tokens:
         entries = read_token_entries(capture_dir, "planted")
         assert entries and all(entry["generation_token_ids"] for entry in entries), "training arrays kept"
@@ -254,7 +262,7 @@ async def test_in_a_capture_store_neither_the_spool_nor_the_store_holds_a_secret
     await planted_calls(http, stand_in, sidecar, "stored", token_mode=True)
     await sidecar.close()  # The drain seals and uploads the segments and ships the token files.
     from records import Captures
-    assert len(Captures(url).calls("stored")) == 6
+    assert len(Captures(url).calls("stored")) == 7
     assert_no_secret(every_byte(str(tmp_path / "spool"), str(tmp_path / "store"), str(tmp_path / "cache")),
                      "the spool, the store and the readers' cache")
     assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
