@@ -65,10 +65,21 @@ def load_rules(document: Any, where: str = "the rules") -> tuple[Rule, ...]:
     rules = document.get("rules") if isinstance(document, dict) else None
     if not isinstance(rules, list) or not rules:
         raise RedactionConfigError(f"{where}: expected 'rules:' with a list of {{name, pattern}}")
+    if "redact_key" in document:  # One place for the key, beside the other secrets (docs/privacy.md).
+        raise RedactionConfigError(f"{where}: redact_key does not belong in the rules file (it would be read by "
+                                   "whoever reads the rules): set MCC_REDACT_KEY, or redact_key in the sidecar's "
+                                   "YAML configuration")
+    unknown = sorted(str(key) for key in document if key != "rules")
+    if unknown:
+        raise RedactionConfigError(f"{where}: unknown key(s) {', '.join(unknown)}: the rules file holds 'rules:' only")
     loaded, names = [], set()
     for position, rule in enumerate(rules):
         if not isinstance(rule, dict) or not isinstance(rule.get("name"), str) or not isinstance(rule.get("pattern"), str):
             raise RedactionConfigError(f"{where}: rule {position + 1} needs a name and a pattern, both strings")
+        extra = sorted(str(key) for key in rule if key not in ("name", "pattern"))
+        if extra:
+            raise RedactionConfigError(f"{where}: rule {rule['name']!r} has unknown key(s) {', '.join(extra)}: a rule "
+                                       "is a name and a pattern")
         name = rule["name"]
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in names:
             raise RedactionConfigError(f"{where}: rule name {name!r} must be 1-64 of [A-Za-z0-9_.-] and unique")

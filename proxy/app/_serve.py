@@ -177,8 +177,27 @@ def describe_startup(settings: Settings, upstream: str | None) -> str:
     else:
         capture = "capture off: disabled (--no-capture / observability_enabled: false)"
     workers = "" if settings.worker_index is not None else f"workers {settings.workers}; "  # A worker is one.
+    if settings.capture_on:
+        capture += f"; {describe_privacy(settings)}"
     return (f"forwarding to {upstream}; {capture}; {workers}"
             f"drain timeout {settings.drain_timeout:g}s; model_ref.name {settings.model_ref_name}")
+
+
+def describe_privacy(settings: Settings) -> str:
+    """What redaction is in force (docs/privacy.md): the privacy mode, the rules by name, the hook."""
+    if settings.privacy != "full":
+        return f"privacy {settings.privacy}" + (" (token ids kept)" if settings.privacy_keep_token_ids else "") \
+            + ": no text is kept"
+    if not settings.redact and not settings.redact_hook:
+        return "privacy full: no redaction (--redact, --redact-hook)"
+    said = []
+    if settings.redact:
+        from ..privacy import load_redaction  # Checked at load: it reads as it did then.
+        rules, _ = load_redaction(settings.redact, None)
+        said.append(f"redaction rules {', '.join(rule.name for rule in rules)} ({settings.redact})")
+    if settings.redact_hook:
+        said.append(f"redaction hook {settings.redact_hook} (budget {settings.redact_hook_budget:g}s)")
+    return "privacy full, " + " and ".join(said)
 
 
 def _why_not_listening(settings: Settings, exc: OSError) -> str:

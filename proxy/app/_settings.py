@@ -311,6 +311,9 @@ class Settings(BaseModel):
         if self.supply_prefix is True and not self.capture_on:
             raise ValueError("--supply-prefix (MCC_SUPPLY_PREFIX) needs the token capture mode, which needs capture on: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR) and --capture-tokens")
+        if self.privacy_keep_token_ids and self.privacy != "metrics-only":
+            raise ValueError("--privacy-keep-token-ids (MCC_PRIVACY_KEEP_TOKEN_IDS) keeps token ids in a metrics-only "
+                             "line; a full capture keeps them anyway: add --privacy metrics-only, or drop it")
         if (self.redact or self.redact_hook or self.privacy != "full") and not self.capture_on:
             raise ValueError("--redact, --redact-hook and --privacy apply to what is captured, and capture is off: "
                              "pass --capture-dir DIR (MCC_CAPTURE_DIR), with capture enabled")

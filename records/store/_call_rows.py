@@ -142,13 +142,20 @@ def call_row(rollout_id: str, call_index: int, line: dict[str, Any]) -> CallRow:
 
 
 def invalid_arguments(tool_calls: list[dict[str, Any]]) -> int:
-    """Tool calls whose arguments were not JSON: `records` keeps them as ``{"_raw": text}``."""
+    """Tool calls whose arguments were not JSON: `records` keeps them as ``{"_raw": text}``. A
+    metrics-only line's arguments (``[REDACTED]``, docs/privacy.md) are not known to be either: not
+    counted, so `mcc stats` says of a metrics-only run what it says of the same run captured whole."""
     invalid = 0
     for call in tool_calls:
         arguments = call["arguments"]
-        if type(arguments) is dict and len(arguments) == 1 and "_raw" in arguments:
+        if type(arguments) is dict and len(arguments) == 1 and "_raw" in arguments \
+                and arguments["_raw"] != _CONTENT_REMOVED:
             invalid += 1
     return invalid
+
+
+#: What a metrics-only line holds in place of every text (``capture.CONTENT_REMOVED``).
+_CONTENT_REMOVED = "[REDACTED]"
 
 
 

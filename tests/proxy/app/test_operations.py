@@ -127,7 +127,8 @@ def test_startup_says_what_it_will_do(tmp_path):
     assert "ignoring unknown environment variable MCC_CAPTUR_DIR" in log
     assert f"WARNING mcc: the capture dir {capture_dir} did not exist, nor did its parent" in log
     (startup,) = [line for line in sidecar.stderr_lines if "forwarding to " in line]
-    assert (f"capture on: dir {capture_dir}, sync auto, raw stream always; workers 1; drain timeout 25s" in startup)
+    assert (f"capture on: dir {capture_dir}, sync auto, raw stream always; privacy full: no redaction "
+            "(--redact, --redact-hook); workers 1; drain timeout 25s" in startup)
 
 
 def test_a_top_level_upstream_in_yaml_is_pointed_at_mcc_upstream(tmp_path):

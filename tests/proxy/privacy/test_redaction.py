@@ -106,8 +106,11 @@ async def planted_calls(http, stand_in, sidecar, rollout: str, token_mode: bool 
         await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/responses"), packed, headers=headers)
     else:
         await beside(http, stand_in.url, sidecar.url, rollout, "/v1/responses", packed, headers=headers)
-    # The ids copied from the agent's headers to the line (issue 73: they escaped the rules).
-    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(chat), headers={
+    # The ids copied from the agent's headers to the line (issue 73: they escaped the rules); a tool
+    # call in the reply (its arguments: counted by `mcc stats` as what they were, under metrics-only too).
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    await beside(http, stand_in.url, sidecar.url, rollout, "/v1/chat/completions", orjson.dumps(
+        {**chat, "tools": [weather]}), headers={
         "Content-Type": "application/json", "x-session-id": f"sess-{EMAIL}", "x-assistant-message-id": API_KEY,
         "x-claude-code-agent-id": CUSTOM, "x-claude-code-parent-agent-id": f"parent-{CUSTOM}"})
 
@@ -171,6 +174,7 @@ async def test_metrics_only_keeps_no_content_and_the_same_counts(http, stand_in,
         assert one["latency_ms"]["p50"] is not None
         del one["latency_ms"], one["ttft_ms"], one["scan_seconds"]
     assert stats[0] == stats[1]
+    assert stats[0]["tool_calls"] >= 1 and stats[0]["tool_calls_with_invalid_arguments"] == 0
     assert all(line["privacy"] == "metrics-only" for line in orjson.loads(b"[" + b",".join(
         open(os.path.join(bare_dir, "r.capture.jsonl"), "rb").read().splitlines()) + b"]"))
 
@@ -228,6 +232,41 @@ def test_a_rule_that_does_not_compile_stops_the_start(tmp_path):
         Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact=str(bad))
     with pytest.raises(ValueError, match="--redact-hook nowhere:thing"):
         Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact_hook="nowhere:thing")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("rules:\n  - name: k\n    pattern: 'sk-[a-z]+'\nredact_key: 00ff\n", "redact_key does not belong in the rules file"),
+    ("rules:\n  - name: k\n    pattern: 'sk-[a-z]+'\nrule: x\n", "unknown key(s) rule: the rules file holds 'rules:' only"),
+    ("rules:\n  - name: k\n    pattern: 'sk-[a-z]+'\n    flags: i\n", "rule 'k' has unknown key(s) flags"),
+])
+def test_the_rules_file_refuses_what_it_would_ignore(tmp_path, text, said):
+    """Issue 73, point 6: a key the rules file would ignore (two sidecars then redact differently)
+    stops the start with one sentence; the key belongs with the other secrets."""
+    bad = tmp_path / "rules.yaml"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), redact=str(bad))
+
+
+def test_keeping_token_ids_without_metrics_only_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="keeps token ids in a metrics-only line"):
+        Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), privacy_keep_token_ids=True)
+    Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), privacy="metrics-only",
+             privacy_keep_token_ids=True)
+
+
+def test_the_start_line_names_the_privacy_in_force(tmp_path, rules_file):
+    from proxy.app._serve import describe_startup
+
+    def line(**settings) -> str:
+        return describe_startup(Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), **settings), "up")
+
+    assert "privacy full, redaction rules email, api_key, acme_id (" in line(redact=rules_file)
+    assert "redaction hook tests.proxy.privacy.test_redaction:raising_hook (budget 0.5s)" in line(
+        redact_hook="tests.proxy.privacy.test_redaction:raising_hook", redact_hook_budget=0.5)
+    assert "privacy metrics-only (token ids kept): no text is kept" in line(privacy="metrics-only",
+                                                                          privacy_keep_token_ids=True)
+    assert "privacy full: no redaction" in line()
 
 
 async def test_a_bridged_websocket_turn_is_redacted(start, stand_in, capture_dir, rules_file, caplog):
