@@ -20,6 +20,7 @@ from records import CaptureStore, StoreNotFound, TokenRecord, iter_token_records
 from records.store import SegmentDamaged, compact_store
 from records.training import TokenRecordFollower
 
+from .file_modes import made_private, permissions_option, writing_privately
 from .lineage_words import lineage_words
 from .tables import (
     CallRow,
@@ -581,7 +582,8 @@ class _Followed:
 @click.argument("store_url", metavar="STORE")
 @click.argument("directory", metavar="DIR")
 @click.option("--rollout", "rollout_ids", multiple=True, metavar="ID", help="Only this rollout (repeatable).")
-def compact_command(store_url: str, directory: str, rollout_ids: tuple[str, ...]) -> None:
+@permissions_option
+def compact_command(store_url: str, directory: str, rollout_ids: tuple[str, ...], permissions: str) -> None:
     """Write Gym's per-rollout files of a capture store (segments:///path, s3://, gs://, az://) into DIR.
 
     Each <rollout_id>.capture.jsonl is written whole, then renamed: NeMo Gym's CaptureStore and
@@ -593,11 +595,13 @@ def compact_command(store_url: str, directory: str, rollout_ids: tuple[str, ...]
     for rollout_id in rollout_ids:
         if not is_valid_rollout_id(rollout_id):
             raise click.BadParameter(f"{rollout_id!r} is not a rollout id", param_hint="--rollout")
+    writing_privately(permissions)  # Gym's view holds the captures' text: as private as they are.
     try:
         compact_store(store_url, os.path.abspath(directory), list(rollout_ids) or None)
     except (StoreUnavailable, OSError, SegmentDamaged) as exc:
         raise click.ClickException(f"cannot compact {store_url}: {exc}") from None
     written = sorted(name for name in os.listdir(directory) if name.endswith(CAPTURE_SUFFIX))
+    made_private(permissions, *(os.path.join(directory, name) for name in written))
     click.echo(f"{len(written)} rollout file{'s' if len(written) != 1 else ''} in {directory}")
 
 

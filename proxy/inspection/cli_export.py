@@ -12,18 +12,22 @@ import click
 import orjson
 
 from .cli import OneSentence, _rollouts_or_say_empty, _store, progress
+from .file_modes import made_private, permissions_option, writing_privately
 
 
 @click.command("report")
 @click.argument("directory", metavar="DIR")
 @click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
-def report_command(directory: str, output: str, pattern: Optional[str]) -> None:
+@permissions_option
+def report_command(directory: str, output: str, pattern: Optional[str], permissions: str) -> None:
     """Write an HTML report (opens from disk, no network): the page, and the calls' payloads
     beside it in <name>_files/ (keep the two together)."""
     from .report import payload_dir, write_report
 
     _writable_parent(output)
+    writing_privately(permissions)  # The whole prompts and replies: as private as the captures.
+    click.get_current_context().call_on_close(lambda: made_private(permissions, output, payload_dir(output)))
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
     with progress(len(rollout_ids), "writing the report") as bar:
@@ -68,14 +72,19 @@ def _writable_parent(output: str) -> None:
                    "cluster ('auto', 'head:6379', 'ray://head:10001', or 'local' to start one here) and write -o as a "
                    "directory of Parquet files, on a volume every node mounts: each read task writes its own file "
                    "(rows as ray_dataset's; needs the ray extra; deploy/README.md has the cluster's commands).")
+@permissions_option
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
-                   output_text: bool, trajectories: bool, otel_compat: bool, ray_address: Optional[str]) -> None:
+                   output_text: bool, trajectories: bool, otel_compat: bool, ray_address: Optional[str],
+                   permissions: str) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
 
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
     --ray, or records.ray_dataset in your own Ray job (README, "A whole run on Ray Data").
     """
     from records.training import rollout_rows_of
+
+    writing_privately(permissions)  # As private as the captures it is read from.
+    click.get_current_context().call_on_close(lambda: made_private(permissions, output))
 
     from .export import export_metadata, otel_lines, tool_version_string, write_parquet
     from .tables import iter_call_rows

@@ -256,7 +256,7 @@ def test_keeping_token_ids_without_metrics_only_is_refused(tmp_path):
 
 
 def test_the_start_line_names_the_privacy_in_force(tmp_path, rules_file):
-    from proxy.app._serve import describe_startup
+    from proxy.app import describe_startup
 
     def line(**settings) -> str:
         return describe_startup(Settings(upstream="http://127.0.0.1:9", capture_dir=str(tmp_path), **settings), "up")
