@@ -366,12 +366,16 @@ class Call:
         submit_line(self.ctx.journal, exchange, self.hooks, settled)  # type: ignore[arg-type]  # persisted only with a journal
 
     async def _persist_now(self) -> None:
-        """Complete the exchange and make its line durable; once per call."""
+        """Complete the exchange and make its line durable; once per call. What the agent has not
+        had of the reply waits meanwhile: measured as the hold-back, as the pump's is."""
         if self.exchange is None or self.persisted:
             return
+        started = time.perf_counter()
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._line_then(settles(future))
-        if not await asyncio.shield(future):  # A cancelled handler still lets the line be written.
+        written = await asyncio.shield(future)  # A cancelled handler still lets the line be written.
+        self.metrics.terminal_holdback.observe(time.perf_counter() - started)
+        if not written:
             await self._before_reply_bytes()  # The line's barrier, which was to cover it, failed.
 
     def _terminal(self, exchange: CallExchange) -> None:

@@ -64,8 +64,10 @@ class SidecarMetrics:
         self.capture_bytes = loop_metrics.counter("mcc_capture_bytes_written", "Bytes of capture lines appended.")
         self.fsync_duration = loop_metrics.histogram("mcc_capture_fsync_duration_seconds", "Duration of the durability "
                                                      "barrier (fsync or syncfs) of a capture line's batch.", (), _DISK_BUCKETS)
-        self.terminal_holdback = loop_metrics.histogram("mcc_terminal_chunk_holdback_seconds", "How long the chunk that "
-                                                        "ends a reply was held until its capture line was durable.",
+        self.terminal_holdback = loop_metrics.histogram("mcc_terminal_chunk_holdback_seconds", "How long the end of a "
+                                                        "reply was held until its capture line was durable: every "
+                                                        "captured call whose end waits for its line (a stream's last "
+                                                        "chunk, a whole reply the token mode cut, a local answer).",
                                                         (), _DISK_BUCKETS)
         self.capture_failures = Counter("mcc_capture_failures_total", "Capture lines that could not be written, by kind.",
                                         ["kind"], registry=registry)

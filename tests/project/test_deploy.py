@@ -405,3 +405,21 @@ def test_the_object_store_variants_send_segments_to_a_store_with_credentials_fro
     collector = next(d for d in documents if d["kind"] == "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert collector["containers"][0]["command"][-1] == settings.capture_store
     assert "SECRET_ACCESS_KEY" not in rendered.replace("AWS_SECRET_ACCESS_KEY=...", "")
+
+
+def test_a_scrape_of_the_sidecars_metrics_ships_both_ways():
+    """Issue 73, point 7: the pod template's prometheus.io annotations and an Operator PodMonitor
+    (outside the kustomization: its CRD is not on every cluster) both name the sidecar's port and
+    /-/metrics, and the PodMonitor selects the pod."""
+    deployment = _manifests()["deployment.yaml"]
+    template = deployment["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    sidecar = next(container for container in template["spec"]["containers"]
+                   if any(env["name"] == "MCC_CAPTURE_DIR" for env in container.get("env", ())))
+    (port,) = [port for port in sidecar["ports"] if port["name"] == "http"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port["containerPort"]),
+                           "prometheus.io/path": "/-/metrics"}
+    monitor = _yaml(os.path.join(KUBERNETES, "monitoring", "podmonitor.yaml"))
+    assert monitor["kind"] == "PodMonitor" and monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/-/metrics", "interval": "15s"}]

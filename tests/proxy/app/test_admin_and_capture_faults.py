@@ -6,6 +6,7 @@ import logging
 import os
 
 import orjson
+import pytest
 
 from capture import REASSEMBLERS, ChatReassembler
 from proxy.app import free_port
@@ -149,7 +150,12 @@ async def test_the_stand_ins_messages_reply_thinks_only_when_asked(http, stand_i
     assert b'"thinking"' not in streamed and b'"text_delta"' in streamed
 
 
-async def test_an_admin_path_that_does_not_exist_is_a_404_naming_the_endpoints_never_forwarded(http, upstream, sidecar):
+@pytest.mark.parametrize("forward", ["all", "model-api"])
+async def test_an_admin_path_that_does_not_exist_is_a_404_naming_the_endpoints_never_forwarded(http, upstream, start,
+                                                                                           capture_dir, forward):
+    """In every forward mode (issue 73, point 7: under ``--forward all`` an unknown ``/-/`` path had
+    reached the upstream)."""
+    sidecar = await start(upstream.url, capture_dir=capture_dir, forward=forward)
     for method, path, status in (("POST", "/-/rollout/r1/end", 404), ("GET", "/-/rollouts", 404),
                                  ("GET", "/-/consumers/trainer", 404), ("POST", "/-/ready", 405)):
         reply = await fetch(http, method, sidecar.url + path, b"{}" if method == "POST" else None)

@@ -111,3 +111,15 @@ def test_json_logs_are_one_object_per_line(tmp_path):
     assert len(problems) == 1 and "failed before replying" in problems[0]["message"]
     assert any(entry["message"].startswith("forwarding to ") for entry in entries), "the startup line is JSON too"
     assert {"time", "level", "logger", "message"} <= set(problems[0])
+
+
+async def test_the_hold_back_counts_every_call_whose_end_waits_for_its_line(http, stand_in, start, capture_dir):
+    """Issue 73, point 7: the token mode's whole replies (read whole, cut, then sent after their line)
+    are held as a stream's last chunk is, and counted with them."""
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for body in (chat, chat, {**chat, "stream": True}):
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, "held", CHAT), orjson.dumps(body))
+        assert reply.status == 200
+    samples = await scrape(http, sidecar)
+    assert value(samples, "mcc_terminal_chunk_holdback_seconds_count") == 3
