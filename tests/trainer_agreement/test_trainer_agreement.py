@@ -45,8 +45,10 @@ _SYSTEM = {"role": "system", "content": "You are terse."}
 _TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a name up.", "parameters": {
     "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}
 _TURNS = 3
-#: Rollouts of each kind (a group of 2 each).
+#: The kinds of rollout, in groups of 2: 4 of each chat kind (the issue's 8 chat rollouts, streamed
+#: and not), 2 of the others.
 _KINDS = ("chat", "chat-stream", "tools", "responses", "token-in")
+_MEMBERS = {"chat": 4, "chat-stream": 4}
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +170,9 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
     tools: dict[str, list[dict[str, Any]]] = {}
     rewards: dict[str, float] = {}
     for kind in _KINDS:
-        for member in range(2):
-            rollout, seed = f"{kind}-0-r{member}", 100 * _KINDS.index(kind) + 10 * member
+        for member in range(_MEMBERS.get(kind, 2)):
+            group = f"{kind}-{member // 2}"
+            rollout, seed = f"{group}-r{member % 2}", 100 * _KINDS.index(kind) + 10 * member
             if kind in ("chat", "chat-stream"):
                 conversations[rollout] = await _chat_rollout(sidecar.url, rollout, kind == "chat-stream", seed)
             elif kind == "tools":
@@ -179,9 +182,9 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
                 await _responses_rollout(sidecar.url, rollout, seed)
             else:
                 await _token_in_rollout(http, vllm_url, sidecar.url, rollout, seed)
-            rewards[rollout] = float(member)
+            rewards[rollout] = float(member % 2)
             ended = await fetch(http, "POST", f"{sidecar.url}/-/rollouts/{rollout}/end",
-                                orjson.dumps({"outcome": {"reward": rewards[rollout]}, "group": kind}), headers={**_JSON, **RUNNER})
+                                orjson.dumps({"outcome": {"reward": rewards[rollout]}, "group": group}), headers={**_JSON, **RUNNER})
             assert ended.status == 200, ended.body
     await asyncio.to_thread(end_run, capture_dir)
 
@@ -231,17 +234,26 @@ async def test_a_trainer_recomputes_every_captured_logprob_from_the_same_weights
             ratio_off = max(ratio_off, abs(math.exp(ours[position] - captured) - 1.0))
     rerendered_wrong = sorted(rollout for rollout, ids in recomputed["rendered"].items()
                               if ids[:len(mains[rollout].token_ids)] != mains[rollout].token_ids)
+    # The same chat rollouts with supply turned off: what the default buys (issue 72 measured 8 of 8 masked).
+    from records import trajectories
+    plain = await start(vllm_url, capture_dir=capture_dir, capture_tokens=True, supply_prefix=False)
+    unsupplied = [f"plain-{kind}-{member}" for kind in ("chat", "chat-stream") for member in range(_MEMBERS[kind])]
+    for index, rollout in enumerate(unsupplied):
+        await _chat_rollout(plain.url, rollout, "stream" in rollout, 1000 + 10 * index)
+    masked_without = sum(trajectories(capture_dir, rollout).masked for rollout in unsupplied)
     metrics = (await fetch(http, "GET", sidecar.url + "/-/metrics")).body.decode()
     supply = sorted(line for line in metrics.splitlines() if line.startswith("mcc_prefix_supply_total{"))
     supplied = sum(1 for rollout in rewards for line in store.read(rollout) if line.get("prefix_supplied") is True)
-    print(f"\ntrainer agreement: {len(items)} rollouts ({', '.join(_KINDS)}; 2 each, {_TURNS} turns), none masked; "
+    print(f"\ntrainer agreement: {len(items)} rollouts ({', '.join(f'{_MEMBERS.get(kind, 2)} {kind}' for kind in _KINDS)}; "
+          f"{_TURNS} turns each, groups of 2), none masked; "
           f"{trained} trained tokens, every one with a captured logprob; largest |recomputed - captured| = "
           f"{largest:.3g} ({where}); largest |importance ratio - 1| at step 0 = {ratio_off:.3g}; {constrained} "
           f"more sampled under a grammar (tool_choice required), where the captured (constrained) logprobs "
           f"differ from the model's alone by up to {constrained_largest:.3g}; "
           f"{supplied} calls sent on a supplied prefix ({'; '.join(supply) or 'no supply outcome counted'}); "
           f"a trainer re-rendering the final conversation would have trained on other ids in "
-          f"{len(rerendered_wrong)} of {len(conversations)} chat rollouts {rerendered_wrong}")
+          f"{len(rerendered_wrong)} of {len(conversations)} chat rollouts {rerendered_wrong}; with --no-supply-prefix "
+          f"{masked_without} of {len(unsupplied)} chat rollouts come out masked")
     assert trained > 0 and constrained > 0
     assert constrained_largest > TOLERANCE, "a grammar's forced tokens: the captured logprobs are the constrained ones"
     assert largest <= TOLERANCE, f"{largest} at {where}"
