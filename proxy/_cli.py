@@ -69,7 +69,8 @@ SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
     ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine",
                             "policy_model")),
-    ("Privacy", ("redact", "redact_hook", "redact_hook_budget", "privacy", "privacy_keep_token_ids")),
+    ("Privacy", ("redact", "redact_hook", "redact_hook_budget", "redact_hook_workers", "privacy",
+                 "privacy_keep_token_ids")),
     ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
                                  "trace_context", "affinity_header")),
     ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
@@ -154,7 +155,8 @@ class _ServeCommand(click.Command):
               help="The model server the token capture mode asks for token ids: vllm, sglang (its sglext ids, chat), or auto (default: with --capture-tokens, asked of the upstream at start, GET /server_info answers for SGLang; vLLM otherwise). [MCC_ENGINE]")
 @click.option("--redact", metavar="FILE", help="Redaction rules (YAML: rules: [{name, pattern}]): every match in what is captured is replaced by [REDACTED:<name>:<tag>] before it is written; a rule that does not compile stops the start (docs/privacy.md). [MCC_REDACT]")
 @click.option("--redact-hook", metavar="MODULE:FUNCTION", help="A callable given every captured text value (after the rules), returning it redacted; one that raises or runs past --redact-hook-budget leaves the line in metrics-only form, marked redaction_failed. [MCC_REDACT_HOOK]")
-@click.option("--redact-hook-budget", type=float, help="Seconds the redaction hook may take per line (default 1). [MCC_REDACT_HOOK_BUDGET]")
+@click.option("--redact-hook-budget", type=float, help="Seconds the redaction hook may take per line, from the moment the line is ready (default 1). [MCC_REDACT_HOOK_BUDGET]")
+@click.option("--redact-hook-workers", type=int, help="Lines the redaction hook works on at once, each on a thread of its own (default 16; a hook past its budget keeps its thread until it returns). [MCC_REDACT_HOOK_WORKERS]")
 @click.option("--privacy", type=click.Choice(["full", "metrics-only"], case_sensitive=False),
               help="full (default), or metrics-only: lines keep ids, timing, status, usage, finish reasons and tool names; every content value is replaced; no raw text, no token files. [MCC_PRIVACY]")
 @click.option("--privacy-keep-token-ids/--no-privacy-keep-token-ids", default=None,

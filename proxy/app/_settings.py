@@ -150,6 +150,10 @@ class Settings(BaseModel):
     #: metrics-only form, marked ``redaction_failed``.
     redact_hook: str | None = None
     redact_hook_budget: float = Field(1.0, gt=0, le=60)
+    #: Lines redacted by the hook at once, each on its own thread from the moment it is ready
+    #: (docs/privacy.md): a hook past its budget keeps a thread until it returns, so size this to
+    #: the calls in flight; with every thread so taken a new line is written metrics-only.
+    redact_hook_workers: int = Field(16, ge=1, le=1024)
     #: The placeholders' key (hex, 32 bytes or more): sidecars given the same key name a rollout's
     #: values alike. Without it each sidecar draws its own, shared with its ``--workers``.
     redact_key: str | None = Field(None, repr=False)

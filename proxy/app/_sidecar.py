@@ -214,7 +214,7 @@ class Sidecar:
                                            settings.redact_hook_budget, settings.privacy == "metrics-only",
                                            settings.privacy_keep_token_ids,
                                            bytes.fromhex(settings.redact_key) if settings.redact_key
-                                           else secrets.token_bytes(32))
+                                           else secrets.token_bytes(32), settings.redact_hook_workers)
             # The token capture mode writes each line's entries with it, on the writer threads.
             segments = None
             if settings.capture_store is not None:  # Writer segments, uploaded (docs/files.md).
@@ -301,6 +301,8 @@ class Sidecar:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self.upstream.close()
+        if self.redaction is not None:  # Lines still being redacted join the journal first (a budget at most).
+            await self.redaction.quiet()
         if self.journal is not None:
             await self.journal.close()  # Seals the open segments, with a capture store.
         if self.in_flight is not None:  # Every call is done and its line written.

@@ -68,6 +68,9 @@ class CallHooks:
 
     #: The line must be built on a writer thread (building it writes files its barrier covers).
     line_on_writer_thread = False
+    #: The line's fields pass through `prepare_line` before the line goes to the journal: work that
+    #: may take long (a redaction hook), done beside other lines' instead of in the journal's queue.
+    prepares_line = False
 
     async def request_body(self, call: "CallView", body: bytes) -> bytes:
         return body
@@ -90,6 +93,15 @@ class CallHooks:
 
     def terminal(self, call: "CallView") -> None:
         return None
+
+    def prepare_line(self, exchange: "CallExchange", make_fields: "Callable[[], dict[str, Any]]",
+                     ready: "Callable[[Optional[dict[str, Any]]], None]") -> None:
+        """(``prepares_line`` only; on the loop.) Make the fields (``make_fields``, on a thread of the
+        feature's own), do this feature's `line_fields` work on them there, and hand them on with
+        ``ready(fields)`` on the loop: then the line goes to the journal, and this feature's
+        `line_fields` is not called again. ``ready(None)``: not prepared (making the fields failed):
+        the journal builds the line as it would have."""
+        ready(make_fields())
 
     def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
         return None

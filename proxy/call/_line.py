@@ -7,7 +7,7 @@ first byte.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Optional
 
 from capture.journal import Built, Journal
 from records.contract import engine_weight_versions
@@ -18,21 +18,38 @@ from ._exchange import CallExchange
 
 def submit_line(journal: Journal, exchange: CallExchange, hooks: tuple[CallHooks, ...],
                 settled: Callable[[bool], None]) -> None:
-    """The call's line to the journal; ``settled(written)`` on the loop once durable or failed."""
+    """The call's line to the journal; ``settled(written)`` on the loop once durable or failed. A
+    hook that prepares the line (a redaction hook) gets its fields first, beside other calls' lines,
+    and the line joins the journal's queue only once they are ready: it never holds another back."""
     tap = exchange.tap
     size = len(exchange.request_body) + (tap.bytes_seen if tap is not None else 0)
     on_thread = any(hook.line_on_writer_thread for hook in hooks) if hooks else False
-    journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks), size, settled, on_thread)
+    preparer = next((hook for hook in hooks if hook.prepares_line), None) if hooks else None
+    if preparer is None:
+        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks), size, settled, on_thread)
+        return
+
+    def ready(fields: Optional[dict[str, Any]]) -> None:
+        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks, fields), size, settled, on_thread)
+    preparer.prepare_line(exchange, lambda: line_fields_of(exchange), ready)
 
 
-def build_line(exchange: CallExchange, hooks: tuple[CallHooks, ...]) -> Built:
-    """The line's fields (or, from a hook that writes it, the line)."""
+def line_fields_of(exchange: CallExchange) -> dict[str, Any]:
+    """The line's fields as the exchange has them, before any hook's."""
     fields = exchange.capture_fields()
     engine = engine_weight_versions(fields.get("response"))
     if engine is not None:  # The engine named its weights (issue 32): that, whatever was declared.
         fields["weight_versions"], fields["weight_version_source"] = engine, "engine"
+    return fields
+
+
+def build_line(exchange: CallExchange, hooks: tuple[CallHooks, ...], prepared: Optional[dict[str, Any]] = None) -> Built:
+    """The line's fields (or, from a hook that writes it, the line); ``prepared``: the fields a
+    hook prepared (`submit_line`), whose own `line_fields` work is done."""
+    fields = line_fields_of(exchange) if prepared is None else prepared
     for hook in hooks:
-        hook.line_fields(exchange, fields)
+        if prepared is None or not hook.prepares_line:
+            hook.line_fields(exchange, fields)
     for hook in hooks:
         line = hook.line(exchange, fields)
         if line is not None:

@@ -8,6 +8,7 @@ its budget leaves the line in metrics-only form, marked and counted."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -202,6 +203,42 @@ async def test_a_failing_hook_leaves_the_line_without_content_marked_and_counted
     assert_no_secret("\n".join(record.getMessage() for record in caplog.records).encode(), "the logs")
     metrics = await fetch(http, "GET", sidecar.url + "/-/metrics")
     assert f'mcc_redaction_failures_total{{kind="{kind}"}} 1.0'.encode() in metrics.body
+
+
+def slow_on_one_hook(text: str) -> str:
+    """Past any budget on the one text that says SLOW (as a hook calling a service that stalls)."""
+    if "SLOW" in text:
+        time.sleep(3.0)
+    return text.replace("ACME", "[ACME]")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_slow_hook_holds_back_its_own_line_and_no_other(http, stand_in, start, capture_dir, store, stream):
+    """Issue 73, point 2: 12 calls at once, the hook stalling past its budget on 5 of them. Only those
+    are written metrics-only and marked; the 7 others, and a call made right after, are redacted as
+    ever (before, lines queued behind one hook runner, each waiting its full budget, and the stalled
+    hooks took every thread of a pool of 4: the call after them failed too). Counts, not timings
+    (`make bench`'s bench_privacy times the others)."""
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, redact_hook=f"{__name__}:slow_on_one_hook",
+                          redact_hook_budget=0.5)
+
+    async def call(rollout: str, text: str) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": text}], **({"stream": True} if stream else {})}
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout, "/v1/chat/completions"), orjson.dumps(body))
+        assert reply.status == 200
+
+    slow = {1, 4, 5, 8, 11}
+    await asyncio.gather(*(call(f"c{index}", f"SLOW {CUSTOM}" if index in slow else f"call {index} {CUSTOM}")
+                           for index in range(12)))
+    await call("after", f"after {CUSTOM}")
+    failed = {rollout: line.get("redaction_failed", False)
+              for rollout in [*(f"c{index}" for index in range(12)), "after"] for line in store.read(rollout)}
+    assert [rollout for rollout, marked in failed.items() if marked] == [f"c{index}" for index in sorted(slow)]
+    for rollout in failed:
+        (line,) = store.read(rollout)
+        if not failed[rollout]:
+            assert line["redactions"]["hook"] >= 1 and "[ACME]-424242" in line["request"]["messages"][0]["content"]
+    assert_no_secret(every_byte(capture_dir), "the capture directory")  # c5's text is gone with it.
 
 
 async def test_a_secret_split_across_chunks_is_found_at_every_split_point(http, upstream, start, capture_dir, store,
