@@ -76,7 +76,7 @@ async def main(rounds: int) -> str:
                 for i, (name, (extra, _)) in enumerate(configs.items())}
     latencies: dict[str, list[float]] = {name: [] for name in configs}
     async with aiohttp.ClientSession() as http:
-        for name, sidecar in sidecars.items():  # Warm: connections, caches, the first line of each rollout.
+        for sidecar in sidecars.values():  # Warm: connections, caches, the first line of each rollout.
             await _burst(http, sidecar.url, -1, stall=False)
         for round_index in range(rounds):
             for name, sidecar in sidecars.items():

@@ -36,6 +36,36 @@ def report_command(directory: str, output: str, pattern: Optional[str], permissi
                f"({_size(sizes['payload_bytes'])} of payloads): {len(rollout_ids)} rollouts")
 
 
+def _export_receipts(store: Any, rollout_ids: list[str], output: str, key_file: Optional[str],
+                     metadata: dict[bytes, bytes]) -> int:
+    """Receipts (`receipts`): JSON lines, or Parquet when ``output`` ends in ``.parquet``."""
+    from .receipts import RECEIPT_FIELDS, ReceiptKeyMissing, receipt_key, receipts_of
+
+    try:
+        key = receipt_key(key_file)
+    except ReceiptKeyMissing as exc:
+        raise OneSentence(str(exc)) from None
+    rows: list[dict[str, Any]] = []
+    with progress(len(rollout_ids), "exporting") as bar:
+        for rid in rollout_ids:
+            rows.extend(receipts_of(store, rid, key))
+            bar.update(1)
+    if output.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+
+            from records.training import arrow_schema, to_arrow
+        except ImportError:
+            from .export import PYARROW_HINT
+            raise click.ClickException(PYARROW_HINT) from None
+        schema = arrow_schema(RECEIPT_FIELDS).with_metadata(metadata)
+        pq.write_table(to_arrow({name: [row[name] for row in rows] for name, _ in RECEIPT_FIELDS}, schema), output)
+    else:
+        with open(output, "wb") as handle:
+            handle.writelines(orjson.dumps(row) + b"\n" for row in rows)
+    return len(rows)
+
+
 def _size(count: int) -> str:
     """Bytes as a person reads them: KB under a megabyte (a small report is not '0.1 MB')."""
     return f"{count / 1e6:,.1f} MB" if count >= 1e6 else f"{max(1, round(count / 1e3)):,} KB"
@@ -52,10 +82,13 @@ def _writable_parent(output: str) -> None:
 
 @click.command("export")
 @click.argument("directory", metavar="DIR")
-@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json", "atif"]), required=True,
+@click.option("--format", "kind", type=click.Choice(["parquet", "otel-json", "atif", "receipts"]), required=True,
               help="parquet: one row per call (columns in the README). otel-json: OTLP/JSON NDJSON, one "
                    "ExportTraceServiceRequest per line (a rollout, or up to 1,000 of its spans), for a collector's /v1/traces. "
-                   "atif: one ATIF v1.7 trajectory per rollout, one JSON document a line (records.to_atif).")
+                   "atif: one ATIF v1.7 trajectory per rollout, one JSON document a line (records.to_atif). "
+                   "receipts: per call its ids, timings, status, token counts, tool names, sizes and keyed digests of "
+                   "the request and reply, no text (JSON lines; Parquet when -o ends in .parquet; the key: "
+                   "MCC_RECEIPT_KEY or --receipt-key-file; docs/privacy.md).")
 @click.option("-o", "--output", required=True, help="The file to write.")
 @click.option("--rollout", "pattern", metavar="GLOB", help="Only rollouts whose id matches this glob.")
 @click.option("--token-arrays", is_flag=True,
@@ -72,10 +105,12 @@ def _writable_parent(output: str) -> None:
                    "cluster ('auto', 'head:6379', 'ray://head:10001', or 'local' to start one here) and write -o as a "
                    "directory of Parquet files, on a volume every node mounts: each read task writes its own file "
                    "(rows as ray_dataset's; needs the ray extra; deploy/README.md has the cluster's commands).")
+@click.option("--receipt-key-file", metavar="FILE", help="receipts: the digests' key, hex of 32 bytes or more "
+                                                           "(else MCC_RECEIPT_KEY; never a flag).")
 @permissions_option
 def export_command(directory: str, kind: str, output: str, pattern: Optional[str], token_arrays: bool,
                    output_text: bool, trajectories: bool, otel_compat: bool, ray_address: Optional[str],
-                   permissions: str) -> None:
+                   receipt_key_file: Optional[str], permissions: str) -> None:
     """Export one row per call as Parquet, or OpenTelemetry GenAI spans as OTLP/JSON lines.
 
     This reads in one process. For a whole training run (millions of calls, many sidecars) use
@@ -108,6 +143,11 @@ def export_command(directory: str, kind: str, output: str, pattern: Optional[str
     _writable_parent(output)
     store = _store(directory)
     rollout_ids = _rollouts_or_say_empty(store, pattern)
+    if kind == "receipts":
+        count = _export_receipts(store, rollout_ids, output, receipt_key_file,
+                                 export_metadata(directory, click.get_current_context()))
+        click.echo(f"wrote {output}: {count:,} receipts (no text; keyed digests)")
+        return
     if kind == "atif":
         from records import to_atif
 
