@@ -291,3 +291,51 @@ def _resolve_auto() -> str:
         raise OneSentence("no running Ray cluster found for --ray auto (no RAY_ADDRESS, no `ray start` on this "
                           "machine): name one (--ray head:6379), set RAY_ADDRESS, or use --ray local")
     return found
+
+
+@click.command("redact")
+@click.argument("source", metavar="SRC")
+@click.argument("target", metavar="DST")
+@click.option("--redact", "rules_file", metavar="FILE", help="Redaction rules, as the sidecar's --redact (docs/privacy.md).")
+@click.option("--redact-hook", "hook", metavar="MODULE:FUNCTION", help="A callable given every text value after the "
+                                                                         "rules, as the sidecar's --redact-hook.")
+@click.option("--redact-hook-budget", "budget", type=float, default=1.0, show_default=True,
+              help="Seconds the hook may take per line; past it the line is written metrics-only, marked.")
+@click.option("--privacy", type=click.Choice(["full", "metrics-only"]), default="full", show_default=True,
+              help="metrics-only: no text at all, and no token files.")
+@permissions_option
+def redact_command(source: str, target: str, rules_file: Optional[str], hook: Optional[str], budget: float,
+                   privacy: str, permissions: str) -> None:
+    """Write a redacted copy of the capture directory SRC into DST (new or empty): what was captured
+    before the rules existed, redacted as live capture would have (placeholders keyed by
+    MCC_REDACT_KEY: the sidecars' key gives their placeholders). SRC is only read."""
+    from capture import RedactionConfigError
+
+    from ..privacy import load_redaction
+    from .redact_copy import redact_copy
+
+    if not rules_file and not hook and privacy == "full":
+        raise click.UsageError("give --redact FILE, --redact-hook MODULE:FUNCTION or --privacy metrics-only")
+    if not os.path.isdir(source):
+        raise OneSentence(f"{source} is not a capture directory (a store: `mcc compact STORE DIR` first)")
+    try:
+        rules, function = load_redaction(rules_file, hook)
+    except RedactionConfigError as exc:
+        raise OneSentence(str(exc)) from None
+    key_text = os.environ.get("MCC_REDACT_KEY", "").strip()
+    try:
+        key = bytes.fromhex(key_text) if key_text else None
+    except ValueError:
+        raise OneSentence("MCC_REDACT_KEY is not hex (32 bytes or more: `openssl rand -hex 32`)") from None
+    writing_privately(permissions)
+    try:
+        done = redact_copy(source, target, rules, function, budget, privacy == "metrics-only", key)
+    except ValueError as exc:
+        raise OneSentence(str(exc)) from None
+    made_private(permissions, target)
+    replaced = ", ".join(f"{rule} {count:,}" for rule, count in sorted(done.replaced.items())) or "none"
+    click.echo(f"wrote {target}: {done.lines:,} lines ({privacy}); values replaced: {replaced}; "
+               f"{done.failed:,} written metrics-only (the hook failed); {done.unreadable:,} unreadable lines left out; "
+               f"{done.copied:,} files without text copied"
+               + ("" if key is not None else "; placeholders keyed by a key drawn now (set MCC_REDACT_KEY to match a "
+                                             "sidecar's)"))
