@@ -306,9 +306,10 @@ def _resolve_auto() -> str:
 @permissions_option
 def redact_command(source: str, target: str, rules_file: Optional[str], hook: Optional[str], budget: float,
                    privacy: str, permissions: str) -> None:
-    """Write a redacted copy of the capture directory SRC into DST (new or empty): what was captured
-    before the rules existed, redacted as live capture would have (placeholders keyed by
-    MCC_REDACT_KEY: the sidecars' key gives their placeholders). SRC is only read."""
+    """Write a redacted copy of the capture directory or store SRC into the directory DST (new or
+    empty): what was captured before the rules existed, redacted as live capture would have
+    (placeholders keyed by MCC_REDACT_KEY: the sidecars' key gives their placeholders). SRC is only
+    read. From a store, its lines (as `mcc compact` writes them)."""
     from capture import RedactionConfigError
 
     from ..privacy import load_redaction
@@ -316,8 +317,10 @@ def redact_command(source: str, target: str, rules_file: Optional[str], hook: Op
 
     if not rules_file and not hook and privacy == "full":
         raise click.UsageError("give --redact FILE, --redact-hook MODULE:FUNCTION or --privacy metrics-only")
-    if not os.path.isdir(source):
-        raise OneSentence(f"{source} is not a capture directory (a store: `mcc compact STORE DIR` first)")
+    from records.contract import is_store_url
+    store_url = source if is_store_url(source) else None
+    if store_url is None and not os.path.isdir(source):
+        raise OneSentence(f"{source} is neither a capture directory nor a store URL")
     try:
         rules, function = load_redaction(rules_file, hook)
     except RedactionConfigError as exc:
@@ -328,10 +331,19 @@ def redact_command(source: str, target: str, rules_file: Optional[str], hook: Op
     except ValueError:
         raise OneSentence("MCC_REDACT_KEY is not hex (32 bytes or more: `openssl rand -hex 32`)") from None
     writing_privately(permissions)
+    import shutil
+    import tempfile
+    staged = tempfile.mkdtemp(prefix="mcc-redact-") if store_url is not None else None
     try:
+        if store_url is not None and staged is not None:  # Its lines as Gym's files, private, gone after.
+            from records.store import compact_store
+            source = compact_store(store_url, staged)
         done = redact_copy(source, target, rules, function, budget, privacy == "metrics-only", key)
     except ValueError as exc:
         raise OneSentence(str(exc)) from None
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
     made_private(permissions, target)
     replaced = ", ".join(f"{rule} {count:,}" for rule, count in sorted(done.replaced.items())) or "none"
     click.echo(f"wrote {target}: {done.lines:,} lines ({privacy}); values replaced: {replaced}; "

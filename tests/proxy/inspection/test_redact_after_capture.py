@@ -96,3 +96,24 @@ def test_the_copy_goes_to_a_new_directory_outside_the_source(tmp_path, rules_fil
         (target / "x").write_text("x")
     done = CliRunner().invoke(main, ["redact", str(source), str(target), "--redact", rules_file])
     assert done.exit_code == 2 and ("never written to" in done.output or "is not empty" in done.output), done.output
+
+
+def test_a_store_is_redacted_from_its_lines(tmp_path, monkeypatch, rules_file):
+    from capture.journal import Uploader
+    from tests.capture_dirs import chat_line
+    from tests.proxy.privacy.test_redaction import EMAIL
+
+    monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
+    line = orjson.loads(chat_line(0))
+    line["request"]["messages"] = [{"role": "user", "content": f"mail {EMAIL}"}]
+    spool = tmp_path / "spool" / "segments" / "host.1.aaaa"
+    spool.mkdir(parents=True)
+    (spool / "0000000001.sealed").write_bytes(b"r1\t" + orjson.dumps(line) + b"\n")
+    url = f"segments://{tmp_path / 'store'}"
+    Uploader(str(tmp_path / "spool"), url).upload_all()
+    copy = str(tmp_path / "copy")
+    done = CliRunner().invoke(main, ["redact", url, copy, "--redact", rules_file])
+    assert done.exit_code == 0, done.output
+    (redacted,) = CaptureStore(copy).read("r1")
+    assert "[REDACTED:email:" in redacted["request"]["messages"][0]["content"]
+    assert EMAIL.encode() not in every_byte(copy)
