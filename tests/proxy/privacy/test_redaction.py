@@ -368,6 +368,16 @@ async def test_show_and_the_report_say_which_rules_replaced_how_many(http, stand
     page = str(tmp_path / "report.html")
     write_report(CaptureStore(capture_dir), ["shown"], page)
     assert expected in open(page, encoding="utf-8").read()
+    # Every file derived from the redacted captures is as clean as they are (the header ids included:
+    # Parquet has columns of their own).
+    from proxy import main
+    derived = tmp_path / "derived"
+    derived.mkdir()
+    for kind, name in (("parquet", "calls.parquet"), ("otel-json", "spans.jsonl"), ("atif", "atif.jsonl")):
+        done = CliRunner().invoke(main, ["export", capture_dir, "--format", kind, "-o", str(derived / name)])
+        assert done.exit_code == 0, done.output
+    assert_no_secret(every_byte(str(derived)) + open(page, "rb").read() + every_byte(str(tmp_path / "report_files")),
+                     "the report and the exports")
 
 
 async def test_metrics_only_keeps_token_ids_when_told_and_never_a_text(http, stand_in, start, capture_dir, store):
