@@ -7,6 +7,7 @@ wrote the line only when the upstream finished would be caught: the client alrea
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from tests.scripted_upstream import Script, json_script, split_every, sse_script
 from tests.transcripts import CHAT_JSON, CHAT_JSON_REQUEST, CHAT_REQUEST, CHAT_STREAM, CHAT_TERMINAL, MESSAGES_REQUEST, MESSAGES_STREAM
@@ -44,6 +45,7 @@ async def test_messages_line_is_durable_when_message_stop_arrives(http, upstream
         assert [line["error_category"] for line in store.read("r1")] == [None]
 
 
+@pytest.mark.slow
 async def test_chunked_json_line_is_durable_before_its_last_bytes_reach_the_client(http, upstream, sidecar, store):
     """A chunked JSON body of unknown length: the client gets its last bytes only after the line is written."""
     script = Script(headers=[("Content-Type", "application/json")], pieces=split_every(CHAT_JSON, 50), chunked=True,
@@ -67,7 +69,6 @@ async def test_sized_json_line_is_durable_before_its_last_bytes_reach_the_client
 
 
 import orjson  # noqa: E402
-import pytest  # noqa: E402
 
 from tests.transcripts import RESPONSES_REQUEST, RESPONSES_STREAM  # noqa: E402
 

@@ -194,6 +194,7 @@ def test_httpx_async_and_sync_reuse_one_connection_for_many_calls(upstreams, sid
         assert asyncio.run(run_async(sidecars[name].url)) == asyncio.run(run_async(upstreams[name].url))
 
 
+@pytest.mark.slow
 def test_the_official_sdks_parse_the_same(upstreams, sidecars):
     from anthropic import Anthropic
     from openai import OpenAI

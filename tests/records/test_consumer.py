@@ -179,6 +179,7 @@ def test_a_trainer_killed_at_random_points_trains_every_rollout_in_exactly_one_c
     assert len(Consumer(directory, "another").take(100)) == 60
 
 
+@pytest.mark.slow
 async def test_a_consumer_that_retires_marks_gyms_state_only_once_its_ack_is_final(http, upstream, start, capture_dir):
     from records.contract import TokenFiles
     from tests.proxy.training.test_token_files import converse, serve_model
@@ -285,6 +286,7 @@ def test_a_groups_lease_runs_out_as_one_and_two_ends_of_one_group_agree_on_its_s
         stalled.ack([held])
 
 
+@pytest.mark.slow
 async def test_staleness_after_three_declared_versions_per_member(http, upstream, start, capture_dir):
     """Rollouts sampled under v1, v2 and v3 (declared by the trainer, in that order); taken with
     current_version v3 and max_staleness 1: staleness 2, 1 and 0, the first marked stale, none

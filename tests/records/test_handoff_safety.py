@@ -115,6 +115,7 @@ def _readme_trainer_code() -> str:
     return imports + "\n" + "\n".join(line for line in trainer.splitlines() if not line.startswith("def "))
 
 
+@pytest.mark.slow
 def test_the_readmes_loop_trains_every_rollout_and_ends_only_after_the_runs_end(tmp_path):
     """A runner ends 24 rollouts (groups of 4) over about 20 s with pauses longer than a take's
     wait, then ends the run; the README's loop, run as written, trains each once and exits only
@@ -189,6 +190,7 @@ def test_a_member_that_ends_after_its_group_went_partial_is_handed_out_on_its_ow
     assert list(trainer.batches(5, group_size=2, wait=0.1)) == []
 
 
+@pytest.mark.slow
 async def test_after_the_runs_end_a_group_waits_for_a_member_whose_call_is_in_flight(http, upstream, start, capture_dir):
     """The run's end hands a short group out at once only when no member is on its way: a member
     that ended with a call in flight holds its group (as it holds itself), then it goes whole,
@@ -212,6 +214,7 @@ async def test_after_the_runs_end_a_group_waits_for_a_member_whose_call_is_in_fl
 
 # -- 3. an end names a real rollout -----------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_a_typod_end_is_refused_and_its_group_is_handed_out_partial_naming_the_unended_member(
         http, upstream, start, capture_dir):
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
@@ -244,6 +247,7 @@ async def test_a_typod_end_is_refused_and_its_group_is_handed_out_partial_naming
 
 # -- 4. one write barrier, whichever way the end came ------------------------------------------------
 
+@pytest.mark.slow
 async def test_a_call_in_flight_at_end_rollout_is_whole_in_the_rollout_as_with_the_http_end(
         http, upstream, start, capture_dir):
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM, ending="hang", hang_for=1.0)
@@ -272,6 +276,7 @@ async def test_a_call_in_flight_at_end_rollout_is_whole_in_the_rollout_as_with_t
     assert shapes["python"] == shapes["http"], "both ends give the same rollout"
 
 
+@pytest.mark.slow
 async def test_a_call_that_never_finishes_holds_its_rollout_back_then_it_is_handed_out_incomplete(
         http, upstream, start, capture_dir):
     upstream.scripts[CHAT] = sse_script(CHAT_STREAM[:200], ending="hang", hang_for=12.0)
@@ -332,6 +337,7 @@ async def test_the_sidecar_counts_rollouts_that_made_calls_and_never_ended(http,
     assert value(await scrape(http, server), "mcc_rollouts_unended") == 1, "kept-2: calls, no end"
 
 
+@pytest.mark.slow
 async def test_a_rollout_read_while_its_call_is_in_flight_says_so_not_lost(http, upstream, start, capture_dir):
     from records import trajectories
     from tests.proxy.training.test_token_files import SYSTEM, converse
@@ -362,6 +368,7 @@ async def test_a_rollout_read_while_its_call_is_in_flight_says_so_not_lost(http,
     assert not after.masked and len(after.main.calls) == 2
 
 
+@pytest.mark.slow
 async def test_on_a_store_a_call_in_flight_at_the_end_holds_its_rollout_until_its_line_ships(
         http, upstream, start, tmp_path, monkeypatch):
     monkeypatch.setenv("MCC_STORE_CACHE", str(tmp_path / "cache"))
@@ -381,6 +388,7 @@ async def test_on_a_store_a_call_in_flight_at_the_end_holds_its_rollout_until_it
     assert len(taken.calls) == 2 and not taken.incomplete, "whole: the call in flight at the end is in it"
 
 
+@pytest.mark.slow
 def test_on_a_store_an_end_finds_its_rollout_in_a_spool_or_uploaded_and_a_typo_is_refused(tmp_path, monkeypatch):
     """Two sidecar processes on one store: a rollout whose lines wait in one sidecar's spool is
     found by an end sent to the other (the writer's pending list), one whose lines shipped by its

@@ -108,6 +108,7 @@ def expected_call_rows(directory: str) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_every_dialect_reads_as_records_reads_it(tmp_path, local_ray):
     """Chat, Responses, Messages and Completions calls, cut streams and 429s beside token lines:
     both kinds of rows equal what `records`' readers give for the same files."""
@@ -197,6 +198,7 @@ def test_training_rows_filter_and_write_parquet(tmp_path, local_ray):
     assert sorted(table.column("generation_token_ids").to_pylist()) == sorted(r["generation_token_ids"] for r in expected)
 
 
+@pytest.mark.slow
 def test_the_runs_parquet_answers_duckdb_as_the_readers_do(tmp_path, local_ray):
     """What the README exports a run for: DuckDB reads the dataset's Parquet directories and the
     one-process export's file as they are (timestamps in UTC, list columns), and its answers are
@@ -253,6 +255,7 @@ def test_mcc_export_on_ray_writes_the_datasets_rows(tmp_path, local_ray):
     assert refused.exit_code == 2 and "--ray writes Parquet" in refused.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], ["--token-arrays"]])
 def test_one_export_command_gives_one_schema_with_or_without_ray(tmp_path, local_ray, flags):
     """Issue 33, point 4: `mcc export --format parquet` in one process and with `--ray` write the
@@ -455,6 +458,7 @@ def test_another_choice_of_the_same_call_is_no_earlier_turn(tmp_path):
         (0, 0, None, None), (0, 1, None, None), (1, 0, 0, None)]
 
 
+@pytest.mark.slow
 async def test_trajectory_rows_are_records_trajectories(tmp_path, local_ray, http, upstream, start):
     """``kind="trajectories"``: one row per chain of each rollout with a token file, as
     `records.trajectories` builds it (logprobs 0 where the loss mask is 0); masked rollouts marked."""

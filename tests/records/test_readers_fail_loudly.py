@@ -88,6 +88,7 @@ def _modes(root) -> dict[str, int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("permissions, file_mode, directory_mode", [(None, 0o600, 0o700), ("group", 0o640, 0o750)])
 @pytest.mark.parametrize("layout", ["directory", "store"])
 async def test_every_file_and_directory_the_sidecar_creates_is_private_by_default(tmp_path, layout, permissions, file_mode,
@@ -165,6 +166,7 @@ async def test_forward_model_api_refuses_other_paths_and_passes_every_path_the_s
     assert "/reset_prefix_cache answered 404, not forwarded: --forward model-api (MCC_FORWARD)" in said
 
 
+@pytest.mark.slow
 async def test_counts_where_usage_is_missing_come_from_the_token_modes_arrays_marked_counted(tmp_path):
     """A streamed chat call without ``include_usage`` reports no usage: in the token mode its
     record counts prompt and generated tokens from the arrays (``token_counts: counted``) and

@@ -317,6 +317,7 @@ def test_a_worker_killed_with_sigkill_is_noticed_logged_and_replaced(tmp_path):
     assert "2 workers on :" in stderr and "mcc[worker 1/2]: pid " in stderr and "mcc[worker 2/2]: pid " in stderr
 
 
+@pytest.mark.slow
 def test_workers_find_a_writable_metrics_dir_or_say_why_not(tmp_path):
     """A read-only /tmp (the shipped Kubernetes sidecar without its emptyDir): the next candidate
     is used; with none writable, one sentence (exit 2 from `mcc serve`)."""

@@ -202,6 +202,7 @@ def test_a_typo_is_never_answered_with_an_option_only_the_supervisor_uses():
                                                              "--worker-count")), done.stderr
 
 
+@pytest.mark.slow
 def test_the_stand_in_runs_alone_on_a_chosen_port_and_waits_as_asked():
     """`mcc stand-in --port N` (issue 23: Gym's policy_model points at :8000): it says where it
     listens, answers every dialect, waits --delay before a reply, stops on SIGTERM; a port in

@@ -57,6 +57,7 @@ def _serve_in_read_only_tmp(tmp_path, capture: bool) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_workers_serve_with_a_read_only_tmp_from_the_next_writable_dir(tmp_path):
     """``tempfile.gettempdir()`` raises when /tmp, /var/tmp and the working directory are read-only:
     the candidates after it (/dev/shm, the capture dir) are still tried, and the workers serve."""

@@ -45,6 +45,7 @@ print(json.dumps(answers))
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["directory", "store"])
 @pytest.mark.parametrize("token", ["runner-secret-token", None])
 def test_an_agent_cannot_end_its_rollout_or_touch_the_trainers_state_and_the_runner_can(tmp_path, layout, token):

@@ -423,6 +423,7 @@ def _email_tags(capture_dir: str, rollout: str) -> list[str]:
     return [tag for line in CaptureStore(capture_dir).read(rollout) for tag in PLACEHOLDER.findall(orjson.dumps(line["request"]).decode())]
 
 
+@pytest.mark.slow
 def test_every_worker_names_a_value_alike(tmp_path, rules_file):
     """`--workers 2`: a rollout's calls, each on a new connection, land on either worker
     (SO_REUSEPORT spreads them by their ports: thirty on one worker alone has a chance of 2^-29);

@@ -61,6 +61,7 @@ async def test_an_end_is_durable_answered_once_and_never_changed(http, upstream,
     (CHAT, CHAT_JSON_REQUEST, "openai"),
     ("/v1/messages", MESSAGES_REQUEST, "anthropic"),
 ])
+@pytest.mark.slow
 async def test_a_call_after_the_end_is_refused_in_its_dialect_and_recorded(http, upstream, start, capture_dir, store,
                                                                            path, request_body, shape):
     """Gym's freeze: a call for an ended rollout never reaches the upstream; it gets 409 in its
@@ -154,6 +155,7 @@ async def test_the_admin_token_guards_every_state_change_and_never_a_model_call(
     assert (await fetch(http, "POST", sidecar.url + "/-/weight-version", b'{"version": "v2"}', headers=granted)).status == 200
 
 
+@pytest.mark.slow
 def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
     directory = str(tmp_path)
     first = end_rollout(directory, "r1", outcome={"reward": 1.5}, group="g", group_size=2, allow_empty=True)
