@@ -32,7 +32,7 @@ import orjson
 import pytest
 
 from records import Consumer, end_run
-from tests.vllm_conformance.vllm_server import MODEL_DIR, SERVED_NAME, VllmUnavailable, running_vllm, vllm_python
+from tests.vllm_conformance.vllm_server import MODEL_DIR, SERVED_NAME, vllm_or_skip, vllm_python
 from tests.wire import RUNNER, fetch, rollout_url
 
 pytestmark = [pytest.mark.trainer_agreement, pytest.mark.timeout(3600)]
@@ -53,20 +53,7 @@ _MEMBERS = {"chat": 4, "chat-stream": 4}
 
 @pytest.fixture(scope="module")
 def vllm_url():
-    if os.environ.get("MCC_VLLM_URL"):
-        try:
-            vllm_python()  # The weights the trainer loads.
-        except VllmUnavailable as exc:
-            pytest.skip(f"the tiny model's weights are not available here: {exc}")
-        yield os.environ["MCC_VLLM_URL"].rstrip("/")
-        return
-    server = running_vllm()
-    try:
-        url = server.__enter__()
-    except VllmUnavailable as exc:
-        pytest.skip(f"real vLLM is not available here: {exc}")
-    yield url
-    server.__exit__(None, None, None)
+    yield from vllm_or_skip(needs_weights=True)
 
 
 def _client(sidecar_url: str, rollout: str) -> Any:

@@ -24,7 +24,7 @@ from records import build_model_call_record, read_token_records
 from tests.conformance.vllm_recordings import normalised
 from tests.wire import fetch, rollout_url
 
-from .vllm_server import SERVED_NAME, VllmUnavailable, running_vllm
+from .vllm_server import SERVED_NAME, vllm_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
 
@@ -112,16 +112,7 @@ def span_receiver():
 
 @pytest.fixture(scope="module")
 def vllm_url(span_receiver):
-    if os.environ.get("MCC_VLLM_URL"):
-        yield os.environ["MCC_VLLM_URL"].rstrip("/")
-        return
-    server = running_vllm(otlp_traces_endpoint=span_receiver.url)
-    try:
-        url = server.__enter__()
-    except VllmUnavailable as exc:
-        pytest.skip(f"real vLLM is not available here: {exc}")
-    yield url
-    server.__exit__(None, None, None)
+    yield from vllm_or_skip(otlp_traces_endpoint=span_receiver.url)
 
 
 async def _beside(http, sidecar_url: str, vllm_url: str, path: str, body: bytes, rollout: str):

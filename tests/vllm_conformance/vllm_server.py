@@ -102,6 +102,29 @@ def running_vllm(start_timeout: float = 600, otlp_traces_endpoint: str | None = 
             process.wait(timeout=30)
 
 
+def vllm_or_skip(otlp_traces_endpoint: str | None = None, needs_weights: bool = False) -> Iterator[str]:
+    """A module fixture's body for the tiers on a real vLLM: ``MCC_VLLM_URL``'s server, or one started
+    here (stopped after); a skip saying why where vLLM cannot run. ``needs_weights``: the test reads
+    the tiny model's weights itself, so a server started elsewhere still needs the cached venv."""
+    import pytest
+
+    if os.environ.get("MCC_VLLM_URL"):
+        if needs_weights:
+            try:
+                vllm_python()
+            except VllmUnavailable as exc:
+                pytest.skip(f"the tiny model's weights are not available here: {exc}")
+        yield os.environ["MCC_VLLM_URL"].rstrip("/")
+        return
+    server = running_vllm(otlp_traces_endpoint=otlp_traces_endpoint)
+    try:
+        url = server.__enter__()
+    except VllmUnavailable as exc:
+        pytest.skip(f"real vLLM is not available here: {exc}")
+    yield url
+    server.__exit__(None, None, None)
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=5) as reply:
