@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Union
 
 from records.contract import call_syncfs as _call_syncfs
 from records.contract import filesystem_type, syncfs_flushes
+from records.contract import CAPTURE_SUFFIX, START_INDEX, add_to_index
 from records.contract import fsync_directory as _fsync_directory
 from records.contract import load_syncfs as _load_syncfs
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
@@ -286,7 +287,21 @@ def append_by_file(files: OpenFiles | SegmentFiles, by_path: dict[str, list[int]
         held.append((file, indexes))
         if created:
             new_directories.add(os.path.dirname(path) or ".")
+            _index_start(path)
     return held, new_directories
+
+
+def _index_start(path: str) -> None:
+    """A capture file this append created: the rollout's entry in the directory's start index (a
+    rollout with calls and no end is found from there, docs/reading.md). Not made durable: it only
+    helps find what is missing, and a failure is never the line's."""
+    name = os.path.basename(path)
+    if not name.endswith(CAPTURE_SUFFIX):
+        return
+    try:
+        add_to_index(os.path.dirname(path) or ".", START_INDEX, time.time(), name[: -len(CAPTURE_SUFFIX)], durable=False)
+    except (OSError, ValueError):
+        pass
 
 
 def make_durable(fds: list[int], syncfs: Optional[Callable[[int], int]], new_directories: set[str]) -> list[Outcome]:

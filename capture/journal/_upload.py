@@ -29,7 +29,7 @@ import orjson
 
 from records.contract import (
     EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, SILENT_SECONDS, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name,
-    incomplete_name, manifest_name, read_in_flight, rollout_marker_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    START_INDEX, add_to_store_index, incomplete_name, manifest_name, read_in_flight, rollout_marker_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
 )
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
@@ -281,6 +281,8 @@ class Uploader:
         for rollout_id in rollouts:  # Its marker first: an end finds the rollout at one request.
             if rollout_id not in self._marked:
                 self.store.put(rollout_marker_name(rollout_id), b"")
+                # Its entry in the start index: a rollout with calls and no end is found from there.
+                add_to_store_index(self.store, START_INDEX, time.time(), rollout_id)
                 if len(self._marked) >= _MARKED_REMEMBERED:
                     self._marked.clear()  # Put again at worst: an empty object, idempotent.
                 self._marked.add(rollout_id)

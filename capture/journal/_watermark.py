@@ -5,8 +5,9 @@ A consumer hands a rollout out only once every call acknowledged before its end 
 the store, including calls made through other sidecars (a re-pinned session), whose lines wait in
 those sidecars' spools for the next segment seal. So each sidecar's uploader, on every round:
 
-1. lists the store's ends (``ends/``), noting the time it began: its **watermark** (every end whose
-   put had completed by then is in the listing);
+1. lists the store's ends from its cursor on (the end index, ``end-index/``: only the ends of the
+   last `INDEX_LAG_SECONDS` and those since, never the run's history), noting the time it began:
+   its **watermark** (every end whose put had completed by then is in the listing);
 2. marks each end it had not seen in its spool (`records.contract.mark_ended_in_spool`: the rollout's
    token files frozen, its later calls refused here);
 3. finds the ended rollouts it still **holds**: lines in an open segment (read as they grow), in a
@@ -37,7 +38,7 @@ from typing import Optional
 
 import orjson
 
-from records.contract import END_OBJECTS
+from records.contract import END_INDEX, INDEX_LAG_SECONDS, end_object_name, index_entries_after
 from records.contract import ObjectStore, SEEN_SECONDS, ended_in_spool, mark_ended_in_spool, writer_object_name
 
 from ._segments import OPEN_SUFFIX, ROLLOUTS_SUFFIX, SEAL_REQUEST, SEALED_SUFFIX, SEGMENTS, read_rollouts_index
@@ -60,24 +61,41 @@ class Watermark:
         #: Sealed segments' rollouts, by path (an index never changes).
         self._sealed: dict[str, list[str]] = {}
         self.watermark = 0.0
+        #: Ends stamped from here on are listed each round (None: read from the spool at the first).
+        self._listed_from: Optional[float] = None
         self.holding: set[str] = set()
         #: Every rollout (ended or not) with lines in the spool not uploaded, or a call in flight.
         self.pending: set[str] = set()
 
     def follow_ends(self) -> list[str]:
-        """List the store's ends (the watermark is when the listing began); mark the new ones in
-        the spool. The ends first seen now."""
+        """List the store's ends from this spool's cursor on (the end index: `records.contract.
+        index_entries_after`; the watermark is when the listing began); mark the new ones in the
+        spool. The ends first seen now. What a round reads grows with the ends of the last
+        `INDEX_LAG_SECONDS` and those since the last round, never with the run: the cursor is kept
+        in the spool (a new spool lists the index whole once, to refuse late calls of old ends)."""
         began = time.time()
-        names = self.store.names(END_OBJECTS)
+        if self._listed_from is None:
+            self._listed_from = _read_cursor(self.spool_dir)
+        entries = [(stamp, rollout_id) for stamp, rollout_id in index_entries_after(self.store, END_INDEX, self._listed_from)
+                   if rollout_id not in self._seen]
+        # An entry stands for an end only once the end is there (it is written first: docs/reading.md).
+        found = self.store.get_many([end_object_name(rollout_id) for _, rollout_id in entries]) if entries else {}
         fresh = []
-        for name in names:
-            rollout_id = name.rpartition("/")[2][: -len(".json")]
-            if rollout_id and rollout_id not in self._seen:
-                self._seen[rollout_id] = began
-                fresh.append(rollout_id)
-                if not ended_in_spool(self.spool_dir, rollout_id):
-                    mark_ended_in_spool(self.spool_dir, rollout_id)
+        for _, rollout_id in entries:
+            if end_object_name(rollout_id) not in found or rollout_id in self._seen:
+                continue  # Its end is being written (seen next round), or its writer died first (never).
+            self._seen[rollout_id] = began
+            fresh.append(rollout_id)
+            if not ended_in_spool(self.spool_dir, rollout_id):
+                mark_ended_in_spool(self.spool_dir, rollout_id)
         self.watermark = began
+        cursor = began - INDEX_LAG_SECONDS
+        if cursor - self._listed_from >= 1.0:
+            self._listed_from = cursor
+            _write_cursor(self.spool_dir, cursor)
+        forget = began - 2 * (INDEX_LAG_SECONDS + SEEN_SECONDS)  # Marked in the spool: its mark says it.
+        if len(self._seen) > 4096:
+            self._seen = {rollout_id: at for rollout_id, at in self._seen.items() if at >= forget}
         return fresh
 
     def in_open_segments(self) -> set[str]:
@@ -133,7 +151,8 @@ class Watermark:
         return found
 
     def ended(self, rollouts: set[str]) -> set[str]:
-        return {rollout_id for rollout_id in rollouts if rollout_id in self._seen}
+        return {rollout_id for rollout_id in rollouts
+                if rollout_id in self._seen or ended_in_spool(self.spool_dir, rollout_id)}
 
     def seal_open_segments(self) -> None:
         """Ask every writer of the spool with an open segment to seal it now, and wait (a moment)
@@ -159,6 +178,30 @@ class Watermark:
         self.store.put(writer_object_name(self.spool_id), orjson.dumps(
             {"spool": self.spool_id, "watermark": self.watermark, "holding": sorted(self.holding), "seen": seen,
              "pending": sorted(self.pending), "stopped": stopped, "at": now}))
+
+
+#: In a spool: the stamp its uploader lists the store's end index from.
+_CURSOR = ".ends-listed-from"
+
+
+def _read_cursor(spool_dir: str) -> float:
+    try:
+        with open(os.path.join(spool_dir, _CURSOR), encoding="ascii") as handle:
+            return float(handle.read().strip() or 0.0)
+    except (FileNotFoundError, ValueError):
+        return 0.0
+
+
+def _write_cursor(spool_dir: str, stamp: float) -> None:
+    """Kept with a rename (a torn write would be read as 0: the index listed whole once)."""
+    path = os.path.join(spool_dir, _CURSOR)
+    part = f"{path}.{os.getpid()}.part"
+    try:
+        with open(part, "w", encoding="ascii") as handle:
+            handle.write(repr(stamp))
+        os.replace(part, path)
+    except OSError:
+        pass
 
 
 def spool_id(spool_dir: str) -> str:

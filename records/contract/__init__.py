@@ -24,7 +24,7 @@ from ._calls_in_flight import (
 )
 from ._rollout_ends import (
     END_OBJECTS, END_SUFFIX, ROLLOUT_MARKERS, RUN_END, GroupSizeConflict, RolloutEnd, RolloutEndConflict, UnknownRollout,
-    create_exclusively, end_path, end_request, ended_in_spool, group_of, gym_member, is_ended, mark_ended_in_spool,
+    create_exclusively, end_object_name, end_path, end_request, ended_in_spool, group_of, gym_member, is_ended, mark_ended_in_spool,
     read_end_file, read_end_object, read_run_end, read_store_run_end, rollout_is_known, rollout_marker_name,
     require_store_rollout, store_rollout_is_known, wait_until_quiet,
     write_rollout_end, write_run_end, write_store_end, write_store_run_end,
@@ -48,6 +48,10 @@ from ._token_entries import (
 )
 from ._token_files import RolloutClosed, TOKENS_SUFFIX, TokenFiles
 from ._token_records import TokenRecord, has_token_arrays, names_token_entries, token_records_of_line
+from ._time_index import (
+    END_INDEX, INDEX_LAG_SECONDS, START_INDEX, add_to_index, add_to_store_index, index_entries_after, index_name,
+    parse_index_name, same_stamp,
+)
 from ._trace_context import call_span_id, rollout_trace_id, traceparent
 from ._weight_versions import (
     declared_versions, declared_versions_in_store, engine_weight_versions, note_declared_version,
@@ -56,6 +60,16 @@ from ._weight_versions import (
 from ._writer_watermarks import SEEN_SECONDS, WRITER_OBJECTS, read_watermarks, rollout_readiness, writer_object_name
 
 __all__ = [
+    "END_INDEX",
+    "end_object_name",
+    "INDEX_LAG_SECONDS",
+    "START_INDEX",
+    "add_to_index",
+    "add_to_store_index",
+    "index_entries_after",
+    "index_name",
+    "parse_index_name",
+    "same_stamp",
     "IN_FLIGHT_BOUND_SECONDS",
     "IN_FLIGHT_DIR",
     "PUBLISH_SECONDS",

@@ -144,6 +144,55 @@ class ObjectStore:
             names += [f"{relative}/{name}" for name in files if not name.endswith(".part")]
         return sorted(names)
 
+    def names_after(self, prefix: str, after: str) -> list[str]:
+        """The names under ``prefix/`` that sort after ``after`` (a whole name, which need not
+        exist), sorted: what a listing costs grows with what is new, not with what is there. S3:
+        one ``ListObjectsV2`` with ``StartAfter`` (a page per 1,000 names); a path: only the
+        folders at or after ``after``'s at each level are read; other object stores list the
+        prefix and keep what sorts after (no start-after in their fsspec filesystems)."""
+        if self._fs is None:
+            root = self._path(prefix)
+            rest = after[len(prefix) + 1:].split("/") if after.startswith(prefix + "/") else []
+            return [f"{prefix}/{name}" for name in walk_names_after(root, rest)]
+        if type(self._fs).__name__ == "S3FileSystem":
+            bucket, _, key_prefix = self._path(prefix).partition("/")
+            start = self._path(after).partition("/")[2]
+            names, token = [], None
+            while True:
+                kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key_prefix + "/", "StartAfter": start}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                page = self._fs.call_s3("list_objects_v2", **kwargs)
+                base = len(key_prefix) + 1
+                names += [f"{prefix}/{item['Key'][base:]}" for item in page.get("Contents", ())
+                          if not item["Key"].endswith("/")]
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    return names
+        return [name for name in self.names(prefix) if name > after]
+
+
+def walk_names_after(root: str, rest: list[str]) -> list[str]:
+    """The files under ``root`` (relative, ``/``-separated, sorted) that sort after the path whose
+    parts are ``rest`` (empty: every file); a folder before ``rest[0]`` is not read."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda entry: entry.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in entries:
+        name = entry.name
+        if name.endswith(".part") or name.startswith("."):
+            continue
+        if rest and name < rest[0]:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            deeper = rest[1:] if rest and name == rest[0] else []
+            found += [f"{name}/{inner}" for inner in walk_names_after(entry.path, deeper)]
+        elif not rest or name > rest[0]:
+            found.append(name)
+    return found
+
 
 def create_file_exclusively(path: str, data: bytes, durable: bool = True) -> bool:
     """Write ``data`` as the new file ``path``: False when ``path`` exists (left as it is). Written

@@ -31,6 +31,7 @@ from ._errors import RecordsError
 from ._file_contract import INCOMPLETE_SUFFIX, capture_path
 from ._object_store import ObjectStore, create_file_exclusively
 from ._rollout_ids import validate_rollout_id
+from ._time_index import END_INDEX, add_to_index, add_to_store_index
 
 END_SUFFIX = ".end.json"
 #: In a capture store: ``ends/<rollout_id>.json``, an object of its own, written at once (not at the
@@ -178,6 +179,7 @@ def write_rollout_end(capture_dir: str, rollout_id: str, outcome: Optional[dict[
         _freeze_token_files(token_dir or capture_dir, rollout_id)
         end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time(), outcome=outcome, group=group,
                          group_size=group_size, calls=_whole_lines(capture_path(capture_dir, rollout_id)))
+        add_to_index(capture_dir, END_INDEX, end.ended_at, rollout_id)  # First: an end never lacks its entry.
         if create_exclusively(path, orjson.dumps(end.model_dump()) + b"\n"):
             return end, True
         existing = read_end_file(path)  # Another writer's end won the race: it is the end.
@@ -279,6 +281,7 @@ def write_store_end(store: ObjectStore, rollout_id: str, outcome: Optional[dict[
                 _check_declared_size(key, orjson.loads(store.get(f"{GROUP_OBJECTS}/{digest}.json")), group_size)
         end = RolloutEnd(rollout_id=rollout_id, ended_at=time.time() if ended_at is None else ended_at,
                          outcome=outcome, group=group, group_size=group_size, calls=None)
+        add_to_store_index(store, END_INDEX, end.ended_at, rollout_id)  # First: an end never lacks its entry.
         if store.create(name, orjson.dumps(end.model_dump()) + b"\n"):
             return end, True
         existing = read_end_object(store, rollout_id)

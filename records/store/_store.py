@@ -13,6 +13,7 @@ import fcntl
 import gc
 import io
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import orjson
 
 from ..contract import append_capture_line, create_incomplete_marker
+from ..contract import START_INDEX, add_to_index
 from ..contract import MalformedCaptureLine
 from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
 from ..contract import is_store_url
@@ -99,7 +101,11 @@ class CaptureStore:
         """Append one exchange as a capture line under the file contract (``flock``, one ``write``,
         ``fsync``): in-process harnesses and tests write captures without the sidecar. Core keys
         come first in the contract's order; blocking, so run it off an event loop."""
-        append_capture_line(capture_path(self.capture_dir, rollout_id), encode_capture_line(exchange, default=str))
+        path = capture_path(self.capture_dir, rollout_id)
+        new = not os.path.exists(path)
+        append_capture_line(path, encode_capture_line(exchange, default=str))
+        if new:  # Its start, where a rollout with calls and no end is found (docs/reading.md).
+            add_to_index(self.capture_dir, START_INDEX, time.time(), rollout_id, durable=False)
 
     def read(self, rollout_id: str) -> list[dict[str, Any]]:
         """Every line of the rollout's file, in append order; raises `MalformedCaptureLine` (also an

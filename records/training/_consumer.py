@@ -58,7 +58,7 @@ from ._token_records_reading import read_token_records
 from ..contract import RoutedExperts
 from ._routed_experts_reading import read_routed_experts
 from ._trajectories import Trajectory, TrajectoryBuild, trajectories
-from ..contract import IN_FLIGHT_BOUND_SECONDS, resolved_spans, token_versions, version_rank
+from ..contract import IN_FLIGHT_BOUND_SECONDS, INDEX_LAG_SECONDS, resolved_spans, token_versions, version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
 
@@ -69,10 +69,11 @@ _GROUP_ITEM = "~group-"  # "~" is in no rollout id: a group's item never meets a
 #: A slot found empty or half-written is being written for this long at most; older, its writer
 #: died between its create and its write, and it stands for nothing (a void record).
 _WRITING_SECONDS = 5.0
-#: A commit writes a summary of the final items once this many more are known final.
-_SUMMARY_EVERY = 32
-#: A consumer starts from the union of this many newest summaries.
-_SUMMARIES_READ = 3
+#: The name's checkpoints (`_ConsumerView._read_checkpoint`), and the hint that names the newest.
+_CHECKPOINTS = "checkpoints"
+_NEWEST_HINT = "checkpoints/newest"
+#: An ack with no step writes a checkpoint at most this often (a commit always does).
+_CHECKPOINT_EVERY_SECONDS = 5.0
 #: A lazily read value not read yet.
 _UNREAD = object()
 
@@ -215,6 +216,21 @@ class _ConsumerView:
         self._final: dict[str, int] = {}
         #: The newest incarnation of the name known: claims of earlier ones not acknowledged are void.
         self._fence = 0
+        #: Every end stamped before the cursor is accounted for: final (counted in ``_base``), or
+        #: open (kept in ``_ends``). Ends are listed from the cursor on (`_checkpoint`).
+        self._cursor = 0.0
+        self._base = {"final": 0, "dropped": 0, "stale": 0, "partial": 0}
+        #: When the last listing of the ends began (a checkpoint's cursor is this less the index's lag).
+        self._listed_at = 0.0
+        #: The name's log as read: records at positions ``_log_base + 1`` on (earlier ones decide nothing open).
+        self._log_base = 0
+        #: Rollouts whose first line was written since the cursor (the start index), with when; and those
+        #: started before it with no end as of the checkpoint.
+        self._started: dict[str, float] = {}
+        self._unended_carry: dict[str, float] = {}
+        #: Started rollouts found ended though their end is not among the ends read (ended before the cursor).
+        self._ended_elsewhere: set[str] = set()
+        self._checkpoint_read = False
 
     def _incarnations(self) -> list[int]:
         return sorted(int(name.split(".")[0]) for name in self.room.names(f"{self._root}/incarnations")
@@ -231,16 +247,19 @@ class _ConsumerView:
         ``pending`` (acknowledged, waiting for a commit), ``leased``, ``waiting``; and of those
         acknowledged (final or pending): ``dropped``, ``stale`` (handed out stale) and ``partial``
         (handed out in a partial group)."""
+        self._read_checkpoint()
         self._read_log()
         self._read_fence()
         counts = {"final": 0, "pending": 0, "leased": 0, "waiting": 0, "dropped": 0, "stale": 0, "partial": 0}
-        grouped, ended = self._grouped(), self._ended()
+        ended = self._ended()
+        for key in ("final", "dropped", "stale", "partial"):
+            counts[key] += self._base[key]  # Those before the cursor, final for good.
         counts["unended"] = len(self.unended())
         superseded = _superseded(end.rollout_id for end in ended)
         for end in ended:
-            if end.rollout_id not in grouped and end.rollout_id in superseded:
+            item = self._item_of(end)
+            if item == end.rollout_id and end.rollout_id in superseded:
                 continue  # An earlier attempt of a group member: its latest attempt stands for it.
-            item = grouped.get(end.rollout_id, end.rollout_id)
             if item in self._final:  # Final for good (read in a summary): nothing to read.
                 counts["final"] += 1
                 flags = self._final[item]
@@ -256,41 +275,72 @@ class _ConsumerView:
         """Rollouts that made calls and have no end, their last call older than ``unended_seconds``
         (a runner that crashed, an end sent with a typo'd id), by group key (Gym's task, else None):
         a group short of a member shows here instead of waiting in silence."""
-        ended = self._ended()
+        self._ended()
         keys = {key for key in self._group_keys.values() if key is not None}
         found: dict[Optional[str], list[str]] = {}
-        for rollout_id in sorted(self.room.unended({end.rollout_id for end in ended}, self.unended_seconds)):
+        for rollout_id in sorted(self._without_end(self.unended_seconds)):
             key = group_of(rollout_id, None)
             if key is None:  # Its group is named at its end; an id "<group>-..." of a known group is taken as one.
                 key = next((known for known in sorted(keys) if rollout_id.startswith(known + "-")), None)
             found.setdefault(key, []).append(rollout_id)
         return found
 
-    def _grouped(self) -> dict[str, str]:
-        """Each rollout handed out in a group: its group's item (the members its claims name)."""
-        grouped: dict[str, str] = {}
-        names = {name.split(".", 1)[0] for name in self.room.names(f"{self._root}/items")
-                 if name.startswith(_GROUP_ITEM) and name.endswith(".json")}
-        for item in sorted(names):
-            for record in self._slots(item):
-                for member in record.get("members", ()):
-                    grouped[member] = item
-        return grouped
+    def _without_end(self, older_than: Optional[float]) -> list[str]:
+        """Rollouts with captured calls and no end (their last line older than ``older_than``
+        seconds, when given), from the start index since the cursor and those the checkpoint
+        carried: what it reads grows with the rollouts started since, not with the run."""
+        self._read_checkpoint()
+        self._started.update(self.room.started_since(self._cursor))
+        now, found = time.time(), []
+        for rollout_id, stamp in {**self._unended_carry, **self._started}.items():
+            if rollout_id in self._ends or rollout_id in self._ended_elsewhere:
+                continue
+            if older_than is not None:
+                last = self.room.last_written(rollout_id)
+                if now - (last if last is not None else stamp) < older_than:
+                    continue
+            if self.room.has_end(rollout_id):  # Ended before the cursor (a store names a rollout after its end).
+                self._ended_elsewhere.add(rollout_id)
+                continue
+            found.append(rollout_id)
+        return found
+
+    def _unended_members(self, key: str) -> list[str]:
+        """The rollouts of group ``key`` (by their Gym id, or an id ``<key>-...``) with captured calls
+        and no end: what a partial group names as missing."""
+        return sorted(rollout_id for rollout_id in self._without_end(None)
+                      if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
+
+    def _item_of(self, end: RolloutEnd) -> str:
+        """The item an ended rollout is (or will be) handed out as: its group's item when a claim of
+        the group names it, a late member's own item, else the rollout's (read from the items' logs,
+        each known one not read again once acknowledged)."""
+        key = self._group_keys.get(end.rollout_id) or group_of(end.rollout_id, end.group)
+        if key is None:
+            return end.rollout_id
+        item = _group_item(key)
+        if any(end.rollout_id in record.get("members", ()) for record in self._current(item)
+               if record.get("kind") == "claim"):
+            return item
+        late = _group_item(f"{key}\0{end.rollout_id}")
+        if self._current(late):
+            return late
+        return end.rollout_id
 
     def oldest_waiting(self) -> Optional[RolloutEnd]:
         """The end of the oldest ended rollout nobody of this name holds or has acknowledged."""
+        self._read_checkpoint()
         self._read_log()
         self._read_fence()
-        grouped = self._grouped()
-        return next((end for end in self._ended()
-                     if self._state(self._current(grouped.get(end.rollout_id, end.rollout_id)))[0] == "waiting"), None)
+        return next((end for end in self._ended() if self._state(self._current(self._item_of(end)))[0] == "waiting"), None)
 
     # -- the state -----------------------------------------------------------------------------------
 
     def _ended(self) -> list[RolloutEnd]:
         """Every ended rollout of the captures, oldest end first (ends never change: each read
         once, and sorted again only when new ones were read)."""
-        self.room.read_ends(self._ends)
+        self._listed_at = time.time()
+        self.room.new_ends(self._cursor, self._ends)
         if len(self._ended_sorted) != len(self._ends):
             self._ended_sorted = sorted(self._ends.values(), key=lambda end: (end.ended_at, end.rollout_id))
             self._group_keys = {end.rollout_id: group_of(end.rollout_id, end.group) for end in self._ended_sorted}
@@ -334,20 +384,10 @@ class _ConsumerView:
             time.sleep(0.001)
 
     def _read_log(self) -> None:
-        if not self._log_listed:  # A consumer that starts: the name's log listed and read at once (a store: concurrently).
-            self._log_listed = True
-            names = sorted(name for name in self.room.names(f"{self._root}/log") if name[:1].isdigit())
-            expected = [f"{number:010d}.json" for number in range(1, len(names) + 1)]
-            if names == expected:
-                found = self.room.read_many(f"{self._root}/log", names)
-                for name in expected:
-                    try:
-                        self._log.append(orjson.loads(found[name]))
-                    except (KeyError, orjson.JSONDecodeError):
-                        del self._log[:]  # One being written: read one by one below.
-                        break
+        """The name's log records written since those read (from the checkpoint's position on:
+        a restart reads the few that can still decide an ack, not the run's every commit)."""
         while True:
-            record = self.room.read(f"{self._root}/log/{len(self._log) + 1:010d}.json")
+            record = self.room.read(f"{self._root}/log/{self._log_position() + 1:010d}.json")
             if record is None:
                 return
             try:
@@ -356,6 +396,61 @@ class _ConsumerView:
                 if record[1] < _WRITING_SECONDS:
                     return  # Its writer is writing it.
                 self._log.append({"kind": "void"})
+
+    def _log_position(self) -> int:
+        """How many records the name's log has, as read."""
+        return self._log_base + len(self._log)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def _newest_checkpoint(self) -> int:
+        """The newest checkpoint's number (0: none): from the hint on, probed forward (doubling,
+        then halving), so finding it costs a few reads however many there are."""
+        hint = self.room.read(f"{self._root}/{_NEWEST_HINT}")
+        try:
+            low = max(0, int(hint[0])) if hint else 0
+        except ValueError:
+            low = 0
+        if low and not self.room.exists(_checkpoint_name(self._root, low)):
+            low = 0  # A hint from elsewhere: start over.
+        step = 1
+        while self.room.exists(_checkpoint_name(self._root, low + step)):
+            low, step = low + step, step * 2
+        high = low + step  # Missing; every number up to low exists (they are created in order).
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.room.exists(_checkpoint_name(self._root, middle)):
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def _read_checkpoint(self) -> None:
+        """Start from the newest readable checkpoint (once): its cursor, the final counts before it,
+        the ends before it still open, the rollouts started before it with no end, and where the
+        name's log can still decide an ack."""
+        if self._checkpoint_read:
+            return
+        self._checkpoint_read = True
+        number = self._newest_checkpoint()
+        while number > 0:
+            found = self.room.read(_checkpoint_name(self._root, number))
+            try:
+                record = orjson.loads(found[0]) if found else None
+            except orjson.JSONDecodeError:
+                record = None  # Being written, or left empty by a writer that died: the one before says enough.
+            if isinstance(record, dict) and type(record.get("cursor")) in (int, float):
+                break
+            number -= 1
+        else:
+            return
+        self._cursor = float(record["cursor"])
+        self._base.update({key: int(value) for key, value in (record.get("counts") or {}).items() if key in self._base})
+        for data in record.get("open") or ():
+            end = RolloutEnd.model_validate(data)
+            self._ends[end.rollout_id] = end
+        self._unended_carry = {rollout_id: float(stamp) for rollout_id, stamp in (record.get("unended") or {}).items()}
+        self._log_base = max(0, int(record.get("log_from") or 0))
 
     def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
         """(``waiting`` / ``leased`` / ``acked_pending`` / ``acked_final``, the current epoch, the
@@ -390,7 +485,7 @@ class _ConsumerView:
         step = ack.get("step")
         if step is None:
             return "final"
-        for record in self._log[ack.get("after_log", 0):]:
+        for record in self._log[max(0, ack.get("after_log", 0) - self._log_base):]:
             if record["kind"] == "void":
                 continue
             if record["kind"] == "commit" and record["step"] >= step:
@@ -445,8 +540,8 @@ class Consumer(_ConsumerView):
         #: This process's incarnation of the name: a new one (fencing every earlier one), or the
         #: one it joins (``join=<number>``, or ``join=True``: the newest).
         self.incarnation = self._start_incarnation(join)
-        self._summarised = 0
-        self._read_summaries()
+        self._read_checkpoint()
+        self._checkpointed_at = 0.0
         #: Ended rollouts a store's watermarks say may be short for good (`_units`), or that a call
         #: in flight held back past ``in_flight_bound_seconds`` (with why).
         self._incomplete: set[str] = set()
@@ -612,11 +707,10 @@ class Consumer(_ConsumerView):
                 if kept is None or (member is not None and member[2] > (gym_member(kept.rollout_id) or ("", 0, -1))[2]):
                     latest[slot] = end
             members = sorted(latest.values(), key=lambda end: (end.ended_at, end.rollout_id))
-            size, item = sizes[key], _GROUP_ITEM + hashlib.sha256(key.encode()).hexdigest()[:32]
-            taken = self._handed_out_members(item)
+            size, item = sizes[key], _group_item(key)
+            taken = self._handed_out_members(item, read=len(members) < size)
             if taken is not None:  # Handed out already (partial): a member that came after goes on its own.
-                units += [_Unit(_GROUP_ITEM + hashlib.sha256(f"{key}\0{end.rollout_id}".encode()).hexdigest()[:32],
-                                [end], end.ended_at, key, True, sorted(taken))
+                units += [_Unit(_group_item(f"{key}\0{end.rollout_id}"), [end], end.ended_at, key, True, sorted(taken))
                           for end in members if end.rollout_id not in taken]
                 continue
             if len(members) >= size:
@@ -628,16 +722,17 @@ class Consumer(_ConsumerView):
                 missing = ([f"{key}-{index}" for index in range(size) if index not in present]
                            if all(gym_member(end.rollout_id) for end in members) and members[0].group is None else [])
                 # Members that made calls and never ended are named as they are (a typo'd end, a crashed runner).
-                unended = self.room.unended_members(key, {end.rollout_id for end in ended})
+                unended = self._unended_members(key)
                 missing = sorted(set(unended) | set(missing) - {_task_index(rollout_id) for rollout_id in unended})
                 ready_at = members[0].ended_at + self.straggler_seconds
                 units.append(_Unit(item, members, min(ready_at, now) if run_over else ready_at, key, True, missing))
         return sorted(units, key=lambda unit: (unit.ready_at, unit.item))
 
-    def _handed_out_members(self, item: str) -> Optional[set[str]]:
-        """The members a group's item was handed out with, as its log was read (no read: a log not
-        read yet is read by the claim that finds it taken), or None while it waits to be."""
-        slots = self._known(item)
+    def _handed_out_members(self, item: str, read: bool = False) -> Optional[set[str]]:
+        """The members a group's item was handed out with, as its log was read (``read``: read again
+        first, for a group short of members, whose others may have been handed out before this
+        process started, or before the cursor), or None while it waits to be."""
+        slots = self._current(item) if read else self._known(item)
         if not slots or self._state(slots)[0] == "waiting":
             return None
         return {member for record in slots if record.get("kind") == "claim" for member in record.get("members", ())}
@@ -720,13 +815,15 @@ class Consumer(_ConsumerView):
             raise ValueError("step must be a non-negative integer or None")
         self._read_log()
         acked = self._each(items, lambda item: {
-            "kind": "ack", "step": step, "dropped": bool(dropped), "after_log": len(self._log),
+            "kind": "ack", "step": step, "dropped": bool(dropped), "after_log": self._log_position(),
             "stale": any(rollout.stale for rollout in getattr(item, "rollouts", [item])),
             "partial": bool(getattr(item, "partial", False))})
         if step is None:
             for item in acked:
                 self._final[item.item] = _flags(self._state(self._known(item.item))[2])
                 self._retire(item.item, [rollout.rollout_id for rollout in getattr(item, "rollouts", [item])])
+            if time.time() - self._checkpointed_at >= _CHECKPOINT_EVERY_SECONDS:
+                self._checkpoint()
 
     def extend(self, items: Iterable[Any]) -> None:
         """Renew the items' leases for ``lease_seconds`` from now (`LeaseLost` as `ack`)."""
@@ -825,46 +922,83 @@ class Consumer(_ConsumerView):
         self._log_record({"kind": "commit", "step": _step(step)})
         if self.retires:
             members: dict[str, list[str]] = {}
-            grouped = self._grouped()
             for end in self._ended():
-                members.setdefault(grouped.get(end.rollout_id, end.rollout_id), []).append(end.rollout_id)
+                members.setdefault(self._item_of(end), []).append(end.rollout_id)
             for item in members.keys() - self._final.keys():
                 if self._state(self._current(item))[0] == "acked_final":
                     self._retire(item, members[item])
-        self._summarise()
+        self._checkpoint()
 
-    def _summarise(self) -> None:
-        """After a commit: every item this process knows final (its own reads, and the summaries it
-        started from) in a new summary, ``consumers/<name>/final/<seq>.json``, so a consumer that
-        starts reads one listing and a few objects, not every item's log. Written after the commit
-        and never in place; a summary only says what is final, which nothing undoes, so any of
-        them is true whenever it is read."""
-        for item, known in self._items.items():
-            if item not in self._final:
-                status, _, ack = self._state(known.slots)
-                if status == "acked_final":
-                    self._final[item] = _flags(ack)
-        if len(self._final) < self._summarised + _SUMMARY_EVERY:
+    def _checkpoint(self) -> None:
+        """A new checkpoint of the name (``consumers/<name>/checkpoints/<seq>.json``, created
+        exclusively, never changed), after a commit: its cursor is when this process last listed
+        the ends less the index's lag (`records.contract.INDEX_LAG_SECONDS`: every end stamped
+        before it has landed and was read); the final counts of the ends before it; the ends
+        before it that are not final (waiting, leased, or acknowledged with a step not committed);
+        the rollouts started before it with no end; and the log's position from which its records
+        can still decide an ack. A process that starts reads the newest and lists the ends from its
+        cursor on, so what a take, a commit, a restart or `counts` reads grows with the work since
+        the last checkpoint, never with the run. It says only what is true whenever it is read
+        (what is final stays final), so checkpoints of several ranks at once are each whole."""
+        self._checkpointed_at = time.time()
+        ended = self._ended()
+        self._read_log()
+        cursor = self._listed_at - INDEX_LAG_SECONDS
+        if cursor <= self._cursor:
             return
-        taken = [int(name.split(".")[0]) for name in self.room.names(f"{self._root}/final") if name[:1].isdigit()]
-        if self.room.create(f"{self._root}/final/{max(taken, default=0) + 1:010d}.json",
-                            orjson.dumps({"final": self._final})):
-            self.room.barrier()
-            self._summarised = len(self._final)
-
-    def _read_summaries(self) -> None:
-        """The newest summaries' final items (a few: each process adds what it knows to the one it
-        started from)."""
-        names = sorted(name for name in self.room.names(f"{self._root}/final") if name[:1].isdigit())
-        for name in names[-_SUMMARIES_READ:]:
-            found = self.room.read(f"{self._root}/final/{name}")
-            try:
-                final = orjson.loads(found[0])["final"] if found else {}
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # Being written, or left empty by a writer that died: the others say enough.
-            if isinstance(final, dict):
-                self._final.update({item: flags for item, flags in final.items() if type(flags) is int})
-        self._summarised = len(self._final)
+        base, still_open, pruned, pending_from = dict(self._base), {}, [], []
+        superseded = _superseded(end.rollout_id for end in ended)
+        for end in ended:
+            if end.ended_at >= cursor:
+                break  # Oldest end first: the rest are after the cursor.
+            item = self._item_of(end)
+            if item == end.rollout_id and end.rollout_id in superseded:
+                pruned.append(end.rollout_id)  # An earlier attempt: never counted, never handed out.
+                continue
+            if item in self._final:
+                status, flags, ack = "acked_final", self._final[item], None
+            else:
+                status, _, ack = self._state(self._current(item))
+                flags = _flags(ack)
+            if status == "acked_final":
+                base["final"] += 1
+                for bit, key in _FLAG_NAMES:
+                    base[key] += bool(flags & bit)
+                pruned.append(end.rollout_id)
+                continue
+            still_open[end.rollout_id] = end
+            if ack is not None and status == "acked_pending":
+                pending_from.append(int(ack.get("after_log") or 0))
+        # The log's records an ack after the cursor may still need: those written since the ends
+        # before the cursor landed (their clocks within the index's lag), and any an open ack needs.
+        recent = next((self._log_base + offset for offset, record in enumerate(self._log)
+                       if float(record.get("at") or 0.0) >= cursor - 2 * INDEX_LAG_SECONDS), self._log_position())
+        log_from = min([recent, *pending_from])
+        unended = {rollout_id: stamp for rollout_id, stamp in {**self._unended_carry, **self._started}.items()
+                   if stamp < cursor and rollout_id not in self._ends and rollout_id not in self._ended_elsewhere}
+        unended = {rollout_id: stamp for rollout_id, stamp in unended.items() if not self.room.has_end(rollout_id)}
+        record = orjson.dumps({"cursor": cursor, "counts": base, "open": [end.model_dump() for end in still_open.values()],
+                               "unended": unended, "log_from": log_from, "at": time.time(), "holder": self.holder,
+                               "incarnation": getattr(self, "incarnation", None)})
+        number = self._newest_checkpoint() + 1
+        while not self.room.create(_checkpoint_name(self._root, number), record):
+            number += 1  # Another rank's checkpoint took the number: the next one.
+        self.room.barrier()  # Durable before the hint names it.
+        self.room.put_hint(f"{self._root}/{_NEWEST_HINT}", str(number).encode())
+        # What this process keeps in memory follows the cursor too.
+        self._cursor, self._base = cursor, base
+        for rollout_id in pruned:
+            self._ends.pop(rollout_id, None)
+        self._ended_sorted = [end for end in self._ended_sorted if end.rollout_id in self._ends]
+        self._group_keys = {end.rollout_id: self._group_keys[end.rollout_id] for end in self._ended_sorted}
+        live_items = {self._item_of(end) for end in self._ended_sorted}
+        self._items = {item: known for item, known in self._items.items() if item in live_items}
+        self._final = {item: flags for item, flags in self._final.items() if item in live_items}
+        del self._log[: max(0, log_from - self._log_base)]
+        self._log_base = max(self._log_base, log_from)
+        self._started = {rollout_id: stamp for rollout_id, stamp in self._started.items() if stamp >= cursor}
+        self._unended_carry = unended
+        self._ended_elsewhere.clear()
 
     def rewind(self, step: int) -> None:
         """The trainer restarted from its checkpoint at ``step``: every ack at a later step that no
@@ -889,12 +1023,21 @@ class Consumer(_ConsumerView):
     def _log_record(self, record: dict[str, Any]) -> None:
         while True:
             self._read_log()
-            if self.room.create(f"{self._root}/log/{len(self._log) + 1:010d}.json",
+            if self.room.create(f"{self._root}/log/{self._log_position() + 1:010d}.json",
                                 orjson.dumps({**record, "at": time.time(), "holder": self.holder})):
                 self.room.barrier()
                 self._read_log()
                 return
             time.sleep(0.001)  # Another holder's record is there (or being written): read it, try the next.
+
+def _group_item(key: str) -> str:
+    """A group's item (its log's name): `_GROUP_ITEM` and a digest of the key (a key is any text)."""
+    return _GROUP_ITEM + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _checkpoint_name(root: str, number: int) -> str:
+    return f"{root}/{_CHECKPOINTS}/{number:010d}.json"
+
 
 def consumer_names(captures: object) -> list[str]:
     """The consumer names with state in the captures (a directory, a `CaptureStore`, a store URL)."""

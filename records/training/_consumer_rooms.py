@@ -2,16 +2,18 @@
 (docs/reading.md, "Consuming rollouts during the run").
 
 `records.Consumer` keeps one logic over both; a room gives it the few operations that differ:
-read a record, create one exclusively, list names, make what was written durable, read the ends,
+read a record, create one exclusively, list names, make what was written durable, read the ends
+and the rollouts' starts from a point in time on (the time indexes: `records.contract._time_index`),
 say whether an ended rollout is whole yet, and give a directory to read a rollout's calls from.
 
 - **Directory**: records are files; a create is ``O_EXCL`` (one create and one write: a record
   found empty is being written, or was left empty by a writer that died); durable at the
   operation's barrier (one ``syncfs``, else each file and directory fsynced). Ends are
-  ``<rollout_id>.end.json`` beside the rollouts; a rollout is whole when it ends (every line is
-  durable before its terminal is released).
+  ``<rollout_id>.end.json`` beside the rollouts, found from ``end-index/``; a rollout is whole when
+  it ends (every line is durable before its terminal is released).
 - **Store**: records are objects; a create is a conditional put (``If-None-Match: *`` on S3, a
-  hard link on ``segments://``), durable when it returns. Ends are ``ends/<rollout_id>.json``; a
+  hard link on ``segments://``), durable when it returns. Ends are ``ends/<rollout_id>.json``, found
+  from ``end-index/`` (a listing with a start-after); a
   rollout is whole when every writer's watermark says so (`records.contract.rollout_readiness`); its calls
   are read from the store's view, rebuilt for the rollouts handed out.
 """
@@ -21,17 +23,18 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import orjson
 
 from ..contract import fsync_directory
 from ..contract import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
 from ..contract import ObjectStore
-from ..contract import END_OBJECTS, END_SUFFIX, RolloutEnd, create_exclusively, read_end_file
+from ..contract import RolloutEnd, create_exclusively, end_object_name, end_path, read_end_file
+from ..contract import END_INDEX, INDEX_LAG_SECONDS, START_INDEX, index_entries_after, same_stamp
 from ..contract import declared_versions, declared_versions_in_store
 from ..contract import read_watermarks, rollout_readiness
-from ..contract import CAPTURE_SUFFIX, group_of, in_flight_readiness, read_in_flight, read_run_end, read_store_run_end
+from ..contract import CAPTURE_SUFFIX, in_flight_readiness, read_in_flight, read_run_end, read_store_run_end
 
 
 #: A directory's mtime may lag a create by up to a clock tick: within this of its mtime, list anyway.
@@ -51,10 +54,8 @@ class DirectoryRoom:
         self.where = directory
         self._unsynced: list[str] = []
         self._syncfs: Any = None
-        #: The directory's mtime when its ends were last listed (`read_ends`).
-        self._listed_at = -1
-        #: Rollouts with a capture file, as last listed (`read_ends`): an unended one is one of these.
-        self._captured: set[str] = set()
+        #: End index entries that stand for no end (`new_ends`).
+        self._dead: set[tuple[float, str]] = set()
         #: The sidecars' calls in flight as of the last `look`.
         self._publications: list[dict[str, Any]] = []
         self._run_end: Optional[dict[str, Any]] = None
@@ -62,7 +63,7 @@ class DirectoryRoom:
     def prepare(self, prefix: str) -> None:
         """Ready to write under ``prefix`` (``consumers/<name>``), with exclusive create checked."""
         root = os.path.join(self.directory, prefix)
-        for part in ("items", "log", "final", "incarnations"):
+        for part in ("items", "log", "checkpoints", "incarnations"):
             os.makedirs(os.path.join(root, part), exist_ok=True)
         probe = os.path.join(root, f".probe-{uuid.uuid4().hex}")
         try:
@@ -140,47 +141,38 @@ class DirectoryRoom:
                 os.close(fd)
             fsync_directory(os.path.dirname(path))
 
-    def read_ends(self, known: dict[str, RolloutEnd]) -> None:
-        """Add the ends not in ``known`` (ends never change: each read once). The directory is
-        listed again only when its entries changed (its mtime): a take while nothing new ended
-        costs one ``stat``."""
+    def new_ends(self, since: float, known: dict[str, RolloutEnd]) -> None:
+        """Add the ends stamped at or after ``since`` that are not in ``known`` (ends never change:
+        each read once), from the end index (`records.contract.index_entries_after`): what it
+        reads grows with the ends since ``since``, never with the run."""
+        _add_new_ends(index_entries_after(self.directory, END_INDEX, since), known, self._dead,
+                      lambda ids: {rollout_id: end for rollout_id in ids
+                                   if (end := read_end_file(end_path(self.directory, rollout_id))) is not None})
+
+    def started_since(self, since: float) -> dict[str, float]:
+        """The rollouts whose first line was written at or after ``since`` (the start index), with when."""
+        return {rollout_id: stamp for stamp, rollout_id in index_entries_after(self.directory, START_INDEX, since)}
+
+    def has_end(self, rollout_id: str) -> bool:
+        return os.path.exists(end_path(self.directory, rollout_id))
+
+    def last_written(self, rollout_id: str) -> Optional[float]:
+        """When the rollout's capture file last changed, or None when it has none."""
         try:
-            changed = os.stat(self.directory).st_mtime_ns
+            return os.stat(os.path.join(self.directory, rollout_id + CAPTURE_SUFFIX)).st_mtime
         except FileNotFoundError:
-            return
-        if changed == self._listed_at and time.time_ns() - changed > _MTIME_GRANULARITY_NS:
-            return
-        self._listed_at = changed
-        captured = set()
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith(END_SUFFIX) and name[:-len(END_SUFFIX)] not in known:
-                    end = read_end_file(entry.path)
-                    if end is not None:
-                        known[end.rollout_id] = end
-                elif name.endswith(CAPTURE_SUFFIX):
-                    captured.add(name[:-len(CAPTURE_SUFFIX)])
-        self._captured = captured
+            return None
 
-    def unended(self, ended: set[str], older_than: float) -> dict[str, float]:
-        """Rollouts with captured calls and no end, whose last line is older than ``older_than``
-        seconds: each with that line's time (`read_ends` listed them)."""
-        found, now = {}, time.time()
-        for rollout_id in self._captured - ended:
-            try:
-                written = os.stat(os.path.join(self.directory, rollout_id + CAPTURE_SUFFIX)).st_mtime
-            except FileNotFoundError:
-                continue
-            if now - written >= older_than:
-                found[rollout_id] = written
-        return found
+    def exists(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.directory, name))
 
-    def unended_members(self, key: str, ended: set[str]) -> list[str]:
-        """The rollouts of group ``key`` (by their Gym id, or an id ``<key>-...``) with captured calls
-        and no end: what a partial group names as missing."""
-        return sorted(rollout_id for rollout_id in self._captured - ended
-                      if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
+    def put_hint(self, name: str, data: bytes) -> None:
+        """Overwrite a hint (a record that only saves reads: never trusted, so never made durable)."""
+        path = os.path.join(self.directory, name)
+        part = f"{path}.{uuid.uuid4().hex[:8]}.part"
+        with open(part, "wb") as handle:
+            handle.write(data)
+        os.replace(part, path)
 
     def run_ended(self) -> Optional[dict[str, Any]]:
         if self._run_end is None:  # Once ended, the run stays ended.
@@ -225,6 +217,7 @@ class StoreRoom:
         self._versions: dict[str, str] = {}
         self._created = False
         self._run_end: Optional[dict[str, Any]] = None
+        self._dead: set[tuple[float, str]] = set()
 
     def prepare(self, prefix: str) -> None:
         """Exclusive create checked where the consumer writes: a probe created twice must fail the
@@ -266,12 +259,31 @@ class StoreRoom:
             self._created = False
             self.store.sync()
 
-    def read_ends(self, known: dict[str, RolloutEnd]) -> None:
-        fresh = [name for name in self.store.names(END_OBJECTS)
-                 if name.rpartition("/")[2][: -len(".json")] not in known]
-        for data in self.store.get_many(fresh).values():
-            end = RolloutEnd.model_validate(orjson.loads(data))
-            known[end.rollout_id] = end
+    def new_ends(self, since: float, known: dict[str, RolloutEnd]) -> None:
+        """`DirectoryRoom.new_ends` from the store's end index: one listing with a start-after and
+        the new ends fetched together."""
+        def ends_of(ids: list[str]) -> dict[str, RolloutEnd]:
+            found = self.store.get_many([end_object_name(rollout_id) for rollout_id in ids])
+            return {name.rpartition("/")[2][: -len(".json")]: RolloutEnd.model_validate(orjson.loads(data))
+                    for name, data in found.items()}
+
+        _add_new_ends(index_entries_after(self.store, END_INDEX, since), known, self._dead, ends_of)
+
+    def started_since(self, since: float) -> dict[str, float]:
+        return {rollout_id: stamp for stamp, rollout_id in index_entries_after(self.store, START_INDEX, since)}
+
+    def has_end(self, rollout_id: str) -> bool:
+        return self.store.get_if_present(end_object_name(rollout_id)) is not None
+
+    def last_written(self, rollout_id: str) -> Optional[float]:
+        """The ``completed_at`` of the rollout's last line in the store's view, or None when it has none."""
+        return _last_completed_at(os.path.join(self.view([]), rollout_id + CAPTURE_SUFFIX))
+
+    def exists(self, name: str) -> bool:
+        return self.store.get_if_present(name) is not None
+
+    def put_hint(self, name: str, data: bytes) -> None:
+        self.store.put(name, data)
 
     def read_many(self, prefix: str, names: list[str]) -> dict[str, bytes]:
         """The records of ``names`` under ``prefix`` that exist, fetched together."""
@@ -290,20 +302,6 @@ class StoreRoom:
         """A store's write barrier is its writers' watermarks (`readiness`): a writer holds an ended
         rollout back while it has lines of it to ship."""
         return "ready", None
-
-    def unended(self, ended: set[str], older_than: float) -> dict[str, float]:
-        """Rollouts of the store's view with calls and no end, their last line completed more than
-        ``older_than`` seconds ago (the view brought up to date: only what is new is rebuilt)."""
-        directory, now, found = self.view([]), time.time(), {}
-        for rollout_id in _captured_in(directory) - ended:
-            last = _last_completed_at(os.path.join(directory, rollout_id + CAPTURE_SUFFIX))
-            if last is not None and now - last >= older_than:
-                found[rollout_id] = last
-        return found
-
-    def unended_members(self, key: str, ended: set[str]) -> list[str]:
-        return sorted(rollout_id for rollout_id in _captured_in(self.view([])) - ended
-                      if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
 
     def readiness(self, end: RolloutEnd, writer_bound: float) -> str:
         return rollout_readiness(self._watermarks, end.rollout_id, end.ended_at, time.time(), writer_bound)
@@ -347,11 +345,23 @@ def _create_linked(paths: dict[str, str], records: dict[str, dict[str, Any]]) ->
     return created
 
 
-def _captured_in(directory: str) -> set[str]:
-    try:
-        return {name[:-len(CAPTURE_SUFFIX)] for name in os.listdir(directory) if name.endswith(CAPTURE_SUFFIX)}
-    except FileNotFoundError:
-        return set()
+def _add_new_ends(entries: list[tuple[float, str]], known: dict[str, RolloutEnd], dead: set[tuple[float, str]],
+                  ends_of: Callable[[list[str]], dict[str, RolloutEnd]]) -> None:
+    """The ends the index ``entries`` stand for, added to ``known``. An entry is written before its
+    end (`records.contract.write_rollout_end`): one whose end is not there yet is looked at again
+    next time, and stands for nothing (``dead``) once its end is another (a racing writer's won)
+    or `INDEX_LAG_SECONDS` passed without it (its writer died before it, unanswered)."""
+    fresh = [(stamp, rollout_id) for stamp, rollout_id in entries if rollout_id not in known and (stamp, rollout_id) not in dead]
+    if not fresh:
+        return
+    found = ends_of(sorted({rollout_id for _, rollout_id in fresh}))
+    now = time.time()
+    for stamp, rollout_id in fresh:
+        end = found.get(rollout_id)
+        if end is not None and same_stamp(end.ended_at, stamp):
+            known[rollout_id] = end
+        elif end is not None or now - stamp > INDEX_LAG_SECONDS:
+            dead.add((stamp, rollout_id))
 
 
 def _last_completed_at(path: str) -> Optional[float]:

@@ -296,15 +296,15 @@ def test_mcc_consumers_before_any_take_says_what_waits_and_names_unended_rollout
     from click.testing import CliRunner
 
     from proxy import main
-    from records.contract import encode_capture_line
+    from records import CaptureStore
 
     directory = str(tmp_path)
+    store = CaptureStore(directory)  # A writer without the sidecar: its starts are indexed as the sidecar's are.
     for rollout_id in ("7-0", "7-1", "7-2"):
-        with open(os.path.join(directory, f"{rollout_id}.capture.jsonl"), "wb") as handle:
-            handle.write(encode_capture_line({"model_call_id": "a" * 32, "dialect": "chat", "status_code": 200}))
-            if rollout_id == "7-1":
-                handle.write(encode_capture_line({"model_call_id": "b" * 32, "dialect": "chat", "status_code": 200,
-                                                  "side_call": {"reason": "title"}}))
+        store.record(rollout_id, {"model_call_id": "a" * 32, "dialect": "chat", "status_code": 200})
+        if rollout_id == "7-1":
+            store.record(rollout_id, {"model_call_id": "b" * 32, "dialect": "chat", "status_code": 200,
+                                      "side_call": {"reason": "title"}})
     end_rollout(directory, "7-0")
     end_rollout(directory, "7-1")
     said = CliRunner().invoke(main, ["consumers", directory, "--unended-after", "0"], prog_name="mcc")
