@@ -152,8 +152,8 @@ def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: s
 
 
 #: What a sidecar keeps in its capture directory of its own, beside the rollouts' files: its calls
-#: in flight (`proxy.app._in_flight`).
-SIDECAR_OWN = ("inflight",)
+#: in flight (`proxy.app._in_flight`), and the time indexes of ends and starts (docs/reading.md).
+SIDECAR_OWN = ("inflight", "start-index", "end-index")
 
 
 def rollout_files(capture_dir: str) -> list[str]:

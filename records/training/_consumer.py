@@ -200,6 +200,8 @@ class _ConsumerView:
 
     #: A rollout with calls and no end counts as ``unended`` once its last call is this old.
     unended_seconds = 300.0
+    #: An end's index entry lands within this of its stamp (`records.contract.INDEX_LAG_SECONDS`).
+    index_lag_seconds = INDEX_LAG_SECONDS
 
     def __init__(self, room: Room, name: str) -> None:
         self.room = room
@@ -310,6 +312,15 @@ class _ConsumerView:
         and no end: what a partial group names as missing."""
         return sorted(rollout_id for rollout_id in self._without_end(None)
                       if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
+
+    def _members_known(self, item: str) -> list[RolloutEnd]:
+        """The ends an item stands for, as known: the rollout's, or those its group's claims name."""
+        if not item.startswith(_GROUP_ITEM):
+            end = self._ends.get(item)
+            return [end] if end is not None else []
+        named = {member for record in self._known(item) if record.get("kind") == "claim"
+                 for member in record.get("members", ())}
+        return [self._ends[member] for member in named if member in self._ends]
 
     def _item_of(self, end: RolloutEnd) -> str:
         """The item an ended rollout is (or will be) handed out as: its group's item when a claim of
@@ -450,6 +461,7 @@ class _ConsumerView:
             end = RolloutEnd.model_validate(data)
             self._ends[end.rollout_id] = end
         self._unended_carry = {rollout_id: float(stamp) for rollout_id, stamp in (record.get("unended") or {}).items()}
+        self._final.update({item: flags for item, flags in (record.get("final_after") or {}).items() if type(flags) is int})
         self._log_base = max(0, int(record.get("log_from") or 0))
 
     def _state(self, slots: list[dict[str, Any]]) -> tuple[str, Optional[int], Optional[dict[str, Any]]]:
@@ -510,7 +522,7 @@ class Consumer(_ConsumerView):
     def __init__(self, captures: object, name: str, *, lease_seconds: float = 300.0, retires: bool = False,
                  straggler_seconds: float = 600.0, writer_bound_seconds: float = 60.0,
                  join: Union[None, bool, int] = None, in_flight_bound_seconds: float = IN_FLIGHT_BOUND_SECONDS,
-                 unended_seconds: float = 300.0) -> None:
+                 unended_seconds: float = 300.0, index_lag_seconds: float = INDEX_LAG_SECONDS) -> None:
         room = _room(captures, "Consumer")
         if isinstance(room, DirectoryRoom) and not os.path.isdir(room.directory):
             raise FileNotFoundError(f"Consumer: no capture directory at {room.directory}")
@@ -535,6 +547,9 @@ class Consumer(_ConsumerView):
         #: rollout is handed out ``incomplete``, naming the calls (``incomplete_reason``).
         self.in_flight_bound_seconds = float(in_flight_bound_seconds)
         self.unended_seconds = float(unended_seconds)
+        #: How long after its stamp an end's index entry may land (the write's time and the nodes'
+        #: clock skew): a checkpoint's cursor stays this far behind its listing (docs/reading.md).
+        self.index_lag_seconds = float(index_lag_seconds)
         self.holder = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         room.prepare(self._root)  # Refuses storage where exclusive create does not hold.
         #: This process's incarnation of the name: a new one (fencing every earlier one), or the
@@ -943,7 +958,7 @@ class Consumer(_ConsumerView):
         self._checkpointed_at = time.time()
         ended = self._ended()
         self._read_log()
-        cursor = self._listed_at - INDEX_LAG_SECONDS
+        cursor = self._listed_at - self.index_lag_seconds
         if cursor <= self._cursor:
             return
         base, still_open, pruned, pending_from = dict(self._base), {}, [], []
@@ -956,10 +971,10 @@ class Consumer(_ConsumerView):
                 pruned.append(end.rollout_id)  # An earlier attempt: never counted, never handed out.
                 continue
             if item in self._final:
-                status, flags, ack = "acked_final", self._final[item], None
+                status, flags = "acked_final", self._final[item]
             else:
-                status, _, ack = self._state(self._current(item))
-                flags = _flags(ack)
+                status, _, standing = self._state(self._current(item))
+                flags = _flags(standing)
             if status == "acked_final":
                 base["final"] += 1
                 for bit, key in _FLAG_NAMES:
@@ -967,17 +982,22 @@ class Consumer(_ConsumerView):
                 pruned.append(end.rollout_id)
                 continue
             still_open[end.rollout_id] = end
-            if ack is not None and status == "acked_pending":
-                pending_from.append(int(ack.get("after_log") or 0))
+            # Its acks' standing (pending, or undone by a rewind) is read from the log after them.
+            pending_from += [int(record.get("after_log") or 0) for record in self._known(item) if record.get("kind") == "ack"]
         # The log's records an ack after the cursor may still need: those written since the ends
         # before the cursor landed (their clocks within the index's lag), and any an open ack needs.
         recent = next((self._log_base + offset for offset, record in enumerate(self._log)
-                       if float(record.get("at") or 0.0) >= cursor - 2 * INDEX_LAG_SECONDS), self._log_position())
+                       if float(record.get("at") or 0.0) >= cursor - 2 * self.index_lag_seconds), self._log_position())
         log_from = min([recent, *pending_from])
+        self._started.update(self.room.started_since(self._cursor))
         unended = {rollout_id: stamp for rollout_id, stamp in {**self._unended_carry, **self._started}.items()
                    if stamp < cursor and rollout_id not in self._ends and rollout_id not in self._ended_elsewhere}
         unended = {rollout_id: stamp for rollout_id, stamp in unended.items() if not self.room.has_end(rollout_id)}
+        # Items after the cursor this process knows final: a restart need not read their logs again.
+        final_after = {item: flags for item, flags in self._final.items()
+                       if any(end.ended_at >= cursor for end in self._members_known(item))}
         record = orjson.dumps({"cursor": cursor, "counts": base, "open": [end.model_dump() for end in still_open.values()],
+                               "final_after": final_after,
                                "unended": unended, "log_from": log_from, "at": time.time(), "holder": self.holder,
                                "incarnation": getattr(self, "incarnation", None)})
         number = self._newest_checkpoint() + 1

@@ -122,7 +122,11 @@ while True:
             maybe_die()
         if work["pairs"] and (not items or rng.random() < 0.3):
             step = work["next"] - 1
-            save(checkpoint, {"step": step, "trained": state["trained"] + work["pairs"]})
+            # A rank killed between its checkpoint's save and the pending pairs' clearing leaves them
+            # in both: the other rank, still running until it is stopped, must not record them twice.
+            saved = {(pair[0], pair[1]) for pair in state["trained"]}
+            save(checkpoint, {"step": step, "trained": state["trained"] + [pair for pair in work["pairs"]
+                                                                           if (pair[0], pair[1]) not in saved]})
             maybe_die()
             consumer.commit(step)
             maybe_die()
