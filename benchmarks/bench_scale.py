@@ -255,8 +255,8 @@ def worker(args: argparse.Namespace) -> None:
         batch = timed("take", lambda: consumer.take(BATCH, wait=30.0))
         while len(batch) < BATCH:  # (From a store: an end is takeable once the writer's watermark passes it.)
             batch += consumer.take(BATCH - len(batch), wait=30.0)
-        timed("ack", lambda: consumer.ack(batch, step=step))
-        timed("commit", lambda: consumer.commit(step))
+        timed("ack", lambda batch=batch, step=step: consumer.ack(batch, step=step))
+        timed("commit", lambda step=step: consumer.commit(step))
         figures["cycle"].append(time.perf_counter() - started)
         timed("counts", consumer.counts)
     end_new(BATCH)
@@ -393,7 +393,8 @@ def render(results: dict, trees: list) -> str:
                       "|---:|---|---|---|---|---|---|"]
             for size, result in after.items():
                 found = result.get("requests") or {}
-                cell = lambda key: "/".join(str(found.get(key, {}).get(kind, "-")) for kind in ("LIST", "GET", "PUT"))  # noqa: E731
+                cell = lambda key, found=found: "/".join(str(found.get(key, {}).get(kind, "-"))  # noqa: E731
+                                                         for kind in ("LIST", "GET", "PUT"))
                 lines.append(f"| {size:,} | {cell('take')} | {cell('ack')} | {cell('commit')} | {cell('counts')} | "
                              f"{cell('restart')} | {cell('idle uploader round')} |")
             lines.append("")
