@@ -144,6 +144,20 @@ class ObjectStore:
             names += [f"{relative}/{name}" for name in files if not name.endswith(".part")]
         return sorted(names)
 
+    def children(self, prefix: str) -> list[str]:
+        """The names of the folders directly under ``prefix/`` (a writer's, a spool's), sorted: one
+        listing with a delimiter on an object store."""
+        if self._fs is None:
+            try:
+                return sorted(entry.name for entry in os.scandir(self._path(prefix)) if entry.is_dir())
+            except FileNotFoundError:
+                return []
+        try:
+            found = self._fs.ls(self._path(prefix), detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(item["name"].rstrip("/").rpartition("/")[2] for item in found if item.get("type") == "directory")
+
     def names_after(self, prefix: str, after: str) -> list[str]:
         """The names under ``prefix/`` that sort after ``after`` (a whole name, which need not
         exist), sorted: what a listing costs grows with what is new, not with what is there. S3:

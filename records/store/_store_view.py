@@ -41,6 +41,8 @@ from ..contract import (
 from ._token_join import join_entries
 
 _APPLIED = ".applied-manifests"
+#: A view's place in its store: each writer's and spool's last manifest applied (`_follow`).
+_STATE = ".view-state.json"
 
 
 class SegmentDamaged(ValueError):
@@ -73,6 +75,8 @@ def store_view(url: str, directory: Optional[str] = None, rollout_ids: Optional[
 def _store_view_locked(store: ObjectStore, cache: Path, target: Path, rollout_ids: Optional[Iterable[str]],
                        allow_empty: bool) -> str:
     wanted = set(rollout_ids) if rollout_ids is not None else None
+    if wanted is None and (target / _STATE).exists():
+        return _follow(store, cache, target)
     names = store.names(MANIFESTS)
     token_names = store.names(TOKEN_MANIFESTS)
     if not names and not token_names and not allow_empty:
@@ -99,9 +103,83 @@ def _store_view_locked(store: ObjectStore, cache: Path, target: Path, rollout_id
     _rebuild_tokens(store, cache, target, [name for name in token_names if name not in applied or wanted is not None],
                     token_names, wanted, touched)
     if wanted is None:  # What it rebuilt is durable before it is said applied.
+        _note_rollouts(store, cache, [*names, *token_names])
         _barrier(target)
         _write_atomically(applied_path, "\n".join([*names, *token_names]).encode())
+        _write_atomically(target / _STATE, orjson.dumps({"manifests": _last_by_folder(names),
+                                                          "tokens": _last_by_folder(token_names)}))
     return str(target)
+
+
+def _follow(store: ObjectStore, cache: Path, target: Path) -> str:
+    """A view brought up to date from where it was (its state: each writer's and spool's last
+    manifest applied): each folder listed after that name (a start-after), the rollouts the new
+    manifests name rebuilt from the manifests that name them (the cache's index by rollout). What
+    it reads grows with what is new (and the number of writers), not with the store."""
+    state = orjson.loads((target / _STATE).read_bytes())
+    fresh = _names_after_state(store, MANIFESTS, state["manifests"])
+    fresh_tokens = _names_after_state(store, TOKEN_MANIFESTS, state["tokens"])
+    for marker in store.names(INCOMPLETE_OBJECTS):  # Lost lines, as the per-rollout layout marks them (few).
+        (target / f"{marker.rpartition('/')[2]}{INCOMPLETE_SUFFIX}").touch()
+    if not fresh and not fresh_tokens:
+        return str(target)
+    _note_rollouts(store, cache, [*fresh, *fresh_tokens])
+    touched: set[str] = set()
+    for name in fresh:
+        touched.update(_manifest(store, cache, name).get("rollouts") or ())
+    named = {rollout_id: _named(cache, rollout_id) for rollout_id in touched}
+    line_manifests = sorted({name for names in named.values() for name in names if name.startswith(MANIFESTS + "/")})
+    _rebuild(store, cache, target, [_manifest(store, cache, name) for name in line_manifests], touched)
+    token_touched = set(touched)
+    for name in fresh_tokens:
+        token_touched.update(_manifest(store, cache, name).get("rollouts") or ())
+    every = sorted({name for rollout_id in token_touched for name in _named(cache, rollout_id)
+                    if name.startswith(TOKEN_MANIFESTS + "/")})
+    _rebuild_tokens(store, cache, target, fresh_tokens, every, None, touched)
+    _barrier(target)
+    state["manifests"].update(_last_by_folder(fresh))
+    state["tokens"].update(_last_by_folder(fresh_tokens))
+    _write_atomically(target / _STATE, orjson.dumps(state))
+    return str(target)
+
+
+def _names_after_state(store: ObjectStore, prefix: str, last: dict[str, str]) -> list[str]:
+    """The names in each folder of ``prefix`` after the last one applied (a folder's names sort in
+    the order it wrote them: a sequence, a time)."""
+    found = []
+    for folder in store.children(prefix):
+        found += store.names_after(f"{prefix}/{folder}", last.get(folder) or f"{prefix}/{folder}/")
+    return found
+
+
+def _last_by_folder(names: list[str]) -> dict[str, str]:
+    last: dict[str, str] = {}
+    for name in names:
+        folder = name.split("/")[1]
+        if name > last.get(folder, ""):
+            last[folder] = name
+    return last
+
+
+def _note_rollouts(store: ObjectStore, cache: Path, names: list[str]) -> None:
+    """The cache's index by rollout: each manifest's name under each rollout it names
+    (``by-rollout/<rollout_id>``), so a rollout is rebuilt from its own manifests alone."""
+    by_rollout: dict[str, list[str]] = {}
+    for name in names:
+        for rollout_id in _manifest(store, cache, name).get("rollouts") or ():
+            by_rollout.setdefault(rollout_id, []).append(name)
+    folder = cache / "by-rollout"
+    folder.mkdir(parents=True, exist_ok=True)
+    for rollout_id, listed in by_rollout.items():
+        with open(folder / rollout_id, "a", encoding="utf-8") as handle:
+            handle.write("".join(f"{name}\n" for name in listed))
+
+
+def _named(cache: Path, rollout_id: str) -> list[str]:
+    try:
+        return sorted(set((cache / "by-rollout" / rollout_id).read_text(encoding="utf-8").split()))
+    except FileNotFoundError:
+        return []
 
 
 def _say_empty(store: ObjectStore) -> None:

@@ -72,7 +72,7 @@ def test_a_store_merges_writers_in_the_stated_order_and_reads_each_segment_once(
     view = compact_store(url, str(tmp_path / "gym"))
     with open(os.path.join(view, "r1.capture.jsonl"), "rb") as handle:
         assert handle.read() == b"".join(line + b"\n" for line in (a[0][1], b[0][1], a[2][1], b[1][1], _line(6, 50.0)))
-    assert sorted(os.listdir(view)) == [".applied-manifests", "r1.capture.jsonl", "r2.capture.incomplete",
+    assert sorted(os.listdir(view)) == [".applied-manifests", ".view-state.json", "r1.capture.jsonl", "r2.capture.incomplete",
                                         "r2.capture.jsonl"]
 
 
