@@ -87,6 +87,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_trajectories.py
 	$(BIN)/python benchmarks/bench_handoff.py
 	$(BIN)/python benchmarks/bench_restart.py
+	# The hand-off from 1,000 to 1,000,000 consumed rollouts, beside the code before it scaled
+	# (5d8e747, checked out aside when git has it).
+	rm -rf .bench-before && (git worktree add -f --detach .bench-before 5d8e747 >/dev/null 2>&1 \
+	  && $(BIN)/python benchmarks/bench_scale.py --before .bench-before \
+	  || $(BIN)/python benchmarks/bench_scale.py); git worktree remove --force .bench-before 2>/dev/null; rm -rf .bench-before
 	$(BIN)/python benchmarks/bench_supply.py
 	$(BIN)/python benchmarks/bench_ray.py
 	$(BIN)/python benchmarks/bench_ray_store.py

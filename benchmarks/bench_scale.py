@@ -219,7 +219,7 @@ def worker(args: argparse.Namespace) -> None:
         from records.contract import ObjectStore
 
         store = ObjectStore(where)
-    figures: dict[str, list] = {key: [] for key in ("take", "ack", "commit", "counts", "restart", "cycle")}
+    figures: dict[str, list] = {key: [] for key in ("end", "take", "ack", "commit", "counts", "restart", "cycle")}
     counted: dict[str, dict[str, int]] = {}
     step = history["steps"]
     serial = 0
@@ -249,7 +249,7 @@ def worker(args: argparse.Namespace) -> None:
     consumer = records.Consumer(where, "trainer")
     consumer.rewind(step)
     for _ in range(ROUNDS):
-        end_new(BATCH)
+        timed("end", lambda: end_new(BATCH))
         step += 1
         started = time.perf_counter()
         batch = timed("take", lambda: consumer.take(BATCH, wait=30.0))
@@ -398,7 +398,43 @@ def render(results: dict, trees: list) -> str:
                 lines.append(f"| {size:,} | {cell('take')} | {cell('ack')} | {cell('commit')} | {cell('counts')} | "
                              f"{cell('restart')} | {cell('idle uploader round')} |")
             lines.append("")
+            lines += _million(after[max(after)].get("requests") or {}, max(after))
     return "\n".join(lines) + "\n"
+
+
+#: What a million rollouts' hand-off is priced for (assumed, said in the table): 8 sidecars, each
+#: uploader's round twice a second for the run (rollouts ending RATE a second), and about 120 KB
+#: captured per rollout (a few turns after a long task, token ids on).
+SIDECARS, ROUNDS_PER_SECOND, BYTES_PER_ROLLOUT = 8, 2.0, 120_000
+
+
+def _million(found: dict, measured_at: int) -> list[str]:
+    """A million rollouts' requests and their price, from the counts measured per operation."""
+    if not all(key in found for key in ("end", "take", "ack", "commit", "idle uploader round")):
+        return []
+    rollouts = 1_000_000
+    per_rollout = {kind: sum(found[key][kind] for key in ("end", "take", "ack", "commit")) / BATCH
+                   for kind in ("LIST", "GET", "PUT")}
+    seconds = rollouts / RATE
+    idle = {kind: found["idle uploader round"][kind] * seconds * ROUNDS_PER_SECOND * SIDECARS
+            for kind in ("LIST", "GET", "PUT")}
+    total = {kind: per_rollout[kind] * rollouts + idle[kind] for kind in per_rollout}
+    price = sum(total[kind] / 1000 * PRICE_PER_1000[kind] for kind in total)
+    gigabytes = rollouts * BYTES_PER_ROLLOUT / 1e9
+    return ["A million rollouts' hand-off on S3, from the counts above (measured with "
+            f"{measured_at:,} consumed; flat, so the same at any size): each rollout's end and its share of a "
+            f"take of {BATCH}, its ack and commit, plus {SIDECARS} sidecars' uploaders idling "
+            f"{ROUNDS_PER_SECOND:g} rounds a second for the run ({seconds / 3600:.1f} h at {RATE:.0f} ends a second). "
+            "Prices: AWS S3 Standard us-east-1 (https://aws.amazon.com/s3/pricing/): LIST and PUT $0.005, "
+            "GET $0.0004 per 1,000.", "",
+            "| | LIST | GET | PUT | price |", "|---|---:|---:|---:|---:|",
+            f"| per rollout (end, take, ack, commit) | {per_rollout['LIST']:.2f} | {per_rollout['GET']:.2f} | "
+            f"{per_rollout['PUT']:.2f} | |",
+            f"| idle uploaders, the run | {idle['LIST']:,.0f} | {idle['GET']:,.0f} | {idle['PUT']:,.0f} | |",
+            f"| a million rollouts | {total['LIST']:,.0f} | {total['GET']:,.0f} | {total['PUT']:,.0f} | ${price:,.2f} |",
+            "",
+            f"Beside the bytes captured: {gigabytes:,.0f} GB at an assumed {BYTES_PER_ROLLOUT // 1000} KB a rollout, "
+            f"${gigabytes * 0.023:,.2f} a month stored (S3 Standard, $0.023 per GB-month).", ""]
 
 
 if __name__ == "__main__":
