@@ -10,6 +10,8 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
 
 import aiohttp
 import orjson
@@ -20,7 +22,7 @@ from records import CaptureStore, read_model_call_records
 from records.store import SegmentDamaged, compact_store, plan_segment_reads, store_view
 from records.contract import manifest_name, merge_writers
 
-from tests import soak_or
+from tests import CHECKOUT, soak_or
 from tests.processes import SidecarProcess
 
 
@@ -555,3 +557,35 @@ async def test_the_token_mode_ships_its_files_through_the_store_across_a_sigkill
     with open(os.path.join(view, "forged.tokens.jsonl"), "rb") as handle:
         assert sorted(orjson.loads(line)["parent_resolution"] for line in handle.read().splitlines()) == ["root",
                                                                                                           "unresolved"]
+
+
+def test_a_view_follows_its_store_reading_only_the_manifests_of_the_rollouts_that_changed(tmp_path):
+    """A view brought up to date lists each writer's manifests after the last it applied and
+    rebuilds the rollouts the new ones name from their own manifests: an old manifest of a rollout
+    that did not change is not read again (here it is made unreadable, in the store and in the
+    cache: a view that parsed every manifest at each look would fail). docs/reading.md, "At a long
+    run's scale"."""
+    spool, url = str(tmp_path / "spool"), f"segments://{tmp_path}/store"
+    _write_segment(spool, "host.1.aaaa", 1, [("old", _line(1, 10.0))])
+    _write_segment(spool, "host.1.aaaa", 2, [("kept", _line(2, 11.0))])
+    uploader = Uploader(spool, url)
+    assert uploader.upload_all() == 2
+    view = store_view(url)
+    assert read_model_call_records(view, "old")[0].request == {"call": 1}
+    stale = manifest_name("host.1.aaaa", 1)
+    for path in (os.path.join(str(tmp_path / "store"), *stale.split("/")),
+                 os.path.join(str(tmp_path / "store-cache"), os.listdir(tmp_path / "store-cache")[0], *stale.split("/"))):
+        with open(path, "wb") as handle:
+            handle.write(b"not a manifest")
+    _write_segment(spool, "host.1.aaaa", 3, [("kept", _line(3, 12.0)), ("new", _line(4, 13.0))])
+    _write_segment(spool, "host.2.bbbb", 1, [("new", _line(5, 14.0))])  # A writer that came since.
+    assert uploader.upload_all() == 2
+    # Brought up to date by another process (a restarted consumer: nothing parsed in memory).
+    again = subprocess.run([sys.executable, "-c", "import sys; from records.store import store_view; "
+                            "print(store_view(sys.argv[1]))", url], capture_output=True, text=True, cwd=CHECKOUT,
+                           env={**os.environ, "PYTHONPATH": CHECKOUT})
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == view
+    assert [record.request for record in read_model_call_records(view, "kept")] == [{"call": 2}, {"call": 3}]
+    assert [record.request for record in read_model_call_records(view, "new")] == [{"call": 4}, {"call": 5}]
+    assert read_model_call_records(view, "old")[0].request == {"call": 1}
