@@ -356,7 +356,18 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
-    table = render(results, trees)
+    # Kept by layout, size and checkout: a run of some layouts or sizes replaces only those.
+    kept_path = os.path.join(HERE, "results", "scale.json")
+    kept = {}
+    if os.path.exists(kept_path):
+        with open(kept_path, encoding="utf-8") as handle:
+            kept = {tuple(key.split("|")[:1]) + (int(key.split("|")[1]), key.split("|")[2]): value
+                    for key, value in json.load(handle).items()}
+    kept.update(results)
+    with open(kept_path, "w", encoding="utf-8") as handle:
+        json.dump({f"{layout}|{size}|{label}": value for (layout, size, label), value in sorted(kept.items())}, handle)
+    table = render(kept, [(label, None) for label in ("after", "before")
+                          if any(key[2] == label for key in kept)])
     print(table)
     with open(os.path.join(HERE, "results", "scale.md"), "w", encoding="utf-8") as handle:
         handle.write(table)

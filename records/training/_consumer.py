@@ -313,15 +313,6 @@ class _ConsumerView:
         return sorted(rollout_id for rollout_id in self._without_end(None)
                       if group_of(rollout_id, None) == key or rollout_id.startswith(key + "-"))
 
-    def _members_known(self, item: str) -> list[RolloutEnd]:
-        """The ends an item stands for, as known: the rollout's, or those its group's claims name."""
-        if not item.startswith(_GROUP_ITEM):
-            end = self._ends.get(item)
-            return [end] if end is not None else []
-        named = {member for record in self._known(item) if record.get("kind") == "claim"
-                 for member in record.get("members", ())}
-        return [self._ends[member] for member in named if member in self._ends]
-
     def _item_of(self, end: RolloutEnd) -> str:
         """The item an ended rollout is (or will be) handed out as: its group's item when a claim of
         the group names it, a late member's own item, else the rollout's (read from the items' logs,
@@ -457,7 +448,7 @@ class _ConsumerView:
             return
         self._cursor = float(record["cursor"])
         self._base.update({key: int(value) for key, value in (record.get("counts") or {}).items() if key in self._base})
-        for data in record.get("open") or ():
+        for data in [*(record.get("open") or ()), *(record.get("recent") or ())]:
             end = RolloutEnd.model_validate(data)
             self._ends[end.rollout_id] = end
         self._unended_carry = {rollout_id: float(stamp) for rollout_id, stamp in (record.get("unended") or {}).items()}
@@ -993,11 +984,17 @@ class Consumer(_ConsumerView):
         unended = {rollout_id: stamp for rollout_id, stamp in {**self._unended_carry, **self._started}.items()
                    if stamp < cursor and rollout_id not in self._ends and rollout_id not in self._ended_elsewhere}
         unended = {rollout_id: stamp for rollout_id, stamp in unended.items() if not self.room.has_end(rollout_id)}
-        # Items after the cursor this process knows final: a restart need not read their logs again.
-        final_after = {item: flags for item, flags in self._final.items()
-                       if any(end.ended_at >= cursor for end in self._members_known(item))}
+        # The ends after the cursor this process has read, and the items of theirs it knows final: a
+        # restart need not fetch them, nor read those items' logs, again.
+        after_cursor = [end for end in ended if end.ended_at >= cursor]
+        final_after = {}
+        for end in after_cursor:
+            item = self._item_of(end)
+            status, _, standing = self._state(self._known(item))
+            if item in self._final or status == "acked_final":
+                final_after[item] = self._final.get(item, _flags(standing))
         record = orjson.dumps({"cursor": cursor, "counts": base, "open": [end.model_dump() for end in still_open.values()],
-                               "final_after": final_after,
+                               "recent": [end.model_dump() for end in after_cursor], "final_after": final_after,
                                "unended": unended, "log_from": log_from, "at": time.time(), "holder": self.holder,
                                "incarnation": getattr(self, "incarnation", None)})
         number = self._newest_checkpoint() + 1
