@@ -218,6 +218,7 @@ class StoreRoom:
         self._created = False
         self._run_end: Optional[dict[str, Any]] = None
         self._dead: set[tuple[float, str]] = set()
+        self._view_at: Optional[tuple[float, str]] = None
 
     def prepare(self, prefix: str) -> None:
         """Exclusive create checked where the consumer writes: a probe created twice must fail the
@@ -276,8 +277,11 @@ class StoreRoom:
         return self.store.get_if_present(end_object_name(rollout_id)) is not None
 
     def last_written(self, rollout_id: str) -> Optional[float]:
-        """The ``completed_at`` of the rollout's last line in the store's view, or None when it has none."""
-        return _last_completed_at(os.path.join(self.view([]), rollout_id + CAPTURE_SUFFIX))
+        """The ``completed_at`` of the rollout's last line in the store's view (brought up to date at
+        most once a second: `counts` asks this of every rollout under way), or None when it has none."""
+        if self._view_at is None or time.monotonic() - self._view_at[0] > 1.0:
+            self._view_at = (time.monotonic(), self.view([]))
+        return _last_completed_at(os.path.join(self._view_at[1], rollout_id + CAPTURE_SUFFIX))
 
     def exists(self, name: str) -> bool:
         return self.store.get_if_present(name) is not None
