@@ -214,11 +214,6 @@ def worker(args: argparse.Namespace) -> None:
     history = _make_history(records, where, layout, size)
     made = time.perf_counter() - made_started
     requests = _Requests(os.environ.get("AWS_ENDPOINT_URL") if layout == "s3" else None)
-    writer = None
-    if layout != "directory":
-        from records.contract import ObjectStore
-
-        store = ObjectStore(where)
     figures: dict[str, list] = {key: [] for key in ("end", "take", "ack", "commit", "counts", "restart", "cycle")}
     counted: dict[str, dict[str, int]] = {}
     step = history["steps"]
@@ -267,18 +262,15 @@ def worker(args: argparse.Namespace) -> None:
         return again.take(BATCH, wait=30.0)
 
     timed("restart", restart)
-    if layout == "s3":  # An idle uploader's round: its listing of the ends, its watermark's put.
-        sys.path.insert(0, args.tree)
-        from capture.journal._watermark import Watermark
+    if layout == "s3":  # An idle sidecar's uploader: one round of the live hand-off (nothing to ship).
+        from capture.journal import Uploader
 
         spool = os.path.join(args.work, "spool")
         os.makedirs(spool, exist_ok=True)
-        writer = Watermark(spool, store, "idle")
-        writer.follow_ends()  # A spool's first round lists the index whole once (old ends to refuse).
-        writer.publish()
+        uploader = Uploader(spool, where)
+        uploader.hand_off_round()  # A spool's first round lists the index whole once (old ends to refuse).
         requests.start()
-        writer.follow_ends()
-        writer.publish()
+        uploader.hand_off_round()
         counted["idle uploader round"] = requests.stop()
     print(json.dumps({"made": made, "figures": figures, "requests": counted}))
 
