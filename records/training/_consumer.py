@@ -1128,7 +1128,7 @@ def _line_weight_versions(directory: str, rollout_id: str) -> dict[str, int]:
     return tokens
 
 
-#: An ack's flags as kept for a final item (in summaries): dropped, handed out stale, in a partial group.
+#: An ack's flags as kept for a final item (in checkpoints): dropped, handed out stale, in a partial group.
 _FLAG_NAMES = ((1, "dropped"), (2, "stale"), (4, "partial"))
 
 
