@@ -341,6 +341,7 @@ class _ConsumerView:
     def _ended(self) -> list[RolloutEnd]:
         """Every ended rollout of the captures, oldest end first (ends never change: each read
         once, and sorted again only when new ones were read)."""
+        self._read_checkpoint()  # (Once: the cursor the ends are listed from.)
         self._listed_at = time.time()
         self.room.new_ends(self._cursor, self._ends)
         if len(self._ended_sorted) != len(self._ends):
