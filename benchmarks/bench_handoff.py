@@ -92,11 +92,12 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def s3_server(work: str) -> tuple[str, subprocess.Popen]:
-    """moto's S3 server in a process of its own on loopback, a bucket made; its endpoint."""
+def s3_server(work: str, bucket: str = "handoff") -> tuple[str, subprocess.Popen]:
+    """moto's S3 server in a process of its own on loopback (working in ``work``, where its recorder
+    keeps ``moto_recording``), ``bucket`` made; its endpoint."""
     port = bench.free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_DEFAULT_REGION="us-east-1", MCC_STORE_CACHE=os.path.join(work, "cache"))
@@ -105,7 +106,7 @@ def s3_server(work: str) -> tuple[str, subprocess.Popen]:
     deadline = time.monotonic() + 30
     while True:
         try:
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="handoff")
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
             return endpoint, server
         except Exception:
             if time.monotonic() > deadline:

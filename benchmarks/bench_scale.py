@@ -292,27 +292,11 @@ def run(tree: str, layout: str, size: int, env: dict) -> dict:
 
 
 def s3_endpoint() -> tuple[str, subprocess.Popen]:
+    """moto's server as bench_handoff starts it (its recorder's file in a temporary directory), bucket ``scale``."""
     sys.path.insert(0, HERE)
-    import bench_proxy as bench
+    from bench_handoff import s3_server
 
-    port = bench.free_port()
-    # (Its recorder keeps what it counts in ``moto_recording`` in its working directory: a temporary one.)
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tempfile.mkdtemp(prefix="mcc-moto-"))
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1")
-    import boto3
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="scale")
-            return endpoint, server
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return s3_server(tempfile.mkdtemp(prefix="mcc-moto-"), bucket="scale")
 
 
 def main() -> None:
