@@ -12,7 +12,7 @@ import click
 
 from records import RecordsError
 
-from .app import CAPTURE_UMASKS, ConfigError, Settings, configure_logging, load_settings
+from .app import CAPTURE_UMASKS, OPTION_GROUPS, OPTIONS, ConfigError, Option, Settings, configure_logging, load_settings
 
 
 class _Mcc(click.Group):
@@ -51,32 +51,61 @@ def main() -> None:
     """model-call-capture: a reverse-proxy sidecar that records every model call of a rollout."""
 
 
-def _no_secret_flag(value: Any) -> None:
-    """``--admin-token TOKEN`` is refused: a secret on the command line shows in ``ps``."""
-    if value is not None:
-        raise click.BadParameter("a token on the command line shows in ps (for the supervisor and every worker): "
-                                 "set MCC_ADMIN_TOKEN, or put it in a file and pass --admin-token-file FILE",
-                                 param_hint="--admin-token")
-
-
 #: `mcc serve --help` and docs/configuration.md show the options in these groups, in this order
-#: (the names are the settings'; `config` is the file's own option). Every shown option is in one.
-SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Forward and listen", ("upstream", "stand_in", "host", "port", "workers", "forward", "admin_token_file",
-                            "open_admin", "config")),
-    ("Capture", ("capture_dir", "capture_enabled", "model_name", "capture_raw_stream", "capture_sync",
-                 "capture_permissions")),
-    ("Storage past one node", ("capture_store", "segment_max_bytes", "segment_max_age")),
-    ("Training token ids", ("capture_tokens", "token_dir", "supply_prefix", "capture_routed_experts", "engine",
-                            "policy_model")),
-    ("Privacy", ("redact", "redact_hook", "redact_hook_budget", "redact_hook_workers", "privacy",
-                 "privacy_keep_token_ids")),
-    ("The upstream connection", ("upstream_ca", "connect_timeout", "read_timeout", "upstream_idle_timeout",
-                                 "trace_context", "affinity_header")),
-    ("Client connections", ("max_body_bytes", "head_timeout", "max_connections")),
-    ("Shutdown", ("drain_timeout", "shutdown_delay")),
-    ("Logs", ("log_level", "log_format")),
-)
+#: (`proxy.app.OPTION_GROUPS`; the names are the settings', declared by the proxy and its features:
+#: `proxy.app.OPTIONS`). ``config`` is the file's own option, last in the first group.
+SERVE_OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (title, tuple(option.name for option in OPTIONS if option.group == title and option.help is not None)
+     + (("config",) if title == OPTION_GROUPS[0] else ()))
+    for title in OPTION_GROUPS + tuple(dict.fromkeys(o.group for o in OPTIONS if o.group not in OPTION_GROUPS + (None,))))
+
+
+def _click_option(option: Option) -> Any:
+    """``mcc serve``'s flag of a declared option: ``--`` + its name (a bool: ``--x/--no-x``, or ``--x``
+    for a switch), its help ending with its variable (``[MCC_X]``)."""
+    if option.help is None:  # No flag: a variable or a YAML key only; a secret's flag says how to give it.
+        refusal = option.refused_flag
+        if refusal is None:
+            return None
+        return click.option(option.flag, hidden=True, expose_value=False,
+                            callback=lambda context, parameter, value: _refused(value, refusal, parameter))
+    flag = option.flag
+    help_text = option.help if option.internal else f"{option.help} [{option.variable}]"
+    extra: dict[str, Any] = {"hidden": option.internal, "help": help_text}
+    if option.choices:
+        extra["type"] = click.Choice(list(option.choices), case_sensitive=False)
+    elif option.switch:
+        extra.update(is_flag=True, default=None)
+    elif _base_type(option.type) is bool:
+        flag = "/".join(option.flags) if option.flags else f"{flag}/--no-{flag[2:]}"
+        extra["default"] = None
+    elif _base_type(option.type) in (int, float):
+        extra["type"] = _base_type(option.type)
+    if option.metavar:
+        extra["metavar"] = option.metavar
+    return click.option(flag, option.name, **extra)
+
+
+def _base_type(kind: Any) -> Any:
+    """``int`` of ``int | None``."""
+    arguments = [argument for argument in getattr(kind, "__args__", (kind,)) if argument is not type(None)]
+    return arguments[0] if len(arguments) == 1 else kind
+
+
+def _refused(value: Any, why: str, parameter: click.Parameter) -> None:
+    if value is not None:
+        raise click.BadParameter(why, param_hint=parameter.opts[0])
+
+
+def _with_declared_options(command: Any) -> Any:
+    """Every declared option's flag on ``command`` (the proxy's first, then each feature's)."""
+    for option in reversed(OPTIONS):
+        decorator = _click_option(option)
+        if decorator is not None:
+            command = decorator(command)
+    return click.option("--config", "config", metavar="FILE",
+                        help="YAML config; a NeMo Gym global config works. [MCC_CONFIG]")(command)
+
 
 _SERVE_EPILOG = """\b
 Agents call http://HOST:PORT/ng-rollout/<rollout_id>/v1/... (the Anthropic SDK: without /v1);
@@ -119,66 +148,7 @@ class _ServeCommand(click.Command):
 
 
 @main.command(cls=_ServeCommand, epilog=_SERVE_EPILOG)
-@click.option("--upstream", metavar="URL", help="Model server to forward to, e.g. http://127.0.0.1:8000. [MCC_UPSTREAM]")
-@click.option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 in a container). [MCC_HOST]")
-@click.option("--port", type=int, help="Port to bind (default 8080; 0 picks a free port). [MCC_PORT]")
-@click.option("--capture-dir", metavar="DIR", help="Absolute directory for <rollout_id>.capture.jsonl; capture is off without it. [MCC_CAPTURE_DIR]")
-@click.option("--capture/--no-capture", "capture_enabled", default=None, help="Turn capture on or off (NeMo Gym's observability_enabled). [MCC_CAPTURE_ENABLED]")
-@click.option("--model-name", metavar="NAME", help="model_ref.name of every record (default: the upstream's host:port). [MCC_MODEL_NAME]")
-@click.option("--config", "config", metavar="FILE", help="YAML config; a NeMo Gym global config works. [MCC_CONFIG]")
-@click.option("--max-body-bytes", type=int, help="Largest request body accepted (default 256 MiB). [MCC_MAX_BODY_BYTES]")
-@click.option("--connect-timeout", type=float, help="Seconds to connect to the upstream (default 10). [MCC_CONNECT_TIMEOUT]")
-@click.option("--read-timeout", type=float, help="Seconds allowed between upstream reads (default 600). [MCC_READ_TIMEOUT]")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              help="Default info. [MCC_LOG_LEVEL]")
-@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False), help="Default text. [MCC_LOG_FORMAT]")
-@click.option("--drain-timeout", type=float, help="Seconds in-flight calls may finish after SIGTERM (default 25). [MCC_DRAIN_TIMEOUT]")
-@click.option("--shutdown-delay", type=float, help="Seconds to keep accepting after SIGTERM while /-/ready says 503, before draining (rolling updates; default 0). [MCC_SHUTDOWN_DELAY]")
-@click.option("--stand-in", is_flag=True, default=None, help="Serve the built-in stand-in model server as the upstream. [MCC_STAND_IN]")
-@click.option("--capture-sync", type=click.Choice(["auto", "fsync"], case_sensitive=False),
-              help="auto: fsync, or one syncfs per batch of several files; fsync: file by file (default auto). [MCC_CAPTURE_SYNC]")
-@click.option("--forward", type=click.Choice(["all", "model-api"], case_sensitive=False),
-              help="What the port forwards: all (every path; default) or model-api (the model API, vLLM's token endpoints and health; anything else 404, said in the log). [MCC_FORWARD]")
-@click.option("--capture-permissions", type=click.Choice(["private", "group"], case_sensitive=False),
-              help="Who may read what the sidecar writes: private (files 0600, directories 0700; default: lines hold whole prompts and replies) or group (0640 / 0750, e.g. a collector in the pod's fsGroup). [MCC_CAPTURE_PERMISSIONS]")
-@click.option("--capture-raw-stream", type=click.Choice(["always", "on-failure"]),
-              help="Keep each stream's SSE text as response_raw always (default), or only when reassembly failed or the stream was cut. [MCC_CAPTURE_RAW_STREAM]")
-@click.option("--policy-model", metavar="NAME", help="The model being trained: a call of a rollout for another model is a side call, captured whole, marked side_call and never trained on (default: the model of each rollout's first call). [MCC_POLICY_MODEL]")
-@click.option("--token-dir", metavar="DIR", help="Where the training-token files (<rollout_id>.tokens.jsonl, Gym's store) go; default: the capture dir. [MCC_TOKEN_DIR]")
-@click.option("--capture-tokens/--no-capture-tokens", default=None,
-              help="Token capture mode: ask vLLM for every captured call's token ids and logprobs (added to the request, cut from the agent's reply; off by default). [MCC_CAPTURE_TOKENS]")
-@click.option("--supply-prefix/--no-supply-prefix", default=None,
-              help="Prefix supply: send each chat turn whose parent call is known on the parent's exact token ids (vLLM kv_transfer_params.prompt_token_ids), so no turn drifts; changes what the model samples (on by default with --capture-tokens where the upstream renders: /tokenize; --no-supply-prefix turns it off). [MCC_SUPPLY_PREFIX]")
-@click.option("--capture-routed-experts/--no-capture-routed-experts", default=None,
-              help="MoE routed experts: store each call's routed_experts (vLLM --enable-return-routed-experts) apart from the lines, as an object named by its sha256 beside the token files, its parent's rows not again (off by default; needs --capture-tokens). [MCC_CAPTURE_ROUTED_EXPERTS]")
-@click.option("--engine", type=click.Choice(["auto", "vllm", "sglang"], case_sensitive=False),
-              help="The model server the token capture mode asks for token ids: vllm, sglang (its sglext ids, chat), or auto (default: with --capture-tokens, asked of the upstream at start, GET /server_info answers for SGLang; vLLM otherwise). [MCC_ENGINE]")
-@click.option("--redact", metavar="FILE", help="Redaction rules (YAML: rules: [{name, pattern}]): every match in what is captured is replaced by [REDACTED:<name>:<tag>] before it is written; a rule that does not compile stops the start (docs/privacy.md). [MCC_REDACT]")
-@click.option("--redact-hook", metavar="MODULE:FUNCTION", help="A callable given every captured text value (after the rules), returning it redacted; one that raises or runs past --redact-hook-budget leaves the line in metrics-only form, marked redaction_failed. [MCC_REDACT_HOOK]")
-@click.option("--redact-hook-budget", type=float, help="Seconds the redaction hook may take per line, from the moment the line is ready (default 1). [MCC_REDACT_HOOK_BUDGET]")
-@click.option("--redact-hook-workers", type=int, help="Lines the redaction hook works on at once, each on a thread of its own (default 16; a hook past its budget keeps its thread until it returns). [MCC_REDACT_HOOK_WORKERS]")
-@click.option("--privacy", type=click.Choice(["full", "metrics-only"], case_sensitive=False),
-              help="full (default), or metrics-only: lines keep ids, timing, status, usage, finish reasons and tool names; every content value is replaced; no raw text, no token files. [MCC_PRIVACY]")
-@click.option("--privacy-keep-token-ids/--no-privacy-keep-token-ids", default=None,
-              help="With --privacy metrics-only: keep token ids and logprob numbers (token ids decode to the text). [MCC_PRIVACY_KEEP_TOKEN_IDS]")
-@click.option("--trace-context/--no-trace-context", default=None,
-              help="Send a W3C traceparent upstream with each captured call that has none (the rollout's trace; the upstream's spans join it; default on). [MCC_TRACE_CONTEXT]")
-@click.option("--upstream-ca", metavar="FILE", help="CA bundle (PEM) for an HTTPS upstream with a private or self-signed certificate. [MCC_UPSTREAM_CA]")
-@click.option("--affinity-header", metavar="NAME", help="Send each captured call upstream with this header set to its rollout id (unless the agent sent it), for a router that places sessions by a header: x-session-id (vllm-router), x-smg-routing-key (SGLang), X-Dynamo-Session-ID (Dynamo). [MCC_AFFINITY_HEADER]")
-@click.option("--admin-token-file", metavar="FILE", help="A file holding the runner's and trainer's token (or set MCC_ADMIN_TOKEN; never a flag: it would show in ps): admin requests that change state (POST /-/rollouts/<id>/end, POST /-/run/end, POST /-/weight-version) need Authorization: Bearer <token>; model calls never do. Without a token they are refused. [MCC_ADMIN_TOKEN_FILE]")
-@click.option("--open-admin/--no-open-admin", default=None, help="Let whatever reaches the port end rollouts and declare weight versions with no token: an agent could post its own reward (a trusted single-user setup only; off by default). [MCC_OPEN_ADMIN]")
-@click.option("--admin-token", hidden=True, expose_value=False, callback=lambda context, parameter, value: _no_secret_flag(value))
-@click.option("--capture-store", metavar="URL", help="Write-once storage past one node: segments:///path, s3://bucket/prefix, gs://..., az://...; the capture dir is then the local spool (off by default). [MCC_CAPTURE_STORE]")
-@click.option("--segment-max-bytes", type=int, help="Seal (and upload) a writer segment at this size (default 64 MiB). [MCC_SEGMENT_MAX_BYTES]")
-@click.option("--segment-max-age", type=float, help="Seal (and upload) a writer segment this many seconds after it opened (default 60). [MCC_SEGMENT_MAX_AGE]")
-@click.option("--upstream-idle-timeout", type=float, help="Seconds a pooled upstream connection may idle and be reused; keep it below the upstream's keep-alive (default 4; uvicorn: 5). [MCC_UPSTREAM_IDLE_TIMEOUT]")
-@click.option("--head-timeout", type=float, help="Seconds a client may take to send a request head (default 20). [MCC_HEAD_TIMEOUT]")
-@click.option("--max-connections", type=int, help="Client connections open at once (default 16384). [MCC_MAX_CONNECTIONS]")
-@click.option("--workers", type=int, help="Processes serving the port with SO_REUSEPORT (default 1). [MCC_WORKERS]")
-@click.option("--reuse-port", is_flag=True, default=None, hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
-@click.option("--metrics-dir", hidden=True, help="Where workers share their metrics (set for workers).")
-@click.option("--worker-index", type=int, hidden=True, help="This worker's slot (set for workers).")
-@click.option("--worker-count", type=int, hidden=True, help="How many workers (set for workers).")
+@_with_declared_options
 def serve(**options: Any) -> None:
     """Run the sidecar in front of a model server, until SIGINT or SIGTERM.
 

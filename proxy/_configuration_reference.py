@@ -2,7 +2,8 @@
 
 ``python -m proxy._configuration_reference > docs/configuration.md`` (``make docs``) writes it;
 ``tests/project/test_docs.py`` fails when the file is not what this prints. Each row: the flag, its
-``MCC_*`` variable, its YAML key, the default (read from `Settings`) and the flag's own help.
+``MCC_*`` variable, its YAML key, the default (read from `Settings`, or as the option says it) and
+the flag's own help; an option without a flag, what it declares it means (`proxy.app.Option`).
 """
 
 from __future__ import annotations
@@ -14,20 +15,7 @@ from typing import Any
 import click
 
 from ._cli import SERVE_OPTION_GROUPS, serve
-from .app import Settings
-
-#: Settings that have no flag (read from the environment or YAML only), and what they mean.
-_WITHOUT_FLAG = {
-    "session_id_header": "the request header copied to each line as `client_session_id`",
-    "assistant_message_id_header": "the request header copied to each line as `client_assistant_message_id`",
-    "redact_key": "the redaction placeholders' key, hex of 32 bytes or more: sidecars given the same key name "
-                  "a rollout's values alike (docs/privacy.md); an environment variable or the YAML file, never "
-                  "a flag that `ps` would show",
-    "admin_token": "the runner's and the trainer's token: admin requests that change state (POST "
-                   "`/-/rollouts/<id>/end`, POST /-/run/end, POST /-/weight-version) need `Authorization: Bearer "
-                   "<token>`, and without one they are refused (docs/operations.md, \"Who may change state\"); an "
-                   "environment variable (a Kubernetes Secret), the YAML file or `--admin-token-file`, never a flag",
-}
+from .app import OPTIONS, Settings
 
 _HEAD = """\
 # Configuration
@@ -92,8 +80,10 @@ def configuration_reference() -> str:
             lines.append(f"| {flag} | {variable} | {yaml_key} | {_default(name)} | {_meaning(option, context)} |")
         lines.append("")
     lines += ["## Settings without a flag", "", "| environment | YAML key | default | meaning |", "|---|---|---|---|"]
-    for name, meaning in _WITHOUT_FLAG.items():
-        lines.append(f"| `MCC_{name.upper()}` | {_yaml_cell(name)} | {_default(name)} | {meaning} |")
+    for declared in OPTIONS:  # Declared with what they mean instead of a flag's help.
+        if declared.help is None:
+            lines.append(f"| `{declared.variable}` | {_yaml_cell(declared.name)} | {_default(declared.name)} | "
+                         f"{declared.meaning} |")
     lines.append("")
     return "\n".join(lines) + "\n" + _TAIL
 
@@ -110,24 +100,14 @@ def _yaml_cell(name: str) -> str:
 def _default(name: str) -> str:
     if name == "config":
         return "none"
-    field = Settings.model_fields[name]
-    value: Any = field.default
-    if name == "upstream":
-        return "required, unless `--stand-in`"
-    if name == "capture_dir":
-        return "none: capture off"
-    if name == "capture_enabled":
-        return "on (when a capture dir is set)"
-    if name == "model_name":
-        return "the upstream's `host:port`"
-    if name == "token_dir":
-        return "the capture dir"
+    said = next(option.default_said for option in OPTIONS if option.name == name)
+    if said is not None:
+        return said
+    value: Any = Settings.model_fields[name].default
     if value is None:
         return "none"
     if isinstance(value, bool):
         return "on" if value else "off"
-    if name == "max_body_bytes":
-        return f"{value} (256 MiB)" if value == 256 * 1024 * 1024 else str(value)
     if isinstance(value, float):
         return f"{value:g} s"
     return f"`{value}`" if isinstance(value, str) else str(value)

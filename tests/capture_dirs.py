@@ -152,7 +152,7 @@ def make_token_dir(path: str, rollouts: int, calls: int, tokens: int, *, name: s
 
 
 #: What a sidecar keeps in its capture directory of its own, beside the rollouts' files: its calls
-#: in flight (`proxy.app._in_flight`), and the time indexes of ends and starts (docs/reading.md).
+#: in flight (`proxy.app.features._in_flight`), and the time indexes of ends and starts (docs/reading.md).
 SIDECAR_OWN = ("inflight", "start-index", "end-index")
 
 
@@ -163,7 +163,7 @@ def rollout_files(capture_dir: str) -> list[str]:
 
 def remove_live_capture_dir(path: str) -> None:
     """Remove a capture directory that running sidecars write into (each publishes its calls in
-    flight there ten times a second: `proxy.app._in_flight`), as an operator's ``rm -rf`` would,
+    flight there ten times a second: `proxy.app.features._in_flight`), as an operator's ``rm -rf`` would,
     retried until it is gone."""
     import shutil
 

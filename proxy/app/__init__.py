@@ -18,14 +18,20 @@ from ._serve import (
     start_sidecar,
     stop_on_sigint_or_sigterm,
 )
-from ._settings import CAPTURE_UMASKS, ConfigError, Settings, load_settings
+from ._settings import CAPTURE_UMASKS, OPTION_GROUPS, OPTIONS, ConfigError, Settings, load_settings
+from .features import FEATURES, Feature, Option
 from ._sidecar import Sidecar
 
 __all__ = [
     "CAPTURE_UMASKS",
+    "FEATURES",
+    "OPTIONS",
+    "OPTION_GROUPS",
     "CannotServe",
     "ConfigError",
+    "Feature",
     "JsonFormatter",
+    "Option",
     "RunningServer",
     "Settings",
     "Sidecar",

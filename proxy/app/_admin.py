@@ -1,24 +1,22 @@
 """The sidecar's own endpoints under ``/-/`` (docs/wire.md, "The sidecar's own endpoints"):
-liveness, readiness ("can forward"), metrics, the declared weight version and the end of a
-rollout. A state-changing one needs the admin token when one is set.
+liveness, readiness ("can forward"), metrics, and those the features declare (the declared weight
+version, the end of a rollout, the run's end: `proxy.app.features`). A state-changing one needs
+the admin token (`proxy.app.features.AdminAccessFeature`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Optional, Protocol
 
 import orjson
 
-from capture.journal import Journal, UploaderProcess
-from records.contract import note_declared_version, note_declared_version_in_store
+from capture.journal import Journal
 
 from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable
 from ..http import ReplyWriter, ServerRequest, UpstreamPool, upstream_problem
-from ..training import DeclaredWeightVersions, declared_version
-from ._ended_rollouts import EndedRollouts, admin_refusal, end_target
 from ._settings import Settings
+from .features import FEATURES, Feature
 from ._shared_metrics import merged_exposition, write_snapshot
 
 log = logging.getLogger("mcc")
@@ -38,10 +36,10 @@ class ServedState(Protocol):
     upstream_url: str
     upstream: UpstreamPool
     journal: Optional[Journal]
-    uploader: Optional[UploaderProcess]
-    weight_versions: DeclaredWeightVersions
-    ended_rollouts: Optional[EndedRollouts]
     shutting_down: bool
+    #: Every feature, and those running (`proxy.app.Sidecar`).
+    features: tuple[Feature, ...]
+    running: tuple[Feature, ...]
 
 
 class AdminEndpoints:
@@ -55,20 +53,15 @@ class AdminEndpoints:
     async def serve(self, request: ServerRequest, client: ReplyWriter) -> None:
         """Answer the request to ``/-/...``; a path none of these takes is forwarded as any call."""
         path = request.target.partition(b"?")[0]
-        rollout_id = end_target(path)
-        if rollout_id is not None:
-            status, body = await self.end_rollout(request, rollout_id)
-            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
-            return
-        if path == b"/-/run/end":
-            status, body = await self.end_run(request)
-            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")], body)
-            return
-        if path == b"/-/weight-version":
-            status, body = await self.weight_version(request)
-            client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
-                         b"" if request.method == "HEAD" else body)
-            return
+        for feature in self.sidecar.features:  # A feature's answers even when it is off (it says why).
+            for start, _ in type(feature).admin_paths:
+                if path == start.encode() or (start.endswith("/") and path.startswith(start.encode())):
+                    answer = await feature.serve_admin(path, request)
+                    if answer is not None:
+                        status, body = answer
+                        client.reply(status, _REASONS[status], [(b"Content-Type", b"application/json")],
+                                     b"" if request.method == "HEAD" else body)
+                        return
         admin = {b"/-/healthy": self.healthy, b"/-/health": self.healthy, b"/-/ready": self.ready,
                  b"/-/metrics": self.metrics}.get(path)  # /-/health: what people type for /-/healthy.
         if admin is not None and request.method in _ADMIN_METHODS:
@@ -84,76 +77,6 @@ class AdminEndpoints:
                      "and is never forwarded. Its endpoints: " + ", ".join(ADMIN_PATHS),
             "paths": list(ADMIN_PATHS)}))
 
-
-    async def weight_version(self, request: ServerRequest) -> tuple[int, bytes]:
-        """``GET`` the declared weight version; ``POST {"version": "<label>"}`` declares the one the
-        trainer has just loaded (issue 32, `_weight_versions`). Reachable by whatever reaches the
-        port, as every admin path: deploy/ says who that is."""
-        if request.method in _ADMIN_METHODS:
-            return 200, orjson.dumps(self.sidecar.weight_versions.state())
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "GET reads the declared weight version; POST {\"version\": \"<label>\"} sets it"})
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        version, problem = declared_version(request.body)
-        if version is None:
-            return 400, orjson.dumps({"error": problem})
-        self.sidecar.weight_versions.declare(version)
-        if self.sidecar.ended_rollouts is not None:  # The order a consumer counts staleness in (docs/reading.md).
-            state = self.sidecar.weight_versions.state()
-            try:
-                store = self.sidecar.ended_rollouts.store
-                if store is not None:
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, note_declared_version_in_store, store, version, state["declared_at"])
-                else:
-                    capture_dir = self.sidecar.settings.capture_dir
-                    assert capture_dir is not None  # Ends are kept only where calls are captured.
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, note_declared_version, capture_dir, version, state["declared_at"])
-            except Exception as exc:  # A store's refusal too: the declaration itself stands.
-                log.warning("cannot note the declared weight version in %s: %s",
-                            self.sidecar.settings.capture_store or self.sidecar.settings.capture_dir, exc)
-        return 200, orjson.dumps(self.sidecar.weight_versions.state())
-
-    async def end_rollout(self, request: ServerRequest, rollout_id: str) -> tuple[int, bytes]:
-        """``POST /-/rollouts/<rollout_id>/end``, body optional: ``{"outcome": {...}, "group":
-        "<key>", "group_size": G}``; 200 ``{"rollout_id", "ended_at", "calls"}`` once the end is
-        durable (docs/wire.md, "Ending a rollout")."""
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "POST ends the rollout, with an optional body: "
-                                               '{"outcome": {...}, "group": "<key>", "group_size": G}'})
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        if not rollout_id:
-            return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
-                                               "starting with a letter or digit"})
-        if self.sidecar.ended_rollouts is None:
-            return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no rollout "
-                                               "to end"})
-        return await self.sidecar.ended_rollouts.end(rollout_id, request.body)
-
-    def _refusal(self, request: ServerRequest) -> Optional[tuple[int, bytes]]:
-        """A state-changing request's refusal unless it carries the admin token (docs/operations.md,
-        "Who may change state"): what an agent holds (the port, its headers, a model API key)
-        never suffices."""
-        settings = self.sidecar.settings
-        return admin_refusal(settings.admin_token, settings.open_admin, request.fields.get(b"authorization"))
-
-    async def end_run(self, request: ServerRequest) -> tuple[int, bytes]:
-        """``POST /-/run/end``, body optional (any JSON object): the run is over (`records.end_run`);
-        200 ``{"ended_at", "info"}`` once durable."""
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "POST ends the run (every rollout of it has ended), with an optional "
-                                               "JSON object describing it"})
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        if self.sidecar.ended_rollouts is None:
-            return 400, orjson.dumps({"error": "this sidecar captures nothing (no --capture-dir): there is no run to end"})
-        return await self.sidecar.ended_rollouts.end_run(request.body)
 
     async def healthy(self) -> tuple[int, bytes, bytes]:
         """Liveness: the process is up and serving."""
@@ -189,10 +112,8 @@ class AdminEndpoints:
             problem = self.sidecar.journal.write_problem if self.sidecar.journal is not None else None
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
                           capture="ok" if writable and problem is None else "failing")
-            if self.sidecar.uploader is not None:  # Told, never a 503: a store's outage must not fail a call.
-                checks.update(capture_store=settings.capture_store, upload_lag=self.sidecar.uploader.lag().as_dict())
-                if self.sidecar.uploader.problem is not None:
-                    checks["store_problem"] = self.sidecar.uploader.problem
+            for feature in self.sidecar.running:  # Told, never a 503: a store's outage must not fail a call.
+                checks.update(feature.ready())
             if problem is not None:  # The last line was refused (a full disk): failing until one is written.
                 checks["capture_problem"] = f"the last capture line could not be written: {problem}"
         if self.sidecar.shutting_down:
@@ -202,8 +123,8 @@ class AdminEndpoints:
         return (200 if upstream_ok else 503), b"application/json", orjson.dumps(checks)
 
 
-#: The sidecar's own endpoints, as a 404 under ``/-/`` names them.
-ADMIN_PATHS = ("GET /-/healthy", "GET /-/ready", "GET /-/metrics", "GET|POST /-/weight-version",
-               "POST /-/rollouts/<rollout_id>/end", "POST /-/run/end")
+#: The sidecar's own endpoints, as a 404 under ``/-/`` names them: its own, then the features'.
+ADMIN_PATHS = ("GET /-/healthy", "GET /-/ready", "GET /-/metrics") + tuple(
+    said for feature in FEATURES for _, said in feature.admin_paths)
 
 __all__ = ["AdminEndpoints"]

@@ -77,10 +77,11 @@ async def serve_forever(settings: Settings, log_format: str = "text",
     stop = stop_on_sigint_or_sigterm()
     started: list[Any] = []
     if settings.worker_index is not None:
-        # Another worker declared a weight version (`_weight_versions`): the supervisor signals
-        # every worker. Handled from the start, so a signal never kills a worker still starting.
+        # Another worker declared a weight version: the supervisor signals every worker, and each
+        # feature reads again what the workers share (`Feature.reread`). Handled from the start, so a
+        # signal never kills a worker still starting.
         asyncio.get_running_loop().add_signal_handler(
-            signal.SIGUSR1, lambda: started and started[0].sidecar.weight_versions.reread())
+            signal.SIGUSR1, lambda: started and [feature.reread() for feature in started[0].sidecar.running])
     stand_in = await start_stand_in() if settings.stand_in and start_stand_in is not None else None
     try:
         sidecar = await start_sidecar(settings, stand_in.url if stand_in else None)

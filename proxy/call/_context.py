@@ -148,7 +148,7 @@ class CallContext:
     #: redaction (docs/privacy.md); the app sets them.
     line_hooks: tuple[CallHooks, ...] = ()
     #: Before anything else, for a captured call: a local reply and its message when it must not
-    #: go upstream (its rollout has ended: `proxy.app._ended_rollouts`), else None. One call per
+    #: go upstream (its rollout has ended: `proxy.app.features.RolloutEndsFeature`), else None. One call per
     #: captured call, not a hook: a hook takes part in every phase of the call.
     refusal: Callable[[Route], "Optional[tuple[LocalReply, str]]"] = field(default=lambda route: None)
     #: ``--forward``: ``all``, or ``model-api`` (other paths answered 404 here: `forwards`).

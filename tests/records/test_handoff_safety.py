@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from records import Consumer, LeaseLost, UnknownRollout, end_rollout, end_run, read_rollout_end
+from proxy.app.features import RolloutEndsFeature
 from records.training import Fenced, consumer_view
 from tests import CHECKOUT
 from tests.scripted_upstream import json_script, sse_script
@@ -328,7 +329,7 @@ async def test_the_sidecar_counts_rollouts_that_made_calls_and_never_ended(http,
 
     upstream.scripts[CHAT] = json_script(CHAT_JSON)
     server = await start(upstream.url, capture_dir=capture_dir)
-    server.sidecar.ended_rollouts.unended_after = 0.2  # (300 s by default)
+    server.sidecar.feature(RolloutEndsFeature).ended.unended_after = 0.2  # (300 s by default)
     for rollout_id in ("kept-0", "kept-1", "kept-2"):
         assert (await fetch(http, "POST", rollout_url(server.url, rollout_id, CHAT), CHAT_JSON_REQUEST)).status == 200
     assert (await fetch(http, "POST", f"{server.url}/-/rollouts/kept-0/end", b"", headers=RUNNER)).status == 200

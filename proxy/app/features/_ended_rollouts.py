@@ -12,7 +12,6 @@ rollout's end (one ``stat``); an end seen once is remembered (an end is never un
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections import OrderedDict
 from typing import Optional
@@ -27,7 +26,7 @@ from records.contract import (
     wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
 
-from ..call import ROLLOUT_ENDED, LocalReply, Route
+from ...call import ROLLOUT_ENDED, LocalReply, Route
 
 _PREFIX, _SUFFIX = b"/-/rollouts/", b"/end"
 #: An end waits this long at most for its rollout's calls under way on this sidecar to finish.
@@ -206,28 +205,3 @@ def end_target(path: bytes) -> Optional[str]:
         return None
     rollout_id = unquote(path[len(_PREFIX):-len(_SUFFIX)].decode("latin-1"))
     return rollout_id if is_valid_rollout_id(rollout_id) else ""
-
-
-_NO_TOKEN = orjson.dumps({
-    "code": "admin_token_required",
-    "error": "this request changes what the trainer is told (an end, the run's end, a weight version), and this "
-             "sidecar has no admin token: only the runner and the trainer may do it, never an agent, which holds the "
-             "model port and its API key (docs/operations.md, \"Who may change state\"). Start the sidecar with "
-             "MCC_ADMIN_TOKEN (or --admin-token-file FILE) and send Authorization: Bearer <token>, or end from the "
-             "capture directory with records.end_rollout"})
-_WRONG_TOKEN = orjson.dumps({
-    "code": "admin_token_required",
-    "error": "this admin request changes state: it needs Authorization: Bearer <the sidecar's admin token "
-             "(MCC_ADMIN_TOKEN)>"})
-
-
-def admin_refusal(token: Optional[str], open_admin: bool, authorization: Optional[bytes]) -> Optional[tuple[int, bytes]]:
-    """Why a state-changing admin request may not go ahead (403 with no token set, 401 without
-    ``Bearer <token>``, compared in constant time), or None when it may."""
-    if token is None:
-        return None if open_admin else (403, _NO_TOKEN)
-    if authorization is not None:
-        scheme, _, given = authorization.decode("latin-1").strip().partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
-            return None
-    return 401, _WRONG_TOKEN
