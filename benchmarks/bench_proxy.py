@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from records.contract import append_capture_line  # noqa: E402
+from records.contract.reading import append_capture_line  # noqa: E402
 from records.contract import encode_capture_line  # noqa: E402
 
 CHAT = "/ng-rollout/bench-{n}/v1/chat/completions"

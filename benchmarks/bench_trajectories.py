@@ -33,7 +33,8 @@ sys.path.insert(0, HERE)
 
 import orjson  # noqa: E402
 
-from records.contract import TokenFiles, token_entry  # noqa: E402
+from records.contract import TokenFiles  # noqa: E402
+from records.contract.writing import token_entry  # noqa: E402
 from records import read_token_entries, trajectories  # noqa: E402
 
 GYM_BUILD = """

@@ -8,7 +8,8 @@ once.
 Behind this door are three rooms (docs/layout.md), each with its own door:
 
 - `records.contract`: what the sidecar's writers and every reader share (the file contract and
-  its appender, the store's layout, rollout ids, ends, token entries and files, lineage);
+  its appender, the store's layout, rollout ids, ends, token entries and files, lineage), and
+  beside it each audience's own door: `records.contract.writing`, `records.contract.reading`;
   `capture.journal` and `proxy.training` import only this room.
 - `records.store`: a capture store read back (its view, joins, the call records).
 - `records.training`: token records, trajectories, exports and the live hand-off's consumer.
@@ -24,18 +25,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._captures import Captures
     from .contract import (
-        GroupSizeConflict,
-        InvalidRolloutId,
-        MalformedCaptureLine,
-        NothingUploadedYet,
-        RecordsError,
-        RolloutEnd,
-        RolloutEndConflict,
-        RoutedExpertsProblem,
-        StoreNotFound,
-        TokenRecord,
-        UnknownRollout,
-        base_url_for_run,
+        GroupSizeConflict, RolloutEnd, RolloutEndConflict, RoutedExpertsProblem, TokenRecord, UnknownRollout,
+    )
+    from .contract.reading import (
+        InvalidRolloutId, MalformedCaptureLine, NothingUploadedYet, RecordsError, StoreNotFound, base_url_for_run,
         rollout_id_from_run,
     )
     from .store import (
@@ -145,9 +138,11 @@ __all__ = [
 _ROOMS = {
     "Captures": "._captures",
     **{name: ".contract" for name in (
-        "GroupSizeConflict", "InvalidRolloutId", "MalformedCaptureLine", "NothingUploadedYet", "RecordsError",
-        "RolloutEnd", "RolloutEndConflict", "RoutedExpertsProblem", "StoreNotFound", "TokenRecord", "UnknownRollout",
-        "base_url_for_run", "rollout_id_from_run")},
+        "GroupSizeConflict", "RolloutEnd", "RolloutEndConflict", "RoutedExpertsProblem", "TokenRecord",
+        "UnknownRollout")},
+    **{name: ".contract.reading" for name in (
+        "InvalidRolloutId", "RecordsError", "MalformedCaptureLine", "NothingUploadedYet", "StoreNotFound", "base_url_for_run",
+        "rollout_id_from_run")},
     **{name: ".store" for name in (
         "CaptureStore", "ModelCallRecord", "ToolRequestEvidence", "_as_arguments", "_cache_signal", "_prompt_size",
         "_token_count", "_tool_calls_and_reasoning", "_usage_detail_token", "aggregate_model_call_metrics",

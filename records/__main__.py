@@ -15,7 +15,7 @@ import sys
 import orjson
 
 from .store import read_model_call_records
-from .contract import StoreNotFound
+from .contract.reading import StoreNotFound
 from .store import aggregate_model_call_records
 from .store import CaptureStore
 

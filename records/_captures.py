@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Iterator, Optional, Union
 
-from .contract import ObjectStore, RolloutEnd, RoutedExperts, StoreNotFound, TokenRecord, is_store_url
+from .contract import ObjectStore, RolloutEnd, RoutedExperts, TokenRecord
+from .contract.reading import StoreNotFound, is_store_url
 from .store import (
     CaptureStore,
     ModelCallRecord,

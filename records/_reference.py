@@ -20,8 +20,7 @@ from pydantic import BaseModel
 
 from .training import FinishedGroup, FinishedRollout, Lease
 from .store import ModelCallRecord
-from .contract import RolloutEnd
-from .contract import TokenRecord
+from .contract import RolloutEnd, TokenRecord
 from .training import CallLink, CallSpan, Trajectory, TrajectoryBuild
 
 #: What each table documents, in order, and where its values come from.

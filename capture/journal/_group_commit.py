@@ -30,11 +30,10 @@ from collections import deque
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Optional, Union
 
-from records.contract import call_syncfs as _call_syncfs
-from records.contract import filesystem_type, syncfs_flushes
-from records.contract import CAPTURE_SUFFIX, START_INDEX, add_to_index
-from records.contract import fsync_directory as _fsync_directory
-from records.contract import load_syncfs as _load_syncfs
+from records.contract import (
+    CAPTURE_SUFFIX, START_INDEX, add_to_index, call_syncfs as _call_syncfs, filesystem_type,
+    fsync_directory as _fsync_directory, load_syncfs as _load_syncfs, syncfs_flushes,
+)
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 from ._segments import SegmentFiles, SegmentPolicy
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from records.contract import append_to_open_file, open_capture_file
+from records.contract.writing import append_to_open_file, open_capture_file
 
 #: Filesystems whose fstat of an open, unlinked file reports ``st_nlink == 0``.
 _REPORTS_UNLINKED = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})

@@ -28,9 +28,10 @@ from typing import Any, Optional
 import orjson
 
 from records.contract import (
-    EXPERTS_SUFFIX, INCOMPLETE_SUFFIX, SILENT_SECONDS, ObjectStore, TOKEN_FILE_SUFFIXES, expert_object_name,
-    START_INDEX, add_to_store_index, incomplete_name, manifest_name, read_in_flight, rollout_marker_name, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    INCOMPLETE_SUFFIX, ObjectStore, START_INDEX, TOKEN_FILE_SUFFIXES, expert_object_name, incomplete_name,
+    manifest_name, read_in_flight, segment_name, segment_order, token_bundle_name, token_manifest_name,
 )
+from records.contract.writing import EXPERTS_SUFFIX, SILENT_SECONDS, add_to_store_index, rollout_marker_name
 
 from ._segments import ROLLOUTS_SUFFIX, SEALED_SUFFIX, read_rollouts_index, sealed_segments
 from ._watermark import Watermark, spool_id

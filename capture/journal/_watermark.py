@@ -38,8 +38,8 @@ from typing import Optional
 
 import orjson
 
-from records.contract import END_INDEX, INDEX_LAG_SECONDS, end_object_name, index_entries_after
-from records.contract import ObjectStore, SEEN_SECONDS, ended_in_spool, mark_ended_in_spool, writer_object_name
+from records.contract import END_INDEX, INDEX_LAG_SECONDS, ObjectStore, end_object_name, index_entries_after
+from records.contract.writing import SEEN_SECONDS, ended_in_spool, mark_ended_in_spool, writer_object_name
 
 from ._segments import OPEN_SUFFIX, ROLLOUTS_SUFFIX, SEAL_REQUEST, SEALED_SUFFIX, SEGMENTS, read_rollouts_index
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from records.contract import mount_of
+from records.contract.writing import mount_of
 
 _UNSAFE = {
     "gpfs": "flock is node-local on GPFS (Spectrum Scale): another node's appends do not wait for it",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from capture.journal import Built, Journal
-from records.contract import engine_weight_versions
+from records.contract.writing import engine_weight_versions
 
 from ._context import CallHooks
 from ._exchange import CallExchange

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from records.contract import traceparent
+from records.contract.writing import traceparent
 
 from ..http import Headers
 

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import click
 import orjson
 
-from records.contract import CAPTURE_SUFFIX, StoreUnavailable, TOKENS_SUFFIX, is_store_url, is_valid_rollout_id
+from records.contract import CAPTURE_SUFFIX, is_valid_rollout_id
+from records.contract.reading import StoreUnavailable, TOKENS_SUFFIX, is_store_url
 from records import CaptureStore, StoreNotFound, TokenRecord, iter_token_records, read_model_call_records, trajectories
 from records.store import SegmentDamaged, compact_store
 from records.training import TokenRecordFollower

@@ -12,7 +12,8 @@ import orjson
 
 from records import Consumer, FinishedGroup, FinishedRollout
 from records.training import consumer_names, consumer_view
-from records.contract import CAPTURE_SUFFIX, is_store_url
+from records.contract import CAPTURE_SUFFIX
+from records.contract.reading import is_store_url
 from records.store import read_run_ended
 
 from .cli import OneSentence, _print_table

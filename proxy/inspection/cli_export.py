@@ -317,7 +317,7 @@ def redact_command(source: str, target: str, rules_file: Optional[str], hook: Op
 
     if not rules_file and not hook and privacy == "full":
         raise click.UsageError("give --redact FILE, --redact-hook MODULE:FUNCTION or --privacy metrics-only")
-    from records.contract import is_store_url
+    from records.contract.reading import is_store_url
     store_url = source if is_store_url(source) else None
     if store_url is None and not os.path.isdir(source):
         raise OneSentence(f"{source} is neither a capture directory nor a store URL")

@@ -17,7 +17,7 @@ import orjson
 
 from records.store import CALL_COLUMNS
 from records.training import CALL_TOKEN_COLUMNS, ROLLOUT_COLUMNS, arrow_schema, to_arrow
-from records.contract import call_span_id, rollout_trace_id
+from records.contract.reading import call_span_id, rollout_trace_id
 
 from .tables import CallRow
 

@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 import orjson
 
 from capture import Redactor, RolloutPlaceholders, metrics_only
-from records.contract import CAPTURE_SUFFIX, END_SUFFIX, encode_capture_line
+from records.contract import CAPTURE_SUFFIX, encode_capture_line
+from records.contract.reading import END_SUFFIX
 
 _TOKENS = ".tokens.jsonl"
 _LATE_TOKENS = ".tokens.late.jsonl"

@@ -30,7 +30,8 @@ import orjson
 
 from records import CaptureStore
 from records.training import DriftTracker, TokenFileArrays
-from records.contract import has_token_arrays, names_token_entries, token_records_of_line
+from records.contract import token_records_of_line
+from records.contract.reading import has_token_arrays, names_token_entries
 
 from .conversation import conversation_of
 from .lineage_words import lineage_words

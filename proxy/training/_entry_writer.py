@@ -30,9 +30,10 @@ import orjson
 from capture import REMOVE_MEMBER, AddedFieldCutter
 
 from records.contract import (
-    LineageVerdict, RolloutClosed, RolloutLineage, RoutedExperts, RoutedExpertsProblem, TokenFiles, TokenRecord,
-    output_items, request_items, resolved_spans, token_entry, token_records_of_line, write_routed_experts,
+    RolloutLineage, RoutedExperts, RoutedExpertsProblem, TokenFiles, TokenRecord, request_items, resolved_spans,
+    token_records_of_line,
 )
+from records.contract.writing import LineageVerdict, RolloutClosed, output_items, token_entry, write_routed_experts
 
 if TYPE_CHECKING:
     from ..call import CallExchange

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ._record import (EXTENDED_CALL_FIELDS, RAW_PAYLOAD_FIELDS, aggregate_model_call_records, build_model_call_record,
                       fill_counts_from_entries)
 from ._models import ModelCallRecord
-from ..contract import rollout_id_from_run
+from ..contract.reading import rollout_id_from_run
 from ._paths import Where
 from ._store import CaptureStore, capture_store, gc_paused
 

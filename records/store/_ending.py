@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..contract import ObjectStore, is_store_url
+from ..contract import ObjectStore
+from ..contract.reading import is_store_url
 from ._paths import directory_of
 from ..contract import (
-    RolloutEnd, end_path, read_end_file, read_end_object, read_run_end, read_store_run_end,
-    wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
+    RolloutEnd, read_end_object, wait_until_quiet, write_rollout_end, write_run_end, write_store_end,
+    write_store_run_end,
 )
+from ..contract.reading import end_path, read_end_file, read_run_end, read_store_run_end
 from ._store import capture_store
 
 #: How long `end_rollout` waits for the rollout's calls in flight (as the sidecar's end does).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from ..contract import is_store_url
+from ..contract.reading import is_store_url
 
 #: A capture directory: a path (``str`` or ``os.PathLike``), or a `CaptureStore` (a path-like of its
 #: directory: it has ``__fspath__``).

@@ -21,11 +21,12 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 
-from ..contract import append_capture_line, create_incomplete_marker
+from ..contract import create_incomplete_marker
+from ..contract.reading import append_capture_line
 from ..contract import START_INDEX, add_to_index
-from ..contract import MalformedCaptureLine
+from ..contract.reading import MalformedCaptureLine
 from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, capture_path, encode_capture_line, incomplete_marker_path
-from ..contract import is_store_url
+from ..contract.reading import is_store_url
 from ._paths import directory_of
 from ..contract import is_valid_rollout_id
 
@@ -167,7 +168,8 @@ class CaptureStore:
         chain; with ``--token-dir`` elsewhere, `records.store.clear_token_captures` clears those)."""
         if isinstance(rollout_ids, (str, bytes)):
             raise TypeError("rollout_ids must be a collection of rollout ids, not one string")
-        from ..contract import TOKENS_SUFFIX, TokenFiles
+        from ..contract import TokenFiles
+        from ..contract.reading import TOKENS_SUFFIX
         tokens = TokenFiles(self.capture_dir)
         for rollout_id in rollout_ids:
             for path in (self.path_for(rollout_id), self.incomplete_marker_for(rollout_id)):

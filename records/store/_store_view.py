@@ -30,12 +30,13 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import orjson
 
-from ..contract import NothingUploadedYet, StoreNotFound
-from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
-from ..contract import ObjectStore
+from ..contract.reading import NothingUploadedYet, StoreNotFound
 from ..contract import (
-    INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_FILE_SUFFIXES, TOKEN_MANIFESTS, TOKEN_OBJECTS, incomplete_name,
-    manifest_name, merge_order, merge_writers, segment_name, segment_order, token_bundle_name, token_manifest_name,
+    CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, ObjectStore, TOKEN_FILE_SUFFIXES, incomplete_name, manifest_name, segment_name,
+    segment_order, token_bundle_name, token_manifest_name,
+)
+from ..contract.reading import (
+    INCOMPLETE_OBJECTS, MANIFESTS, SEGMENT_OBJECTS, TOKEN_MANIFESTS, TOKEN_OBJECTS, merge_order, merge_writers,
     whole_segment_lines,
 )
 from ._token_join import join_entries
@@ -184,7 +185,7 @@ def _named(cache: Path, rollout_id: str) -> list[str]:
 
 def _say_empty(store: ObjectStore) -> None:
     """A store with no manifest: whether sidecars write to it (nothing sealed yet) or none ever did."""
-    from ..contract import WRITER_OBJECTS
+    from ..contract.reading import WRITER_OBJECTS
 
     writers = store.names(WRITER_OBJECTS)
     if writers:
@@ -478,7 +479,7 @@ def _write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
 def _barrier(directory: Path) -> None:
     """Every view file written before this is durable: one barrier for the rebuild (it writes
     hundreds of files; an fsync each cost 1 ms apiece)."""
-    from ..contract import sync_filesystem
+    from ..contract.reading import sync_filesystem
 
     sync_filesystem(str(directory))
 

@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 
 from ._paths import Where, directory_of
-from ..contract import TOKENS_SUFFIX, TokenFiles
+from ..contract import TokenFiles
+from ..contract.reading import TOKENS_SUFFIX
 from ._tokens import entry_counts
 
 

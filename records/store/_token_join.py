@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import orjson
 
-from ..contract import RolloutLineage
-from ..contract import RESOLVED, UNRESOLVED, request_items
+from ..contract import RolloutLineage, request_items
+from ..contract.reading import RESOLVED, UNRESOLVED
 
 #: A choice's entry of a call with n > 1 is ``<model_call_id>-<choice>``.
 _CHOICE_SUFFIX = re.compile(r"-[0-9]+$")

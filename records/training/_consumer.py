@@ -49,16 +49,19 @@ from ..store import read_model_call_records
 from ._consumer_rooms import DirectoryRoom, StoreRoom, record_of
 from ..contract import incomplete_marker_path
 from ..store import ModelCallRecord
-from ..contract import is_store_url
+from ..contract.reading import is_store_url
 from ..store import directory_of
-from ..contract import RolloutEnd, group_of, gym_member
-from ..contract import is_valid_rollout_id, validate_rollout_id
+from ..contract import RolloutEnd
+from ..contract.reading import group_of, gym_member
+from ..contract import is_valid_rollout_id
+from ..contract.reading import validate_rollout_id
 from ..store import capture_store
 from ._token_records_reading import read_token_records
 from ..contract import RoutedExperts
 from ._routed_experts_reading import read_routed_experts
 from ._trajectories import Trajectory, TrajectoryBuild, trajectories
-from ..contract import IN_FLIGHT_BOUND_SECONDS, INDEX_LAG_SECONDS, resolved_spans, token_versions, version_rank
+from ..contract import INDEX_LAG_SECONDS, resolved_spans
+from ..contract.reading import IN_FLIGHT_BOUND_SECONDS, token_versions, version_rank
 
 Room = Union[DirectoryRoom, StoreRoom]
 

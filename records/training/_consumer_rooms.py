@@ -30,11 +30,14 @@ import orjson
 from ..contract import fsync_directory
 from ..contract import call_syncfs, filesystem_type, load_syncfs, syncfs_flushes
 from ..contract import ObjectStore
-from ..contract import RolloutEnd, create_exclusively, end_object_name, end_path, read_end_file
-from ..contract import END_INDEX, INDEX_LAG_SECONDS, START_INDEX, index_entries_after, same_stamp
-from ..contract import declared_versions, declared_versions_in_store
-from ..contract import read_watermarks, rollout_readiness
-from ..contract import CAPTURE_SUFFIX, in_flight_readiness, read_in_flight, read_run_end, read_store_run_end
+from ..contract import RolloutEnd, end_object_name
+from ..contract.reading import create_exclusively, end_path, read_end_file
+from ..contract import END_INDEX, INDEX_LAG_SECONDS, START_INDEX, index_entries_after
+from ..contract.reading import same_stamp
+from ..contract.reading import declared_versions, declared_versions_in_store
+from ..contract.reading import read_watermarks, rollout_readiness
+from ..contract import CAPTURE_SUFFIX, read_in_flight
+from ..contract.reading import in_flight_readiness, read_run_end, read_store_run_end
 
 
 #: A directory's mtime may lag a create by up to a clock tick: within this of its mtime, list anyway.

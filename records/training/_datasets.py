@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, S
 from ..store import CALL_COLUMNS, call_row, with_arrow_times
 from ..contract import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
 from ..contract import is_valid_rollout_id
-from ..contract import split_attempt
-from ..contract import is_store_url
+from ..contract.reading import split_attempt
+from ..contract.reading import is_store_url
 from ..store import directory_of
 from ..store import SegmentRead, plan_segment_reads, store_rollout_sizes, store_view
 from ..store import CaptureStore, gc_paused
-from ..contract import TOKENS_SUFFIX
+from ..contract.reading import TOKENS_SUFFIX
 from ..contract import TokenRecord
 from ._token_records_reading import iter_token_records
 from ._routed_experts_reading import read_routed_experts

@@ -8,10 +8,8 @@ import os
 import re
 from typing import Any, Optional, Union
 
-from ..contract import (
-    ObjectStore, RoutedExperts, RoutedExpertsProblem, TokenRecord, aligned_routed_experts, expert_object_name,
-    experts_path, is_store_url, load_routed_experts,
-)
+from ..contract import ObjectStore, RoutedExperts, RoutedExpertsProblem, TokenRecord, expert_object_name
+from ..contract.reading import aligned_routed_experts, experts_path, is_store_url, load_routed_experts
 from ..store import CaptureStore, directory_of
 from ._trajectories import CallSpan, Trajectory
 

@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 
 from ._token_rows import token_row
-from ..contract import LINE_ROOT, LineLineage
+from ..contract.reading import LINE_ROOT, LineLineage
 from ..contract import TokenRecord, token_records_of_line
 from ._trajectories import _common_prefix
 

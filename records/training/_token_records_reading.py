@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator, Optional, Union
 
-from ..contract import LINE_ROOT, LineLineage
+from ..contract.reading import LINE_ROOT, LineLineage
 from ..store import directory_of
 from ..store import CaptureStore, capture_store, gc_paused
-from ..contract import TokenRecord, names_token_entries, token_records_of_line
+from ..contract import TokenRecord, token_records_of_line
+from ..contract.reading import names_token_entries
 from ._trajectories import _common_prefix, build_trajectories
 
 
@@ -76,8 +77,7 @@ class TokenFileArrays:
 
     def _read_more(self) -> None:
         """Take in the entries written since the last read (a file still growing: `mcc tail`)."""
-        from ..contract import token_digest
-        from ..contract import entry_sequence
+        from ..contract.reading import entry_sequence, token_digest
 
         try:
             entries, self._offset = self._files.entries(self._rollout_id, self._offset)

@@ -30,9 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..store import directory_of
 from ..store import CaptureStore
-from ..contract import RESOLVED, ROOT, UNRESOLVED, token_digest
-from ..contract import TokenFiles, calls_in_flight, read_in_flight
-from ..contract import resolved_spans, token_versions
+from ..contract.reading import RESOLVED, ROOT, UNRESOLVED, token_digest
+from ..contract import TokenFiles, read_in_flight
+from ..contract.reading import calls_in_flight
+from ..contract import resolved_spans
+from ..contract.reading import token_versions
 
 
 class CallSpan(BaseModel):

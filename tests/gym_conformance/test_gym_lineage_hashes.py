@@ -9,7 +9,7 @@ import subprocess
 
 
 from tests.gym_conformance.gym_token_capture import FINDER
-from records.contract import assistant_fingerprint, conversation_digest
+from records.contract.reading import assistant_fingerprint, conversation_digest
 
 
 _CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}
@@ -104,7 +104,7 @@ def test_an_integer_beyond_64_bits_hashes_as_json_writes_it():
     """Gym's hashes refuse it (its orjson cannot write it: Gym abstains from fingerprinting that
     output); ours write its exact digits, as `json` does, so the call keeps its entry and the next
     turn finds it. Re-serialised arguments still hash alike; one digit more does not."""
-    from records.contract import canonical_arguments
+    from records.contract.reading import canonical_arguments
 
     spaced = f'{{"a": 0, "b": {_BIG}}}'
     assert canonical_arguments(spaced) == json.dumps(json.loads(spaced), sort_keys=True, separators=(",", ":"))

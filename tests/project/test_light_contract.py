@@ -35,3 +35,50 @@ def test_the_readers_door_is_whole_on_first_use():
 
     assert set(records.__all__) <= set(dir(records))
     assert records.Consumer.__module__ == "records.training._consumer"
+
+
+def test_each_audience_loads_its_own_door_of_the_contract_and_not_the_others():
+    """`records.contract` is what writers and readers share; `records.contract.writing` and
+    `records.contract.reading` are each one audience's (docs/layout.md)."""
+    writer = _loaded_after("import capture.journal")
+    assert "records.contract.writing" in writer and "records.contract.reading" not in writer
+    for reader in ("import records.store", "import records.training"):
+        loaded = _loaded_after(reader)
+        assert "records.contract.reading" in loaded and "records.contract.writing" not in loaded, reader
+
+
+def _contract_names_used(where: str) -> set[str]:
+    """The names the modules under ``where`` (outside the contract room) import from `records`,
+    `records.contract` or either audience's door."""
+    import ast
+    from pathlib import Path
+
+    doors = {"records", "records.contract", "records.contract.writing", "records.contract.reading"}
+    used: set[str] = set()
+    for path in Path(CHECKOUT, where).rglob("*.py"):
+        parts = path.relative_to(CHECKOUT).with_suffix("").parts
+        if parts[:2] == ("records", "contract"):
+            continue
+        package = parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else ()
+                module = ".".join(base + ((node.module,) if node.module else ()))
+                if module in doors:
+                    used |= {alias.name for alias in node.names}
+    return used
+
+
+def test_the_shared_door_holds_what_both_audiences_use_and_nothing_else():
+    import records.contract
+    import records.contract.reading
+    import records.contract.writing
+
+    shared = set(records.contract.__all__)
+    writers = set().union(*(_contract_names_used(room) for room in (
+        "capture", "proxy/http", "proxy/call", "proxy/websocket", "proxy/training", "proxy/privacy", "proxy/app")))
+    readers = set().union(*(_contract_names_used(room) for room in ("records", "proxy/inspection", "proxy/standin")))
+    assert sorted(shared - (writers & readers)) == []
+    assert sorted(set(records.contract.writing.__all__) & readers) == []
+    assert sorted(set(records.contract.reading.__all__) & writers) == []
+    assert not shared & set(records.contract.writing.__all__) and not shared & set(records.contract.reading.__all__)

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from records.contract import append_capture_line, create_incomplete_marker
+from records.contract import create_incomplete_marker
+from records.contract.reading import append_capture_line
 from records import CaptureStore, MalformedCaptureLine
 from records.contract import encode_capture_line
 

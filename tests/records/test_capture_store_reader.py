@@ -8,7 +8,7 @@ import os
 import orjson
 import pytest
 
-from records.contract import append_capture_line
+from records.contract.reading import append_capture_line
 from records import CaptureStore, InvalidRolloutId, MalformedCaptureLine, aggregate_model_call_metrics, read_model_call_records
 from records.contract import encode_capture_line
 

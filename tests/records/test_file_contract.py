@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from records.contract import CORE_KEYS
+from records.contract.reading import CORE_KEYS
 
 from tests.capture_dirs import rollout_files
 from tests.scripted_upstream import json_script, split_every, sse_script

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from records.contract import GroupSync
+from records.contract.writing import GroupSync
 
 
 class Recorded(GroupSync):

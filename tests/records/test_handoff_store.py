@@ -25,7 +25,8 @@ import orjson
 import pytest
 
 from records import Consumer, trajectories
-from records.contract import ObjectStore, read_watermarks, rollout_readiness
+from records.contract import ObjectStore
+from records.contract.reading import read_watermarks, rollout_readiness
 from records.training import ExclusiveCreateBroken
 from tests.processes import SidecarProcess
 from tests.wire import RUNNER, RUNNER_TOKEN

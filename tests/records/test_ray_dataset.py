@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from records.store import CALL_COLUMNS, call_row
 from records import CaptureStore, iter_token_records, ray_dataset
 from records.training import capture_files
-from records.contract import split_attempt
+from records.contract.reading import split_attempt
 from records.training._datasets import ROLLOUT_COLUMNS, group_files, read_group, token_row
 
 from tests.capture_dirs import make_capture_dir, make_token_dir

@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from records import InvalidRolloutId, attach_model_call_capture, base_url_for_run, clear_model_call_captures, rollout_id_from_run
-from records.contract import encode_capture_line, resolve_model_base_url, url_path_for_request, url_path_for_run
+from records.contract import encode_capture_line
+from records.contract.reading import resolve_model_base_url, url_path_for_request, url_path_for_run
 
 RUN = {"_ng_task_index": 17, "_ng_rollout_index": 3, "responses_create_params": {"input": "hi"}}
 

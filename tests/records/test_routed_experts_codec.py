@@ -9,7 +9,8 @@ import io
 import numpy
 import pytest
 
-from records.contract import MISSING_ROUTE, RoutedExperts, RoutedExpertsProblem, aligned_routed_experts
+from records.contract import RoutedExperts, RoutedExpertsProblem
+from records.contract.reading import MISSING_ROUTE, aligned_routed_experts
 
 
 @pytest.mark.parametrize("dtype", ["u1", "<u2", "<i4", "i1", "<i2"])

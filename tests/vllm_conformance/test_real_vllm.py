@@ -282,7 +282,7 @@ async def test_vllms_own_spans_join_the_rollouts_trace_under_the_call(vllm_url, 
 
     from proxy.inspection.export import otel_lines
     from records.store import call_row
-    from records.contract import call_span_id, rollout_trace_id
+    from records.contract.reading import call_span_id, rollout_trace_id
 
     if os.environ.get("MCC_VLLM_URL"):
         pytest.skip("MCC_VLLM_URL: a vLLM started elsewhere, whose spans go where it was told")

@@ -20,11 +20,11 @@ from urllib.parse import unquote
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from records import GroupSizeConflict, RolloutEnd, RolloutEndConflict
 from records.contract import (
-    ObjectStore, UnknownRollout, end_request, read_end_object, require_store_rollout, ended_in_spool, is_ended, is_valid_rollout_id, mark_ended_in_spool,
-    wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
+    GroupSizeConflict, ObjectStore, RolloutEnd, RolloutEndConflict, UnknownRollout, is_valid_rollout_id,
+    read_end_object, wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
+from records.contract.writing import end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout
 
 from ...call import ROLLOUT_ENDED, LocalReply, Route
 

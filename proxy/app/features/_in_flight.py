@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from records.contract import PUBLISH_SECONDS, publish_in_flight, sweep_dead_publications, withdraw_in_flight
+from records.contract.writing import PUBLISH_SECONDS, publish_in_flight, sweep_dead_publications, withdraw_in_flight
 
 log = logging.getLogger("mcc")
 

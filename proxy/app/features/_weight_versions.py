@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Optional
 
 import orjson
 
-from records.contract import ObjectStore, note_declared_version, note_declared_version_in_store
+from records.contract import ObjectStore
+from records.contract.writing import note_declared_version, note_declared_version_in_store
 
 from ...training import DeclaredWeightVersions, WeightVersionHooks, declared_version
 from ._admin_access import admin_refusal

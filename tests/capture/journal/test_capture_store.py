@@ -20,7 +20,8 @@ import pytest
 from capture.journal import SegmentPolicy, Uploader, seal_leftovers, sealed_segments
 from records import CaptureStore, read_model_call_records
 from records.store import SegmentDamaged, compact_store, plan_segment_reads, store_view
-from records.contract import manifest_name, merge_writers
+from records.contract import manifest_name
+from records.contract.reading import merge_writers
 
 from tests import CHECKOUT, soak_or
 from tests.processes import SidecarProcess

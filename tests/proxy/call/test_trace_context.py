@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from proxy import main
 from proxy.app import load_settings
-from records.contract import traceparent
+from records.contract.writing import traceparent
 
 from tests.scripted_upstream import json_script
 from tests.proxy.inspection.test_cli_inspect import otlp_requests

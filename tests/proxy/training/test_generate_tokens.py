@@ -9,7 +9,9 @@ import orjson
 import pytest
 
 from records import read_token_entries, trajectories
-from records.contract import RolloutLineage, TokenFiles, token_digest, token_entry
+from records.contract import RolloutLineage, TokenFiles
+from records.contract.writing import token_entry
+from records.contract.reading import token_digest
 from tests.wire import fetch, rollout_url
 
 SYSTEM_PROMPT = [101, 7, 4242, 9, 15]

@@ -24,7 +24,7 @@ from proxy.standin.replies import ExpertRouting
 from records import (
     Captures, RoutedExpertsProblem, read_routed_experts, read_token_entries, read_token_records, trajectories,
 )
-from records.contract import experts_path
+from records.contract.reading import experts_path
 from tests.scripted_upstream import json_script
 from tests.wire import fetch, rollout_url
 
@@ -223,7 +223,8 @@ async def test_in_a_capture_store_the_objects_are_uploaded_and_read_back_from_th
 
 
 def test_clearing_a_rollout_removes_its_objects(tmp_path):
-    from records.contract import RoutedExperts, TokenFiles, write_routed_experts
+    from records.contract import RoutedExperts, TokenFiles
+    from records.contract.writing import write_routed_experts
     rows = RoutedExperts("|u1", (2, 1, 1), b"\x01\x02")
     reference = write_routed_experts(str(tmp_path), "gone", rows)
     assert os.path.exists(experts_path(str(tmp_path), "gone", reference["sha256"]))

@@ -10,7 +10,8 @@ import os
 import orjson
 import pytest
 
-from records.contract import RolloutLineage, TokenFiles, assistant_fingerprint, request_items, token_digest
+from records.contract import RolloutLineage, TokenFiles, request_items
+from records.contract.reading import assistant_fingerprint, token_digest
 from records.store import late_entries
 from records import read_token_entries
 from tests.scripted_upstream import json_script
@@ -233,7 +234,7 @@ def test_request_items_and_fingerprints_of_the_three_shapes():
 
 @pytest.mark.parametrize("bad", [{"schema_version": 2}, {"generation_log_probs": [0.1, 0.2]}])
 def test_a_newer_or_inconsistent_entry_is_refused(tmp_path, bad):
-    from records.contract import TokenEntryProblem, check_token_entry
+    from records.contract.reading import TokenEntryProblem, check_token_entry
     entry = {"schema_version": 1, "rollout_id": "r", "model_call_id": "c", "prompt_token_ids": [1],
              "generation_token_ids": [2], "generation_log_probs": [-0.5], **bad}
     with pytest.raises(TokenEntryProblem):
@@ -446,7 +447,7 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
     until its capture line is durable) has its intent flushed by that line's barrier -- one flush
     for the call, not two (issue 34) -- and both before the agent sees the reply's head."""
     import capture.journal._group_commit as group_commit
-    from records.contract import GroupSync
+    from records.contract.writing import GroupSync
 
     events: list[tuple[str, tuple[str, ...]]] = []
     flush, also_durable = GroupSync.wait_durable, group_commit.GroupCommitter._also_durable
