@@ -67,7 +67,7 @@ trainer-agreement: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak -s tests/soak
 	# The S3 kill runs of `make test` at their full size (`tests.soak_or`).
-	MCC_SOAK=1 $(BIN)/python -m pytest -q -k s3 tests/capture/journal/test_capture_store.py::test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged tests/records/test_handoff_store.py::test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollout_once
+	MCC_SOAK=1 $(BIN)/python -m pytest -q -k s3 tests/capture/journal/test_capture_store.py::test_three_writers_sigkilled_twenty_times_lose_nothing_acknowledged tests/records/training/test_handoff_store.py::test_three_sidecars_two_trainers_and_kills_hand_out_every_ended_rollout_once
 
 # Speed is measured here, never asserted in `make test` (shared machines are noisy).
 bench: $(STAMP)

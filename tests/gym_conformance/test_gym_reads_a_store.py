@@ -124,7 +124,7 @@ def test_records_sums_latencies_as_gyms_interpreter_does(gym):
     import random
     import subprocess
 
-    from tests.records.test_gym_parity import latency_total
+    from tests.records.store.test_gym_parity import latency_total
     rng = random.Random(7)
     lists = [[round(rng.uniform(0.1, 900.0), 3) for _ in range(rng.randint(2, 40))] for _ in range(2000)]
     done = subprocess.run([gym, "-c", "import json, sys; print(json.dumps([sum(v) for v in json.load(sys.stdin)]))"],

@@ -10,7 +10,7 @@ import subprocess
 
 from records import end_rollout, to_atif
 
-from tests.records.atif_runs import make_atif_dir
+from tests.records.training.atif_runs import make_atif_dir
 
 _GYM_SCRIPT = r"""
 import json, sys

@@ -18,7 +18,7 @@ import pytest
 from records import end_rollout
 from records.training import consumer_view
 
-from tests.records.test_consumer import _TRAINER, ROOT
+from tests.records.training.test_consumer import _TRAINER, ROOT
 
 pytestmark = pytest.mark.soak
 ROLLOUTS = 5_000

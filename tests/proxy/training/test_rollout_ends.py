@@ -166,7 +166,7 @@ def test_end_rollout_from_python_checks_what_it_is_given(tmp_path):
         end_rollout(directory, "r2", outcome=[1], allow_empty=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not finite"):
         end_rollout(directory, "r2", outcome={"reward": float("nan")}, allow_empty=True)
-    # The same on a capture store (segments:// here; S3 in tests/records/test_handoff_store.py): an object of its own.
+    # The same on a capture store (segments:// here; S3 in tests/records/training/test_handoff_store.py): an object of its own.
     store = f"segments://{tmp_path / 'store'}"
     on_store = end_rollout(store, "r1", outcome={"reward": 1.5}, group="g", group_size=2, allow_empty=True)
     assert on_store.calls is None and read_rollout_end(store, "r1") == on_store

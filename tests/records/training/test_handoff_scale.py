@@ -16,7 +16,7 @@ import pytest
 from records import CaptureStore, Consumer, end_rollout
 from records.contract import END_INDEX, ObjectStore, START_INDEX, add_to_index, index_entries_after
 from records.contract.writing import index_name
-from tests.records.test_handoff_store import s3_server  # noqa: F401  (the fixture)
+from tests.records.training.test_handoff_store import s3_server  # noqa: F401  (the fixture)
 
 #: The index's lag in these tests: ends are written well after it (the default is 60 s, for clock skew).
 LAG = 0.2

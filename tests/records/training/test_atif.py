@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from proxy import main
 from records import Captures, read_token_records, to_atif
 
-from tests.records.atif_runs import make_atif_dir
+from tests.records.training.atif_runs import make_atif_dir
 
 
 @pytest.fixture(scope="module")

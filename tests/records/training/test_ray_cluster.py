@@ -26,7 +26,7 @@ import pytest
 
 from tests.capture_dirs import make_token_dir
 from tests.interop.servers import free_port, wait_for_port
-from tests.records.test_ray_dataset import expected_token_rows
+from tests.records.training.test_ray_dataset import expected_token_rows
 
 pytest.importorskip("ray", reason="Ray Data is the optional extra model-call-capture[ray] (make install has it)")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")

@@ -58,7 +58,7 @@ def test_messages_tool_use_and_thinking():
     assert reasoning == "Hmm."
 
 
-# _as_arguments reads as NeMo Gym does: tests/records/test_gym_parity.py (issue 14).
+# _as_arguments reads as NeMo Gym does: tests/records/store/test_gym_parity.py (issue 14).
 
 
 @pytest.mark.parametrize("response", [

@@ -2,7 +2,7 @@
 read tasks over grouped files, and a directory several sidecars write while the dataset reads it.
 
 Ray runs here as users run it on one machine (``ray.init`` with 2 CPUs, on loopback); an existing
-cluster, joined by address, is `tests/records/test_ray_cluster.py`.
+cluster, joined by address, is `tests/records/training/test_ray_cluster.py`.
 """
 
 from __future__ import annotations
