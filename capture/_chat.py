@@ -85,19 +85,8 @@ class ChatReassembler(Reassembler):
         if not self._envelope and not self._choices and self._error is None:
             return None
         self.join_texts()
-        completion: dict[str, Any] = {"object": "chat.completion", **self._envelope}
-        choices = [choice for choice in self._choices if choice is not None]
-        if self._arrays:
-            choices = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
-                       if choice["index"] in self._arrays else choice for choice in choices]
-        completion["choices"] = choices
-        if self._usage is not None:
-            completion["usage"] = self._usage
-        for key, value in self._extras.items():
-            completion.setdefault(key, value)
-        if self._error is not None:
-            completion["error"] = self._error
-        return completion
+        return choices_reply("chat.completion", self._envelope, self._choices, self._arrays, self.compact_arrays,
+                             self._usage, self._extras, self._error)
 
     def _fold(self, event_type: str, payload: dict[str, Any]) -> None:
         self._on_payload(event_type, payload)  # A chat chunk's `type` (if any) decides nothing.
@@ -376,6 +365,23 @@ class ChatReassembler(Reassembler):
             for key in ("name", "arguments"):
                 if isinstance(function.get(key), str):
                     self.append_text(call["function"], key, function[key])
+
+
+def choices_reply(reply_object: str | None, envelope: dict[str, Any], choices: list[dict[str, Any] | None],
+                  arrays: "dict[int, TokenArrays]", compact: bool, usage: Any, extras: dict[str, Any],
+                  error: Any) -> dict[str, Any]:
+    """The reply a choices stream (chat, completions, vLLM's generate) comes to: its ``object``, the
+    envelope, the choices with their token arrays put in, the usage, the extras, the error."""
+    reply: dict[str, Any] = ({"object": reply_object} if reply_object else {}) | envelope
+    reply["choices"] = [arrays[choice["index"]].put_into(choice, compact) if choice["index"] in arrays else choice
+                        for choice in choices if choice is not None]
+    if usage is not None:
+        reply["usage"] = usage
+    for key, value in extras.items():
+        reply.setdefault(key, value)
+    if error is not None:
+        reply["error"] = error
+    return reply
 
 
 def merge_unknown(target: dict[str, Any], key: str, value: Any) -> None:

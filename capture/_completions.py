@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._chat import TokenArrays, merge_unknown
+from ._chat import TokenArrays, choices_reply, merge_unknown
 from ._reassembler import Reassembler, grow_list
 
 _ENVELOPE_KEYS = ("id", "created", "model", "system_fingerprint")
@@ -53,17 +53,8 @@ class CompletionsReassembler(Reassembler):
         if not self._envelope and not self._choices and self._error is None:
             return None
         self.join_texts()
-        completion: dict[str, Any] = ({"object": self.reply_object} if self.reply_object else {}) | self._envelope
-        completion["choices"] = [self._arrays[choice["index"]].put_into(choice, self.compact_arrays)
-                                 if choice["index"] in self._arrays else choice
-                                 for choice in self._choices if choice is not None]
-        if self._usage is not None:
-            completion["usage"] = self._usage
-        for key, value in self._extras.items():
-            completion.setdefault(key, value)
-        if self._error is not None:
-            completion["error"] = self._error
-        return completion
+        return choices_reply(self.reply_object, self._envelope, self._choices, self._arrays, self.compact_arrays,
+                             self._usage, self._extras, self._error)
 
     def _on_payload(self, event_type: str, payload: dict[str, Any]) -> None:
         for key in self.envelope_keys:
