@@ -1,6 +1,7 @@
 """The process (docs/layout.md, docs/configuration.md): `Sidecar` (admin endpoints, readiness, lifecycle), its settings,
-logging, workers, and serving it. It makes the `proxy.call.CallContext` and chooses each call's
-hooks; it never imports the stand-in or the inspection tools (they depend on it).
+logging, workers, and serving it. It makes the `proxy.call.CallContext`; each feature declares its
+options, metrics, hooks and drain (`proxy.app.features`: `Feature`, `Option`, the list `FEATURES`)
+and the app loops over them. It never imports the stand-in or the inspection tools (they depend on it).
 """
 
 from ._filesystems import layout_caveat, mount_options

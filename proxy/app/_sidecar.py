@@ -29,6 +29,11 @@ log = logging.getLogger("mcc")
 F = TypeVar("F", bound=Feature)
 
 
+def _overrides(feature: Feature, moment: str) -> bool:
+    """Whether ``feature`` takes part in ``moment`` (its class overrides `Feature`'s no-op)."""
+    return getattr(type(feature), moment) is not getattr(Feature, moment)
+
+
 class Sidecar:
     """One sidecar process's proxy: start it with `start`, stop it with `close`."""
 
@@ -68,6 +73,10 @@ class Sidecar:
         #: in the list's order: the order they take part in a call, start and stop.
         self.features: tuple[Feature, ...] = tuple(feature_class(self) for feature_class in FEATURES)
         self.running: tuple[Feature, ...] = tuple(f for f in self.features if type(f).wanted(settings))
+        #: The running features' moments a captured call asks for, only of those that take part in
+        #: them (a call loops over these: no call on a feature that would answer None).
+        self._hook_makers = tuple(f.call_hooks for f in self.running if _overrides(f, "call_hooks"))
+        self._refusers = tuple(f.refusal for f in self.running if _overrides(f, "refusal"))
 
     def feature(self, kind: "type[F]") -> Optional[F]:
         """The running feature of that class, when these settings turn it on."""
@@ -84,16 +93,16 @@ class Sidecar:
     def _hooks_for(self, route: Route) -> tuple[CallHooks, ...]:
         """The features taking part in a captured call (`CallHooks`), in the list's order; none unless one covers it."""
         hooks: tuple[CallHooks, ...] = NO_HOOKS
-        for feature in self.running:
-            taking_part = feature.call_hooks(route)
+        for make in self._hook_makers:
+            taking_part = make(route)
             if taking_part is not None:
                 hooks += (taking_part,)
         return hooks
 
     def _refusal(self, route: Route) -> Optional[tuple[LocalReply, str]]:
         """A feature's local reply for a captured call that must not go upstream (its rollout ended)."""
-        for feature in self.running:
-            refused = feature.refusal(route)
+        for refusal in self._refusers:
+            refused = refusal(route)
             if refused is not None:
                 return refused
         return None
@@ -143,7 +152,7 @@ class Sidecar:
             raw_stream=settings.capture_raw_stream, trace_context=settings.trace_context,
             drain_timeout=settings.drain_timeout, hooks_for=self._hooks_for,
             line_hooks=tuple(hook for feature in self.running for hook in feature.line_hooks()),
-            refusal=self._refusal, forward=settings.forward,
+            refusal=self._refusers[0] if len(self._refusers) == 1 else self._refusal, forward=settings.forward,
             affinity_header=settings.affinity_header.encode("latin-1") if settings.affinity_header else None)
 
     def handle(self, request: ServerRequest, client: ReplyWriter) -> Awaitable[None]:

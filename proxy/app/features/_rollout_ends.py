@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from ...call import LocalReply, Route
     from ...http import ServerRequest
 
-_NOTHING_CAPTURED = "this sidecar captures nothing (no --capture-dir): there is no {} to end"
-
-
 class RolloutEndsFeature(Feature):
     """With capture on: the ends of the capture dir (with a store, its objects), and the calls in flight."""
 
@@ -54,37 +51,39 @@ class RolloutEndsFeature(Feature):
         return self.ended.refusal(route) if self.ended is not None else None
 
     async def serve_admin(self, path: bytes, request: "ServerRequest") -> Optional[AdminAnswer]:
+        """``POST /-/rollouts/<rollout_id>/end`` (body optional: ``{"outcome": {...}, "group": "<key>",
+        "group_size": G}``) and ``POST /-/run/end`` (body optional, any JSON object: the run is over,
+        `records.end_run`); 200 once the end is durable (docs/wire.md, "Ending a rollout")."""
         if path == b"/-/run/end":
-            return await self._end_run(request)
+            refused = self._refusal(request, "run", "POST ends the run (every rollout of it has ended), with an "
+                                                    "optional JSON object describing it")
+            if refused is not None or self.ended is None:
+                return refused
+            return await self.ended.end_run(request.body)
         rollout_id = end_target(path)
         if rollout_id is None:  # /-/rollouts/<id>/<not end>: the 404 that lists the endpoints.
             return None
+        refused = self._refusal(request, "rollout", "POST ends the rollout, with an optional body: "
+                                                    '{"outcome": {...}, "group": "<key>", "group_size": G}',
+                                rollout_id)
+        if refused is not None or self.ended is None:
+            return refused
+        return await self.ended.end(rollout_id, request.body)
+
+    def _refusal(self, request: "ServerRequest", what: str, how: str, rollout_id: str = "-") -> Optional[AdminAnswer]:
+        """Why an end cannot be written: not a POST, no admin token, an invalid id, nothing captured."""
         if request.method != "POST":
-            return 405, orjson.dumps({"error": "POST ends the rollout, with an optional body: "
-                                               '{"outcome": {...}, "group": "<key>", "group_size": G}'})
+            return 405, orjson.dumps({"error": how})
         refused = admin_refusal(self.settings, request)
         if refused is not None:
             return refused
         if not rollout_id:
             return 400, orjson.dumps({"error": "invalid rollout id: expected 1-200 characters of [A-Za-z0-9._-] "
                                                "starting with a letter or digit"})
-        if not self.settings.capture_on:
-            return 400, orjson.dumps({"error": _NOTHING_CAPTURED.format("rollout")})
-        assert self.ended is not None
-        return await self.ended.end(rollout_id, request.body)
-
-    async def _end_run(self, request: "ServerRequest") -> AdminAnswer:
-        """``POST /-/run/end``, body optional (any JSON object): the run is over (`records.end_run`)."""
-        if request.method != "POST":
-            return 405, orjson.dumps({"error": "POST ends the run (every rollout of it has ended), with an optional "
-                                               "JSON object describing it"})
-        refused = admin_refusal(self.settings, request)
-        if refused is not None:
-            return refused
-        if not self.settings.capture_on:
-            return 400, orjson.dumps({"error": _NOTHING_CAPTURED.format("run")})
-        assert self.ended is not None
-        return await self.ended.end_run(request.body)
+        if self.ended is None:
+            return 400, orjson.dumps({"error": f"this sidecar captures nothing (no --capture-dir): there is no {what} "
+                                               "to end"})
+        return None
 
     async def stop(self, timeout: float) -> None:
         self.in_flight.stop()  # Every call is done and its line written.
