@@ -19,14 +19,19 @@ SHARED_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."
 StartSidecar = Callable[..., Awaitable[RunningServer]]
 
 
+#: The fixtures that build or start a cached tier.
+_CACHED_TIERS = frozenset({"gym", "local_ray", "s3_server"})
+
+
 @pytest.hookimpl(tryfirst=True)  # Before ``-m 'not slow'`` deselects by the marks.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that run NeMo Gym's own code (its cached venv, built in about 90 s the first time)
-    are slow, whatever they measure once it is built: `make test-quick` leaves them out (issue 75).
+    """The tests that build or start a cached tier -- NeMo Gym's own code (its cached venv, built in
+    about 90 s the first time), a local Ray, an S3 server -- are slow, whatever they measure once it
+    is up: `make test-quick` leaves them out (issue 75).
     Then the tests marked slow first, in their order: spread over the workers of ``-n auto`` from
     the start, they do not leave one worker running the longest of them alone at the end."""
     for item in items:
-        if "gym" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+        if _CACHED_TIERS & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

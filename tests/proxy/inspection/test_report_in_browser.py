@@ -23,6 +23,10 @@ from proxy import main
 
 from tests.capture_dirs import CONVERSATIONS, make_capture_dir, make_conversation_dir
 
+#: A real browser, installed from the distribution when missing: a cached tier of its own, outside
+#: `make test-quick` (issue 75), in `make test`.
+pytestmark = pytest.mark.slow
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--remote-debugging-port=0"]
