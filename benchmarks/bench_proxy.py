@@ -241,14 +241,21 @@ async def open_loop(port: int, rate: float, seconds: float) -> list[float]:
     return latencies
 
 
-def wrk_rps(port: int, concurrency: int, seconds: int, workdir: str, body: bytes = JSON_BODY) -> float:
-    script = os.path.join(workdir, "post.lua")
+def wrk_post_script(workdir: str, body: bytes, rollout_prefix: str = "bench") -> str:
+    """wrk's Lua script POSTing ``body``; each request names one of 64 rollouts, as concurrent
+    agents of a training step do."""
+    script = os.path.join(workdir, f"{rollout_prefix}-post.lua")
     with open(script, "w", encoding="ascii") as handle:
-        # Each request names one of 64 rollouts, as concurrent agents of a training step do.
         handle.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                      f"wrk.body = '{body.decode()}'\n"
                      "counter = 0\nrequest = function()\n  counter = counter + 1\n"
-                     '  return wrk.format(nil, "/ng-rollout/bench-" .. (counter % 64) .. "/v1/chat/completions")\nend\n')
+                     f'  return wrk.format(nil, "/ng-rollout/{rollout_prefix}-" .. (counter % 64) .. '
+                     '"/v1/chat/completions")\nend\n')
+    return script
+
+
+def wrk_rps(port: int, concurrency: int, seconds: int, workdir: str, body: bytes = JSON_BODY) -> float:
+    script = wrk_post_script(workdir, body)
     out = subprocess.run(["wrk", "-t2", f"-c{concurrency}", f"-d{seconds}s", "-s", script,
                           f"http://127.0.0.1:{port}/"], capture_output=True, text=True).stdout
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))

@@ -39,12 +39,7 @@ _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 def wrk_latency(port: int, concurrency: int, seconds: int, workdir: str, body: bytes) -> tuple[float, float, float]:
     """(calls/s, p50 s, p99 s) of one wrk run with ``--latency`` (each call: its whole reply)."""
-    script = os.path.join(workdir, "sweep.lua")
-    with open(script, "w", encoding="ascii") as handle:
-        handle.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                     f"wrk.body = '{body.decode()}'\n"
-                     "counter = 0\nrequest = function()\n  counter = counter + 1\n"
-                     '  return wrk.format(nil, "/ng-rollout/sweep-" .. (counter % 64) .. "/v1/chat/completions")\nend\n')
+    script = bench.wrk_post_script(workdir, body, "sweep")
     threads = min(2, concurrency)
     out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{seconds}s", "--latency", "-s", script,
                           f"http://127.0.0.1:{port}/"], capture_output=True, text=True).stdout
