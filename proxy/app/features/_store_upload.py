@@ -9,13 +9,12 @@ import logging
 from typing import Optional
 
 from capture.journal import SegmentPolicy, UploaderProcess, announce_writer
+from records.contract.writing import STORE_SCHEMES
 
 from ._declaration import Feature, Option, SettingsBase
 from ._upload_metrics import UploadMetrics
 
 log = logging.getLogger("mcc")
-#: The schemes of ``capture_store`` (`records.STORE_SCHEMES`).
-STORE_SCHEMES = ("segments", "s3", "gs", "az")
 #: How long the start waits for the store to take this spool's writer object (never a failed start).
 _ANNOUNCE_SECONDS = 5.0
 _STORAGE = "Storage past one node"

@@ -12,6 +12,7 @@ from .._calls_in_flight import (
 )
 from .._group_sync import GroupSync, mount_of
 from .._lineage import LineageVerdict
+from .._object_store import STORE_SCHEMES
 from .._rollout_ends import (
     end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout, rollout_marker_name,
 )
@@ -25,6 +26,7 @@ from .._writer_watermarks import SEEN_SECONDS, writer_object_name
 
 __all__ = [
     "EXPERTS_SUFFIX",
+    "STORE_SCHEMES",
     "GroupSync",
     "IN_FLIGHT_DIR",
     "LineageVerdict",
