@@ -8,6 +8,11 @@ COPY proxy ./proxy
 COPY capture ./capture
 COPY records ./records
 COPY deploy/docker/constraints.txt ./
+# A C compiler for the compiled per-event core (capture/_core.c, docs/speed.md): the wheel is built
+# here with it; the image below gets the wheel, not the compiler.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Every dependency pinned by the constraints file (hadolint DL3013).
 # The store extra: --capture-store s3:// (fsspec, s3fs) works in the image as it comes.
 RUN pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels ".[store]"

@@ -11,13 +11,14 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The compiled per-event core (capture/_core.c) is built by the install: an edit to it builds it again.
+$(STAMP): pyproject.toml capture/_core.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[demo,test]'
 	touch $(STAMP) $(DEMO_STAMP)
 
-$(DEMO_STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml capture/_core.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[demo]'

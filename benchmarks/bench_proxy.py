@@ -132,15 +132,17 @@ def start_naive(upstream: Target, capture_dir: str) -> Target:
 
 
 def start_sidecar(name: str, upstream: Target, capture_dir: str | None, workers: int = 1,
-                  extra: tuple[str, ...] = (), program: tuple[str, ...] = ("-m", "proxy")) -> Target:
+                  extra: tuple[str, ...] = (), program: tuple[str, ...] = ("-m", "proxy"),
+                  environment: dict[str, str] | None = None) -> Target:
     """``program``: what Python runs before ``serve ...`` (`bench_floors.py` runs a sidecar with a
-    part of capture taken out)."""
+    part of capture taken out); ``environment``: variables set for it (``MCC_NO_EXTENSIONS``)."""
     port = free_port()
     args = [sys.executable, *program, "serve", "--upstream", f"http://127.0.0.1:{upstream.port}", "--port", str(port),
             "--log-level", "error", "--workers", str(workers), *extra]
     if capture_dir:
         args += ["--capture-dir", capture_dir]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, **environment} if environment else None)
     assert process.stdout.readline().startswith("listening on")  # type: ignore[union-attr]
     target = Target(name, port, process)
     if workers > 1:

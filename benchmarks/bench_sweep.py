@@ -34,6 +34,8 @@ import bench_proxy as bench  # noqa: E402
 CONCURRENCIES = (1, 10, 64)
 WORKLOADS = {"JSON 1 KB": bench.JSON_BODY, "logprob stream": bench.LOGPROB_BODY}
 TOKEN_MODE = ("--capture-tokens", "--capture-raw-stream", "on-failure")
+#: The name's tail for a sidecar on the pure-Python reference (``MCC_NO_EXTENSIONS=1``).
+PURE_PYTHON = ", pure Python"
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 
@@ -58,19 +60,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, action="append", help="only these (repeatable)")
+    parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="only these (repeatable)")
     args = parser.parse_args()
+    concurrencies = tuple(args.concurrency or CONCURRENCIES)
+    workloads = {name: WORKLOADS[name] for name in args.workload or WORKLOADS}
     bench.ensure_tools()
     workdir = tempfile.mkdtemp(prefix="mcc-sweep-")
     upstream = bench.start_upstream()
     servers: dict[str, bench.Target] = {"direct": upstream, "nginx": bench.start_nginx(upstream, workdir),
                                         "naive capture proxy": bench.start_naive(upstream, os.path.join(workdir, "n"))}
     for name, extra in (("sidecar, capture on", ()), ("sidecar, token mode", TOKEN_MODE)):
-        servers[name] = bench.start_sidecar(name, upstream, tempfile.mkdtemp(prefix="mcc-sweep-cap-"), extra=extra)
+        # With the compiled core and with the pure-Python reference (`capture._native`).
+        for core, environment in (("", None), (PURE_PYTHON, {"MCC_NO_EXTENSIONS": "1"})):
+            servers[name + core] = bench.start_sidecar(name + core, upstream, tempfile.mkdtemp(prefix="mcc-sweep-cap-"),
+                                                       extra=extra, environment=environment)
     figures: dict[tuple[str, int, str], list[tuple[float, float, float]]] = {}
     try:
         for _ in range(args.rounds):
-            for workload, body in WORKLOADS.items():
-                for concurrency in CONCURRENCIES:
+            for workload, body in workloads.items():
+                for concurrency in concurrencies:
                     for name, target in servers.items():
                         figures.setdefault((workload, concurrency, name), []).append(
                             wrk_latency(target.port, concurrency, args.seconds, workdir, body))
@@ -78,22 +87,26 @@ def main() -> None:
         for target in servers.values():
             target.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    bench.publish("sweep", report(args, figures, list(servers)))
+    text = report(args, figures, list(servers), workloads, concurrencies)
+    if args.concurrency or args.workload:
+        print(text)  # A part of the sweep: results/sweep.md keeps the whole one.
+    else:
+        bench.publish("sweep", text)
 
 
 def report(args: argparse.Namespace, figures: dict[tuple[str, int, str], list[tuple[float, float, float]]],
-           names: list[str]) -> str:
+           names: list[str], workloads: dict[str, bytes], concurrencies: tuple[int, ...]) -> str:
     def median(key: tuple[str, int, str], part: int) -> float:
         return statistics.median(values[part] for values in figures[key])
 
     lines = [f"{args.rounds} interleaved rounds of {args.seconds} s per cell (wrk --latency); medians of the rounds; "
              "p50 / p99 are of a whole call (a stream's: to its last byte); added = the server's minus direct's.", ""]
-    for workload in WORKLOADS:
+    for workload in workloads:
         rate_unit = "events/s" if workload == "logprob stream" else "calls/s"
         scale = bench.STREAM_EVENTS if workload == "logprob stream" else 1
         lines += [f"## {workload}", "", f"| c | server | {rate_unit} | p50 (ms) | p99 (ms) | added p50 (ms) | "
                   "added p99 (ms) |", "|---:|---|---:|---:|---:|---:|---:|"]
-        for concurrency in CONCURRENCIES:
+        for concurrency in concurrencies:
             direct = ((workload, concurrency, "direct"))
             for name in names:
                 key = (workload, concurrency, name)

@@ -10,6 +10,7 @@ from ._completions import CompletionsReassembler
 from ._cutting_tap import CuttingStreamTap
 from ._decoding import MAX_DECODED_BYTES, DecodedTooLarge, UnsupportedContentEncoding, as_evidence, decodable, make_decoder
 from ._messages import MessagesReassembler
+from ._native import description as per_event_core
 from ._prefix_supply import (
     PrefixRenders, proves_prefix, render_requests, reported_prompt_ids, responses_render_request, tokenized_ids,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "is_context_length_error",
     "make_decoder",
     "parse_json_object",
+    "per_event_core",
     "proves_prefix",
     "render_requests",
     "reported_prompt_ids",

@@ -39,6 +39,8 @@ from typing import Any, Callable, Optional
 
 import orjson
 
+from . import _native
+
 #: Slot kinds: the body of a JSON string with no escape; a JSON number; a list of integers (the
 #: slot is what stands between its brackets).
 TEXT, NUMBER, INTS = "text", "number", "ints"
@@ -82,7 +84,8 @@ class EventTemplate:
     well-formed values and decodes them; ``fold`` (the reassembler's) folds them; with the token
     capture mode, `write` gives the client's bytes (``output``, `learn_output`)."""
 
-    __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum", "_inner")
+    __slots__ = ("segments", "kinds", "names", "fold", "output", "field_lines", "maximum", "_minimum", "_inner",
+                 "_between", "_text_slots")
 
     def __init__(self, segments: list[bytes], kinds: tuple[str, ...], names: tuple[Any, ...],
                  fold: Callable[[list[list[bytes]], int, list[Any]], None]) -> None:
@@ -104,6 +107,10 @@ class EventTemplate:
         #: The segments with the event's blank line after the last; the bytes between two events.
         #: The segments between the slots, each event's middle ended by the separator (`_split_run`).
         self._inner = [b"", *segments[1:-1], _SEPARATOR]
+        #: What the compiled core's `take_rows` is given: the segments between the slots, and a
+        #: byte a slot, 1 for a text (capture/_core.c).
+        self._between = tuple(segments[1:-1])
+        self._text_slots = bytes(kind == TEXT for kind in kinds)
 
     @property
     def shortest(self) -> int:
@@ -129,8 +136,16 @@ class EventTemplate:
         replaced by a separator, the values split out, and the middles rebuilt from them and
         compared -- whatever the split did, the run is taken only when it is exactly these segments
         around these values (and `checked` finds the values well-formed). Otherwise event by event
-        (`take`). A run shorter than ``shortest`` is counted, not taken (no columns)."""
+        (`take`). A run shorter than ``shortest`` is counted, not taken (no columns).
+
+        With the compiled core (`capture._native`), all of it is one C call, `take_rows`: the events
+        matched in order, each inner segment found after the last, as `take` does."""
         first, last, minimum, maximum = self.segments[0], self.segments[-1], self._minimum, self.maximum
+        core = _native.core
+        if core is not None:
+            fit, taken, found = core.take_rows(parts, start, shortest, first, self._between, last, self._text_slots,
+                                               minimum, maximum)
+            return (fit, []) if fit < shortest else (taken, found)
         stop = start
         for part in parts[start:] if start else parts:
             if not (part.startswith(first) and part.endswith(last) and minimum <= len(part) <= maximum):
@@ -262,7 +277,10 @@ class EventTemplate:
 def written_rows(segments: list[bytes], columns: list[list[bytes]], count: int) -> bytes:
     """``count`` rows, each ``segments`` around one value of each column (len(segments) ==
     len(columns) + 1), joined. Rows joined by a separator: append it to the last segment and
-    drop it from the end."""
+    drop it from the end. With the compiled core, one C call (`write_rows`, the same bytes)."""
+    core = _native.core
+    if core is not None:
+        return core.write_rows(segments, columns, count)
     if not columns:
         return segments[0] * count
     if len(columns) == 1:

@@ -29,7 +29,9 @@ looked at once, when it is whole.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
+
+from . import _native
 
 #: Large enough for a whole Responses `response.completed` payload with a long output.
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024 * 1024
@@ -153,28 +155,13 @@ class SSEParser:
         """
         if self._irregular and not self._plain_stream_start(chunk):
             return None
-        if (self._skip_leading_lf or self._data_lines or self._event_type or self._discarding or self._block
-                or chunk[-2:] != b"\n\n" or b"\r" in chunk):
+        if self._skip_leading_lf or self._data_lines or self._event_type or self._discarding or self._block:
             return None
-        events = []
-        field_lines = 0
-        for part in chunk[:-2].split(b"\n\n"):
-            if part[:6] == b"data: ":
-                if b"\n" in part:
-                    return None  # Several data lines, or another field after this one.
-                kind, data = "message", part[6:]
-                field_lines += 1
-            elif part[:7] == b"event: ":
-                name, _, data_line = part.partition(b"\n")
-                if data_line[:6] != b"data: " or b"\n" in data_line:
-                    return None
-                kind, data = name[7:].decode("utf-8", "replace") or "message", data_line[6:]
-                field_lines += 2
-            else:
-                return None  # A comment, an id or retry field, a blank line, ...
-            if len(data) + 6 > self._max_event_bytes:
-                return None  # `feed` drops and counts it.
-            events.append((kind, data, part))
+        core = _native.core
+        read = (core.plain_events if core is not None else plain_events)(chunk, self._max_event_bytes)
+        if read is None:
+            return None
+        events, field_lines = read
         self.field_lines += field_lines
         self._irregular = self._at_stream_start = False
         return events
@@ -379,3 +366,33 @@ class SSEParser:
         self._event_type = ""
         self._data_lines.clear()
         self._event_size = 0
+
+
+def plain_events(chunk: bytes, max_event_bytes: int) -> Optional[tuple[list[tuple[str, bytes, bytes]], int]]:
+    """`SSEParser.feed_plain`'s reading of ``chunk``: its events as (type, data, lines) and the
+    field lines they hold, when it is whole events of the plain shape and nothing else (each line
+    ending in LF, no CR anywhere, the last event's blank line at its end); else None.
+
+    The reference of the compiled core's ``plain_events`` (capture/_core.c, `capture._native`)."""
+    if chunk[-2:] != b"\n\n" or b"\r" in chunk:
+        return None
+    events = []
+    field_lines = 0
+    for part in chunk[:-2].split(b"\n\n"):
+        if part[:6] == b"data: ":
+            if b"\n" in part:
+                return None  # Several data lines, or another field after this one.
+            kind, data = "message", part[6:]
+            field_lines += 1
+        elif part[:7] == b"event: ":
+            name, _, data_line = part.partition(b"\n")
+            if data_line[:6] != b"data: " or b"\n" in data_line:
+                return None
+            kind, data = name[7:].decode("utf-8", "replace") or "message", data_line[6:]
+            field_lines += 2
+        else:
+            return None  # A comment, an id or retry field, a blank line, ...
+        if len(data) + 6 > max_event_bytes:
+            return None  # `feed` drops and counts it.
+        events.append((kind, data, part))
+    return events, field_lines

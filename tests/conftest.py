@@ -36,6 +36,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+#: The tests of what the compiled per-event core stands in for (capture/_native.py): each runs twice,
+#: on the compiled core and on the pure-Python reference, whole, byte by byte and at random splits
+#: as it is written. The sidecars these tests start in this process run the core selected.
+_BOTH_CORES = ("tests/capture/test_", "tests/conformance/test_reassembly_vs_sdk.py", "tests/conformance/test_vllm_recordings.py",
+               "tests/proxy/training/test_token_mode_hardening.py", "tests/proxy/training/test_sglang_tokens.py",
+               "tests/proxy/training/test_token_capture_mode.py", "tests/proxy/call/test_generate_dialect.py")
+#: Compares the two cores itself.
+_CORE_AGAINST_REFERENCE = "tests/capture/test_core.py"
+_TESTS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    where = os.path.relpath(str(metafunc.definition.path), _TESTS_ROOT)
+    if "per_event_core" in metafunc.fixturenames and where.startswith(_BOTH_CORES) and where != _CORE_AGAINST_REFERENCE:
+        metafunc.parametrize("per_event_core", ["compiled", "python"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def per_event_core(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The per-event core a test of `_BOTH_CORES` runs on (its id: ``compiled`` or ``python``);
+    None elsewhere (what `capture._native` chose at import). `make test` builds the core: a test
+    on ``compiled`` fails where it did not build."""
+    which = getattr(request, "param", None)
+    if which is None:
+        yield None
+        return
+    from capture import _native
+
+    before = _native.core is not None
+    try:
+        _native.select(which == "compiled")
+    except ImportError as exc:
+        pytest.fail(f"the compiled core is not built ({exc}): `make install` builds it with the machine's C compiler")
+    try:
+        yield which
+    finally:
+        _native.select(before)
+
+
 @pytest.fixture
 async def upstream() -> AsyncIterator[ScriptedUpstream]:
     server = await ScriptedUpstream().start()

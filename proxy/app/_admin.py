@@ -11,6 +11,7 @@ from typing import Optional, Protocol
 
 import orjson
 
+from capture import per_event_core
 from capture.journal import Journal
 
 from ..call import CONTENT_TYPE, CallContext, SidecarMetrics, directory_writable
@@ -111,7 +112,7 @@ class AdminEndpoints:
             self.capture_dir_was_writable = writable
             problem = self.sidecar.journal.write_problem if self.sidecar.journal is not None else None
             checks.update(capture_dir=settings.capture_dir, capture_dir_writable=writable,
-                          capture="ok" if writable and problem is None else "failing")
+                          capture="ok" if writable and problem is None else "failing", per_event_core=per_event_core())
             for feature in self.sidecar.running:  # Told, never a 503: a store's outage must not fail a call.
                 checks.update(feature.ready())
             if problem is not None:  # The last line was refused (a full disk): failing until one is written.

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from capture import per_event_core
+
 from ._sidecar import Sidecar
 from ._logging import utc_timestamp
 from ._settings import Settings
@@ -178,8 +180,8 @@ def describe_startup(settings: Settings, upstream: str | None) -> str:
     else:
         capture = "capture off: disabled (--no-capture / observability_enabled: false)"
     workers = "" if settings.worker_index is not None else f"workers {settings.workers}; "  # A worker is one.
-    if settings.capture_on:
-        capture += f"; {describe_privacy(settings)}"
+    if settings.capture_on:  # Which per-event core parses the replies: said once, here (docs/speed.md).
+        capture += f"; {describe_privacy(settings)}; per-event core {per_event_core()}"
     return (f"forwarding to {upstream}; {capture}; {workers}"
             f"drain timeout {settings.drain_timeout:g}s; model_ref.name {settings.model_ref_name}")
 

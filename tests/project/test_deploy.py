@@ -8,6 +8,7 @@ with the environment the Dockerfile sets.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -282,6 +283,9 @@ def test_dockerfile_has_what_a_production_image_needs():
     assert ("ENTRYPOINT", '["mcc", "serve"]') in final_stage
     assert not any(name == "RUN" and ("pytest" in args or "[test" in args) for name, args in final_stage)
     assert names.count("FROM") == 2
+    build_stage = instructions[:max(i for i, (name, _) in enumerate(instructions) if name == "FROM")]
+    assert any(name == "RUN" and "gcc" in args for name, args in build_stage), "the wheel is built with the compiled core"
+    assert not any(name == "RUN" and "gcc" in args for name, args in final_stage)
     assert _docker_env()["MCC_HOST"] == "0.0.0.0"
     with open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8") as handle:
         assert {".git", ".venv", "tests"} <= set(handle.read().split())
@@ -310,6 +314,8 @@ def test_wheel_entrypoint_runs_in_a_clean_venv_with_the_dockerfile_environment(t
             reply.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=30) as reply:
             assert reply.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=30) as reply:
+            assert json.loads(reply.read())["per_event_core"] == "compiled", "the wheel carries the compiled core"
         assert CaptureStore(str(tmp_path / "captures")).read("img-1")[0]["status_code"] == 200
     finally:
         process.terminate()

@@ -36,6 +36,8 @@ PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
 #: The private modules tests may import (white-box tests of a unit that has no public door).
 TESTS_MAY_IMPORT = {
     "capture._event_templates",
+    "capture._native",  # select: a test runs on the compiled core and on the Python (tests/conftest.py)
+    "capture._sse",  # plain_events, the compiled core's reference
     "capture.journal._group_commit",
     "capture.journal._open_files",
     "capture.journal._process_client",

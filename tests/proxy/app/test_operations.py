@@ -128,7 +128,48 @@ def test_startup_says_what_it_will_do(tmp_path):
     assert f"WARNING mcc: the capture dir {capture_dir} did not exist, nor did its parent" in log
     (startup,) = [line for line in sidecar.stderr_lines if "forwarding to " in line]
     assert (f"capture on: dir {capture_dir}, sync auto, raw stream always; privacy full: no redaction "
-            "(--redact, --redact-hook); workers 1; drain timeout 25s" in startup)
+            "(--redact, --redact-hook); per-event core compiled; workers 1; drain timeout 25s" in startup)
+
+
+def _logprob_stream(tokens: int) -> bytes:
+    """A vLLM logprob stream long enough for the event templates (a logprob entry and an id a chunk)."""
+    head = {"id": "chatcmpl-core", "object": "chat.completion.chunk", "created": 1767225600, "model": "m"}
+    events = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}]}]
+    events += [{**head, "choices": [{"index": 0, "delta": {"content": f" t{step}"}, "logprobs": {"content": [
+        {"token": f" t{step}", "logprob": -0.125 * step, "bytes": list(f" t{step}".encode()), "top_logprobs": []}]},
+        "finish_reason": "stop" if step == tokens - 1 else None, "token_ids": [1000 + step]}]} for step in range(tokens)]
+    events.append({**head, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
+                                                     "total_tokens": 3 + tokens}})
+    return b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("variable, said", [(None, "compiled"), ("1", "pure Python (MCC_NO_EXTENSIONS is set)")])
+async def test_the_per_event_core_is_said_at_start_and_in_ready_and_either_captures_the_stream(upstream, tmp_path, variable,
+                                                                                                said):
+    """The compiled core by default (`make install` builds it), the pure Python with
+    MCC_NO_EXTENSIONS=1: said once at start and in /-/ready; a logprob stream, long enough for the
+    event templates, reaches the client as it came and gives the same line on both (docs/speed.md)."""
+    stream = _logprob_stream(300)
+    upstream.scripts["/v1/chat/completions"] = sse_script(stream)
+    sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path),
+                                   env={"MCC_NO_EXTENSIONS": variable or ""})
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{sidecar.url}/-/ready") as reply:
+                assert (await reply.json())["per_event_core"] == said
+            async with session.post(f"{sidecar.url}/ng-rollout/core-1/v1/chat/completions",
+                                    data=orjson.dumps({**orjson.loads(CHAT_REQUEST), "stream": True, "logprobs": True})) as reply:
+                assert await reply.read() == stream
+    finally:
+        assert sidecar.terminate() == 0
+    (startup,) = [line for line in sidecar.stderr_lines if "forwarding to " in line]
+    assert f"; per-event core {said};" in startup
+    (line,) = CaptureStore(str(tmp_path)).read("core-1")
+    choice = line["response"]["choices"][0]
+    assert choice["message"]["content"] == "".join(f" t{step}" for step in range(300))
+    assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-0.125 * step for step in range(300)]
+    assert choice["token_ids"] == list(range(1000, 1300)) and line["response"]["usage"]["completion_tokens"] == 300
 
 
 def test_a_top_level_upstream_in_yaml_is_pointed_at_mcc_upstream(tmp_path):
