@@ -88,8 +88,8 @@ def measure(py_spy: str, upstream: bench.Target, mode: str, seconds: int, workdi
     capture_dir = tempfile.mkdtemp(prefix="mcc-events-")
     target = bench.start_sidecar(mode, upstream, capture_dir, extra=MODES[mode])
     try:
-        script = os.path.join(workdir, "post.lua")
-        bench.wrk_rps(target.port, 64, 1, workdir, bench.LOGPROB_BODY)  # Warm, and writes the script.
+        script = bench.wrk_post_script(workdir, bench.LOGPROB_BODY)
+        bench.wrk_rps(target.port, 64, 1, workdir, bench.LOGPROB_BODY)  # Warm.
         wrk = subprocess.Popen(["wrk", "-t2", "-c64", f"-d{seconds + 2}s", "-s", script, f"http://127.0.0.1:{target.port}/"],
                                stdout=subprocess.PIPE, text=True)
         time.sleep(1)

@@ -23,6 +23,7 @@ from ._event_templates import LEARN_AFTER_LINES, LEARN_FROM_READ_BYTES, EventTem
 from ._messages import MessagesReassembler
 from ._reassembler import Reassembler
 from ._responses import ResponsesReassembler, status_category
+from . import _native
 from ._sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
 
 REASSEMBLERS: dict[str, type[Reassembler]] = {
@@ -178,11 +179,8 @@ class StreamTap:
         framing already failed."""
         if self._decode is not None or self._framing_failed or self.terminal or not self._parser.between_events():
             return 0
-        first = -1
-        for marker in self._terminal_markers:
-            at = data.find(marker)
-            if at >= 0 and (first < 0 or at < first):
-                first = at
+        core = _native.core
+        first = (core.first_of if core is not None else first_of)(data, self._terminal_markers)
         if first < 0:
             return len(data)
         boundary = data.rfind(b"\n\n", 0, first)  # Always an event's end, whatever the line ends.
@@ -274,7 +272,8 @@ class StreamTap:
         """A piece of whole plain events (`SSEParser.takes_plain`): each run of events that fits a
         learnt template taken at once (folded), each other event the general way (where a template
         may be learnt)."""
-        parts = piece[:-2].split(b"\n\n")
+        core = _native.core
+        parts = (core.split_events if core is not None else split_events)(piece)
         reassembler, parser, templates = self._reassembler, self._parser, self._templates
         assert templates is not None
         watch, takes_runs, general_event = self._watches(piece), self._takes_runs, self._general_event
@@ -487,6 +486,23 @@ class BodyTap:
             # A non-streaming Responses body says the same as the stream's terminal event would.
             category = status_category(body)
         return category
+
+
+def first_of(data: bytes, markers: tuple[bytes, ...]) -> int:
+    """Where the first of ``markers`` starts in ``data``, or -1 (`StreamTap.quiet_prefix`). The
+    reference of the compiled core's ``first_of`` (capture/_core.c, `capture._native`)."""
+    first = -1
+    for marker in markers:
+        at = data.find(marker)
+        if at >= 0 and (first < 0 or at < first):
+            first = at
+    return first
+
+
+def split_events(piece: bytes) -> list[bytes]:
+    """A piece of whole events (its last blank line at its end), each event without its blank
+    line. The reference of the compiled core's ``split_events``."""
+    return piece[:-2].split(b"\n\n")
 
 
 def parse_json_object(body: bytes) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from capture import _native
 from capture._event_templates import TEXT, EventTemplate, written_rows
 from capture._sse import plain_events
+from capture._tap import _TERMINAL_MARKERS, _WHOLE_MARKERS, first_of, split_events
 
 from tests.capture.test_event_templates import (
     REQUEST, _pieces, _tap_through, chat_stream, messages_stream, responses_stream,
@@ -105,8 +106,9 @@ def test_write_rows_is_written_rows(case):
 
 # -- plain_events: a read of plain SSE events -------------------------------------------------
 
-_SSE_ATOMS = st.sampled_from([b"data: ", b"event: ", b"data:", b"\n", b"\n\n", b"\r", b"\r\n", b": c\n", b"id: 1\n",
-                              b'{"a":1}', b"x", b"\xff", b"\xe2\x82", b"message_stop", b"[DONE]"])
+_SSE_BYTES = [b"data: ", b"event: ", b"data:", b"\n", b"\n\n", b"\r", b"\r\n", b": c\n", b"id: 1\n", b'{"a":1}', b"x", b"\xff",
+              b"\xe2\x82", b"message_stop", b"[DONE]"]
+_SSE_ATOMS = st.sampled_from(_SSE_BYTES)
 
 
 @settings(max_examples=800, deadline=None)
@@ -122,6 +124,31 @@ def test_plain_events_reads_the_shapes_servers_write():
                  ("message", b"x", b"event: \ndata: x")], 5)
     assert both(lambda: _native.core.plain_events(chunk, 1 << 20) if _native.core else plain_events(chunk, 1 << 20)) \
         == (expected, expected)
+
+
+# -- first_of and split_events: a read's terminal names and its events -------------------------
+
+_MARKERS = sorted({marker for markers in (*_TERMINAL_MARKERS.values(), *_WHOLE_MARKERS.values()) for marker in markers})
+
+
+def _on_core(name: str, reference: Any) -> Any:
+    return lambda *args: (getattr(_native.core, name) if _native.core else reference)(*args)
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.sampled_from([*_SSE_BYTES, *_MARKERS, b'"finish_reason":', b"[DON"]),
+                max_size=16).map(b"".join),
+       st.lists(st.sampled_from(_MARKERS + [b"\n", b"a"]), max_size=5, unique=True).map(tuple))
+def test_first_of_is_the_reference(data, markers):
+    compiled, python = both(_on_core("first_of", first_of), data, markers)
+    assert compiled == python
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.sampled_from([b"\n", b"\n\n", b"\n\n\n", b"data: x", b"{}", b"\r"]), max_size=14).map(b"".join))
+def test_split_events_is_the_reference(piece):
+    compiled, python = both(_on_core("split_events", split_events), piece)
+    assert compiled == python
 
 
 # -- whole streams through a tap, on each core ------------------------------------------------
