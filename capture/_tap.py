@@ -78,9 +78,11 @@ def reply_expectations(dialect: str, body: bytes, parsed: Any = None) -> dict[st
 
     A reply is complete at its last meaningful event: Messages' ``message_delta`` with the stop
     reason; chat's and completions' last finish reason and the usage chunk, only where the
-    request asked for it (``stream_options.include_usage``): without that a server may still add
+    request asked for it (``stream_options.include_usage``). Without that a server may still add
     a usage chunk after the finish (vLLM's ``--enable-force-include-usage``) that the line must
-    keep, so the reply ends at ``[DONE]``. ``parsed``: the body already parsed, if it was; else
+    keep: `StreamTap`'s ``unasked_usage`` says whether this upstream does (the reply then ends at
+    it, or at the last finish reason), and until that is known the reply ends at ``[DONE]``.
+    ``parsed``: the body already parsed, if it was; else
     the bytes are searched, and parsed only when they name ``n`` (a false match of
     ``include_usage`` in a message's text only makes the reply wait for a usage chunk that may
     never come, then end at ``[DONE]``: as before)."""
@@ -89,10 +91,9 @@ def reply_expectations(dialect: str, body: bytes, parsed: Any = None) -> dict[st
     if dialect not in ("chat", "completions"):
         return None
     if parsed is None:
-        if b'"include_usage":true' not in body and b'"include_usage": true' not in body:
-            return None
         if b'"n"' not in body:
-            return {"stream_options": {"include_usage": True}}
+            asked = b'"include_usage":true' in body or b'"include_usage": true' in body
+            return {"stream_options": {"include_usage": True}} if asked else {}
         parsed = parse_json_object(body)
     return parsed if type(parsed) is dict else None
 
@@ -110,6 +111,7 @@ class StreamTap:
         templates: bool = True,
         learn_after: int = LEARN_AFTER_LINES,
         expect: dict[str, Any] | None = None,
+        unasked_usage: bool | None = None,
     ) -> None:
         """``compact_arrays``: per-token lists come out as `orjson.Fragment` (see `TokenArrays`).
         ``raw_window``: keep only the stream's last this many bytes of raw text while it parses
@@ -118,15 +120,25 @@ class StreamTap:
         events and take runs of them the fast way (`capture._event_templates`; off only to test
         that the outcome is the same), once ``learn_after`` field lines have passed. ``expect``:
         the request's `reply_expectations`: the reply then ends (`feed` returns True) at its last
-        meaningful event, which is what is held until the line is durable."""
+        meaningful event, which is what is held until the line is durable. ``unasked_usage``:
+        whether the upstream adds a usage chunk a chat or completions request did not ask for
+        (vLLM's ``--enable-force-include-usage``): True, such a reply ends at it; False, at its
+        last finish reason; None (not known), at its terminal (``[DONE]``), and
+        `unasked_usage_seen` then says what the stream did."""
         self._parser = SSEParser(max_event_bytes)
         self._max_event_bytes = max_event_bytes
         self._reassembler = REASSEMBLERS[dialect]()
         self._terminal_markers = _TERMINAL_MARKERS[dialect]
+        #: Usage was not asked and the upstream's way with it is not known: the stream shows it.
+        self._shows_unasked_usage = False
         if expect is not None and dialect in _WHOLE_MARKERS:
-            self._reassembler.expect(expect)
-            if dialect == "messages" or self._reassembler.wants_usage:  # Else a usage chunk may follow.
-                self._reassembler.ends_when_whole = True
+            reassembler = self._reassembler
+            reassembler.expect(expect)
+            if dialect != "messages" and not reassembler.wants_usage:
+                reassembler.wants_usage = unasked_usage is True  # It comes unasked: the reply ends at it.
+                self._shows_unasked_usage = unasked_usage is None
+            if dialect == "messages" or reassembler.wants_usage or unasked_usage is False:
+                reassembler.ends_when_whole = True
                 self._terminal_markers = _WHOLE_MARKERS[dialect]
         self._reassembler.compact_arrays = compact_arrays
         self._framing_failed = False
@@ -190,6 +202,15 @@ class StreamTap:
         """Observe one chunk; True when it completed the stream's terminal event."""
         self._count_toward_templates(chunk)
         return self._observe(chunk)
+
+    @property
+    def unasked_usage_seen(self) -> bool | None:
+        """With no usage asked and the upstream's way with it not known (``unasked_usage`` None):
+        once the stream has reached its terminal whole, whether a usage chunk came; else None."""
+        if not self._shows_unasked_usage or not self.terminal or self._failure is not None \
+                or self._reassembler.error_category is not None:
+            return None
+        return getattr(self._reassembler, "_usage", None) is not None
 
     def generated_so_far(self) -> dict[int, int] | None:
         """`Reassembler.generated_so_far` of this stream."""

@@ -331,7 +331,7 @@ class Call:
             # a compressed request body says nothing: its reply ends at its terminal, as ever).
             expect = reply_expectations(exchange.dialect, exchange.request_body, exchange.parsed_request)
             exchange.tap = relay.stream_tap(exchange.dialect, encoding, compact_arrays=True, raw_window=window,
-                                            expect=expect)
+                                            expect=expect, unasked_usage=self.ctx.unasked_usage)
         else:
             exchange.tap = BodyTap(exchange.dialect, encoding)
         return exchange.tap
@@ -390,6 +390,21 @@ class Call:
         if (isinstance(tap, StreamTap) and not tap.terminal and exchange.category_override != "cancelled"
                 and 200 <= (exchange.status_code or 0) < 300):
             metrics.streams_truncated.inc()
+        if isinstance(tap, StreamTap) and self.ctx.unasked_usage is None:
+            # The first whole stream that asked no usage says whether this upstream adds it anyway:
+            # from then on such a reply ends at its last finish reason, or at that usage chunk.
+            self.ctx.unasked_usage = tap.unasked_usage_seen
+
+    def note_after_end(self, data: bytes) -> None:
+        """Bytes of the reply relayed after its line was made. A reply that asked no usage was
+        ended at its last finish reason (this upstream added none so far); a usage chunk after it
+        means the upstream does now (a restart with ``--enable-force-include-usage``, another
+        server behind a router): later replies wait for it. This one's line has no usage: said."""
+        if self.ctx.unasked_usage is False and b'"usage":{' in data and self.exchange is not None:
+            self.ctx.unasked_usage = True
+            self.ctx.warnings.warning(("unasked usage",), "the upstream sent a usage chunk that the request did not ask "
+                                      "for after the last finish reason, where it sent none before: rollout %s's line "
+                                      "has no usage; later replies wait for it", self.exchange.rollout_id)
 
     def _undecodable(self, encoding: str, body: str) -> None:
         """A body in an encoding nobody decodes: forwarded as it came, its bytes kept base64 on

@@ -163,3 +163,8 @@ class CallContext:
     affinity_header: Optional[bytes] = None
     #: The base_url mistakes already explained in the log (`base_url_mistake`).
     hinted: set[str] = field(default_factory=set)
+    #: Whether the upstream adds a usage chunk to a chat or completions stream that did not ask
+    #: for one (vLLM's ``--enable-force-include-usage``); None until a stream has shown it. Known
+    #: no, such a stream's line is made at its last finish reason (docs/wire.md, "Durable before
+    #: the agent's end"); known yes, at the usage chunk; not known, at ``[DONE]``.
+    unasked_usage: Optional[bool] = None

@@ -84,7 +84,10 @@ class BodyPump:
             return
         tap, write = self.tap, self.write
         if tap is None or self.call.persisted:
-            write(batch[0] if len(batch) == 1 else b"".join(batch))
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            if tap is not None:
+                self.call.note_after_end(data)
+            write(data)
             return
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
@@ -224,6 +227,8 @@ class BodyPump:
         self.persisting = False
         if self.done.done():
             return
+        if self.held or self.held_ready:  # What came with and behind the event that ended the reply.
+            self.call.note_after_end(self.held_ready + self.held)
         if self.ended and self.broken is None:
             self._flush_and_end()
             return

@@ -231,3 +231,47 @@ async def test_a_messages_stream_is_complete_at_its_stop_reason_even_if_the_clie
         assert line["error_category"] == category, line
     (ended,) = store.read("ended")
     assert ended["response"]["stop_reason"] == "end_turn" and ended["response"]["content"] == [{"type": "text", "text": "Hi"}]
+
+
+async def _finish_chunk_then_line(http, upstream, sidecar, store, rollout: str, events: list[bytes], held: int) -> tuple[dict, dict]:
+    """The upstream sends ``events``, waits 10 s, then ``[DONE]``; the client reads the first ``held``
+    events (to the one that ends the reply) and, that moment, looks for the line: (the line then,
+    or {} when it was not on disk; the line once the reply has ended)."""
+    body = b"".join(events) + b"data: [DONE]\n\n"
+    upstream.scripts[CHAT] = sse_script(body, [*events, b"data: [DONE]\n\n"], pauses={len(events): 10.0})
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = await http.post(rollout_url(sidecar.url, rollout, CHAT), data=orjson.dumps(request))
+    read = await response.content.readexactly(len(b"".join(events[:held])))
+    assert read == b"".join(events[:held]), "the client gets the upstream's bytes"
+    lines = store.read(rollout)
+    response.close()
+    return (lines[0] if lines else {}), await _line_once_written(store, rollout)
+
+
+async def test_a_chat_stream_that_asked_no_usage_is_durable_at_its_finish_chunk_once_the_upstream_is_known(
+        http, upstream, start, capture_dir, store, caplog):
+    """A request without ``include_usage``: the first whole stream shows whether the upstream adds
+    a usage chunk anyway (vLLM's ``--enable-force-include-usage``). Where it does not, every later
+    reply ends at its last finish reason: its line is on disk when the client has that chunk, with
+    ``[DONE]`` ten seconds behind. Where it does, a reply ends at that usage chunk, which its line
+    keeps. An upstream that starts adding one later is noticed, said, and waited for from then on."""
+    finish = [_chat_chunk([_choice(0, "Hel")]), _chat_chunk([_choice(0, "lo", "stop")])]
+    plain = await start(upstream.url, capture_dir=capture_dir)
+    first, _ = await _finish_chunk_then_line(http, upstream, plain, store, "first", finish, held=2)
+    assert first == {}, "not known yet: the reply ended at [DONE], as before"
+    second, line = await _finish_chunk_then_line(http, upstream, plain, store, "second", finish, held=2)
+    assert second == line and line["error_category"] is None and "usage" not in line["response"]
+    assert line["response"]["choices"][0]["message"]["content"] == "Hello"
+
+    forced = [*finish, _chat_chunk([], _USAGE)]
+    changed, line = await _finish_chunk_then_line(http, upstream, plain, store, "changed", forced, held=3)
+    assert "usage" not in line["response"], "its line was made at the finish reason, before the usage came"
+    assert "the upstream sent a usage chunk that the request did not ask for" in caplog.text
+    waits, line = await _finish_chunk_then_line(http, upstream, plain, store, "waits", forced, held=3)
+    assert waits == line and line["response"]["usage"] == _USAGE, "later replies end at the usage chunk"
+
+    adds = await start(upstream.url, capture_dir=capture_dir)
+    first, line = await _finish_chunk_then_line(http, upstream, adds, store, "forced-first", forced, held=3)
+    assert first == {} and line["response"]["usage"] == _USAGE
+    second, line = await _finish_chunk_then_line(http, upstream, adds, store, "forced-second", forced, held=3)
+    assert second == line and line["response"]["usage"] == _USAGE
