@@ -36,6 +36,8 @@ from ..http import (
 from ._context import NO_HOOKS, CallContext, CallHooks
 from ._exchange import CallExchange, Failure
 from ._line import submit_line
+from ._metrics import SidecarMetrics
+from ._overhead import CallOverhead
 from ._local_replies import (
     BAD_REQUEST_TARGET,
     NOT_FORWARDED,
@@ -98,6 +100,8 @@ async def forward(ctx: CallContext, request: ServerRequest, client: ReplyWriter)
         await call.run()
     finally:
         metrics.requests_in_flight -= 1
+        if call is not None:
+            _overhead_observed(metrics, call)
         if call is not None and call.exchange is not None:
             _call_ended(ctx.rollouts_in_flight, call.exchange.rollout_id)
         captured = "true" if call is not None and call.exchange is not None else "false"
@@ -110,10 +114,21 @@ async def forward(ctx: CallContext, request: ServerRequest, client: ReplyWriter)
                                     "rollout_id": route.rollout_id if route is not None else None})
 
 
+def _overhead_observed(metrics: SidecarMetrics, call: "Call") -> None:
+    """The call's parts into ``mcc_call_overhead_seconds`` (a stream's ``first_byte`` from its
+    first read to the client's first body bytes)."""
+    overhead = call.overhead
+    if overhead.first_read_at and call.client.first_body_at >= overhead.first_read_at:
+        overhead.first_byte = call.client.first_body_at - overhead.first_read_at
+    histogram = metrics.call_overhead
+    for part, seconds in overhead.parts():
+        histogram.observe(seconds, (part,))
+
+
 class Call:
     """The state of one forwarded request; `run` is the whole story in one screen."""
 
-    __slots__ = ("ctx", "request", "client", "route", "metrics", "exchange", "hooks", "persisted", "status")
+    __slots__ = ("ctx", "request", "client", "route", "metrics", "exchange", "hooks", "persisted", "status", "overhead")
 
     def __init__(self, ctx: CallContext, request: ServerRequest, client: ReplyWriter, route: Route) -> None:
         self.ctx = ctx
@@ -126,6 +141,8 @@ class Call:
         self.hooks: tuple[CallHooks, ...] = NO_HOOKS
         self.persisted = False
         self.status: Optional[int] = None
+        #: The sidecar's own time on this call, by part (docs/speed.md, "Overhead by part").
+        self.overhead = CallOverhead()
 
     async def run(self) -> None:
         if self.request.too_large:
@@ -219,8 +236,14 @@ class Call:
                 headers = [*headers, (affinity, exchange.rollout_id.encode("latin-1"))]
             for hook in self.hooks:
                 headers = hook.upstream_request(self, headers)
-        return await self.ctx.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
-                                               headers, body, request.has_body)
+        overhead = self.overhead
+        if overhead.request is None:  # A hook's second send (the agent's own request after a refusal) is the upstream's.
+            overhead.request = time.perf_counter() - overhead.started
+        reply = await self.ctx.upstream.request(request.method, self.route.upstream_target.encode("latin-1"),
+                                                headers, body, request.has_body)
+        overhead.connect = reply.connect_seconds
+        overhead.head_at = time.perf_counter()
+        return reply
 
     # -- phase: the body, each read -------------------------------------------------------------
 
@@ -250,6 +273,7 @@ class Call:
         await self._before_reply_bytes()  # Bytes may reach the agent before the line.
         self.client.start(upstream.status, upstream.reason, client_response_headers(upstream.headers, upstream.fields),
                           upstream.chunked)
+        self.overhead.head = time.perf_counter() - self.overhead.head_at
         pump = BodyPump(self, upstream, tap, relay)  # Delivers the body bytes that came with the head.
         if not pump.persisting:
             self.client.flush_head()  # Else the head waits, with the held chunk, for the line.
@@ -363,7 +387,7 @@ class Call:
             return
         self.persisted = True
         self._terminal(exchange)
-        submit_line(self.ctx.journal, exchange, self.hooks, settled)  # type: ignore[arg-type]  # persisted only with a journal
+        submit_line(self.ctx.journal, exchange, self.hooks, settled, self.overhead)  # type: ignore[arg-type]  # persisted only with a journal
 
     async def _persist_now(self) -> None:
         """Complete the exchange and make its line durable; once per call. What the agent has not

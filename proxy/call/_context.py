@@ -71,6 +71,9 @@ class CallHooks:
     #: The line's fields pass through `prepare_line` before the line goes to the journal: work that
     #: may take long (a redaction hook), done beside other lines' instead of in the journal's queue.
     prepares_line = False
+    #: The part of the call's overhead this hook's line work is counted in (``line``, or its own:
+    #: ``redaction``; docs/speed.md, "Overhead by part").
+    overhead_part = "line"
 
     async def request_body(self, call: "CallView", body: bytes) -> bytes:
         return body

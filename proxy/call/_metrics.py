@@ -18,6 +18,10 @@ from prometheus_client.utils import floatToGoString
 
 # Model calls last from milliseconds (a cached short reply) to many minutes (long reasoning).
 _CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# The sidecar's own time on a call, by part (`CallOverhead`): microseconds on a quiet machine, up to
+# tens of milliseconds for a long stream's parse or a line's fsync on a loaded disk.
+_OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                     0.1, 0.25, 1)
 # fsync and the hold-back of a terminal chunk: sub-millisecond on local disks, more on NFS.
 _DISK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
@@ -69,6 +73,10 @@ class SidecarMetrics:
                                                         "captured call whose end waits for its line (a stream's last "
                                                         "chunk, a whole reply the token mode cut, a local answer).",
                                                         (), _DISK_BUCKETS)
+        self.call_overhead = loop_metrics.histogram("mcc_call_overhead_seconds", "The sidecar's own time on a call, by "
+                                                    "part (request, connect, head, first_byte, parse, line, redaction, "
+                                                    "durable: docs/speed.md, \"Overhead by part\").", ("part",),
+                                                    _OVERHEAD_BUCKETS)
         self.capture_failures = Counter("mcc_capture_failures_total", "Capture lines that could not be written, by kind.",
                                         ["kind"], registry=registry)
         self.upstream_errors = Counter("mcc_upstream_errors_total", "Upstream failures, by kind.", ["kind"],

@@ -9,12 +9,14 @@ bytes themselves; a feature's relay may rewrite them), so a rewrite is not a sec
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 from typing import Callable, Optional, Protocol
 
 from capture import BodyTap, StreamTap
 
 from ..http import ReplyWriter, UpstreamReply
 from ._exchange import CallExchange, Failure
+from ._overhead import CallOverhead
 from ._reply_relay import AS_CAME, ReplyRelay
 
 
@@ -24,8 +26,11 @@ class PumpedCall(Protocol):
     client: ReplyWriter
     exchange: Optional[CallExchange]
     persisted: bool
+    overhead: CallOverhead
 
     def persist_then(self, then: Callable[[], None], holding_back: bool = True) -> None: ...
+
+    def note_after_end(self, data: bytes) -> None: ...
 
     def upstream_broke_then(self, kind: str, then: Callable[[], None]) -> None: ...
 
@@ -92,12 +97,17 @@ class BodyPump:
         if self.persisting:  # Bytes behind the held chunk wait with it, in order.
             self.held += b"".join(batch)
             return
+        overhead = self.call.overhead
         if isinstance(tap, StreamTap):
+            if not overhead.first_read_at:  # A stream's first_byte runs from here (`CallOverhead`).
+                overhead.first_read_at = perf_counter()
             self._flush_stream(batch[0] if len(batch) == 1 else b"".join(batch), tap)
             return
         exchange, start = self.exchange, 0
         for index, chunk in enumerate(batch):
+            started = perf_counter()
             ends_reply = tap.feed(chunk)
+            overhead.add_parse(perf_counter() - started)
             if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:
                 exchange.mark_first_content()
             if self.remaining is not None:
@@ -141,7 +151,9 @@ class BodyPump:
                 self.first_written, sent = True, quiet
         # A relay that rewrites: the tap gives each event to the client as soon as it has it and
         # known not to complete the reply (`_emit`); what it gives back here is the rest.
+        started = perf_counter()
         ends_reply = tap.feed(data)
+        self.call.overhead.add_parse(perf_counter() - started)
         out = relay.fed(tap, data)
         if sent:
             out = out[sent:]  # What is left to write (or hold) of the read.
@@ -169,7 +181,9 @@ class BodyPump:
 
     def _write_quiet(self, events: bytes, tap: StreamTap) -> None:
         """Whole events that cannot complete the terminal: to the client and the tap (`ReplyRelay.quiet`)."""
-        self.relay.quiet(self.client, tap, events)
+        started = perf_counter()
+        self.relay.quiet(self.client, tap, events)  # Their write is a buffer's append: counted in ``parse``.
+        self.call.overhead.add_parse(perf_counter() - started)
         self.first_written = True
         exchange = self.exchange
         if exchange is not None and exchange.latency_ttft_ms is None and tap.has_content:

@@ -9,6 +9,7 @@ for HEAD, 1xx, 204 and 304 (RFC 9112 §6.3), HTTP/1.0 clients answered without c
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 from typing import Callable, Optional, Protocol
 
 from ._headers import Headers
@@ -48,7 +49,7 @@ class ReplyWriter:
     take-over)."""
 
     __slots__ = ("connection", "transport", "answering", "_no_body", "_chunked", "_head", "_corked",
-                 "response_started", "response_ended")
+                 "response_started", "response_ended", "first_body_at")
 
     def __init__(self, connection: ClientConnection, answering: Optional[Answered]) -> None:
         self.connection = connection
@@ -64,6 +65,8 @@ class ReplyWriter:
         self._corked: Optional[list[bytes]] = None
         self.response_started = False
         self.response_ended = False
+        #: When the first body bytes were sent (`perf_counter`; 0.0: none yet): a call's ``first_byte``.
+        self.first_body_at = 0.0
 
     @property
     def gone(self) -> bool:
@@ -111,6 +114,8 @@ class ReplyWriter:
             self.flush_head()
             return
         head, self._head = self._head, b""
+        if not self.first_body_at:
+            self.first_body_at = perf_counter()
         # One `write` of one joined buffer: uvloop's `writelines` costs more than the copy of a
         # model reply's chunk (profiled: half the pump's time on 256-event streams).
         if self._chunked:

@@ -18,6 +18,7 @@ import socket
 import ssl
 from typing import NamedTuple, Optional, Protocol
 from urllib.parse import urlsplit
+from time import perf_counter
 
 import httptools
 
@@ -78,6 +79,8 @@ class UpstreamReply:
         #: The upstream framed the body with chunked transfer coding (or until close, no length).
         self.chunked = chunked
         self.content_length = content_length
+        #: Seconds the pool took to give this request a connection (one reused, or one made).
+        self.connect_seconds = 0.0
 
     def header(self, name: bytes) -> Optional[bytes]:
         """The first value of the field ``name`` (lower case), else None."""
@@ -419,17 +422,25 @@ class UpstreamPool:
         head.append(b"\r\n")
         message = b"".join(head) + body
         head_only = method == "HEAD"
+        started = perf_counter()
         connection, reused = await self._acquire()
+        connected = perf_counter() - started
         try:
-            return await connection.send(message, head_only)
+            reply = await connection.send(message, head_only)
+            reply.connect_seconds = connected
+            return reply
         except UpstreamProtocolError:
             if not (reused and connection.received == 0 and method in IDEMPOTENT_METHODS):
                 raise
         # A reused keep-alive connection the server closed as we sent: an idempotent request may
         # go once more on a new connection. A POST may have been read and acted on before the
         # close, so it is not resent (the client gets a 502 and decides, as behind nginx).
+        started = perf_counter()
         connection = await self._connect()
-        return await connection.send(message, head_only)
+        connected += perf_counter() - started
+        reply = await connection.send(message, head_only)
+        reply.connect_seconds = connected
+        return reply
 
     async def upgrade(self, target: bytes, headers: Headers) -> "UpgradeReply":
         """Send an upgrade request (``GET`` with its ``Upgrade`` and ``Connection`` headers) on a

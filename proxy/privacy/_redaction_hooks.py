@@ -205,6 +205,8 @@ class RedactionHooks(CallHooks):
     """Redaction's part in one call: the line phase, first among the call's hooks."""
 
     __slots__ = ("redaction",)
+    #: Its time is the call's ``redaction`` (docs/speed.md, "Overhead by part").
+    overhead_part = "redaction"
 
     def __init__(self, redaction: Redaction) -> None:
         self.redaction = redaction

@@ -12,6 +12,7 @@ Adding a feature: a module of its own here with a `Feature` subclass, and one li
 from ._admin_access import AdminAccessFeature
 from ._declaration import AdminAnswer, Feature, FeatureHost, Option, SettingsBase, absolute_directory
 from ._engine import EngineFeature
+from ._overhead_header import OverheadHeaderFeature
 from ._prefix_supply import PrefixSupplyFeature
 from ._privacy import PrivacyFeature
 from ._rollout_ends import RolloutEndsFeature
@@ -35,6 +36,7 @@ FEATURES: tuple[type[Feature], ...] = (
     RolloutEndsFeature,
     StoreUploadFeature,
     WebSocketFeature,
+    OverheadHeaderFeature,  # Last: its header says the time the others' upstream_head took.
 )
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "Feature",
     "FeatureHost",
     "Option",
+    "OverheadHeaderFeature",
     "PrefixSupplyFeature",
     "PrivacyFeature",
     "RolloutEndsFeature",
