@@ -101,6 +101,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_privacy.py
 	$(BIN)/python benchmarks/bench_slow_hook.py
 	$(BIN)/python benchmarks/bench_sweep.py
+	$(BIN)/python benchmarks/bench_overhead.py
 
 # docs/configuration.md is generated from the settings and the flags' help (tests/project/test_docs.py
 # fails when it is out of date).
