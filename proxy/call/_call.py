@@ -120,9 +120,7 @@ def _overhead_observed(metrics: SidecarMetrics, call: "Call") -> None:
     overhead = call.overhead
     if overhead.first_read_at and call.client.first_body_at >= overhead.first_read_at:
         overhead.first_byte = call.client.first_body_at - overhead.first_read_at
-    histogram = metrics.call_overhead
-    for part, seconds in overhead.parts():
-        histogram.observe(seconds, (part,))
+    metrics.call_overhead.observe_each(overhead.parts())
 
 
 class Call:

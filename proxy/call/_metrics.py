@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -181,6 +181,17 @@ class LoopHistogram:
             series = self.series[labels] = [0] * (len(self.bounds) + 1) + [0.0]
         series[bisect_left(self.bounds, value)] += 1  # `le` is inclusive: the first bound >= value.
         series[-1] += value
+
+    def observe_each(self, observations: Iterable[tuple[tuple[str, ...], Optional[float]]]) -> None:
+        """`observe` of each (labels, value) whose value is not None: a call's parts, in one call."""
+        bounds, all_series = self.bounds, self.series
+        for labels, value in observations:
+            if value is not None:
+                series = all_series.get(labels)
+                if series is None:
+                    series = all_series[labels] = [0] * (len(bounds) + 1) + [0.0]
+                series[bisect_left(bounds, value)] += 1
+                series[-1] += value
 
     def family(self) -> HistogramMetricFamily:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.label_names)

@@ -28,6 +28,7 @@ from typing import Optional
 
 #: The parts, in a call's order (the histogram's ``part`` label).
 OVERHEAD_PARTS = ("request", "connect", "head", "first_byte", "parse", "line", "redaction", "durable")
+_LABELS = tuple((part,) for part in OVERHEAD_PARTS)
 
 
 class CallOverhead:
@@ -53,9 +54,11 @@ class CallOverhead:
         #: When the line was built (`durable` runs from there).
         self.built_at = 0.0
 
-    def parts(self) -> list[tuple[str, float]]:
-        """The parts this call had, with their seconds."""
-        return [(part, seconds) for part in OVERHEAD_PARTS if (seconds := getattr(self, part)) is not None]
+    def parts(self) -> tuple[tuple[tuple[str], Optional[float]], ...]:
+        """Each part's histogram labels and seconds (None: the call had no such part)."""
+        request, connect, head, first_byte, parse, line, redaction, durable = _LABELS
+        return ((request, self.request), (connect, self.connect), (head, self.head), (first_byte, self.first_byte),
+                (parse, self.parse), (line, self.line), (redaction, self.redaction), (durable, self.durable))
 
     def add_parse(self, seconds: float) -> None:
         self.parse = seconds if self.parse is None else self.parse + seconds

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -328,6 +328,16 @@ def read_end_file(path: str) -> Optional[RolloutEnd]:
 def is_ended(capture_dir: str, rollout_id: str) -> bool:
     """Whether the rollout has an end (one ``stat``)."""
     return os.path.exists(end_path(capture_dir, rollout_id))
+
+
+def end_lookup(directory: str, spool: bool = False) -> Callable[[str], bool]:
+    """`is_ended` of ``directory`` (`ended_in_spool` of a spool: ``spool``) for rollout ids the
+    caller has validated: one ``access`` each, the path's constant parts joined once. A writer
+    asks it on every call (the sidecar, before a call goes upstream)."""
+    prefix = os.path.join(directory, SPOOL_ENDED, "") if spool else os.path.join(directory, "")
+    suffix = "" if spool else END_SUFFIX
+    access, exists = os.access, os.F_OK
+    return lambda rollout_id: access(prefix + rollout_id + suffix, exists)
 
 
 def create_exclusively(path: str, data: bytes, durable: bool = True) -> bool:

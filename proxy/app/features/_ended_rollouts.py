@@ -24,7 +24,9 @@ from records.contract import (
     GroupSizeConflict, ObjectStore, RolloutEnd, RolloutEndConflict, UnknownRollout, is_valid_rollout_id,
     read_end_object, wait_until_quiet, write_rollout_end, write_run_end, write_store_end, write_store_run_end,
 )
-from records.contract.writing import end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout
+from records.contract.writing import (
+    end_lookup, end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout,
+)
 
 from ...call import ROLLOUT_ENDED, LocalReply, Route
 
@@ -52,6 +54,8 @@ class EndedRollouts:
                                        registry=registry)
         self.token_dir = token_dir
         self.store = store
+        #: Whether a call's rollout (its id validated by the route) has an end on disk: one access.
+        self._has_end = end_lookup(capture_dir, spool=store is not None)
         self._ended: set[str] = set()
         #: Rollouts being ended here: their new calls are refused while the calls under way finish.
         self._ending: set[str] = set()
@@ -190,7 +194,13 @@ class EndedRollouts:
         rollout_id = route.rollout_id
         if not rollout_id:
             return None
-        if not self.ended(rollout_id):
+        if rollout_id in self._ended or rollout_id in self._ending:
+            ended = True
+        else:  # The route's id is a valid one: its end's path is made without checking it again.
+            ended = self._has_end(rollout_id)
+            if ended:
+                self._remember(rollout_id)
+        if not ended:
             self._called(rollout_id)
             return None
         self.calls_after_end.inc()

@@ -14,7 +14,7 @@ from .._group_sync import GroupSync, mount_of
 from .._lineage import LineageVerdict
 from .._object_store import STORE_SCHEMES
 from .._rollout_ends import (
-    end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout, rollout_marker_name,
+    end_lookup, end_request, ended_in_spool, is_ended, mark_ended_in_spool, require_store_rollout, rollout_marker_name,
 )
 from .._routed_experts import EXPERTS_SUFFIX, write_routed_experts
 from .._time_index import add_to_store_index, index_name
@@ -37,6 +37,7 @@ __all__ = [
     "add_to_store_index",
     "append_to_open_file",
     "end_request",
+    "end_lookup",
     "ended_in_spool",
     "engine_weight_versions",
     "index_name",

@@ -91,8 +91,8 @@ def test_a_new_feature_is_its_own_module_and_one_line_in_the_list(tmp_path):
     shutil.copy(HERE / "new_feature" / "_call_numbers.py", copy / "proxy/app/features/_call_numbers.py")
     listing = copy / "proxy/app/features/__init__.py"
     text = listing.read_text()
-    assert text.count("    WebSocketFeature,\n)") == 1
-    listing.write_text(text.replace("    WebSocketFeature,\n)", "    WebSocketFeature,\n    CallNumbersFeature,\n)")
+    assert text.count("    WebSocketFeature,\n") == 1
+    listing.write_text(text.replace("    WebSocketFeature,\n", "    WebSocketFeature,\n    CallNumbersFeature,\n")
                        .replace("from ._admin_access import", "from ._call_numbers import CallNumbersFeature\n"
                                 "from ._admin_access import"))
     changed = sorted(str(path.relative_to(copy)) for path in copy.rglob("*.py")
