@@ -50,7 +50,8 @@ _TESTS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     where = os.path.relpath(str(metafunc.definition.path), _TESTS_ROOT)
     if "per_event_core" in metafunc.fixturenames and where.startswith(_BOTH_CORES) and where != _CORE_AGAINST_REFERENCE:
-        metafunc.parametrize("per_event_core", ["compiled", "python"], indirect=True)
+        # The pure-Python run of each is left to `make test` (`make test-quick` stays under 2 minutes).
+        metafunc.parametrize("per_event_core", ["compiled", pytest.param("python", marks=pytest.mark.slow)], indirect=True)
 
 
 @pytest.fixture(autouse=True)
