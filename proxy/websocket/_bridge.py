@@ -86,6 +86,8 @@ class EventFrames:
         self.ended_response = False
         self.response_started = self.response_ended = False
         self.on_write_flow: Optional[Callable[[bool], None]] = None
+        #: When the first body bytes were written (`ReplyWriter.first_body_at`: a call's ``first_byte``).
+        self.first_body_at = 0.0
         socket.on_flow = self._flow
 
     def _flow(self, paused: bool) -> None:
@@ -117,6 +119,8 @@ class EventFrames:
     def write(self, data: bytes) -> None:
         if not data:
             return
+        if not self.first_body_at:
+            self.first_body_at = time.perf_counter()
         if self._events is None:
             self._body.append(data)
             return

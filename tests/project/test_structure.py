@@ -38,6 +38,7 @@ TESTS_MAY_IMPORT = {
     "capture._event_templates",
     "capture._native",  # select: a test runs on the compiled core and on the Python (tests/conftest.py)
     "capture._sse",  # plain_events, the compiled core's reference
+    "capture._tap",  # first_of, split_events: the compiled core's references
     "capture.journal._group_commit",
     "capture.journal._open_files",
     "capture.journal._process_client",
