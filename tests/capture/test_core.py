@@ -83,6 +83,7 @@ def template_and_parts(draw: st.DrawFn) -> tuple[EventTemplate, list[bytes], int
     return template, parts, draw(st.integers(0, 3)), draw(st.integers(1, 6))
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(template_and_parts())
 def test_take_rows_is_take_run(case):
