@@ -300,8 +300,10 @@ _SECRET_SETTINGS = frozenset(option.name for option in OPTIONS if option.secret)
 _INTERNAL_SETTINGS = frozenset(option.name for option in OPTIONS if option.internal)
 #: ``MCC_*`` variables that are not settings but are read by the sidecar, its tests or its benchmarks.
 #: The project's other variables: not settings, never warned about (``MCC_STORE_CACHE``: where the
-#: readers of a capture store keep its view, records.store).
-_OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS", "MCC_STORE_CACHE"}
+#: readers of a capture store keep its view, records.store; ``MCC_NO_EXTENSIONS``: the pure-Python
+#: per-event core, capture/_native.py).
+_OTHER_VARIABLES = {"MCC_CONFIG", "MCC_SOAK_SECONDS", "MCC_GYM_VENV", "MCC_REPORT_SCREENSHOTS", "MCC_STORE_CACHE",
+                    "MCC_NO_EXTENSIONS"}
 
 
 def _from_environment(environ: Mapping[str, str], warn: Callable[[str], None]) -> dict[str, Any]:

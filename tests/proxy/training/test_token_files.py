@@ -4,6 +4,7 @@ the suffix after their parent, the rollout's sequence rebuilt and verified from 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -267,6 +268,11 @@ async def test_trajectories_chain_a_conversation_and_mask_what_is_unsafe(http, u
     await fetch(http, "POST", rollout_url(sidecar.url, "clean", "/v1/chat/completions"),
                 orjson.dumps({"model": "m", "messages": [SYSTEM, {"role": "user", "content": "x"}]}))
     lost = trajectories(capture_dir, "clean")
+    for _ in range(100):  # Published in flight by a tick during the call: read again, as the reason says.
+        if not lost.notes.get("call_in_flight"):
+            break
+        await asyncio.sleep(0.02)
+        lost = trajectories(capture_dir, "clean")
     assert lost.masked and "dispatched without an entry" in lost.mask_reason
 
 
