@@ -72,7 +72,7 @@ class TokenHooks(CallHooks):
     """The token capture mode's state for one call."""
 
     __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
-                 "prefix_not_supplied", "sent_identity")
+                 "prefix_not_supplied", "sent_identity", "_flushing")
 
     def __init__(self, training: TokenTraining) -> None:
         self.training = training
@@ -93,6 +93,8 @@ class TokenHooks(CallHooks):
         self._planning: Optional[asyncio.Future[Any]] = None
         #: The agent's body came compressed and was decoded to add the fields: it goes identity-encoded.
         self.sent_identity = False
+        #: The intent's flush under way beside the upstream request (prefix supply), None otherwise.
+        self._flushing: Optional[asyncio.Future[Any]] = None
 
     # -- phase: request body ---------------------------------------------------------------------
 
@@ -106,6 +108,13 @@ class TokenHooks(CallHooks):
         self._plan_entry_soon(call)
         if self.training.prefix_supply is not None:
             await self._planned()
+            plan = self.plan
+            if plan is not None and plan.intent_unflushed is not None and self._flushes_early(call):
+                # The request waited for the lineage only: the intent goes to disk while the
+                # request goes upstream, and is awaited before the agent's first byte.
+                self._flushing = asyncio.get_running_loop().run_in_executor(
+                    None, self.training.token_capture.flush_intent, plan)
+                self._flushing.add_done_callback(_retrieved)  # A call that ends before its reply never awaits it.
             body = await self._supply_prefix(call, body)
         return body
 
@@ -165,11 +174,19 @@ class TokenHooks(CallHooks):
         # after its capture line is durable: the intent's flush joins that barrier (one flush for
         # the call, not two; issue 34). Any other way out flushes first (`before_reply_bytes`).
         flush_intent = self.fields is None or request.get("stream") is True
+        if self.training.prefix_supply is not None:
+            flush_intent = False  # The request waits for the plan: flushed beside it (`request_body`).
         exchange.note_json_retry(request)  # Parsed here first: a resend's token entry names its call too.
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
             exchange.dialect, request, exchange.retry_of, flush_intent)
         planning.add_done_callback(self._keep_plan)  # Also when nobody awaits it.
+
+    def _flushes_early(self, call: "CallView") -> bool:
+        """Whether the call's intent is flushed before its reply, not with its line's barrier: a
+        reply the agent asked for whole in the mode's JSON way waits for its line (one flush)."""
+        request = self.agent_request or call.exchange.parsed_request or {}  # type: ignore[union-attr]  # an exchange in this phase
+        return self.fields is None or request.get("stream") is True
 
     def _keep_plan(self, planning: "asyncio.Future[Any]") -> None:
         """The plan `prepare` made (a call cancelled meanwhile too: its line names the entries it
@@ -287,6 +304,9 @@ class TokenHooks(CallHooks):
     async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
         disk (docs/tokens.md: durable before the agent gets a byte of the reply)."""
+        flushing, self._flushing = self._flushing, None
+        if flushing is not None:
+            await flushing
         plan = self.plan
         if plan is not None and plan.intent_unflushed is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.training.token_capture.flush_intent, plan)
@@ -335,3 +355,9 @@ class TokenHooks(CallHooks):
 def _compressed_success(upstream: UpstreamReply) -> bool:
     encoding = upstream.header(b"content-encoding")
     return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
+
+
+def _retrieved(future: "asyncio.Future[Any]") -> None:
+    """A flush's outcome taken (its failures are `TokenCapture.flush_intent`'s own: counted, said)."""
+    if not future.cancelled():
+        future.exception()
