@@ -11,6 +11,7 @@ import pytest
 from proxy import RunningServer, Settings, start_sidecar, start_stand_in
 from records import CaptureStore, ModelCallRecord, build_model_call_record
 
+from .compiled_core import require_compiled_core
 from .scripted_upstream import ScriptedUpstream
 from .wire import RUNNER_TOKEN
 
@@ -65,11 +66,10 @@ def per_event_core(request: pytest.FixtureRequest) -> Iterator[str | None]:
         return
     from capture import _native
 
+    if which == "compiled":
+        require_compiled_core()
     before = _native.core is not None
-    try:
-        _native.select(which == "compiled")
-    except ImportError as exc:
-        pytest.fail(f"the compiled core is not built ({exc}): `make install` builds it with the machine's C compiler")
+    _native.select(which == "compiled")
     try:
         yield which
     finally:

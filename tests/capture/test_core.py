@@ -27,11 +27,18 @@ from capture._event_templates import TEXT, EventTemplate, written_rows
 from capture._sse import plain_events
 from capture._tap import _TERMINAL_MARKERS, _WHOLE_MARKERS, first_of, split_events
 
+from tests.compiled_core import require_compiled_core
 from tests.capture.test_event_templates import (
     REQUEST, _pieces, _tap_through, chat_stream, messages_stream, responses_stream,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def compiled_core() -> None:
+    """Every test here compares the compiled core with the Python: it must be there (or no compiler is)."""
+    require_compiled_core()
 
 
 @contextmanager

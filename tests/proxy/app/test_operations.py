@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from proxy import main
 from records import CaptureStore
 
+from tests.compiled_core import require_compiled_core
 from tests.processes import SidecarProcess, post_chat, read_line
 from tests.scripted_upstream import split_every, sse_script
 from tests.transcripts import CHAT_REQUEST, CHAT_STREAM
@@ -150,6 +151,8 @@ async def test_the_per_event_core_is_said_at_start_and_in_ready_and_either_captu
     """The compiled core by default (`make install` builds it), the pure Python with
     MCC_NO_EXTENSIONS=1: said once at start and in /-/ready; a logprob stream, long enough for the
     event templates, reaches the client as it came and gives the same line on both (docs/speed.md)."""
+    if variable is None:
+        require_compiled_core()
     stream = _logprob_stream(300)
     upstream.scripts["/v1/chat/completions"] = sse_script(stream)
     sidecar = SidecarProcess.start("--upstream", upstream.url, "--capture-dir", str(tmp_path),
