@@ -72,7 +72,8 @@ class TokenHooks(CallHooks):
     """The token capture mode's state for one call."""
 
     __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
-                 "prefix_not_supplied", "sent_identity", "_flushing")
+                 "prefix_not_supplied", "sent_identity", "_flushing",
+                 "_flush_beside_request")
 
     def __init__(self, training: TokenTraining) -> None:
         self.training = training
@@ -95,6 +96,8 @@ class TokenHooks(CallHooks):
         self.sent_identity = False
         #: The intent's flush under way beside the upstream request (prefix supply), None otherwise.
         self._flushing: Optional[asyncio.Future[Any]] = None
+        #: The intent is to be flushed beside the upstream request, once the plan is in (`request_body`).
+        self._flush_beside_request = False
 
     # -- phase: request body ---------------------------------------------------------------------
 
@@ -109,7 +112,7 @@ class TokenHooks(CallHooks):
         if self.training.prefix_supply is not None:
             await self._planned()
             plan = self.plan
-            if plan is not None and plan.intent_unflushed is not None and self._flushes_early(call):
+            if plan is not None and plan.intent_unflushed is not None and self._flush_beside_request:
                 # The request waited for the lineage only: the intent goes to disk while the
                 # request goes upstream, and is awaited before the agent's first byte.
                 self._flushing = asyncio.get_running_loop().run_in_executor(
@@ -174,19 +177,13 @@ class TokenHooks(CallHooks):
         # after its capture line is durable: the intent's flush joins that barrier (one flush for
         # the call, not two; issue 34). Any other way out flushes first (`before_reply_bytes`).
         flush_intent = self.fields is None or request.get("stream") is True
-        if self.training.prefix_supply is not None:
-            flush_intent = False  # The request waits for the plan: flushed beside it (`request_body`).
+        if self.training.prefix_supply is not None:  # The request waits for the plan: flushed beside it.
+            flush_intent, self._flush_beside_request = False, flush_intent
         exchange.note_json_retry(request)  # Parsed here first: a resend's token entry names its call too.
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
             exchange.dialect, request, exchange.retry_of, flush_intent)
         planning.add_done_callback(self._keep_plan)  # Also when nobody awaits it.
-
-    def _flushes_early(self, call: "CallView") -> bool:
-        """Whether the call's intent is flushed before its reply, not with its line's barrier: a
-        reply the agent asked for whole in the mode's JSON way waits for its line (one flush)."""
-        request = self.agent_request or call.exchange.parsed_request or {}  # type: ignore[union-attr]  # an exchange in this phase
-        return self.fields is None or request.get("stream") is True
 
     def _keep_plan(self, planning: "asyncio.Future[Any]") -> None:
         """The plan `prepare` made (a call cancelled meanwhile too: its line names the entries it
