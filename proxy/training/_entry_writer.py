@@ -17,6 +17,7 @@ returns no arrays, so Messages calls get no entries and no intents.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
@@ -112,17 +113,28 @@ class TokenCapture:
         return TokenPlan(rollout_id, ids, items, verdict, retry_of, None if flush_intent else intents,
                          _experts_start(dialect, request))
 
-    def flush_intent(self, plan: TokenPlan) -> None:
-        """Make the plan's intent durable (on a worker thread); a failure marks the call's entries
-        incomplete (the rollout is then masked, as for a lost entry), never fails the call."""
+    def flush_intent_soon(self, plan: TokenPlan) -> "asyncio.Future[None]":
+        """Make the plan's intent durable, from the event loop: the future is done once it is on
+        disk; a failure marks the call's entries incomplete (the rollout is then masked, as for a
+        lost entry), never fails the call. No thread waits meanwhile: with one asleep in the
+        barrier per call, the loop's executor would queue the next calls' lineage behind them (issue 76)."""
+        loop = asyncio.get_running_loop()
+        flushed: asyncio.Future[None] = loop.create_future()
         path = plan.intent_unflushed
         if path is None:
-            return
-        try:
-            self.files.wait_durable(path)
-        except OSError as exc:
-            self._failed(plan, exc)
-        plan.intent_unflushed = None
+            flushed.set_result(None)
+            return flushed
+
+        def durable(failure: Optional[OSError]) -> None:  # On the barrier's thread.
+            if failure is not None:
+                self._failed(plan, failure)
+            plan.intent_unflushed = None
+            try:
+                loop.call_soon_threadsafe(_settle, flushed)
+            except RuntimeError:  # The loop closed meanwhile (shutdown): nobody waits.
+                pass
+        self.files.after_durable(path, durable)
+        return flushed
 
     def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None,
                unsynced: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
@@ -342,3 +354,8 @@ def cut_in_place(exchange: "CallExchange", response: dict[str, Any]) -> list[tup
 def restore(replaced: list[tuple[Any, Any, Any]]) -> None:
     for container, key, value in reversed(replaced):
         container[key] = value
+
+
+def _settle(future: "asyncio.Future[None]") -> None:
+    if not future.done():  # A call cancelled meanwhile gave it up.
+        future.set_result(None)

@@ -73,7 +73,7 @@ class TokenHooks(CallHooks):
 
     __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
                  "prefix_not_supplied", "sent_identity", "_flushing",
-                 "_flush_beside_request")
+                 "_flush_before_reply")
 
     def __init__(self, training: TokenTraining) -> None:
         self.training = training
@@ -94,10 +94,11 @@ class TokenHooks(CallHooks):
         self._planning: Optional[asyncio.Future[Any]] = None
         #: The agent's body came compressed and was decoded to add the fields: it goes identity-encoded.
         self.sent_identity = False
-        #: The intent's flush under way beside the upstream request (prefix supply), None otherwise.
-        self._flushing: Optional[asyncio.Future[Any]] = None
-        #: The intent is to be flushed beside the upstream request, once the plan is in (`request_body`).
-        self._flush_beside_request = False
+        #: The intent's flush, begun once the plan is in (`_keep_plan`), None until then.
+        self._flushing: Optional[asyncio.Future[None]] = None
+        #: The reply may reach the agent before its capture line: the intent is flushed on its own,
+        #: as soon as it is written (`_plan_entry_soon`), not with the line.
+        self._flush_before_reply = False
 
     # -- phase: request body ---------------------------------------------------------------------
 
@@ -111,13 +112,6 @@ class TokenHooks(CallHooks):
         self._plan_entry_soon(call)
         if self.training.prefix_supply is not None:
             await self._planned()
-            plan = self.plan
-            if plan is not None and plan.intent_unflushed is not None and self._flush_beside_request:
-                # The request waited for the lineage only: the intent goes to disk while the
-                # request goes upstream, and is awaited before the agent's first byte.
-                self._flushing = asyncio.get_running_loop().run_in_executor(
-                    None, self.training.token_capture.flush_intent, plan)
-                self._flushing.add_done_callback(_retrieved)  # A call that ends before its reply never awaits it.
             body = await self._supply_prefix(call, body)
         return body
 
@@ -175,21 +169,25 @@ class TokenHooks(CallHooks):
             return
         # A reply the agent asked for whole (no ``stream``) in the mode's JSON way reaches it only
         # after its capture line is durable: the intent's flush joins that barrier (one flush for
-        # the call, not two; issue 34). Any other way out flushes first (`before_reply_bytes`).
-        flush_intent = self.fields is None or request.get("stream") is True
-        if self.training.prefix_supply is not None:  # The request waits for the plan: flushed beside it.
-            flush_intent, self._flush_beside_request = False, flush_intent
+        # the call, not two; issue 34). Any other way out flushes it as soon as it is written,
+        # while the request goes upstream, and waits for it before the first byte (`before_reply_bytes`).
+        self._flush_before_reply = self.fields is None or request.get("stream") is True
         exchange.note_json_retry(request)  # Parsed here first: a resend's token entry names its call too.
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
-            exchange.dialect, request, exchange.retry_of, flush_intent)
+            exchange.dialect, request, exchange.retry_of, False)
         planning.add_done_callback(self._keep_plan)  # Also when nobody awaits it.
 
     def _keep_plan(self, planning: "asyncio.Future[Any]") -> None:
         """The plan `prepare` made (a call cancelled meanwhile too: its line names the entries it
-        could not write)."""
-        if not planning.cancelled() and planning.exception() is None:
-            self.plan = planning.result()
+        could not write), and its intent's flush begun when the reply may reach the agent before
+        its line. The flush holds no thread (`TokenCapture.flush_intent_soon`)."""
+        if planning.cancelled() or planning.exception() is not None:
+            return
+        plan = self.plan = planning.result()
+        if plan is not None and plan.intent_unflushed is not None and self._flush_before_reply \
+                and self._flushing is None:
+            self._flushing = self.training.token_capture.flush_intent_soon(plan)
 
     async def _planned(self) -> None:
         """The call's lineage and intent ready (`prepare`'s failures are its own: logged, counted,
@@ -301,12 +299,13 @@ class TokenHooks(CallHooks):
     async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
         disk (docs/tokens.md: durable before the agent gets a byte of the reply)."""
-        flushing, self._flushing = self._flushing, None
+        flushing = self._flushing
         if flushing is not None:
             await flushing
         plan = self.plan
-        if plan is not None and plan.intent_unflushed is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.training.token_capture.flush_intent, plan)
+        if plan is not None and plan.intent_unflushed is not None:  # Not begun: the JSON way's, sent first.
+            self._flushing = self.training.token_capture.flush_intent_soon(plan)
+            await self._flushing
 
     def reply_done(self, call: "CallView") -> None:
         """Token data the cutter could not find in an event reached the agent: counted, said once a while."""
@@ -352,9 +351,3 @@ class TokenHooks(CallHooks):
 def _compressed_success(upstream: UpstreamReply) -> bool:
     encoding = upstream.header(b"content-encoding")
     return 200 <= upstream.status < 300 and encoding is not None and encoding.strip().lower() != b"identity"
-
-
-def _retrieved(future: "asyncio.Future[Any]") -> None:
-    """A flush's outcome taken (its failures are `TokenCapture.flush_intent`'s own: counted, said)."""
-    if not future.cancelled():
-        future.exception()

@@ -14,9 +14,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import logging
 import os
 import threading
 from typing import Callable, Optional
+
+log = logging.getLogger("mcc.capture")
 
 #: Local filesystems whose ``syncfs`` writes back every file's data and metadata. Elsewhere --
 #: FUSE (a daemon may not implement it: the call then returns 0 and flushes nothing), NFS, CIFS,
@@ -95,7 +98,8 @@ _FAILURES_KEPT = 1024
 
 
 class GroupSync:
-    """Durability for appends under ``directory``, shared by the threads that wait at once."""
+    """Durability for appends under ``directory``, shared by the threads that wait at once, and by
+    the event loop's calls (`after_durable`), which never hold a thread while they wait."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -105,6 +109,10 @@ class GroupSync:
         self._running = False
         #: Files written since the running barrier began: the next barrier's.
         self._waiting: list[str] = []
+        #: What `after_durable` was given since the running barrier began: told by the next one.
+        self._told: list[Callable[[Optional[OSError]], None]] = []
+        #: Runs the barriers that only `after_durable` callers wait for (started at the first).
+        self._barrier_thread: Optional[threading.Thread] = None
         self._failures: dict[int, OSError] = {}
 
     @functools.cached_property
@@ -127,34 +135,73 @@ class GroupSync:
                 if self._running:
                     self._changed.wait()
                     continue
-                self._running = True
-                self._started += 1
-                number, batch, self._waiting = self._started, self._waiting, []
-                self._changed.release()
-                try:
-                    failure = self._barrier(batch)
-                finally:
-                    self._changed.acquire()
-                    self._running = False
-                    self._finished = number
-                    self._changed.notify_all()
-                if failure is not None:
-                    self._failures[number] = failure
-                    while len(self._failures) > _FAILURES_KEPT:
-                        self._failures.pop(next(iter(self._failures)))
+                self._run_barrier()
             failure = next((self._failures[n] for n in range(needed, self._finished + 1) if n in self._failures), None)
         if failure is not None:
             raise failure
 
+    def after_durable(self, path: str, done: Callable[[Optional[OSError]], None]) -> None:
+        """Call ``done(None)`` once what was written to ``path`` before this call is on disk,
+        ``done(error)`` when the barrier that was to make it so failed; ``done`` runs on the thread
+        that ran that barrier (it must be quick: `asyncio.Future` results go through
+        ``call_soon_threadsafe``). Nothing waits meanwhile: an event loop's call hands over its
+        intent's flush and goes on (a thread blocked on each would starve the loop's executor: issue 76)."""
+        with self._changed:
+            self._waiting.append(path)
+            self._told.append(done)
+            if self._barrier_thread is None:
+                self._barrier_thread = threading.Thread(target=self._barrier_loop, name="mcc-group-sync", daemon=True)
+                self._barrier_thread.start()
+            self._changed.notify_all()
+
+    def _barrier_loop(self) -> None:
+        """The barriers `after_durable`'s callers wait for, back to back while any wait (a thread in
+        `wait_durable` may run one first: it tells them too)."""
+        with self._changed:
+            while True:
+                while not self._told or self._running:
+                    self._changed.wait()
+                self._run_barrier()
+
+    def _run_barrier(self) -> None:
+        """The next barrier, over every file written since the last began (called and returning
+        with the lock held; released meanwhile). Then those `after_durable` was given are told."""
+        self._running = True
+        self._started += 1
+        number, batch, told, self._waiting, self._told = self._started, self._waiting, self._told, [], []
+        self._changed.release()
+        try:
+            failure = self._barrier(batch)
+        finally:
+            self._changed.acquire()
+            self._running = False
+            self._finished = number
+            self._changed.notify_all()
+        if failure is not None:
+            self._failures[number] = failure
+            while len(self._failures) > _FAILURES_KEPT:
+                self._failures.pop(next(iter(self._failures)))
+        if told:
+            self._changed.release()
+            try:
+                for done in told:
+                    try:
+                        done(failure)
+                    except Exception:  # One caller's mistake: the others are told, the barriers go on.
+                        log.exception("a caller's durability callback failed")
+            finally:
+                self._changed.acquire()
+
     def _barrier(self, batch: list[str]) -> Optional[OSError]:
         files = set(batch)
         try:
-            if len(files) == 1:
-                _fsync_path(batch[0])
+            if len(files) == 1 or self._syncfs is None:
+                for path in files:
+                    _fsync_path(path)
                 return None
             fd = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
             try:
-                return call_syncfs(self._syncfs, fd)  # type: ignore[arg-type]  # set when it flushes
+                return call_syncfs(self._syncfs, fd)
             finally:
                 os.close(fd)
         except OSError as exc:

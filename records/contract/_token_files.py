@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import orjson
 
@@ -87,6 +87,11 @@ class TokenFiles:
         """What was written to ``path`` (one of these files) is on disk; shares a barrier with the
         other threads waiting at once."""
         self._sync.wait_durable(path)
+
+    def after_durable(self, path: str, done: "Callable[[Optional[OSError]], None]") -> None:
+        """`wait_durable` without waiting: ``done(None)`` (or ``done(error)``) on the barrier's
+        thread once ``path`` is on disk (`GroupSync.after_durable`)."""
+        self._sync.after_durable(path, done)
 
     def append(self, entry: dict[str, Any]) -> str:
         """Write one entry durably: ``written``, ``same`` (this exact entry is already there) or

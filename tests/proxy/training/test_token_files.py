@@ -456,17 +456,18 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
     from records.contract.writing import GroupSync
 
     events: list[tuple[str, tuple[str, ...]]] = []
-    flush, also_durable = GroupSync.wait_durable, group_commit.GroupCommitter._also_durable
+    barrier, also_durable = GroupSync._barrier, group_commit.GroupCommitter._also_durable
 
-    def flushed(self, path):
-        flush(self, path)
-        events.append(("flushed", (os.path.basename(path),)))
+    def flushed(self, batch):
+        failure = barrier(self, batch)
+        events.append(("flushed", tuple(os.path.basename(path) for path in batch)))
+        return failure
 
     def with_the_line(also, synced_device):
         also_durable(also, synced_device)
         events.append(("with the line", tuple(os.path.basename(p) for _, _, (paths, _) in also for p in paths)))
 
-    monkeypatch.setattr(GroupSync, "wait_durable", flushed)
+    monkeypatch.setattr(GroupSync, "_barrier", flushed)
     monkeypatch.setattr(group_commit.GroupCommitter, "_also_durable", staticmethod(with_the_line))
     sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
     chat = {"model": "m", "messages": [{"role": "user", "content": "intent"}]}

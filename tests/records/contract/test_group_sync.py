@@ -95,3 +95,94 @@ def test_without_syncfs_each_file_is_fsynced(tmp_path, monkeypatch):
     _write(path, b"call\n")
     sync.wait_durable(path)
     assert synced == [path]
+
+
+def test_after_durable_tells_each_caller_after_a_barrier_that_began_after_its_write_holding_no_thread(tmp_path):
+    """The event loop's form (issue 76): the caller hands over its file and goes on; it is told on
+    the barrier's thread, after a barrier that began after the call -- shared with the others
+    waiting then, and with threads in `wait_durable` at the same time."""
+    import threading
+
+    sync = Recorded(str(tmp_path))
+    told: list[tuple[str, int, int, object]] = []
+    all_told = threading.Event()
+    handed: list[int] = []
+
+    def tell(path: str, called: int):
+        def done(failure):
+            told.append((path, called, next(sync.clock), failure))
+            if len(told) == 48:
+                all_told.set()
+        return done
+
+    def thread_writer(number: int) -> None:
+        path = str(tmp_path / f"t{number % 4}.tokens.jsonl")
+        _write(path, b"{}\n")
+        sync.wait_durable(path)
+
+    with ThreadPoolExecutor(4) as pool:
+        waiting = [pool.submit(thread_writer, number) for number in range(8)]
+        for number in range(48):
+            path = str(tmp_path / f"r{number % 8}.tokens.intents")
+            _write(path, f"call-{number}\n".encode())
+            called = next(sync.clock)
+            sync.after_durable(path, tell(path, called))
+            handed.append(next(sync.clock) - called)  # Back at once: no barrier ran on this thread.
+            if number % 6 == 0:
+                time.sleep(0.004)
+        for future in waiting:
+            future.result()
+    assert all_told.wait(10), f"{len(told)} of 48 told"
+    assert handed == [1] * 48
+    for path, called, back, failure in told:
+        assert failure is None
+        assert any(path in batch and called < began and ended < back for began, ended, batch in sync.barriers), path
+    assert len(sync.barriers) < 48, "callers waiting at once share a barrier"
+
+
+def test_after_durable_tells_a_failed_barrier_to_its_callers_and_goes_on(tmp_path):
+    import threading
+
+    poison = str(tmp_path / "poison.tokens.intents")
+    sync = GroupSync(str(tmp_path))
+    real = sync._barrier
+    sync._barrier = lambda batch: OSError(5, "injected") if poison in batch else real(batch)  # type: ignore[method-assign]
+    outcomes: dict[str, object] = {}
+    done = threading.Event()
+
+    def tell(path: str):
+        def told(failure):
+            outcomes[path] = failure
+            if len(outcomes) == 2:
+                done.set()
+        return told
+
+    _write(poison, b"call\n")
+    sync.after_durable(poison, tell(poison))
+    assert done.wait(0) is False
+    clean = str(tmp_path / "clean.tokens.intents")
+    for _ in range(200):  # The poisoned barrier first, then a clean one.
+        if poison in outcomes:
+            break
+        time.sleep(0.005)
+    _write(clean, b"call\n")
+    sync.after_durable(clean, tell(clean))
+    assert done.wait(10)
+    assert isinstance(outcomes[poison], OSError) and outcomes[poison].errno == 5
+    assert outcomes[clean] is None
+
+
+def test_after_durable_without_syncfs_fsyncs_the_file(tmp_path, monkeypatch):
+    import threading
+
+    sync = GroupSync(str(tmp_path))
+    sync._syncfs = None
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    path = str(tmp_path / "r.tokens.intents")
+    _write(path, b"call\n")
+    told = threading.Event()
+    sync.after_durable(path, lambda failure: told.set() if failure is None else None)
+    assert told.wait(10)
+    assert synced == [path]
