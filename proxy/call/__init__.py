@@ -6,7 +6,7 @@ chosen for it, at named phases; this package names no feature. Below it only the
 """
 
 from ._call import Call, forward, origin_form
-from ._context import NO_HOOKS, CallContext, CallHooks, CallView
+from ._context import NO_HOOKS, PHASES, CallContext, CallHooks, CallView, phases_of
 from ._exchange import MODEL_REF_TYPE, CallExchange, Failure, new_call_id
 from ._line import build_line, submit_line
 from ._forwarded_paths import FORWARD_MODES, forwards
@@ -34,6 +34,7 @@ __all__ = [
     "MODEL_REF_TYPE",
     "NO_HOOKS",
     "OBSERVED_PATHS",
+    "PHASES",
     "ROLLOUT_ENDED",
     "ReplyRelay",
     "RetryMemory",
@@ -47,6 +48,7 @@ __all__ = [
     "forward",
     "new_call_id",
     "origin_form",
+    "phases_of",
     "route_request",
     "send_local_reply",
     "status_class",

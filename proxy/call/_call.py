@@ -33,7 +33,7 @@ from ..http import (
     client_response_headers,
     upstream_request_headers,
 )
-from ._context import NO_HOOKS, CallContext, CallHooks
+from ._context import NO_HOOKS, CallContext, CallHooks, phases_of
 from ._exchange import CallExchange, Failure
 from ._line import submit_line
 from ._metrics import SidecarMetrics
@@ -126,7 +126,8 @@ def _overhead_observed(metrics: SidecarMetrics, call: "Call") -> None:
 class Call:
     """The state of one forwarded request; `run` is the whole story in one screen."""
 
-    __slots__ = ("ctx", "request", "client", "route", "metrics", "exchange", "hooks", "persisted", "status", "overhead")
+    __slots__ = ("ctx", "request", "client", "route", "metrics", "exchange", "hooks", "phases", "persisted", "status",
+                 "overhead")
 
     def __init__(self, ctx: CallContext, request: ServerRequest, client: ReplyWriter, route: Route) -> None:
         self.ctx = ctx
@@ -137,6 +138,8 @@ class Call:
         self.exchange: CallExchange | None = None
         #: The features taking part in this call (none unless it is captured).
         self.hooks: tuple[CallHooks, ...] = NO_HOOKS
+        #: The phases those hooks take part in: the others are not run (`CallHooks.phases`).
+        self.phases: frozenset[str] = frozenset()
         self.persisted = False
         self.status: Optional[int] = None
         #: The sidecar's own time on this call, by part (docs/speed.md, "Overhead by part").
@@ -184,6 +187,7 @@ class Call:
             exchange.retries = ctx.retries
             exchange.retry_of = ctx.retries.note(exchange.rollout_id, body, exchange.model_call_id)
         self.hooks = ctx.hooks_for(self.route)
+        self.phases = phases_of(self.hooks)
 
     def _refusal(self) -> Optional[tuple[LocalReply, str]]:
         """The context's refusal of a captured call before it goes upstream (its local reply and
@@ -192,13 +196,14 @@ class Call:
             return None
         refusal = self.ctx.refusal(self.route)
         if refusal is not None:
-            self.hooks = NO_HOOKS
+            self.hooks, self.phases = NO_HOOKS, frozenset()
         return refusal
 
     async def _request_body(self) -> bytes:
         body = self.request.body
-        for hook in self.hooks:
-            body = await hook.request_body(self, body)
+        if "request_body" in self.phases:
+            for hook in self.hooks:
+                body = await hook.request_body(self, body)
         return body
 
     # -- phases: upstream request, upstream head -----------------------------------------------
@@ -207,8 +212,9 @@ class Call:
         """The upstream's reply (its head in), or None once the failure is answered locally."""
         try:
             upstream = await self.send_upstream(body)
-            for hook in self.hooks:
-                upstream = await hook.upstream_head(self, upstream)
+            if "upstream_head" in self.phases:
+                for hook in self.hooks:
+                    upstream = await hook.upstream_head(self, upstream)
             return upstream
         except asyncio.CancelledError:
             self._client_gone_before_reply()
@@ -232,8 +238,9 @@ class Call:
             affinity = self.ctx.affinity_header
             if affinity is not None and exchange.rollout_id and affinity.lower() not in request.fields:
                 headers = [*headers, (affinity, exchange.rollout_id.encode("latin-1"))]
-            for hook in self.hooks:
-                headers = hook.upstream_request(self, headers)
+            if "upstream_request" in self.phases:
+                for hook in self.hooks:
+                    headers = hook.upstream_request(self, headers)
         overhead = self.overhead
         if overhead.request is None:  # A hook's second send (the agent's own request after a refusal) is the upstream's.
             overhead.request = time.perf_counter() - overhead.started
@@ -254,8 +261,9 @@ class Call:
         finally:
             if is_stream:
                 self.metrics.streams_in_flight -= 1
-            for hook in self.hooks:
-                hook.reply_done(self)
+            if "reply_done" in self.phases:
+                for hook in self.hooks:
+                    hook.reply_done(self)
 
     async def _relay_body(self, upstream: UpstreamReply, is_stream: bool) -> None:
         self.status = upstream.status
@@ -288,6 +296,8 @@ class Call:
 
     def _chosen_relay(self, upstream: UpstreamReply) -> ReplyRelay:
         """The first relay a hook chooses for the reply (`CallHooks.reply_relay`), else `AS_CAME`."""
+        if "reply_relay" not in self.phases:
+            return AS_CAME
         for hook in self.hooks:
             relay = hook.reply_relay(self, upstream)
             if relay is not None:
@@ -295,8 +305,9 @@ class Call:
         return AS_CAME
 
     async def _before_reply_bytes(self) -> None:
-        for hook in self.hooks:
-            await hook.before_reply_bytes(self)
+        if "before_reply_bytes" in self.phases:
+            for hook in self.hooks:
+                await hook.before_reply_bytes(self)
 
     async def _relay_rewritten_body(self, upstream: UpstreamReply, tap: StreamTap | BodyTap | None,
                                     relay: ReplyRelay) -> None:
@@ -403,8 +414,9 @@ class Call:
     def _terminal(self, exchange: CallExchange) -> None:
         """The upstream exchange ended: its times, and the hooks told."""
         exchange.complete()
-        for hook in self.hooks:
-            hook.terminal(self)
+        if "terminal" in self.phases:
+            for hook in self.hooks:
+                hook.terminal(self)
         metrics = self.metrics
         ttft = exchange.latency_ttft_ms
         metrics.exchange_timed(exchange.dialect, (exchange.latency_ms or 0) / 1000, ttft / 1000 if ttft is not None else None)
@@ -474,8 +486,9 @@ class Call:
         self.persist_then(then, holding_back=False)
 
     async def _upstream_failed(self, kind: str, reply: LocalReply, stage: str, exc: BaseException) -> None:
-        for hook in self.hooks:
-            await hook.upstream_failed(self)
+        if "upstream_failed" in self.phases:
+            for hook in self.hooks:
+                await hook.upstream_failed(self)
         self.metrics.upstream_errors.labels(kind).inc()
         certificate = _certificate_error(exc)
         if certificate is not None:

@@ -61,10 +61,24 @@ class CallView(Protocol):
         """The fields of a log line about this call."""
 
 
+#: The phases a hook may take part in (`CallHooks`' methods), in a call's order.
+PHASES = ("request_body", "upstream_request", "upstream_head", "upstream_failed", "reply_relay",
+          "before_reply_bytes", "terminal", "line_fields", "line", "reply_done")
+
+
 class CallHooks:
     """A feature's part in one call: override the phases it takes part in (all are no-ops here)."""
 
     __slots__ = ()
+
+    #: The phases this class takes part in: those it overrides, found once per class. A call
+    #: runs a phase only when one of its hooks takes part in it (`phases_of`): no no-op call, no
+    #: coroutine made to return at once, on a captured call's way.
+    phases: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.phases = frozenset(phase for phase in PHASES if getattr(cls, phase) is not getattr(CallHooks, phase))
 
     #: The line must be built on a writer thread (building it writes files its barrier covers).
     line_on_writer_thread = False
@@ -118,6 +132,13 @@ class CallHooks:
 
 #: The hooks of a call nothing takes part in.
 NO_HOOKS: tuple[CallHooks, ...] = ()
+
+
+def phases_of(hooks: tuple[CallHooks, ...]) -> frozenset[str]:
+    """The phases any of ``hooks`` takes part in."""
+    if len(hooks) == 1:
+        return hooks[0].phases
+    return frozenset().union(*(hook.phases for hook in hooks)) if hooks else frozenset()
 
 
 

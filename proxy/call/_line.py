@@ -70,7 +70,7 @@ def build_line(exchange: CallExchange, hooks: tuple[CallHooks, ...], prepared: O
     own = 0.0
     fields = line_fields_of(exchange) if prepared is None else prepared
     for hook in hooks:
-        if prepared is None or not hook.prepares_line:
+        if "line_fields" in hook.phases and (prepared is None or not hook.prepares_line):
             if overhead is not None and hook.overhead_part != "line":
                 hook_started = perf_counter()
                 hook.line_fields(exchange, fields)
@@ -81,10 +81,11 @@ def build_line(exchange: CallExchange, hooks: tuple[CallHooks, ...], prepared: O
                 hook.line_fields(exchange, fields)
     built: Built = fields
     for hook in hooks:
-        line = hook.line(exchange, fields)
-        if line is not None:
-            built = line
-            break
+        if "line" in hook.phases:
+            line = hook.line(exchange, fields)
+            if line is not None:
+                built = line
+                break
     if overhead is not None:
         overhead.built_at = perf_counter()
         overhead.add("line", overhead.built_at - started - own)
