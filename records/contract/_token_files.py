@@ -113,21 +113,33 @@ class TokenFiles:
             if state.get("retired") or state.get("frozen"):
                 _append_durably(self.path(rollout_id, ".tokens.late.jsonl"), payload + b"\n")
                 return "late", None, None
-            self._index_tail(rollout_id, state)
-            digest = hashlib.sha256(payload).hexdigest()
-            known = state["entry_digests"].get(call_id)
-            if known == digest:
-                self._keep_state(rollout_id, identity, state)
-                return "same", None, None
-            if known is not None:
-                state.update(incomplete=True, version=state["version"] + 1)
-                self._write_state(rollout_id, state, durable=True)
-                raise ValueError(f"model call {call_id} of rollout {rollout_id} was written before with other content")
-            state["indexed_size"] = _append_durably(self.path(rollout_id), payload + b"\n", sync=False)
+            # One descriptor for the tail's size and the append (issue 76: each syscall of a
+            # writer thread is a wait for the GIL beside the event loop).
+            path = self.path(rollout_id)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                self._index_tail(rollout_id, state, size=size)
+                digest = hashlib.sha256(payload).hexdigest()
+                known = state["entry_digests"].get(call_id)
+                if known == digest:
+                    self._keep_state(rollout_id, identity, state)
+                    return "same", None, None
+                if known is not None:
+                    state.update(incomplete=True, version=state["version"] + 1)
+                    self._write_state(rollout_id, state, durable=True)
+                    raise ValueError(f"model call {call_id} of rollout {rollout_id} was written before with other content")
+                size = state["indexed_size"]  # A torn tail was cut by the index (`_index_tail`).
+                _write_all(fd, payload + b"\n")
+            finally:
+                os.close(fd)
+            if size == 0:
+                fsync_directory(self.directory)  # A new file's name is made durable here either way.
+            state["indexed_size"] = size + len(payload) + 1
             if unsynced is None:
-                self._sync.wait_durable(self.path(rollout_id))
+                self._sync.wait_durable(path)
             else:
-                unsynced.append(self.path(rollout_id))
+                unsynced.append(path)
             state["entry_digests"][call_id] = digest
             # The entry's fsync is the promise. The state file is not replaced: whoever reads it
             # next (this writer, another, Gym's store) indexes the tail first.
@@ -273,15 +285,18 @@ class TokenFiles:
             raise ValueError(f"the token state of rollout {rollout_id} is not a JSON object")
         return identity, state
 
-    def _index_tail(self, rollout_id: str, state: dict[str, Any], cut_torn: bool = True) -> None:
+    def _index_tail(self, rollout_id: str, state: dict[str, Any], cut_torn: bool = True,
+                    size: Optional[int] = None) -> None:
         """Index entries written after the state was (by a writer that does not replace the state
         per entry, or stopped between its two writes), and cut a torn last line, which nobody was
-        told was written (``cut_torn``: a writer's, under the exclusive lock)."""
+        told was written (``cut_torn``: a writer's, under the exclusive lock). ``size``: the
+        entries file's, when the caller has it open."""
         path = self.path(rollout_id)
-        try:
-            size = os.stat(path).st_size
-        except FileNotFoundError:
-            size = 0
+        if size is None:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                size = 0
         digests = state.setdefault("entry_digests", {})
         indexed: int = state["indexed_size"] if isinstance(state.get("indexed_size"), int) else 0
         if indexed == size:
@@ -350,13 +365,12 @@ def _append_durably(path: str, data: bytes, sync: bool = True) -> int:
     made durable here either way); the file's size after."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        created = os.fstat(fd).st_size == 0
+        before = os.fstat(fd).st_size  # Under the rollout's lock: nobody else appends meanwhile.
         _write_all(fd, data)
         if sync:
             os.fsync(fd)
-        size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    if created:
+    if before == 0:
         fsync_directory(os.path.dirname(path) or ".")
-    return size
+    return before + len(data)
