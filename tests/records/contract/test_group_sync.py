@@ -85,18 +85,6 @@ def test_a_failed_barrier_fails_its_writers(tmp_path):
     sync.wait_durable(clean)  # Raises if the failure stuck.
 
 
-def test_without_syncfs_each_file_is_fsynced(tmp_path, monkeypatch):
-    sync = GroupSync(str(tmp_path))
-    sync._syncfs = None
-    synced = []
-    real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
-    path = str(tmp_path / "r.tokens.intents")
-    _write(path, b"call\n")
-    sync.wait_durable(path)
-    assert synced == [path]
-
-
 def test_after_durable_tells_each_caller_after_a_barrier_that_began_after_its_write_holding_no_thread(tmp_path):
     """The event loop's form (issue 76): the caller hands over its file and goes on; it is told on
     the barrier's thread, after a barrier that began after the call -- shared with the others
@@ -172,7 +160,8 @@ def test_after_durable_tells_a_failed_barrier_to_its_callers_and_goes_on(tmp_pat
     assert outcomes[clean] is None
 
 
-def test_after_durable_without_syncfs_fsyncs_the_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("way", ["wait_durable", "after_durable"])
+def test_without_syncfs_each_file_is_fsynced(tmp_path, monkeypatch, way):
     import threading
 
     sync = GroupSync(str(tmp_path))
@@ -182,7 +171,10 @@ def test_after_durable_without_syncfs_fsyncs_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
     path = str(tmp_path / "r.tokens.intents")
     _write(path, b"call\n")
-    told = threading.Event()
-    sync.after_durable(path, lambda failure: told.set() if failure is None else None)
-    assert told.wait(10)
+    if way == "wait_durable":
+        sync.wait_durable(path)
+    else:
+        told = threading.Event()
+        sync.after_durable(path, lambda failure: told.set() if failure is None else None)
+        assert told.wait(10)
     assert synced == [path]
