@@ -10,6 +10,7 @@ UUID the sidecar chooses before it forwards the request).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Optional
@@ -17,6 +18,7 @@ from typing import Optional
 __all__ = ["call_span_id", "rollout_trace_id", "traceparent"]
 
 
+@functools.lru_cache(maxsize=4096)  # Asked on every captured call of a rollout (its traceparent).
 def rollout_trace_id(rollout_id: str) -> str:
     """The rollout's trace id: 32 hex digits, the same every time (never all zeros)."""
     digest = hashlib.md5(rollout_id.encode()).hexdigest()
