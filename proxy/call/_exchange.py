@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -200,7 +201,7 @@ class CallExchange:
         self.client_agent_id = _first_sent(headers, fields, HARNESS_AGENT_HEADERS)
         self.client_parent_agent_id = _first_sent(headers, fields, HARNESS_PARENT_AGENT_HEADERS)
         self.client_assistant_message_id = (single_value(headers, message_header, fields)
-                                            if message_header.lower().encode("latin-1") in fields else None)
+                                            if _field_name(message_header) in fields else None)
         encoding = fields.get(b"content-encoding")
         self.request_encoding = encoding.decode("latin-1") if encoding is not None else None
         self.request_headers = self.request_fields = None
@@ -250,9 +251,15 @@ def _first_sent(headers: Headers, fields: dict[bytes, bytes], names: tuple[str, 
     """The value of the first of ``names`` the request carries (the one-distinct-value rule:
     `single_value`), else None. Looked for only when sent: most calls carry none of them."""
     for name in names:
-        if name.lower().encode("latin-1") in fields:
+        if _field_name(name) in fields:
             return single_value(headers, name, fields)
     return None
+
+
+@functools.lru_cache(maxsize=64)  # A few constant names, looked for on every captured call.
+def _field_name(name: str) -> bytes:
+    """A header's name as `ServerRequest.fields` keys it."""
+    return name.lower().encode("latin-1")
 
 
 def _reassembled_whole(outcome: TapOutcome) -> bool:
