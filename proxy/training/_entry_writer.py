@@ -57,9 +57,9 @@ class TokenPlan:
     verdict: LineageVerdict
     #: The earlier call this one repeats byte for byte (kept on the entry: Gym's entries allow extra keys).
     retry_of: Optional[str] = None
-    #: The intents file, while the call's intent is written but not yet flushed (`prepare` with
-    #: ``flush_intent=False``): made durable by the call's capture line's barrier, or before the
-    #: reply's first byte when it goes to the agent before its line (`TokenHooks.before_reply_bytes`).
+    #: The intents file, while the call's intent is written but not yet flushed (`prepare` leaves
+    #: it so): made durable by the call's capture line's barrier, or before the reply's first byte
+    #: when it goes to the agent before its line (`flush_intent_soon`).
     intent_unflushed: Optional[str] = None
     #: The request's own ``routed_experts_prompt_start``: the first token the reply's routed experts cover.
     experts_start: int = 0
@@ -86,10 +86,10 @@ class TokenCapture:
         self._said_unusable: set[str] = set()
 
     def prepare(self, rollout_id: str, model_call_id: str, dialect: str, request: dict[str, Any],
-                retry_of: Optional[str] = None, flush_intent: bool = True) -> Optional[TokenPlan]:
-        """The call's lineage verdict, its intent written (and flushed, unless ``flush_intent`` is
-        False: see `TokenPlan.intent_unflushed`); None when it gets no entry (Messages, a frozen
-        rollout, a request lineage cannot read). Runs on a worker thread."""
+                retry_of: Optional[str] = None) -> Optional[TokenPlan]:
+        """The call's lineage verdict, its intent written, not yet flushed (`TokenPlan.intent_unflushed`);
+        None when it gets no entry (Messages, a frozen rollout, a request lineage cannot read).
+        Runs on a worker thread."""
         if dialect not in TOKEN_DIALECTS:
             return None
         prompt = request.get("token_ids") if dialect == "generate" else None
@@ -103,15 +103,14 @@ class TokenCapture:
             with lock:
                 lineage.refresh()
                 verdict = lineage.resolve(items) if prompt is None else lineage.resolve_tokens(prompt)
-            intents = self.files.begin_call(rollout_id, list(ids), durable=flush_intent)
+            intents = self.files.begin_call(rollout_id, list(ids), durable=False)
         except RolloutClosed as exc:
             self._fail("closed", rollout_id, model_call_id, f"{exc}: this call is not written to it")
             return None
         except Exception as exc:
             self._fail(type(exc).__name__, rollout_id, model_call_id, f"lineage could not be resolved: {exc}")
             return None
-        return TokenPlan(rollout_id, ids, items, verdict, retry_of, None if flush_intent else intents,
-                         _experts_start(dialect, request))
+        return TokenPlan(rollout_id, ids, items, verdict, retry_of, intents, _experts_start(dialect, request))
 
     def flush_intent_soon(self, plan: TokenPlan) -> "asyncio.Future[None]":
         """Make the plan's intent durable, from the event loop: the future is done once it is on

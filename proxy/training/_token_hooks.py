@@ -72,8 +72,7 @@ class TokenHooks(CallHooks):
     """The token capture mode's state for one call."""
 
     __slots__ = ("training", "fields", "agent_request", "cutter", "prefix", "plan", "_planning", "prefix_proof",
-                 "prefix_not_supplied", "sent_identity", "_flushing",
-                 "_flush_before_reply")
+                 "prefix_not_supplied", "sent_identity", "_flushing", "_flush_before_reply")
 
     def __init__(self, training: TokenTraining) -> None:
         self.training = training
@@ -175,7 +174,7 @@ class TokenHooks(CallHooks):
         exchange.note_json_retry(request)  # Parsed here first: a resend's token entry names its call too.
         self._planning = planning = asyncio.get_running_loop().run_in_executor(
             None, self.training.token_capture.prepare, exchange.rollout_id, exchange.model_call_id,
-            exchange.dialect, request, exchange.retry_of, False)
+            exchange.dialect, request, exchange.retry_of)
         planning.add_done_callback(self._keep_plan)  # Also when nobody awaits it.
 
     def _keep_plan(self, planning: "asyncio.Future[Any]") -> None:
@@ -184,9 +183,14 @@ class TokenHooks(CallHooks):
         its line. The flush holds no thread (`TokenCapture.flush_intent_soon`)."""
         if planning.cancelled() or planning.exception() is not None:
             return
-        plan = self.plan = planning.result()
-        if plan is not None and plan.intent_unflushed is not None and self._flush_before_reply \
-                and self._flushing is None:
+        self.plan = planning.result()
+        if self._flush_before_reply and self._flushing is None:
+            self._flush_intent()
+
+    def _flush_intent(self) -> None:
+        """Begin the plan's intent's flush, when it is written and not flushed yet."""
+        plan = self.plan
+        if plan is not None and plan.intent_unflushed is not None:
             self._flushing = self.training.token_capture.flush_intent_soon(plan)
 
     async def _planned(self) -> None:
@@ -299,12 +303,9 @@ class TokenHooks(CallHooks):
     async def before_reply_bytes(self, call: "CallView") -> None:
         """Before a byte of the reply reaches the agent ahead of its capture line: the intent on
         disk (docs/tokens.md: durable before the agent gets a byte of the reply)."""
-        flushing = self._flushing
-        if flushing is not None:
-            await flushing
-        plan = self.plan
-        if plan is not None and plan.intent_unflushed is not None:  # Not begun: the JSON way's, sent first.
-            self._flushing = self.training.token_capture.flush_intent_soon(plan)
+        if self._flushing is None:  # Not begun: the JSON way's, whose line was to cover it.
+            self._flush_intent()
+        if self._flushing is not None:
             await self._flushing
 
     def reply_done(self, call: "CallView") -> None:
