@@ -35,7 +35,7 @@ def _take_out(part: str) -> None:
     if part == "barrier":
         group_commit.GroupCommitter._barrier = lambda self, pending: None  # type: ignore[method-assign]
     elif part == "persistence":
-        def settle_at_once(self, rollout_id, build, size, settled, on_writer_thread=False):  # type: ignore[no-untyped-def]
+        def settle_at_once(self, rollout_id, build, size, settled):  # type: ignore[no-untyped-def]
             self._loop.call_soon(settled, True)
         capture_writer.Journal.submit = settle_at_once  # type: ignore[method-assign]
     elif part not in ("none", "threads"):

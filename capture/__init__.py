@@ -5,7 +5,7 @@ Everything that touches a disk, a socket or a process is in `capture.journal`, b
 """
 
 from ._categories import ERROR_CATEGORIES, categorize_status, is_aborted_reply, is_context_length_error
-from ._chat import ChatReassembler
+from ._chat import ChatReassembler, CollectedArrays
 from ._completions import CompletionsReassembler
 from ._cutting_tap import CuttingStreamTap
 from ._decoding import MAX_DECODED_BYTES, DecodedTooLarge, UnsupportedContentEncoding, as_evidence, decodable, make_decoder
@@ -28,6 +28,7 @@ __all__ = [
     "AddedFieldCutter",
     "BodyTap",
     "ChatReassembler",
+    "CollectedArrays",
     "CompletionsReassembler",
     "CuttingStreamTap",
     "DEFAULT_MAX_EVENT_BYTES",

@@ -74,12 +74,17 @@ class ChatReassembler(Reassembler):
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """Per choice index: its generated ids and logprobs as the stream carried them; None when
         the logprobs were not collected whole (`collect_logprobs` off, or not vLLM's shape)."""
-        found: dict[int, tuple[list[int] | None, list[float] | None]] = {}
+        collected = self.collected()
+        return collected.lists() if collected is not None else None
+
+    def collected(self) -> "CollectedArrays | None":
+        """`collected_arrays`, kept compact until it is read."""
+        found: dict[int, tuple[bytes | None, array]] = {}
         for index, arrays in self._arrays.items():
             if arrays.logprob_values is None:
                 return None
-            found[index] = (arrays.ids(), arrays.logprob_values.tolist())
-        return found
+            found[index] = (arrays.ids_json(), arrays.logprob_values)
+        return CollectedArrays(found)
 
     def result(self) -> dict[str, Any] | None:
         if not self._envelope and not self._choices and self._error is None:
@@ -401,6 +406,22 @@ def merge_unknown(target: dict[str, Any], key: str, value: Any) -> None:
         target[key] = value
 
 
+class CollectedArrays:
+    """Each choice's generated ids and logprobs as a stream carried them, compact -- the ids as
+    their JSON, the logprobs an array of floats -- until `lists` parses them: a copy when pickled
+    (the token mode's line is built in the capture process, docs/tokens.md), not an object per token."""
+
+    __slots__ = ("choices",)
+
+    def __init__(self, choices: dict[int, tuple[bytes | None, array]]) -> None:
+        self.choices = choices
+
+    def lists(self) -> dict[int, tuple[list[int] | None, list[float] | None]]:
+        """Per choice index: its ids and logprobs, parsed."""
+        return {index: (None if ids is None else orjson.loads(b"[" + ids + b"]"), values.tolist())
+                for index, (ids, values) in self.choices.items()}
+
+
 class TokenArrays:
     """One choice's per-token lists, kept as the JSON text of their items, not as Python objects.
 
@@ -481,6 +502,11 @@ class TokenArrays:
         """How many items a kept list of small ints holds so far (a comma count: no parse), or None."""
         items = self._lists.get(field)
         return None if items is None else (items.count(b",") + 1 if items else 0)
+
+    def ids_json(self, field: str = "token_ids") -> bytes | None:
+        """A kept list's items, comma-joined JSON, or None when never seen."""
+        items = self._lists.get(field)
+        return None if items is None else bytes(items)
 
     def ids(self, field: str = "token_ids") -> list[Any] | None:
         """A kept list, parsed (the ids: small ints, quick to parse), or None when never seen."""

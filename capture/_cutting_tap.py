@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import orjson
 
+from ._chat import CollectedArrays
 from ._event_templates import EventTemplate
 from ._sse import EventBlock
 from ._tap import _TOOL_CALLS, StreamTap
@@ -108,7 +109,12 @@ class CuttingStreamTap(StreamTap):
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """On chat: each choice's generated ids and logprobs as they streamed (see
         `ChatReassembler.collected_arrays`); None elsewhere, or when the stream had another shape."""
-        collected = getattr(self._reassembler, "collected_arrays", None)
+        collected = self.collected()
+        return collected.lists() if collected is not None else None
+
+    def collected(self) -> "CollectedArrays | None":
+        """`collected_arrays`, kept compact until it is read (`CollectedArrays`)."""
+        collected = getattr(self._reassembler, "collected", None)
         return collected() if collected is not None and self._failure is None else None
 
     def _put(self, output: bytes) -> None:

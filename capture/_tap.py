@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ._categories import categorize_status
-from ._chat import ChatReassembler
+from ._chat import ChatReassembler, CollectedArrays
 from ._completions import CompletionsReassembler
 from ._decoding import Decoder, as_evidence, decodable, make_decoder
 from ._generate import GenerateReassembler
@@ -365,6 +365,10 @@ class StreamTap:
     def collected_arrays(self) -> dict[int, tuple[list[int] | None, list[float] | None]] | None:
         """Each choice's generated ids and logprobs as they streamed: only a `CuttingStreamTap`
         collects them (docs/tokens.md)."""
+        return None
+
+    def collected(self) -> "CollectedArrays | None":
+        """`collected_arrays`, kept compact until it is read."""
         return None
 
     def _plain_split(self, chunk: bytes) -> list[tuple[bytes, bool]]:

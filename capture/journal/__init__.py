@@ -8,6 +8,7 @@ primitives) and the readers; the rest of `capture` stays sans-io.
 """
 
 from ._group_commit import SYNC_MODES, AlsoDurable, GroupCommitter
+from ._jobs import Job, JobLine
 from ._process_main import encode_pickled_fields, frame_line, frame_lines, persist_process_command, pickle_fields
 from ._repeats import RepeatLimiter
 from ._segments import SegmentFiles, SegmentPolicy, seal_leftovers, sealed_segments
@@ -23,6 +24,8 @@ __all__ = [
     "Built",
     "ENCODE_IN_PROCESS_BYTES",
     "GroupCommitter",
+    "Job",
+    "JobLine",
     "Journal",
     "JournalMetrics",
     "RepeatLimiter",

@@ -239,24 +239,35 @@ class GroupCommitter:
 
     @staticmethod
     def _also_durable(also: list[tuple["_Appended", int, AlsoDurable]], synced_device: Optional[int]) -> None:
-        """The other files lines named: fsynced, unless on ``synced_device`` (just flushed whole).
-        A failure fails the line and is told to whoever wrote the file."""
+        """The other files lines named, made durable (`make_also_durable`), batch by batch."""
+        by_batch: dict[int, tuple[_Appended, list[tuple[int, list[str], Callable[[BaseException], None]]]]] = {}
         for appended, index, (paths, on_failure) in also:
-            for path in dict.fromkeys(paths):
+            by_batch.setdefault(id(appended), (appended, []))[1].append((index, paths, on_failure))
+        for appended, named in by_batch.values():
+            make_also_durable(named, appended.outcomes, synced_device)
+
+
+def make_also_durable(also: list[tuple[int, list[str], Callable[[BaseException], None]]], outcomes: list[Outcome],
+                      synced_device: Optional[int]) -> None:
+    """The other files lines named (the line's index, the paths, whom to tell): fsynced, unless on
+    ``synced_device`` (just flushed whole). A failure fails the line (its outcome) and is told to
+    whoever wrote the file."""
+    for index, paths, on_failure in also:
+        for path in dict.fromkeys(paths):
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    try:
-                        if synced_device is None or os.fstat(fd).st_dev != synced_device:
-                            os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                except OSError as exc:
-                    appended.outcomes[index] = exc
-                    try:
-                        on_failure(exc)
-                    except Exception:
-                        pass  # Its own failure is its own; the line's outcome says enough.
-                    break
+                    if synced_device is None or os.fstat(fd).st_dev != synced_device:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                outcomes[index] = exc
+                try:
+                    on_failure(exc)
+                except Exception:
+                    pass  # Its own failure is its own; the line's outcome says enough.
+                break
 
 
 def append_by_file(files: OpenFiles | SegmentFiles, by_path: dict[str, list[int]], lines: list[bytes],

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 from ._process_main import ACK as PERSIST_ACK
 from ._process_main import LINE as PERSIST_LINE
+from ._process_main import NOT_BUILT as PERSIST_NOT_BUILT
 from ._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
 from ._process_main import READY as PERSIST_READY
 from ._process_main import frame_lines, persist_process_command
@@ -33,8 +34,9 @@ from ._segments import SegmentPolicy
 
 log = logging.getLogger("mcc.capture")
 
-#: What a line's ``done`` receives: the bytes appended, and the barrier's seconds or the failure.
-Done = Callable[[int, "float | BaseException"], None]
+#: What a line's ``done`` receives: the bytes appended, the barrier's seconds or the failure, and a
+#: job's reply (pickled; empty for a line: `capture.journal._jobs`).
+Done = Callable[[int, "float | BaseException", bytes], None]
 #: A line the process was never sent: its path, the payload and its kind (`_process_main.LINE`:
 #: the line; `_process_main.FIELDS`: its fields pickled), whom to tell.
 Unsent = tuple[bytes, bytes, int, Done]
@@ -49,6 +51,10 @@ class CaptureProcessLost(Exception):
 class LineNotEncoded(TypeError):
     """The capture process could not encode a line's fields as JSON (as `records.contract.encode_capture_line`
     raises on a value JSON cannot hold)."""
+
+
+class LineNotBuilt(RuntimeError):
+    """A job the capture process ran raised instead of making its line (`capture.journal._jobs`)."""
 
 
 class CaptureProcess:
@@ -138,10 +144,10 @@ class CaptureProcess:
             self._queued.clear()
             self._transport.write(data)  # type: ignore[union-attr]  # ready implies connected
 
-    def acknowledged(self, number: int, outcome: "float | BaseException", size: int) -> None:
+    def acknowledged(self, number: int, outcome: "float | BaseException", size: int, reply: bytes = b"") -> None:
         done = self._waiting.pop(number, None)
         if done is not None:
-            _tell(done, size, outcome)
+            _tell(done, size, outcome, reply)
         if not self._waiting:
             self._settled.set()
 
@@ -164,7 +170,7 @@ class CaptureProcess:
         self._loop.run_in_executor(None, self._reap)
         error = CaptureProcessLost(f"the capture process (pid {self._process.pid}) ended before the line was durable")
         for done in waiting.values():
-            _tell(done, 0, error)
+            _tell(done, 0, error, b"")
         self._settled.set()
         self._on_lost(unsent)
 
@@ -176,9 +182,9 @@ class CaptureProcess:
             self._process.wait()
 
 
-def _tell(done: Done, size: int, outcome: "float | BaseException") -> None:
+def _tell(done: Done, size: int, outcome: "float | BaseException", reply: bytes) -> None:
     try:
-        done(size, outcome)
+        done(size, outcome, reply)
     except Exception:  # One call's bug must not end the socket, and every other call's line with it.
         log.exception("settling a capture line failed")
 
@@ -198,18 +204,27 @@ class _Acknowledgements(asyncio.Protocol):
             self._owner.now_ready()
             data = data[1:]
         pending = self._pending + data if self._pending else data
-        whole = len(pending) - len(pending) % PERSIST_ACK.size
-        acknowledged = self._owner.acknowledged
-        for number, code, size, seconds in PERSIST_ACK.iter_unpack(memoryview(pending)[:whole]):
+        acknowledged, header, at = self._owner.acknowledged, PERSIST_ACK.size, 0
+        view = memoryview(pending)
+        while len(pending) - at >= header:
+            number, code, size, seconds, reply_size = PERSIST_ACK.unpack_from(pending, at)
+            end = at + header + reply_size
+            if end > len(pending):
+                break
+            reply = bytes(view[at + header:end]) if reply_size else b""
+            at = end
             if code == 0:
-                acknowledged(number, seconds, size)
+                acknowledged(number, seconds, size, reply)
             elif code > 0:
-                acknowledged(number, OSError(code, os.strerror(code)), 0)
+                acknowledged(number, OSError(code, os.strerror(code)), 0, reply)
             elif code == PERSIST_NOT_ENCODED:
                 acknowledged(number, LineNotEncoded("the line's fields are not JSON (encoded by the capture process)"), 0)
+            elif code == PERSIST_NOT_BUILT:
+                acknowledged(number, LineNotBuilt("the line's job raised in the capture process"), 0, reply)
             else:
-                acknowledged(number, CaptureProcessLost("the capture process could not append the line"), 0)
-        self._pending = pending[whole:]
+                acknowledged(number, CaptureProcessLost("the capture process could not append the line"), 0, reply)
+        view.release()
+        self._pending = pending[at:]
 
     def connection_lost(self, exc: Optional[BaseException]) -> None:
         self._owner.lost(exc)

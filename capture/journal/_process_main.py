@@ -20,9 +20,12 @@ appends what it had received first). The wire, both ways big-endian:
   encodes (`records.contract.encode_capture_line`): a streamed call's line is mostly its raw text, and
   escaping it is one C call of 40 µs for a 256-event stream, 40 ms for a 32k-token one, that
   held the sidecar's interpreter; pickling the fields is a copy (3.6 µs);
-- an acknowledgement: ``!QiId`` (the number, 0 or the errno that failed it -- `NOT_APPENDED` for a
-  failure that is not an OSError, `NOT_ENCODED` for fields JSON cannot hold --, the bytes
-  appended, the barrier's seconds).
+  or `JOB`, a job pickled (`capture.journal._jobs`): a function this process calls to make the
+  line, writing the other files the line's barrier makes durable too (the token mode's entries);
+- an acknowledgement: ``!QiIdI`` (the number, 0 or the errno that failed it -- `NOT_APPENDED` for a
+  failure that is not an OSError, `NOT_ENCODED` for fields JSON cannot hold, `NOT_BUILT` for a job
+  that raised --, the bytes appended, the barrier's seconds, the size of the reply that follows: a
+  job's ``reply()`` pickled, else nothing).
 """
 
 from __future__ import annotations
@@ -36,21 +39,22 @@ import sys
 import time
 from typing import Any, Iterable, Optional
 
-import orjson
-
 from records.contract import encode_capture_line, filesystem_type, load_syncfs, syncfs_flushes
 from . import _group_commit, _open_files
-from ._group_commit import Outcome, append_by_file, make_durable
+from ._group_commit import Outcome, append_by_file, make_also_durable, make_durable
+from ._jobs import FragmentPickler, JobLine, reply_of, run_pickled_job
 from ._open_files import OpenFile, OpenFiles, keeps_files_open_safely
 from ._segments import SegmentFiles, SegmentPolicy
 
 LINE_HEADER = struct.Struct("!IQHB")
-ACK = struct.Struct("!QiId")
-#: What a frame carries: the line's bytes, or its fields pickled (this process encodes them).
-LINE, FIELDS = 0, 1
-#: An acknowledgement's code for a line that failed without an errno, and for fields that could
-#: not be encoded (a value JSON cannot hold, as `encode_capture_line` raises on the loop).
-NOT_APPENDED, NOT_ENCODED = -1, -2
+ACK = struct.Struct("!QiIdI")
+#: What a frame carries: the line's bytes, its fields pickled (this process encodes them), or a
+#: job pickled (this process runs it: `capture.journal._jobs`).
+LINE, FIELDS, JOB = 0, 1, 2
+#: An acknowledgement's code for a line that failed without an errno, for fields that could not be
+#: encoded (a value JSON cannot hold, as `encode_capture_line` raises on the loop), and for a job
+#: that raised instead of making its line.
+NOT_APPENDED, NOT_ENCODED, NOT_BUILT = -1, -2, -3
 #: The process's first byte: its imports are done, lines may come.
 READY = b"R"
 #: What the sidecar runs (``python -c``: ``-m`` would run this module a second time, beside the
@@ -85,11 +89,10 @@ def frame_line(number: int, path: bytes, payload: bytes, kind: int = LINE) -> by
 
 
 def pickle_fields(fields: dict[str, Any]) -> bytes:
-    """A line's fields as a `FIELDS` payload. A stream's per-token lists are `orjson.Fragment`s
-    (JSON text kept as it came, `capture.StreamTap`'s ``compact_arrays``), which pickle cannot
-    take as they are: each goes as its text, and comes back a fragment."""
+    """A line's fields as a `FIELDS` payload (a stream's ``orjson.Fragment`` lists as their text:
+    `FragmentPickler`)."""
     buffer = io.BytesIO()
-    _FieldsPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(fields)
+    FragmentPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(fields)
     return buffer.getvalue()
 
 
@@ -98,10 +101,6 @@ def encode_pickled_fields(payload: bytes) -> bytes:
     the sidecar that started this process writes to its socket pair (never a port): its pickles
     are its own."""
     return encode_capture_line(pickle.loads(payload))
-
-
-class _FieldsPickler(pickle.Pickler):
-    dispatch_table = {orjson.Fragment: lambda fragment: (orjson.Fragment, (orjson.dumps(fragment),))}
 
 
 def serve(fd: int, directory: str, sync_mode: str, sweep_seconds: float,
@@ -159,20 +158,32 @@ class _NotEncoded(Exception):
     """A `FIELDS` payload that is no line: acknowledged `NOT_ENCODED`, never appended."""
 
 
+class _NotBuilt(Exception):
+    """A `JOB` that raised: acknowledged `NOT_BUILT`, nothing of it appended."""
+
+
 def _commit(frames: list[tuple[int, str, bytes, int]], files: "OpenFiles | SegmentFiles", syncfs: Optional[object]) -> bytes:
-    """Encode the lines sent as fields; append each file's lines in one write, one barrier for
-    all; the acknowledgements."""
+    """Encode the lines sent as fields and run the jobs; append each file's lines in one write,
+    one barrier for all (and for the files the jobs wrote); the acknowledgements."""
     outcomes: list[Outcome] = [0.0] * len(frames)
     lines: list[bytes] = []
     by_path: dict[str, list[int]] = {}
+    jobs: dict[int, JobLine] = {}
     for index, (_, path, payload, kind) in enumerate(frames):
         if kind != LINE:
             try:
-                if kind != FIELDS:
+                if kind == JOB:
+                    try:
+                        made = jobs[index] = run_pickled_job(payload)
+                    except Exception as exc:
+                        raise _NotBuilt(exc) from exc
+                    payload = made.line
+                elif kind == FIELDS:
+                    payload = encode_pickled_fields(payload)
+                else:
                     raise ValueError(f"a frame of unknown kind {kind}")
-                payload = encode_pickled_fields(payload)
             except Exception as exc:
-                outcomes[index] = _NotEncoded(exc)
+                outcomes[index] = exc if isinstance(exc, _NotBuilt) else _NotEncoded(exc)
                 lines.append(b"")
                 continue
         lines.append(payload)
@@ -181,24 +192,37 @@ def _commit(frames: list[tuple[int, str, bytes, int]], files: "OpenFiles | Segme
     try:
         held, new_directories = append_by_file(files, by_path, lines, outcomes)
         if held:
-            whole = syncfs if len(held) > 1 else None
-            for (_, indexes), outcome in zip(held, make_durable([file.fd for file, _ in held], whole,  # type: ignore[arg-type]  # syncfs is the loaded function or None
-                                                                 new_directories)):
+            also = [(index, made.also, made.not_durable) for index, made in jobs.items()
+                    if made.also and not isinstance(outcomes[index], BaseException)]
+            # As the writer threads do (`GroupCommitter._barrier`): one flush of the filesystem
+            # covers the jobs' files on it; those elsewhere are fsynced.
+            whole = syncfs if syncfs is not None and (len(held) > 1 or also) else None
+            if whole is None:
+                make_also_durable(also, outcomes, None)
+            durable = make_durable([file.fd for file, _ in held], whole, new_directories)  # type: ignore[arg-type]  # syncfs is the loaded function or None
+            if whole is not None and also:
+                make_also_durable(also, outcomes, None if isinstance(durable[0], BaseException)
+                                  else os.fstat(held[0][0].fd).st_dev)
+            for (_, indexes), outcome in zip(held, durable):
                 for i in indexes:
-                    outcomes[i] = outcome
+                    if not isinstance(outcomes[i], BaseException):
+                        outcomes[i] = outcome
     finally:
         for file, _ in held:
             files.release(file)
     acks = []
-    for (number, *_), line, outcome in zip(frames, lines, outcomes):
+    for index, ((number, *_), line, outcome) in enumerate(zip(frames, lines, outcomes)):
+        reply = reply_of(jobs.get(index))
         if isinstance(outcome, BaseException):
             if isinstance(outcome, _NotEncoded):
                 code = NOT_ENCODED
+            elif isinstance(outcome, _NotBuilt):
+                code = NOT_BUILT
             else:
                 code = outcome.errno if isinstance(outcome, OSError) and outcome.errno else NOT_APPENDED
-            acks.append(ACK.pack(number, code, 0, 0.0))
+            acks += (ACK.pack(number, code, 0, 0.0, len(reply)), reply)
         else:
-            acks.append(ACK.pack(number, 0, len(line), outcome))
+            acks += (ACK.pack(number, 0, len(line), outcome, len(reply)), reply)
     return b"".join(acks)
 
 

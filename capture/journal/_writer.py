@@ -9,10 +9,10 @@ lines, files, barriers and processes.
 Where a line goes: to the capture process (`_process_client`; issue 34), which appends the lines
 of the calls that end together with one barrier, its syscalls not taking turns with the event loop
 for one interpreter lock; a large call's fields go to it pickled and it encodes them
-(`ENCODE_IN_PROCESS_BYTES`). A line built on a writer thread (``on_writer_thread``: its building
-writes files its barrier must cover, the training-token entries of docs/tokens.md), and every line
-wherever the process cannot run, is appended by the writer threads with group commit
-(`GroupCommitter`). A failure never reaches the client: it is logged once per rollout and kind,
+(`ENCODE_IN_PROCESS_BYTES`), and a `Job` (a line whose building writes other files its barrier
+must cover, the training-token entries of docs/tokens.md) is run there. Every line wherever the
+process cannot run (a job too: the same function, run here) is appended by the writer threads with
+group commit (`GroupCommitter`). A failure never reaches the client: it is logged once per rollout and kind,
 counted, and the rollout is marked ``.capture.incomplete`` where the disk still allows it.
 """
 
@@ -30,8 +30,9 @@ from typing import Any, Callable, Optional, Protocol, Union
 from records.contract import capture_path, create_incomplete_marker, encode_capture_line, incomplete_marker_path
 
 from ._group_commit import AlsoDurable, GroupCommitter
+from ._jobs import Job, JobLine, reply_of, run_pickled_job, unpickle_reply
 from ._process_client import CaptureProcess, Unsent
-from ._process_main import FIELDS, LINE, encode_pickled_fields, pickle_fields
+from ._process_main import FIELDS, JOB, LINE, encode_pickled_fields, pickle_fields
 from ._repeats import RepeatLimiter
 from ._segments import SegmentPolicy, seal_leftovers
 
@@ -50,9 +51,10 @@ BUILD_ON_LOOP_BYTES = 256 * 1024
 #: encoded here: a 1 KB JSON call's takes 2.1 µs, no more than pickling it.
 ENCODE_IN_PROCESS_BYTES = 16 * 1024
 
-#: What ``build()`` returns: the line's fields, its bytes, or its bytes and the files its barrier
-#: must make durable too (`AlsoDurable`).
-Built = Union[dict[str, Any], bytes, tuple[bytes, AlsoDurable]]
+#: What ``build()`` returns: the line's fields, its bytes, its bytes and the files its barrier
+#: must make durable too (`AlsoDurable`), or a job that makes the line where it is appended
+#: (`capture.journal._jobs`: it writes such files).
+Built = Union[dict[str, Any], bytes, tuple[bytes, AlsoDurable], Job]
 
 
 class JournalMetrics(Protocol):
@@ -108,8 +110,7 @@ class Journal:
         #: what `/-/ready` and `mcc_capture_dir_writable` report, beside the directory's mode.
         self.write_problem: str | None = None
 
-    def submit(self, rollout_id: str, build: Callable[[], Built], size: int, settled: Callable[[bool], None],
-               on_writer_thread: bool = False) -> None:
+    def submit(self, rollout_id: str, build: Callable[[], Built], size: int, settled: Callable[[bool], None]) -> None:
         """Queue a line of rollout ``rollout_id``; ``size`` (the call's request and reply bytes)
         says where it is built and how it travels. Never raises: a failure settles it False."""
         try:
@@ -119,20 +120,21 @@ class Journal:
                 if len(self._paths) >= _PATHS_KEPT:
                     self._paths.clear()
                 self._paths[rollout_id] = path
-            if self._process is None or on_writer_thread:
-                self._threads().submit(path, lambda: _encoded(build()), self._on_thread(settled, rollout_id))
+            if self._process is None:
+                made = _Made()
+                self._threads().submit(path, lambda: made.line(build()), self._on_thread(settled, rollout_id, made))
             elif size <= BUILD_ON_LOOP_BYTES:
-                self._send(path, *_payload(build(), size), rollout_id, settled)
+                built = build()
+                self._send(path, *_payload(built, size), rollout_id, settled, _on_reply(built))
             else:
                 self._build_aside(build, size, path, rollout_id, settled)
         except Exception as exc:
             self._loop.call_soon(self._settle, settled, rollout_id, 0, exc)
 
-    async def persist(self, rollout_id: str, build: Callable[[], Built], size: int,
-                      on_writer_thread: bool = False) -> bool:
+    async def persist(self, rollout_id: str, build: Callable[[], Built], size: int) -> bool:
         """`submit`, awaited: True once the line is durable, False (never raise) on failure."""
         future: asyncio.Future[bool] = self._loop.create_future()
-        self.submit(rollout_id, build, size, settles(future), on_writer_thread)
+        self.submit(rollout_id, build, size, settles(future))
         return await asyncio.shield(future)  # A cancelled handler still lets the line be written.
 
     async def close(self) -> None:
@@ -152,24 +154,33 @@ class Journal:
 
     # -- the ways a line goes ------------------------------------------------------------------
 
-    def _on_thread(self, settled: Callable[[bool], None], rollout_id: str) -> Callable[[int, object], None]:
-        """The writer threads' ``done``: settlements handed to the loop in one callback a batch."""
+    def _on_thread(self, settled: Callable[[bool], None], rollout_id: str,
+                   made: "Optional[_Made]" = None) -> Callable[[int, object], None]:
+        """The writer threads' ``done``: settlements handed to the loop in one callback a batch
+        (with a job's reply, made here: after its line's barrier)."""
         def done(size: int, outcome: object) -> None:  # On a writer thread.
+            after = made.replied() if made is not None else None
             with self._settled_lock:
-                self._settled.append((settled, rollout_id, size, outcome))
+                self._settled.append((settled, rollout_id, size, outcome, after))
                 first = len(self._settled) == 1
             if first:
                 self._loop.call_soon_threadsafe(self._settle_all)
         return done
 
-    def _send(self, path: str, payload: bytes, kind: int, rollout_id: str, settled: Callable[[bool], None]) -> None:
+    def _send(self, path: str, payload: bytes, kind: int, rollout_id: str, settled: Callable[[bool], None],
+              on_reply: Optional[Callable[[Any], None]] = None) -> None:
         """A line built: to the capture process, or to the writer threads once it has died."""
         process = self._process
         if process is None:
-            self._threads().submit(path, _line_of(payload, kind), self._on_thread(settled, rollout_id))
+            made = _Made(on_reply)
+            self._threads().submit(path, lambda: made.line(_line_of(payload, kind)()),
+                                   self._on_thread(settled, rollout_id, made))
             return
-        process.submit(os.fsencode(path), payload,
-                       lambda size, outcome: self._settle(settled, rollout_id, size, outcome), kind)
+
+        def acknowledged(size: int, outcome: "float | BaseException", reply: bytes) -> None:
+            after = (lambda: on_reply(unpickle_reply(reply))) if on_reply is not None else None
+            self._settle(settled, rollout_id, size, outcome, after)
+        process.submit(os.fsencode(path), payload, acknowledged, kind)
 
     def _build_aside(self, build: Callable[[], Built], size: int, path: str, rollout_id: str,
                      settled: Callable[[bool], None]) -> None:
@@ -178,16 +189,19 @@ class Journal:
             self._builder = ThreadPoolExecutor(1, thread_name_prefix="mcc-capture-build")
         self._building += 1
         self._built.clear()
-        building = self._builder.submit(lambda: _payload(build(), size))
+        def made() -> tuple[bytes, int, Optional[Callable[[Any], None]]]:
+            line = build()
+            return (*_payload(line, size), _on_reply(line))
+        building = self._builder.submit(made)
 
-        def built(future: "Future[tuple[bytes, int]]") -> None:  # On the loop.
+        def built(future: "Future[tuple[bytes, int, Optional[Callable[[Any], None]]]]") -> None:  # On the loop.
             try:
                 try:
-                    payload, kind = future.result()
+                    payload, kind, on_reply = future.result()
                 except Exception as exc:
                     self._settle(settled, rollout_id, 0, exc)
                     return
-                self._send(path, payload, kind, rollout_id, settled)
+                self._send(path, payload, kind, rollout_id, settled, on_reply)
             finally:
                 self._building -= 1
                 if not self._building:
@@ -204,23 +218,32 @@ class Journal:
         first the lines it was never sent."""
         self._process = None
         threads, loop = self._threads(), self._loop
-        def settler(done: Callable[..., None]) -> Callable[[int, "float | BaseException"], None]:
+        def settler(done: Callable[..., None], made: _Made) -> Callable[[int, "float | BaseException"], None]:
             def settle(size: int, outcome: "float | BaseException") -> None:
-                loop.call_soon_threadsafe(done, size, outcome)
+                loop.call_soon_threadsafe(done, size, outcome, reply_of(made.job_line))
             return settle
 
         for path, payload, kind, done in unsent:
-            threads.submit(os.fsdecode(path), _line_of(payload, kind), settler(done))
+            made = _Made()
+            threads.submit(os.fsdecode(path), lambda payload=payload, kind=kind, made=made: made.line(_line_of(payload, kind)()),
+                           settler(done, made))
 
     # -- settling --------------------------------------------------------------------------------
 
     def _settle_all(self) -> None:
         with self._settled_lock:
             settled, self._settled = self._settled, []
-        for on_settled, rollout_id, size, outcome in settled:
-            self._settle(on_settled, rollout_id, size, outcome)
+        for on_settled, rollout_id, size, outcome, after in settled:
+            self._settle(on_settled, rollout_id, size, outcome, after)
 
-    def _settle(self, settled: Callable[[bool], None], rollout_id: str, size: int, outcome: object) -> None:
+    def _settle(self, settled: Callable[[bool], None], rollout_id: str, size: int, outcome: object,
+                after: Optional[Callable[[], None]] = None) -> None:
+        """``after``: a job's reply to its ``on_reply``, first (the line's end waits for both)."""
+        if after is not None:
+            try:
+                after()
+            except Exception:  # One call's bookkeeping must not keep its line from settling.
+                log.exception("a capture line's job reply could not be taken")
         if isinstance(outcome, BaseException):
             task = self._loop.create_task(self._fail_then(settled, rollout_id, outcome))
             self._failing.add(task)
@@ -259,13 +282,15 @@ class Journal:
 
 
 def _payload(built: Built, size: int) -> tuple[bytes, int]:
-    """What the capture process is sent of a line: its bytes, or a large call's fields pickled
-    (`ENCODE_IN_PROCESS_BYTES`), and which."""
+    """What the capture process is sent of a line: its bytes, a large call's fields pickled
+    (`ENCODE_IN_PROCESS_BYTES`), or a job pickled, and which."""
+    if type(built) is Job:
+        return built.pickled(), JOB
     if type(built) is dict:
         if size >= ENCODE_IN_PROCESS_BYTES:
             return pickle_fields(built), FIELDS
         return encode_capture_line(built), LINE
-    assert type(built) is bytes, "a line with files beside it is built on a writer thread"
+    assert type(built) is bytes, "a line with files beside it is a job"
     return built, LINE
 
 
@@ -277,13 +302,45 @@ def settles(future: "asyncio.Future[bool]") -> Callable[[bool], None]:
     return settle
 
 
-def _encoded(built: Built) -> Union[bytes, tuple[bytes, AlsoDurable]]:
-    """A line for the writer threads: its fields encoded, else as built."""
-    return encode_capture_line(built) if type(built) is dict else built  # type: ignore[return-value]  # a dict becomes bytes; anything else is already a line
+def _on_reply(built: Built) -> Optional[Callable[[Any], None]]:
+    return built.on_reply if type(built) is Job else None
 
 
-def _line_of(payload: bytes, kind: int) -> Callable[[], bytes]:
-    """How a writer thread gets the line of a capture process's payload."""
+class _Made:
+    """A line a writer thread builds: a job is run there, and its reply made after the line's barrier."""
+
+    __slots__ = ("on_reply", "job_line")
+
+    def __init__(self, on_reply: Optional[Callable[[Any], None]] = None) -> None:
+        self.on_reply = on_reply
+        self.job_line: Optional[JobLine] = None
+
+    def line(self, built: Union[Built, JobLine]) -> Union[bytes, tuple[bytes, AlsoDurable]]:
+        """The line for the writer threads: fields encoded, a job run (its files named), else as built."""
+        if type(built) is Job:
+            self.on_reply = built.on_reply
+            built = built.run_here()
+        if type(built) is JobLine:
+            self.job_line = built
+            return built.line, (built.also, built.not_durable)
+        return encode_capture_line(built) if type(built) is dict else built  # type: ignore[return-value]  # a dict becomes bytes; anything else is already a line
+
+    def replied(self) -> Optional[Callable[[], None]]:
+        """On the writer thread, after the barrier: what the loop runs first (the job's reply)."""
+        on_reply, made = self.on_reply, self.job_line
+        if on_reply is None:
+            return None
+        try:
+            value = made.reply() if made is not None else None
+        except Exception:  # As the capture process does (`reply_of`): the line is written either way.
+            value = None
+        return lambda: on_reply(value)
+
+
+def _line_of(payload: bytes, kind: int) -> Callable[[], Union[bytes, JobLine]]:
+    """How a writer thread gets the line of a capture process's payload (a job's: run here)."""
+    if kind == JOB:
+        return lambda: run_pickled_job(payload)
     return (lambda: payload) if kind == LINE else (lambda: encode_pickled_fields(payload))
 
 

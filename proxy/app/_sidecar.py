@@ -49,7 +49,6 @@ class Sidecar:
         self.journal: Optional[Journal] = None
         #: What the features set for the journal in `Feature.prepare` (writer segments; no process).
         self.journal_segments: Optional[SegmentPolicy] = None
-        self.journal_in_process = True
         self.connections: set[Http1Connection] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._server: Optional[asyncio.base_events.Server] = None
@@ -142,7 +141,7 @@ class Sidecar:
             feature.prepare()
         if settings.capture_on:
             self.journal = Journal(settings.capture_dir, self.metrics, settings.capture_sync,
-                                   process=self.journal_in_process, segments=self.journal_segments)
+                                   process=True, segments=self.journal_segments)
             self.metrics.capture_dir = settings.capture_dir
         self.calls = CallContext(
             upstream=self.upstream, upstream_url=self.upstream_url, metrics=self.metrics, journal=self.journal,

@@ -80,8 +80,6 @@ class CallHooks:
         super().__init_subclass__(**kwargs)
         cls.phases = frozenset(phase for phase in PHASES if getattr(cls, phase) is not getattr(CallHooks, phase))
 
-    #: The line must be built on a writer thread (building it writes files its barrier covers).
-    line_on_writer_thread = False
     #: The line's fields pass through `prepare_line` before the line goes to the journal: work that
     #: may take long (a redaction hook), done beside other lines' instead of in the journal's queue.
     prepares_line = False

@@ -27,19 +27,18 @@ def submit_line(journal: Journal, exchange: CallExchange, hooks: tuple[CallHooks
     wait are added (docs/speed.md, "Overhead by part")."""
     tap = exchange.tap
     size = len(exchange.request_body) + (tap.bytes_seen if tap is not None else 0)
-    on_thread = any(hook.line_on_writer_thread for hook in hooks) if hooks else False
     preparer = next((hook for hook in hooks if hook.prepares_line), None) if hooks else None
     if overhead is not None:
         settled = _timed_settle(overhead, settled)
     if preparer is None:
-        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks, None, overhead), size, settled, on_thread)
+        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks, None, overhead), size, settled)
         return
     started = perf_counter()
 
     def ready(fields: Optional[dict[str, Any]]) -> None:
         if overhead is not None:  # The preparer's part, its wait for the pool included.
             overhead.add(preparer.overhead_part, perf_counter() - started)
-        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks, fields, overhead), size, settled, on_thread)
+        journal.submit(exchange.rollout_id, lambda: build_line(exchange, hooks, fields, overhead), size, settled)
     preparer.prepare_line(exchange, lambda: line_fields_of(exchange), ready)
 
 

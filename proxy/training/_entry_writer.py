@@ -2,9 +2,10 @@
 
 Before a call in the token capture mode goes upstream, `TokenCapture.prepare` (on a worker thread:
 it reads files) resolves which earlier call of the rollout the request continues, and notes the
-call's intent durably. After the reply, `commit` (on the capture writer thread, before the capture
-line, so both are on disk before the agent sees the end) builds the entry from the captured arrays
-and appends it under Gym's store protocol. A call that produced no usable arrays (an error, a cut
+call's intent durably. After the reply, `EntryWriter.commit` (where the call's line is built: in
+the capture process, else on a writer thread; before the line, so both are on disk before the
+agent sees the end) builds the entry from the captured arrays and appends it under Gym's store
+protocol; what the sidecar keeps of that comes back as notes (`TokenCapture.take_notes`). A call that produced no usable arrays (an error, a cut
 stream, a refusal) gets no entry: its intent stays dangling, and a consumer masks the rollout, as
 Gym does. Nothing here ever changes a reply: a failure is logged, counted and marked incomplete.
 
@@ -38,6 +39,7 @@ from records.contract.writing import LineageVerdict, RolloutClosed, output_items
 
 if TYPE_CHECKING:
     from ..call import CallExchange
+    from ._token_line import LineView
 
 log = logging.getLogger("mcc.capture")
 #: Dialects whose vLLM replies carry token arrays (``generate``: vLLM's token-in/token-out path,
@@ -73,6 +75,8 @@ class TokenCapture:
 
     def __init__(self, directory: str, metrics: Any, routed_experts: bool = False) -> None:
         self.files = TokenFiles(directory)
+        #: A call's line built on a writer thread of this process writes through these files too.
+        _FILES[directory] = self.files
         self._metrics = metrics
         #: --capture-routed-experts: each call's routed experts stored apart (docs/tokens.md).
         self.routed_experts = routed_experts
@@ -135,16 +139,102 @@ class TokenCapture:
         self.files.after_durable(path, durable)
         return flushed
 
+    def take_notes(self, notes: Optional[list[tuple[str, tuple[Any, ...]]]]) -> None:
+        """What writing a call's entries did that this sidecar keeps (`EntryWriter`'s notes, wherever
+        it ran): its counters, its words to the log, the entries its lineage may take as written.
+        On the event loop, before the call's line settles."""
+        for name, args in notes or ():
+            if name in _NOTES:
+                getattr(self, name)(*args)
+
+    def _count(self, metric: str, label: Optional[str], amount: float = 1) -> None:
+        counter = getattr(self._metrics, metric)
+        (counter.labels(label) if label is not None else counter).inc(amount)
+
+    def _no_experts(self, rollout_id: str, call_id: str) -> None:
+        if self._said_no_experts:  # Said once: every reply will lack them.
+            return
+        self._said_no_experts = True
+        log.warning("--capture-routed-experts: the upstream's reply (call %s of rollout %s) carries no "
+                    "routed_experts, so none are stored; start vLLM with --enable-return-routed-experts "
+                    "(a MoE model), or drop --capture-routed-experts", call_id, rollout_id,
+                    extra={"rollout_id": rollout_id, "kind": "routed_experts"})
+
+    def _experts_not_stored(self, rollout_id: str, call_id: str, problem: str) -> None:
+        self._count("token_entry_failures", "routed_experts")
+        log.warning("training tokens of call %s of rollout %s: its routed experts are not stored (%s)",
+                    call_id, rollout_id, problem, extra={"rollout_id": rollout_id, "kind": "routed_experts"})
+
+    def _indexed(self, rollout_id: str, entry: dict[str, Any], start: int, end: Optional[int]) -> None:
+        """The rollout's lineage takes the entry just written as it is, when it had read the file up
+        to the entry's line (no other writer in between): the next call's `refresh` does not read
+        it back (issue 34)."""
+        with self._lock:
+            found = self._lineages.get(rollout_id)
+        if found is None or end is None:
+            return
+        lineage, lock = found
+        with lock:
+            if lineage.offset == start:
+                lineage.add(start, entry)
+                lineage.offset = end
+
+    def _failed(self, plan: TokenPlan, exc: BaseException) -> None:
+        self._fail(*mark_incomplete(self.files, plan, exc))
+
+    def _lineage(self, rollout_id: str) -> tuple[RolloutLineage, threading.Lock]:
+        """The rollout's lineage and the lock its readers and writers hold."""
+        with self._lock:
+            found = self._lineages.get(rollout_id)
+            if found is None:
+                found = self._lineages[rollout_id] = (RolloutLineage(self.files, rollout_id), threading.Lock())
+                while len(self._lineages) > _ROLLOUTS_KEPT:
+                    self._lineages.popitem(last=False)
+            else:
+                self._lineages.move_to_end(rollout_id)
+            return found
+
+    def _unusable(self, rollout_id: str, entry_id: str, problem: str) -> None:
+        """A whole call without a training entry: its arrays disagree (`TokenRecord.problem`)."""
+        self._metrics.token_entry_failures.labels("arrays_unusable").inc()
+        kind = re.sub(r"\d+", "N", problem)  # One problem, whatever its counts.
+        with self._lock:
+            if kind in self._said_unusable:
+                return
+            self._said_unusable.add(kind)
+        log.warning("training tokens of call %s of rollout %s: no entry, its arrays cannot be trained on (%s); "
+                    "the rollout is masked. Said once per kind, counted in "
+                    "mcc_token_entry_failures_total{kind=\"arrays_unusable\"}", entry_id, rollout_id, problem,
+                    extra={"rollout_id": rollout_id, "kind": "arrays_unusable"})
+
+    def _fail(self, kind: str, rollout_id: str, model_call_id: str, message: str) -> None:
+        self._metrics.token_entry_failures.labels(kind).inc()
+        log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
+                    extra={"rollout_id": rollout_id, "kind": kind})
+
+
+class EntryWriter:
+    """A call's entries written (`commit`), where its line is built: in the capture process, or
+    on a writer thread where there is none (`proxy.training._token_line`). What the sidecar keeps
+    of it -- counters, words to the log, the lineage's index -- goes into ``notes``, for
+    `TokenCapture.take_notes`: this runs outside the sidecar's interpreter, and nothing here
+    ever changes a reply."""
+
+    def __init__(self, files: TokenFiles, routed_experts: bool) -> None:
+        self.files = files
+        self.routed_experts = routed_experts
+        self.notes: list[tuple[str, tuple[Any, ...]]] = []
+
     def commit(self, plan: TokenPlan, line: bytes, prefix: Optional[bool] = None,
                unsynced: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
-        """Write the call's entries from its capture line (arrays included), on the capture writer
-        thread. When every choice's entry is on disk, the line's fields parsed (the line may then
-        leave the arrays to the token file); else None."""
+        """Write the call's entries from its capture line (arrays included). When every choice's
+        entry is on disk, the line's fields parsed (the line may then leave the arrays to the token
+        file); else None."""
         try:
             fields = orjson.loads(line)
             records = token_records_of_line(fields, plan.rollout_id, 0)
         except Exception as exc:
-            self._failed(plan, exc)
+            self.failed(plan, exc)
             return None
         return fields if self.commit_records(plan, records, fields.get("response"), prefix, unsynced) else None
 
@@ -164,7 +254,7 @@ class TokenCapture:
                     # whole whose arrays cannot be trained on is said (once a kind) and counted,
                     # never silently missing; a cut or failed call says so on its line already.
                     if record is not None and record.problem is not None and record.error_category is None:
-                        self._unusable(plan, entry_id, record.problem)
+                        self.notes.append(("_unusable", (plan.rollout_id, entry_id, record.problem)))
                     continue
                 entry = token_entry(
                     rollout_id=plan.rollout_id, model_call_id=entry_id, model=record.model or "",
@@ -190,12 +280,12 @@ class TokenCapture:
                 if spans is not None:  # Extra keys: Gym's entries allow them (issue 32).
                     entry["weight_versions"], entry["weight_version_source"] = spans, record.weight_version_source
                 outcome, start, end = self.files.append_indexed(entry, unsynced)
-                self._metrics.token_entries.labels(outcome).inc()
+                self.notes.append(("_count", ("token_entries", outcome)))
                 if start is not None:
-                    self._indexed(plan.rollout_id, entry, start, end)
+                    self.notes.append(("_indexed", (plan.rollout_id, lineage_entry(entry), start, end)))
                 written += 1
         except Exception as exc:
-            self._failed(plan, exc)
+            self.failed(plan, exc)
             return False
         return written == len(plan.entry_ids)
 
@@ -209,12 +299,8 @@ class TokenCapture:
         choice = choices[position] if isinstance(choices, list) and position < len(choices) else None
         encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
         if not isinstance(encoded, str):
-            if isinstance(choice, dict) and not self._said_no_experts:  # Said once: every reply will lack them.
-                self._said_no_experts = True
-                log.warning("--capture-routed-experts: the upstream's reply (call %s of rollout %s) carries no "
-                            "routed_experts, so none are stored; start vLLM with --enable-return-routed-experts "
-                            "(a MoE model), or drop --capture-routed-experts", entry["model_call_id"], plan.rollout_id,
-                            extra={"rollout_id": plan.rollout_id, "kind": "routed_experts"})
+            if isinstance(choice, dict):
+                self.notes.append(("_no_experts", (plan.rollout_id, entry["model_call_id"])))
             return
         sequence = entry["cum_len"]
         prompt_stored = len(entry["prompt_token_ids"])
@@ -228,71 +314,17 @@ class TokenCapture:
             kept = reply_rows.from_row(max(0, parent_end - 1 - reply_rows.start))
             reference = write_routed_experts(self.files.directory, plan.rollout_id, kept)
         except (RoutedExpertsProblem, OSError) as exc:
-            self._metrics.token_entry_failures.labels("routed_experts").inc()
-            log.warning("training tokens of call %s of rollout %s: its routed experts are not stored (%s)",
-                        entry["model_call_id"], plan.rollout_id, exc, extra={"rollout_id": plan.rollout_id,
-                                                                              "kind": "routed_experts"})
+            self.notes.append(("_experts_not_stored", (plan.rollout_id, entry["model_call_id"], str(exc))))
             return
-        self._metrics.routed_experts_bytes.inc(len(kept.data))
+        self.notes.append(("_count", ("routed_experts_bytes", None, len(kept.data))))
         entry["routed_experts"] = reference
         choice["routed_experts"] = reference  # type: ignore[index]  # a dict: its value was read above
         plan.experts_stored = True
 
-    def _indexed(self, rollout_id: str, entry: dict[str, Any], start: int, end: Optional[int]) -> None:
-        """The rollout's lineage takes the entry just written as it is, when it had read the file up
-        to the entry's line (no other writer in between): the next call's `refresh` does not read
-        it back (issue 34)."""
-        with self._lock:
-            found = self._lineages.get(rollout_id)
-        if found is None or end is None:
-            return
-        lineage, lock = found
-        with lock:
-            if lineage.offset == start:
-                lineage.add(start, entry)
-                lineage.offset = end
-
-    def not_durable(self, plan: TokenPlan, exc: Exception) -> None:
-        """The barrier that was to make the call's entries durable failed: they may be lost."""
-        self._failed(plan, exc)
-
-    def _failed(self, plan: TokenPlan, exc: Exception) -> None:
-        self._fail(type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}")
-        for entry_id in plan.entry_ids:
-            try:
-                self.files.mark_incomplete(plan.rollout_id, entry_id)
-            except OSError:
-                pass
-
-    def _lineage(self, rollout_id: str) -> tuple[RolloutLineage, threading.Lock]:
-        """The rollout's lineage and the lock its readers and writers hold."""
-        with self._lock:
-            found = self._lineages.get(rollout_id)
-            if found is None:
-                found = self._lineages[rollout_id] = (RolloutLineage(self.files, rollout_id), threading.Lock())
-                while len(self._lineages) > _ROLLOUTS_KEPT:
-                    self._lineages.popitem(last=False)
-            else:
-                self._lineages.move_to_end(rollout_id)
-            return found
-
-    def _unusable(self, plan: TokenPlan, entry_id: str, problem: str) -> None:
-        """A whole call without a training entry: its arrays disagree (`TokenRecord.problem`)."""
-        self._metrics.token_entry_failures.labels("arrays_unusable").inc()
-        kind = re.sub(r"\d+", "N", problem)  # One problem, whatever its counts.
-        with self._lock:
-            if kind in self._said_unusable:
-                return
-            self._said_unusable.add(kind)
-        log.warning("training tokens of call %s of rollout %s: no entry, its arrays cannot be trained on (%s); "
-                    "the rollout is masked. Said once per kind, counted in "
-                    "mcc_token_entry_failures_total{kind=\"arrays_unusable\"}", entry_id, plan.rollout_id, problem,
-                    extra={"rollout_id": plan.rollout_id, "kind": "arrays_unusable"})
-
-    def _fail(self, kind: str, rollout_id: str, model_call_id: str, message: str) -> None:
-        self._metrics.token_entry_failures.labels(kind).inc()
-        log.warning("training tokens of call %s of rollout %s: %s", model_call_id, rollout_id, message,
-                    extra={"rollout_id": rollout_id, "kind": kind})
+    def failed(self, plan: TokenPlan, exc: BaseException) -> None:
+        """The entries could not be written, or the barrier that was to make them durable failed:
+        they may be lost (marked incomplete: the rollout is masked)."""
+        self.notes.append(("_fail", mark_incomplete(self.files, plan, exc)))
 
 
 def _sampling(dialect: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -323,7 +355,7 @@ def _resumable(record: TokenRecord) -> bool:
     return record.finish_reason == "abort" and not record.missing and record.problem is None
 
 
-def agent_view(exchange: "CallExchange", response: Any) -> Optional[dict[str, Any]]:
+def agent_view(exchange: "CallExchange | LineView", response: Any) -> Optional[dict[str, Any]]:
     """The captured response (parsed) as the agent saw it: the values the mode added replaced as
     the cutter replaced them in the agent's bytes (a streamed reply rebuilt has a body's shape);
     None when nothing was added (the agent asked for the arrays: they are its own)."""
@@ -333,7 +365,7 @@ def agent_view(exchange: "CallExchange", response: Any) -> Optional[dict[str, An
     return AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {}).cut_parsed(response)
 
 
-def cut_in_place(exchange: "CallExchange", response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+def cut_in_place(exchange: "CallExchange | LineView", response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     """`agent_view` on ``response`` itself; what was replaced, as (container, key, value), so
     that `restore` can put it back."""
     cutter = AddedFieldCutter(exchange.dialect, exchange.added_request_fields or {}, exchange.parsed_request or {})
@@ -353,6 +385,48 @@ def cut_in_place(exchange: "CallExchange", response: dict[str, Any]) -> list[tup
 def restore(replaced: list[tuple[Any, Any, Any]]) -> None:
     for container, key, value in reversed(replaced):
         container[key] = value
+
+
+#: The token files of this process by directory (`files_of`).
+_FILES: dict[str, TokenFiles] = {}
+_FILES_LOCK = threading.Lock()
+
+
+def files_of(directory: str) -> TokenFiles:
+    """This process's `TokenFiles` of ``directory``: the sidecar's own (a writer thread's line),
+    else one made once (the capture process's)."""
+    with _FILES_LOCK:
+        found = _FILES.get(directory)
+        if found is None:
+            found = _FILES[directory] = TokenFiles(directory)
+        return found
+
+
+#: The notes `EntryWriter` leaves and `TokenCapture.take_notes` takes (nothing else is called).
+_NOTES = frozenset({"_count", "_fail", "_unusable", "_indexed", "_no_experts", "_experts_not_stored"})
+#: An entry's keys its lineage node is made of (`RolloutLineage.add`): the arrays stay in the file.
+_LINEAGE_KEYS = ("model_call_id", "cum_len", "digest", "continuation_context_len", "continuation_context_digest",
+                 "parent_call_id", "prompt_is_delta", "finish_reason", "continuation_fingerprint", "fingerprint_version")
+
+
+def lineage_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """What the lineage takes of an entry just written (`TokenCapture._indexed`): its keys without
+    the arrays, the last token kept (a sequence's end is found by it)."""
+    kept = {key: entry[key] for key in _LINEAGE_KEYS if key in entry}
+    for key in ("generation_token_ids", "prompt_token_ids"):
+        ids = entry.get(key)
+        kept[key] = ids[-1:] if isinstance(ids, list) else ids
+    return kept
+
+
+def mark_incomplete(files: TokenFiles, plan: TokenPlan, exc: BaseException) -> tuple[str, str, str, str]:
+    """The plan's entries marked incomplete (they may be lost); the words to say (`TokenCapture._fail`)."""
+    for entry_id in plan.entry_ids:
+        try:
+            files.mark_incomplete(plan.rollout_id, entry_id)
+        except OSError:
+            pass
+    return type(exc).__name__, plan.rollout_id, plan.entry_ids[0], f"its entry could not be written: {exc}"
 
 
 def _settle(future: "asyncio.Future[None]") -> None:

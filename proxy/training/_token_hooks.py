@@ -11,7 +11,7 @@ At the call's phases (`proxy.call.CallHooks`):
 - reply relay: a successful reply cut of the added fields (`CutRelay`, its `AddedFieldCutter`);
 - before reply bytes: the intent durable;
 - line: prefix supply's proof and a resumption named; the entries written before the line, and the
-  line of what the agent saw (`_token_line`);
+  line of what the agent saw, where the line is appended (a job: `_token_line`);
 - reply done: a word when an event could not be cut.
 
 `TokenTraining` is the process's side: the mode's memory of refusals, the token files, the
@@ -33,7 +33,7 @@ from ..http import Headers, UpstreamBroke, UpstreamReply, WholeBody
 from ._cut_relay import CutRelay
 from ._entry_writer import TOKEN_DIALECTS, TokenCapture, TokenPlan
 from ._renderer import PrefixSupply, SuppliedPrefix
-from ._token_line import keep_cut_logprobs, note_resumption, token_line
+from ._token_line import keep_cut_logprobs, note_resumption, token_line_job
 from ._token_mode import REFUSAL_STATUSES, TokenMode
 
 if TYPE_CHECKING:
@@ -319,12 +319,7 @@ class TokenHooks(CallHooks):
                                   "mcc_token_mode_uncut_events_total)", events, call.route.upstream_target,
                                   extra=call.log_context())
 
-    # -- phase: line (on the loop or a writer thread) -------------------------------------------
-
-    @property
-    def line_on_writer_thread(self) -> bool:  # type: ignore[override]  # a property where the base has a class attribute
-        """A line with a plan writes its entries first, in its barrier: on the writer threads."""
-        return self.plan is not None
+    # -- phase: line ------------------------------------------------------------------------------
 
     def line_fields(self, exchange: "CallExchange", fields: dict[str, Any]) -> None:
         """Prefix supply's proof (docs/tokens.md): the prompt ids the upstream reports begin with the
@@ -346,7 +341,8 @@ class TokenHooks(CallHooks):
         if self.plan is None:
             keep_cut_logprobs(exchange, fields)
             return None
-        return token_line(self.training.token_capture, self.plan, exchange, fields, self.prefix_proof)
+        # Its entries are written first, where the line is appended (the capture process): a job.
+        return token_line_job(self.training.token_capture, self.plan, exchange, fields, self.prefix_proof)
 
 
 def _compressed_success(upstream: UpstreamReply) -> bool:

@@ -122,8 +122,6 @@ class FeatureHost(Protocol):
     calls: "CallContext"
     #: What a feature sets in `prepare` for the journal: writer segments (the store upload).
     journal_segments: "Optional[SegmentPolicy]"
-    #: Whether the journal writes from a capture process of its own (the token mode: no).
-    journal_in_process: bool
 
     def feature(self, kind: "type[F]") -> "Optional[F]":
         """The running feature of that class, when it is on."""

@@ -49,8 +49,6 @@ class TokenModeFeature(Feature):
         metrics = host.metrics.feature(TokenModeMetrics)
         self.training = TokenTraining(metrics, TokenCapture(settings.token_dir or settings.capture_dir, metrics),
                                       settings.capture_tokens)
-        # Its lines write their token entries as they are built: on the writer threads, not a process.
-        host.journal_in_process = not settings.capture_tokens
         #: A metrics-only line keeps no token ids unless asked (docs/privacy.md): then no call is covered.
         self.kept = settings.privacy != "metrics-only" or settings.privacy_keep_token_ids
 

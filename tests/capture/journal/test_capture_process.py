@@ -17,10 +17,13 @@ import threading
 import orjson
 import pytest
 
-from capture.journal import BUILD_ON_LOOP_BYTES, frame_line, persist_process_command, pickle_fields
+from capture.journal import BUILD_ON_LOOP_BYTES, Job, JobLine, frame_line, persist_process_command, pickle_fields
+import capture.journal._process_main as process_main
 from capture.journal._process_main import ACK as PERSIST_ACK
 from capture.journal._process_main import FIELDS as PERSIST_FIELDS
+from capture.journal._process_main import JOB as PERSIST_JOB
 from capture.journal._process_main import LINE as PERSIST_LINE
+from capture.journal._process_main import NOT_BUILT as PERSIST_NOT_BUILT
 from capture.journal._process_main import NOT_ENCODED as PERSIST_NOT_ENCODED
 from capture.journal._process_main import READY as PERSIST_READY
 from capture.journal._process_main import main as serve_main
@@ -53,14 +56,27 @@ def _run_in_thread(directory: str) -> tuple[socket.socket, threading.Thread]:
     return ours, thread
 
 
-def _read_acks(sock: socket.socket, count: int) -> list[tuple[int, int, int, float]]:
-    data = b""
-    while len(data) < count * PERSIST_ACK.size:
+def _read_acks(sock: socket.socket, count: int, replies: list[bytes] | None = None) -> list[tuple[int, int, int, float]]:
+    """``count`` acknowledgements (number, code, size, seconds); each one's reply (a job's) into
+    ``replies``, else it must be empty."""
+    data, acks, at = b"", [], 0
+    while len(acks) < count:
+        if len(data) - at >= PERSIST_ACK.size:
+            number, code, size, seconds, reply_size = PERSIST_ACK.unpack_from(data, at)
+            if len(data) - at - PERSIST_ACK.size >= reply_size:
+                reply = data[at + PERSIST_ACK.size:at + PERSIST_ACK.size + reply_size]
+                at += PERSIST_ACK.size + reply_size
+                acks.append((number, code, size, seconds))
+                if replies is None:
+                    assert reply == b"", "a line's acknowledgement carries no reply"
+                else:
+                    replies.append(reply)
+                continue
         chunk = sock.recv(65536)
         assert chunk, "the capture process closed before acknowledging every line"
         data += chunk
-    assert len(data) == count * PERSIST_ACK.size
-    return list(PERSIST_ACK.iter_unpack(data))
+    assert at == len(data), "nothing follows the last acknowledgement"
+    return acks
 
 
 def _fields(index: int) -> dict:
@@ -192,10 +208,126 @@ async def test_a_capture_process_that_dies_fails_only_its_unacknowledged_lines_n
     assert [len(store.read_available(r).lines) for r in ("before", "after")] == [1, 1]
 
 
-async def test_the_token_capture_mode_appends_on_the_writer_threads(upstream, start, capture_dir):
-    """Its lines' entries are written with them in one barrier (docs/tokens.md): no capture process."""
-    sidecar = await start(upstream.url, capture_dir=capture_dir, capture_tokens=True)
-    assert sidecar.sidecar.journal.process_pid is None
+#: What the jobs below saw, in order (they run in this process: the capture process's loop on a thread).
+_JOB_EVENTS: list[str] = []
+
+
+def _side_file_job(side: str, text: str) -> JobLine:
+    """A job as the token mode's: it writes a file of its own, and its line names it."""
+    if text == "raise":
+        raise RuntimeError("a bug in the job")
+    if text != "unwritten":
+        with open(side, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    return JobLine(orjson.dumps({"job": text}) + b"\n", [side], lambda exc: _JOB_EVENTS.append(f"not durable: {text}"),
+                   lambda: {"text": text, "seen": list(_JOB_EVENTS)})
+
+
+_SIDE_FILE_JOB = f"{__name__}:_side_file_job"
+
+
+def test_a_job_makes_its_line_in_the_capture_process_and_its_files_are_durable_before_the_ack(tmp_path, monkeypatch):
+    """The token mode's way (`capture.journal._jobs`): the process runs the job beside the lines,
+    its other files go through the line's barrier before its acknowledgement, and its reply comes
+    back with it. A job that raises fails alone (`NOT_BUILT`); a file the barrier cannot make
+    durable fails its line with the errno and is told to the job."""
+    made_durable = process_main.make_also_durable
+
+    def recorded(also, outcomes, synced_device):
+        made_durable(also, outcomes, synced_device)
+        _JOB_EVENTS.extend(f"durable: {os.path.basename(path)}" for _, paths, _ in also for path in paths)
+    monkeypatch.setattr(process_main, "make_also_durable", recorded)
+    _JOB_EVENTS.clear()
+    path = os.fsencode(str(tmp_path / "r.capture.jsonl"))
+
+    def job(number: int, text: str, side: str) -> bytes:
+        return frame_line(number, path, Job(_SIDE_FILE_JOB, (str(tmp_path / side), text), print).pickled(), PERSIST_JOB)
+    sock, thread = _run_in_thread(str(tmp_path))
+    sock.sendall(frame_line(1, path, b'{"a":1}\n') + job(2, "entry", "r.tokens") + job(3, "raise", "x.tokens")
+                 + job(4, "unwritten", "gone.tokens") + frame_line(5, path, b'{"b":2}\n'))
+    replies: list[bytes] = []
+    acks = {number: (code, size) for number, code, size, _ in _read_acks(sock, 5, replies)}
+    sock.close()
+    thread.join(10)
+    job_line = orjson.dumps({"job": "entry"}) + b"\n"
+    assert acks == {1: (0, 8), 2: (0, len(job_line)), 3: (PERSIST_NOT_BUILT, 0), 4: (2, 0), 5: (0, 8)}
+    assert (tmp_path / "r.tokens").read_text() == "entry"
+    on_disk = (tmp_path / "r.capture.jsonl").read_bytes()
+    assert on_disk.startswith(b'{"a":1}\n' + job_line) and on_disk.endswith(b'{"b":2}\n') and b"raise" not in on_disk
+    assert replies[0] == replies[2] == replies[4] == b"", "a line, and a job that raised, reply nothing"
+    entry, unwritten = pickle.loads(replies[1]), pickle.loads(replies[3])
+    assert entry["text"] == "entry" and "durable: r.tokens" in entry["seen"], "its reply is made after its barrier"
+    assert "not durable: unwritten" in unwritten["seen"], "told before its reply"
+
+
+class _JournalMetrics:
+    def __init__(self) -> None:
+        self.capture_write_problem = None
+        self.durable: list[int] = []
+        self.capture_failures = self
+
+    def labels(self, kind: str) -> "_JournalMetrics":
+        return self
+
+    def inc(self) -> None:
+        pass
+
+    def line_durable(self, size: int, barrier_seconds: float) -> None:
+        self.durable.append(size)
+
+
+@pytest.mark.parametrize("process", [True, False], ids=["capture process", "writer threads"])
+async def test_a_job_writes_the_same_files_in_the_capture_process_and_on_the_writer_threads(tmp_path, process):
+    """One function, two places: where the process runs, and where it cannot (its reply to
+    ``on_reply`` on the loop, before the line settles)."""
+    journal = capture_writer.Journal(str(tmp_path), _JournalMetrics(), process=process)
+    assert (journal.process_pid is not None) == process
+    order: list[object] = []
+    try:
+        for text in ("one", "two"):
+            job = Job(_SIDE_FILE_JOB, (str(tmp_path / "r.tokens"), text), lambda reply: order.append(reply["text"]))
+            written = await journal.persist("r", lambda job=job: job, 10)
+            order.append(written)
+    finally:
+        await journal.close()
+    assert order == ["one", True, "two", True]
+    assert (tmp_path / "r.tokens").read_text() == "onetwo"
+    assert (tmp_path / "r.capture.jsonl").read_bytes() == b'{"job":"one"}\n{"job":"two"}\n'
+
+
+async def test_the_token_capture_mode_writes_its_entries_in_the_capture_process(http, stand_in, start, capture_dir,
+                                                                               monkeypatch):
+    """The token mode's lines are jobs (docs/tokens.md): their entries are written in the capture
+    process, outside the sidecar's interpreter; once it has died, on the writer threads, the same."""
+    from proxy.training._entry_writer import EntryWriter
+    from records import read_token_records
+    written_here: list[str] = []
+    commit = EntryWriter.commit_records
+
+    def spied(self, plan, *args, **kwargs):
+        written_here.append(plan.rollout_id)
+        return commit(self, plan, *args, **kwargs)
+    monkeypatch.setattr(EntryWriter, "commit_records", spied)
+    sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
+    pid = sidecar.sidecar.journal.process_pid
+    assert pid is not None
+    store = CaptureStore(capture_dir)
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "entries"}]}
+    for rollout in ("in-process", "on-threads"):
+        if rollout == "on-threads":
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                if sidecar.sidecar.journal.process_pid is None:
+                    break
+                await asyncio.sleep(0.05)
+        reply = await fetch(http, "POST", rollout_url(sidecar.url, rollout, CHAT), orjson.dumps(body))
+        assert reply.status == 200
+        (line,) = store.read(rollout)
+        assert line["token_entries"], "the arrays live in the entry, not the line"
+        (record,) = read_token_records(store, rollout)
+        assert record.usable and record.generation_token_ids
+    assert written_here == ["on-threads"], "the first entry was written by the capture process"
+    assert value(await scrape(http, sidecar), "mcc_token_entries_total", outcome="written") == 2
 
 
 def _children(pid: int) -> list[int]:

@@ -451,9 +451,16 @@ async def test_an_intent_is_on_disk_before_the_agent_gets_a_byte_of_the_reply(ht
     """docs/tokens.md: a call's intent is durable before the agent gets a byte of its reply. A stream's
     is flushed while the request goes upstream; a reply asked for whole (cut as one JSON body, held
     until its capture line is durable) has its intent flushed by that line's barrier -- one flush
-    for the call, not two (issue 34) -- and both before the agent sees the reply's head."""
+    for the call, not two (issue 34) -- and both before the agent sees the reply's head. Watched on
+    the writer threads (this process); the capture process's barrier covers a job's files before
+    its acknowledgement (tests/capture/journal/test_capture_process.py)."""
     import capture.journal._group_commit as group_commit
+    import capture.journal._writer as capture_writer
     from records.contract.writing import GroupSync
+
+    def no_process(*args, **kwargs):
+        raise OSError("the writer threads' way is watched here")
+    monkeypatch.setattr(capture_writer, "CaptureProcess", no_process)
 
     events: list[tuple[str, tuple[str, ...]]] = []
     barrier, also_durable = GroupSync._barrier, group_commit.GroupCommitter._also_durable
