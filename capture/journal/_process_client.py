@@ -220,7 +220,8 @@ class _Acknowledgements(asyncio.Protocol):
             elif code == PERSIST_NOT_ENCODED:
                 acknowledged(number, LineNotEncoded("the line's fields are not JSON (encoded by the capture process)"), 0)
             elif code == PERSIST_NOT_BUILT:
-                acknowledged(number, LineNotBuilt("the line's job raised in the capture process"), 0, reply)
+                raised = reply.decode(errors="replace")
+                acknowledged(number, LineNotBuilt(f"the line's job raised in the capture process: {raised}"), 0)
             else:
                 acknowledged(number, CaptureProcessLost("the capture process could not append the line"), 0, reply)
         view.release()

@@ -25,7 +25,7 @@ appends what it had received first). The wire, both ways big-endian:
 - an acknowledgement: ``!QiIdI`` (the number, 0 or the errno that failed it -- `NOT_APPENDED` for a
   failure that is not an OSError, `NOT_ENCODED` for fields JSON cannot hold, `NOT_BUILT` for a job
   that raised --, the bytes appended, the barrier's seconds, the size of the reply that follows: a
-  job's ``reply()`` pickled, else nothing).
+  job's ``reply()`` pickled, what a job that raised raised (its text), else nothing).
 """
 
 from __future__ import annotations
@@ -216,8 +216,8 @@ def _commit(frames: list[tuple[int, str, bytes, int]], files: "OpenFiles | Segme
         if isinstance(outcome, BaseException):
             if isinstance(outcome, _NotEncoded):
                 code = NOT_ENCODED
-            elif isinstance(outcome, _NotBuilt):
-                code = NOT_BUILT
+            elif isinstance(outcome, _NotBuilt):  # Its reply: what it raised, for the sidecar's log.
+                code, reply = NOT_BUILT, f"{type(outcome.__cause__).__name__}: {outcome.__cause__}".encode()
             else:
                 code = outcome.errno if isinstance(outcome, OSError) and outcome.errno else NOT_APPENDED
             acks += (ACK.pack(number, code, 0, 0.0, len(reply)), reply)
