@@ -210,7 +210,7 @@ def _commit(frames: list[tuple[int, str, bytes, int]], files: "OpenFiles | Segme
     finally:
         for file, _ in held:
             files.release(file)
-    acks = []
+    acks: list[bytes] = []
     for index, ((number, *_), line, outcome) in enumerate(zip(frames, lines, outcomes)):
         reply = reply_of(jobs.get(index))
         if isinstance(outcome, BaseException):

@@ -102,7 +102,7 @@ class Journal:
         self._paths: dict[str, str] = {}
         self._failing: set[asyncio.Task[None]] = set()
         # Lines settled on the writer threads, handed to the event loop in one callback per batch.
-        self._settled: list[tuple[Callable[[bool], None], str, int, object]] = []
+        self._settled: list[tuple[Callable[[bool], None], str, int, object, Optional[Callable[[], None]]]] = []
         self._settled_lock = threading.Lock()
         self.lines_written = 0
         self.failures: Counter[str] = Counter()
@@ -173,8 +173,7 @@ class Journal:
         process = self._process
         if process is None:
             made = _Made(on_reply)
-            self._threads().submit(path, lambda: made.line(_line_of(payload, kind)()),
-                                   self._on_thread(settled, rollout_id, made))
+            self._threads().submit(path, made.maker(_line_of(payload, kind)), self._on_thread(settled, rollout_id, made))
             return
 
         def acknowledged(size: int, outcome: "float | BaseException", reply: bytes) -> None:
@@ -225,8 +224,7 @@ class Journal:
 
         for path, payload, kind, done in unsent:
             made = _Made()
-            threads.submit(os.fsdecode(path), lambda payload=payload, kind=kind, made=made: made.line(_line_of(payload, kind)()),
-                           settler(done, made))
+            threads.submit(os.fsdecode(path), made.maker(_line_of(payload, kind)), settler(done, made))
 
     # -- settling --------------------------------------------------------------------------------
 
@@ -324,6 +322,10 @@ class _Made:
             self.job_line = built
             return built.line, (built.also, built.not_durable)
         return encode_capture_line(built) if type(built) is dict else built  # type: ignore[return-value]  # a dict becomes bytes; anything else is already a line
+
+    def maker(self, make: Callable[[], Union[bytes, JobLine]]) -> Callable[[], Union[bytes, tuple[bytes, AlsoDurable]]]:
+        """What a writer thread calls for the line ``make`` makes."""
+        return lambda: self.line(make())
 
     def replied(self) -> Optional[Callable[[], None]]:
         """On the writer thread, after the barrier: what the loop runs first (the job's reply)."""

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import orjson
 
@@ -36,10 +36,6 @@ from records.contract import (
     token_records_of_line,
 )
 from records.contract.writing import LineageVerdict, RolloutClosed, output_items, token_entry, write_routed_experts
-
-if TYPE_CHECKING:
-    from ..call import CallExchange
-    from ._token_line import LineView
 
 log = logging.getLogger("mcc.capture")
 #: Dialects whose vLLM replies carry token arrays (``generate``: vLLM's token-in/token-out path,
@@ -355,7 +351,15 @@ def _resumable(record: TokenRecord) -> bool:
     return record.finish_reason == "abort" and not record.missing and record.problem is None
 
 
-def agent_view(exchange: "CallExchange | LineView", response: Any) -> Optional[dict[str, Any]]:
+class AddedFields(Protocol):
+    """What cutting a reply's added fields reads of its call (a `CallExchange`, or the token line's view)."""
+
+    dialect: str
+    added_request_fields: Optional[dict[str, Any]]
+    parsed_request: Optional[dict[str, Any]]
+
+
+def agent_view(exchange: AddedFields, response: Any) -> Optional[dict[str, Any]]:
     """The captured response (parsed) as the agent saw it: the values the mode added replaced as
     the cutter replaced them in the agent's bytes (a streamed reply rebuilt has a body's shape);
     None when nothing was added (the agent asked for the arrays: they are its own)."""
@@ -365,7 +369,7 @@ def agent_view(exchange: "CallExchange | LineView", response: Any) -> Optional[d
     return AddedFieldCutter(exchange.dialect, added, exchange.parsed_request or {}).cut_parsed(response)
 
 
-def cut_in_place(exchange: "CallExchange | LineView", response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+def cut_in_place(exchange: AddedFields, response: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     """`agent_view` on ``response`` itself; what was replaced, as (container, key, value), so
     that `restore` can put it back."""
     cutter = AddedFieldCutter(exchange.dialect, exchange.added_request_fields or {}, exchange.parsed_request or {})

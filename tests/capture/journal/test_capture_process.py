@@ -300,15 +300,15 @@ async def test_the_token_capture_mode_writes_its_entries_in_the_capture_process(
                                                                                monkeypatch):
     """The token mode's lines are jobs (docs/tokens.md): their entries are written in the capture
     process, outside the sidecar's interpreter; once it has died, on the writer threads, the same."""
-    from proxy.training._entry_writer import EntryWriter
     from records import read_token_records
+    from records.contract import TokenFiles
     written_here: list[str] = []
-    commit = EntryWriter.commit_records
+    append = TokenFiles.append_indexed
 
-    def spied(self, plan, *args, **kwargs):
-        written_here.append(plan.rollout_id)
-        return commit(self, plan, *args, **kwargs)
-    monkeypatch.setattr(EntryWriter, "commit_records", spied)
+    def spied(self, entry, *args, **kwargs):
+        written_here.append(entry["rollout_id"])
+        return append(self, entry, *args, **kwargs)
+    monkeypatch.setattr(TokenFiles, "append_indexed", spied)
     sidecar = await start(stand_in.url, capture_dir=capture_dir, capture_tokens=True)
     pid = sidecar.sidecar.journal.process_pid
     assert pid is not None
