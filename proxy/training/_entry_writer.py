@@ -164,16 +164,21 @@ class TokenCapture:
     def _indexed(self, rollout_id: str, entry: dict[str, Any], start: int, end: Optional[int]) -> None:
         """The rollout's lineage takes the entry just written as it is, when it had read the file up
         to the entry's line (no other writer in between): the next call's `refresh` does not read
-        it back (issue 34)."""
+        it back (issue 34). On the event loop (`take_notes`): a lineage a worker thread holds (it
+        reads the files) is left to read the entry itself, never waited for."""
         with self._lock:
             found = self._lineages.get(rollout_id)
         if found is None or end is None:
             return
         lineage, lock = found
-        with lock:
+        if not lock.acquire(blocking=False):
+            return
+        try:
             if lineage.offset == start:
                 lineage.add(start, entry)
                 lineage.offset = end
+        finally:
+            lock.release()
 
     def _failed(self, plan: TokenPlan, exc: BaseException) -> None:
         self._fail(*mark_incomplete(self.files, plan, exc))
