@@ -35,6 +35,8 @@ _REMEMBERED = 100_000
 #: and title prompts.
 _TITLE_MARKERS = ("isnewtopic", "a concise, sentence-case title", "write a 5-10 word title",
                   "summarize this coding conversation in under 50 characters")
+#: The roles whose message is a chat request's system prompt.
+_SYSTEM_ROLES = ("system", "developer")
 #: A harness's quota probe: this one user message and at most this many tokens.
 _QUOTA_TEXT, _QUOTA_MAX_TOKENS = "quota", 1
 
@@ -92,20 +94,30 @@ class SideCallHooks(CallHooks):
 
 
 def _harness_side_call(request: dict[str, Any]) -> Optional[str]:
+    """Every captured call asks this (a JSON call's few µs are the sidecar's whole cost, docs/speed.md):
+    the common answers come first and cheaply."""
     messages = request.get("messages")
-    if _asks_only_for_a_title(request.get("output_config")):
+    output_config = request.get("output_config")
+    if output_config is not None and _asks_only_for_a_title(output_config):
         return "title"
     if request.get("max_tokens") == _QUOTA_MAX_TOKENS and isinstance(messages, list) and len(messages) == 1 \
             and _text(messages[0].get("content") if isinstance(messages[0], dict) else None).strip().lower() == _QUOTA_TEXT:
         return "quota"
     if request.get("tools"):
         return None  # A harness's title call offers no tools; its turns do (Claude Code: 25).
-    system = _text(request.get("system")).lower()
-    if not system and isinstance(messages, list):  # Chat: the system message leads.
-        system = " ".join(_text(message.get("content")) for message in messages[:2]
-                          if isinstance(message, dict) and message.get("role") in ("system", "developer")).lower()
-    if system and any(marker in system for marker in _TITLE_MARKERS):
-        return "title"
+    system = request.get("system")
+    system = _text(system) if system else ""
+    texts = [system] if system else []
+    if not texts and type(messages) is list:  # Chat: the system message leads.
+        for message in messages[:2]:
+            if type(message) is dict and message.get("role") in _SYSTEM_ROLES:
+                texts.append(_text(message.get("content")))
+    if not texts:
+        return None
+    text = " ".join(texts).lower()
+    for marker in _TITLE_MARKERS:
+        if marker in text:
+            return "title"
     return None
 
 
