@@ -95,11 +95,14 @@ async def test_a_two_turn_rollouts_routed_experts_are_stored_once_and_read_back_
     assert numpy.array_equal(numpy.load(io.BytesIO(row["routed_experts"])), whole)
     # The live hand-off's item reads them too.
     from records import Consumer, end_rollout
-    end_rollout(capture_dir, "moe", {"reward": 1.0})
     import asyncio
 
-    trainer = Consumer(capture_dir, "trainer")  # (taken on a thread: the sidecar runs on this loop)
-    (item,) = await asyncio.get_running_loop().run_in_executor(None, lambda: trainer.take(1, wait=5.0))
+    # Ended and taken on a thread: the sidecar runs on this loop, and the end waits for its next
+    # word on the calls in flight (one that named the rollout would otherwise stand until the bound).
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, end_rollout, capture_dir, "moe", {"reward": 1.0})
+    trainer = Consumer(capture_dir, "trainer")
+    (item,) = await loop.run_in_executor(None, lambda: trainer.take(1, wait=5.0))
     handed = item.routed_experts()
     assert handed is not None and numpy.array_equal(handed.to_numpy(), whole)
 
