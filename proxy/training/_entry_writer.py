@@ -5,9 +5,9 @@ it reads files) resolves which earlier call of the rollout the request continues
 call's intent durably. After the reply, `EntryWriter.commit` (where the call's line is built: in
 the capture process, else on a writer thread; before the line, so both are on disk before the
 agent sees the end) builds the entry from the captured arrays and appends it under Gym's store
-protocol; what the sidecar keeps of that comes back as notes (`TokenCapture.take_notes`). A call that produced no usable arrays (an error, a cut
-stream, a refusal) gets no entry: its intent stays dangling, and a consumer masks the rollout, as
-Gym does. Nothing here ever changes a reply: a failure is logged, counted and marked incomplete.
+protocol; what the sidecar keeps of that comes back as notes (`TokenCapture.take_notes`). A call
+that produced no usable arrays (an error, a cut stream, a refusal) gets no entry: its intent stays
+dangling, and a consumer masks the rollout, as Gym does. Nothing here ever changes a reply: a failure is logged, counted and marked incomplete.
 
 n > 1: one entry per choice, ``<model_call_id>-<choice>``, siblings with one parent; a later
 request resolves to the choice whose output it sent back. Token-in calls (``generate``) have no
@@ -72,7 +72,8 @@ class TokenCapture:
     def __init__(self, directory: str, metrics: Any, routed_experts: bool = False) -> None:
         self.files = TokenFiles(directory)
         #: A call's line built on a writer thread of this process writes through these files too.
-        _FILES[directory] = self.files
+        with _FILES_LOCK:
+            _FILES[directory] = self.files
         self._metrics = metrics
         #: --capture-routed-experts: each call's routed experts stored apart (docs/tokens.md).
         self.routed_experts = routed_experts
